@@ -1,0 +1,1 @@
+//! libisolate.so

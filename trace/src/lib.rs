@@ -1,0 +1,41 @@
+//! # isolate-trace
+//!
+//! The on-disk format shared by `libisolate.so` (which writes it) and the `isolate` analyzer
+//! (which reads it). A trace is the 8-byte magic `ISOTRACE`, a little-endian `u32` format version,
+//! then frames: a LEB128 length followed by a bincode payload (standard configuration). The first
+//! frame is the [`Header`]; every later one a record. `docs/trace-format.md` gives every byte.
+//!
+//! ```
+//! use isolate_trace::{Api, Encoder, Event, Header, Reader, Record};
+//! let mut bytes = Vec::new();
+//! Encoder::preamble(&Header { pid: 7, ..Header::default() }, &mut bytes);
+//! let mut enc = Encoder::new();
+//! let ev = Event { seq: 0, api: Api::CudaMalloc, ptr: 0x7f00_0000_0000, size: 256, ..Event::default() };
+//! enc.encode(&Record::Event(ev), &mut bytes);
+//! let mut r = Reader::new(&bytes[..], None).unwrap();
+//! assert_eq!(r.header().pid, 7);
+//! assert_eq!(r.next_record().unwrap(), Some(Record::Event(ev)));
+//! assert_eq!(r.next_record().unwrap(), None);
+//! ```
+
+mod api;
+mod error;
+mod read;
+mod record;
+mod wire;
+
+pub use api::{Api, Kind, Memory};
+pub use error::{ErrorKind, TraceError};
+pub use read::Reader;
+pub use record::*;
+pub use wire::Encoder;
+
+/// The first eight bytes of every trace.
+pub const MAGIC: [u8; 8] = *b"ISOTRACE";
+/// The format version this crate writes and the newest it reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// No frame is longer than this; a longer length field means corruption.
+pub const MAX_FRAME: u64 = 1 << 20;
+
+#[cfg(test)]
+mod tests;

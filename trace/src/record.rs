@@ -1,0 +1,190 @@
+//! What a trace holds: one [`Header`], then [`Record`]s.
+
+use crate::api::Api;
+use bincode::{Decode, Encode};
+
+/// Written once, right after the magic and version.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode)]
+pub struct Header {
+    pub pid: u32,
+    pub ppid: u32,
+    /// `/proc/self/exe` as the process saw it.
+    pub exe: String,
+    pub argv: Vec<String>,
+    /// Wall-clock time the trace was opened, ns since the Unix epoch.
+    pub start_unix_ns: u64,
+    /// `CLOCK_MONOTONIC` at the same moment; event timestamps use this clock.
+    pub start_mono_ns: u64,
+    pub hostname: String,
+    /// Version of `libisolate.so` that wrote the trace.
+    pub library_version: String,
+    /// `log`, `isolate` or `off`.
+    pub mode: String,
+    /// `RANK`, `LOCAL_RANK` and `WORLD_SIZE` when the launcher set them.
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
+    pub world_size: Option<u32>,
+    /// Every setting in force, as `(name, value)`.
+    pub config: Vec<(String, String)>,
+}
+
+/// One intercepted call. Fields an API has no use for are zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    /// Process-wide order in which calls returned to the interposer (starts at 0).
+    pub seq: u64,
+    /// `CLOCK_MONOTONIC` when the real call returned, ns.
+    pub ts_ns: u64,
+    /// Linux thread id.
+    pub tid: u32,
+    /// Device ordinal of the current context, -1 when unknown.
+    pub device: i32,
+    pub api: Api,
+    /// The raw `CUresult` / `cudaError_t` handed back to the caller.
+    pub result: i32,
+    /// How long the real call took, ns.
+    pub duration_ns: u64,
+    /// The address handed out or given back (host address for host memory).
+    pub ptr: u64,
+    /// Bytes requested (for pitched and 3D memory: pitch × rows × depth).
+    pub size: u64,
+    /// Row pitch of pitched and 3D allocations.
+    pub pitch: u64,
+    /// Stream of stream-ordered calls; 0 for the legacy default stream.
+    pub stream: u64,
+    /// Memory pool, virtual-memory handle or graph, by API.
+    pub handle: u64,
+    /// Offset into the handle for `cuMemMap`; alignment for `cuMemAddressReserve`.
+    pub offset: u64,
+    /// The call's flags argument.
+    pub flags: u64,
+}
+
+impl Event {
+    /// True when the call returned success.
+    pub fn ok(&self) -> bool {
+        self.result == 0
+    }
+}
+
+/// A freed allocation whose poison changed while it was in quarantine: a stale write.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode)]
+pub struct Violation {
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub device: i32,
+    /// Base address of the freed allocation.
+    pub ptr: u64,
+    pub size: u64,
+    /// Offset of the first byte that no longer holds the poison.
+    pub first_offset: u64,
+    /// How many bytes no longer hold the poison.
+    pub changed_bytes: u64,
+    /// Sequence numbers of the allocation and its free.
+    pub alloc_seq: u64,
+    pub free_seq: u64,
+    pub free_ts_ns: u64,
+    /// The API that freed it.
+    pub free_api: Api,
+}
+
+/// A kernel launched with a parameter that points into freed memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode)]
+pub struct StaleLaunch {
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub tid: u32,
+    pub device: i32,
+    pub api: Api,
+    pub kernel: String,
+    pub param_index: u32,
+    /// Byte offset of the pointer inside the parameter buffer.
+    pub param_offset: u32,
+    pub ptr: u64,
+    /// The freed allocation it points into.
+    pub alloc_ptr: u64,
+    pub alloc_size: u64,
+    pub alloc_seq: u64,
+    pub free_seq: u64,
+    pub free_ts_ns: u64,
+}
+
+/// What a [`Note`] tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Encode, Decode)]
+pub enum NoteKind {
+    /// Free text from the library.
+    Info,
+    /// A quarantined allocation was really freed (budget reached or exit).
+    QuarantineRelease,
+    /// A quarantined allocation was freed early because an allocation ran out of memory.
+    QuarantineEarlyRelease,
+    /// An allocation that failed for lack of memory was retried after releasing quarantine.
+    OomRetry,
+    /// Guard mode handed an old address reservation back to the driver.
+    GuardRecycle,
+    /// The writer could not write; the trace ends early.
+    WriterError,
+    /// A fatal signal reached the process (the signal number is in `value`).
+    Signal,
+    /// The process called `fork` (child pid in `value`).
+    Fork,
+    /// The process is about to `exec` (events after this are in a new trace).
+    Exec,
+}
+
+/// Something that happened that is not an API call.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Note {
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub kind: NoteKind,
+    pub ptr: u64,
+    pub size: u64,
+    pub value: u64,
+    pub text: String,
+}
+
+/// Counters the writer keeps; written every few seconds and at the end.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode)]
+pub struct Stats {
+    pub ts_ns: u64,
+    /// Events accepted by the hooks so far.
+    pub events: u64,
+    /// How often a hook found the queue full and waited, and for how long in all.
+    pub queue_waits: u64,
+    pub queue_wait_ns: u64,
+    /// Peak bytes held in quarantine.
+    pub quarantine_peak_bytes: u64,
+    pub quarantine_releases: u64,
+    pub quarantine_early_releases: u64,
+}
+
+/// Why a trace ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
+pub enum EndReason {
+    /// The process exited (`exit`, return from `main`, `_exit`).
+    Exit,
+    /// A fatal signal; the process dies of it right after.
+    Signal(i32),
+    /// The process replaced itself with `exec`.
+    Exec,
+}
+
+/// The last record of a trace that was closed properly.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct End {
+    pub ts_ns: u64,
+    pub reason: EndReason,
+    pub stats: Stats,
+}
+
+/// One entry of the trace after the header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    Event(Event),
+    Violation(Violation),
+    StaleLaunch(StaleLaunch),
+    Note(Note),
+    Stats(Stats),
+    End(End),
+}

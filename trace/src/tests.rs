@@ -1,0 +1,168 @@
+use super::*;
+
+fn header() -> Header {
+    Header {
+        pid: 42,
+        ppid: 1,
+        exe: "/usr/bin/python3".into(),
+        argv: vec!["python3".into(), "train.py".into()],
+        start_unix_ns: 1_700_000_000_000_000_000,
+        start_mono_ns: 5_000_000,
+        hostname: "h".into(),
+        library_version: "0.1.0".into(),
+        mode: "log".into(),
+        rank: Some(1),
+        local_rank: Some(1),
+        world_size: Some(2),
+        config: vec![("ISOLATE_MODE".into(), "log".into())],
+    }
+}
+
+fn events() -> Vec<Record> {
+    let mut v = Vec::new();
+    for i in 0..100u64 {
+        v.push(Record::Event(Event {
+            seq: i,
+            ts_ns: 10_000_000 + i * 1500,
+            tid: 1000 + (i % 3) as u32,
+            device: 0,
+            api: if i % 2 == 0 {
+                Api::CudaMalloc
+            } else {
+                Api::CudaFree
+            },
+            result: if i == 50 { 2 } else { 0 },
+            duration_ns: 900 + i,
+            ptr: 0x7f12_3400_0000 + (i / 2) * 0x10_0000,
+            size: if i % 2 == 0 { 1 << 20 } else { 0 },
+            stream: if i == 7 { 0x5555_1234_5678 } else { 0 },
+            ..Event::default()
+        }));
+    }
+    v.push(Record::Note(Note {
+        seq: 100,
+        ts_ns: 1,
+        kind: NoteKind::Info,
+        ptr: 0,
+        size: 0,
+        value: 0,
+        text: "hello".into(),
+    }));
+    v.push(Record::End(End {
+        ts_ns: 2,
+        reason: EndReason::Exit,
+        stats: Stats::default(),
+    }));
+    v
+}
+
+fn encode_all(recs: &[Record]) -> Vec<u8> {
+    let mut out = Vec::new();
+    Encoder::preamble(&header(), &mut out);
+    let mut enc = Encoder::new();
+    for r in recs {
+        enc.encode(r, &mut out);
+    }
+    out
+}
+
+#[test]
+fn round_trip() {
+    let recs = events();
+    let bytes = encode_all(&recs);
+    let mut r = Reader::new(&bytes[..], None).unwrap();
+    assert_eq!(r.header(), &header());
+    let back: Vec<Record> = (&mut r).map(|x| x.unwrap()).collect();
+    assert_eq!(back, recs);
+    assert_eq!(r.truncated_at(), None);
+}
+
+#[test]
+fn events_are_small() {
+    let recs: Vec<Record> = events().into_iter().take(100).collect();
+    let mut hdr = Vec::new();
+    Encoder::preamble(&header(), &mut hdr);
+    let bytes = encode_all(&recs);
+    let per_event = (bytes.len() - hdr.len()) as f64 / 100.0;
+    assert!(per_event <= 32.0, "{per_event} bytes per event");
+}
+
+#[test]
+fn every_truncation_is_reported_not_failed() {
+    let recs = events();
+    let bytes = encode_all(&recs);
+    let mut hdr = Vec::new();
+    Encoder::preamble(&header(), &mut hdr);
+    for cut in hdr.len()..bytes.len() {
+        let mut r = Reader::new(&bytes[..cut], None).unwrap();
+        let mut n = 0;
+        while let Some(rec) = r.next_record().unwrap() {
+            assert_eq!(rec, recs[n]);
+            n += 1;
+        }
+        // Either the cut fell between frames or the reader says where the partial one starts.
+        if n < recs.len() {
+            assert!(r.truncated_at().is_some() || r.offset() == cut as u64);
+        }
+    }
+    for cut in 0..hdr.len() {
+        assert!(Reader::new(&bytes[..cut], None).is_err());
+    }
+}
+
+#[test]
+fn newer_version_refused_with_message() {
+    let mut bytes = encode_all(&events());
+    bytes[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    let e = Reader::new(&bytes[..], Some("x.trace".into()))
+        .err()
+        .unwrap();
+    let msg = e.to_string();
+    assert!(msg.contains("x.trace") && msg.contains("newer"), "{msg}");
+}
+
+#[test]
+fn foreign_file_named() {
+    let e = Reader::new(
+        &b"\x7fELF\x02\x01\x01\x00abcdefgh"[..],
+        Some("a.out".into()),
+    )
+    .err()
+    .unwrap();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("a.out: at byte 0") && msg.contains("not an isolate trace"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn huge_length_does_not_allocate() {
+    let mut bytes = Vec::new();
+    Encoder::preamble(&header(), &mut bytes);
+    let at = bytes.len();
+    bytes.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x0f]); // 4 GiB - 1
+    let mut r = Reader::new(&bytes[..], None).unwrap();
+    let e = r.next_record().err().unwrap();
+    assert_eq!(e.offset, at as u64);
+    assert!(matches!(e.kind, ErrorKind::FrameTooLong { .. }));
+}
+
+#[test]
+fn bit_flips_never_panic() {
+    let bytes = encode_all(&events());
+    for i in 0..bytes.len() {
+        for bit in [0x01u8, 0x80] {
+            let mut b = bytes.clone();
+            b[i] ^= bit;
+            if let Ok(mut r) = Reader::new(&b[..], None) {
+                for _ in 0..10_000 {
+                    match r.next_record() {
+                        Ok(Some(_)) => {}
+                        _ => break,
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! The bytes on disk. See `docs/trace-format.md` for the same thing in prose.
+//!
+//! Events are stored relative to the event before them (sequence number, timestamp and address
+//! as signed differences, the thread as an index into a table built as the trace goes), so that
+//! a typical event takes about 20 bytes. [`Encoder`] and [`Decoder`] carry that state.
+
+use crate::api::Api;
+use crate::record::*;
+use bincode::{Decode, Encode};
+use std::collections::HashMap;
+
+/// The bincode configuration of every frame: little endian, variable-length integers, and a
+/// limit so that a corrupt length inside a frame cannot make the decoder allocate more than a frame.
+pub(crate) const CONFIG: bincode::config::Configuration<
+    bincode::config::LittleEndian,
+    bincode::config::Varint,
+    bincode::config::Limit<{ crate::MAX_FRAME as usize }>,
+> = bincode::config::standard().with_limit::<{ crate::MAX_FRAME as usize }>();
+
+/// An event as stored: deltas against the previous event of the trace.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct WireEvent {
+    pub seq_delta: i64,
+    pub ts_delta: i64,
+    pub thread: u32,
+    pub device: i32,
+    pub api: Api,
+    pub result: i32,
+    pub duration_ns: u64,
+    pub ptr_delta: i64,
+    pub size: u64,
+    pub extra: Option<WireExtra>,
+}
+
+/// The fields most events leave at zero.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct WireExtra {
+    pub pitch: u64,
+    pub stream: u64,
+    pub handle: u64,
+    pub offset: u64,
+    pub flags: u64,
+}
+
+/// A frame's payload. The variant index is the first varint of every payload.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub(crate) enum WireRecord {
+    Event(WireEvent),
+    /// Introduces thread index `index` for Linux thread id `tid`.
+    Thread {
+        index: u32,
+        tid: u32,
+    },
+    Violation(Violation),
+    StaleLaunch(StaleLaunch),
+    Note(Note),
+    Stats(Stats),
+    End(End),
+}
+
+/// Delta state shared by the encoder and the decoder.
+#[derive(Default, Clone, Debug)]
+struct Prev {
+    seq: u64,
+    ts: u64,
+    ptr: u64,
+}
+
+/// Turns records into frames. One per trace file.
+#[derive(Default)]
+pub struct Encoder {
+    prev: Prev,
+    threads: HashMap<u32, u32>,
+}
+
+/// Appends the LEB128 frame length and the payload.
+fn push_frame<T: Encode>(out: &mut Vec<u8>, payload: &T) {
+    let start = out.len();
+    // Reserve the longest length prefix (5 bytes), encode, then move the payload down.
+    out.extend_from_slice(&[0; 5]);
+    bincode::encode_into_std_write(payload, out, CONFIG).expect("writing to a Vec cannot fail");
+    let len = out.len() - start - 5;
+    let mut prefix = [0u8; 5];
+    let n = leb128(len as u32, &mut prefix);
+    out.copy_within(start + 5.., start + n);
+    out.truncate(start + n + len);
+    out[start..start + n].copy_from_slice(&prefix[..n]);
+}
+
+pub(crate) fn leb128(mut v: u32, buf: &mut [u8; 5]) -> usize {
+    let mut i = 0;
+    loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            buf[i] = byte;
+            return i + 1;
+        }
+        buf[i] = byte | 0x80;
+        i += 1;
+    }
+}
+
+impl Encoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The magic, the version and the header frame: the first bytes of every trace.
+    pub fn preamble(header: &Header, out: &mut Vec<u8>) {
+        out.extend_from_slice(&crate::MAGIC);
+        out.extend_from_slice(&crate::FORMAT_VERSION.to_le_bytes());
+        push_frame(out, header);
+    }
+
+    /// Appends the frames for `record` (an event may be preceded by a thread frame).
+    pub fn encode(&mut self, record: &Record, out: &mut Vec<u8>) {
+        let wire = match record {
+            Record::Event(e) => {
+                let next = self.threads.len() as u32;
+                let thread = *self.threads.entry(e.tid).or_insert_with(|| {
+                    push_frame(
+                        out,
+                        &WireRecord::Thread {
+                            index: next,
+                            tid: e.tid,
+                        },
+                    );
+                    next
+                });
+                let extra = if e.pitch | e.stream | e.handle | e.offset | e.flags != 0 {
+                    Some(WireExtra {
+                        pitch: e.pitch,
+                        stream: e.stream,
+                        handle: e.handle,
+                        offset: e.offset,
+                        flags: e.flags,
+                    })
+                } else {
+                    None
+                };
+                let w = WireEvent {
+                    seq_delta: e.seq.wrapping_sub(self.prev.seq) as i64,
+                    ts_delta: e.ts_ns.wrapping_sub(self.prev.ts) as i64,
+                    thread,
+                    device: e.device,
+                    api: e.api,
+                    result: e.result,
+                    duration_ns: e.duration_ns,
+                    ptr_delta: e.ptr.wrapping_sub(self.prev.ptr) as i64,
+                    size: e.size,
+                    extra,
+                };
+                self.prev = Prev {
+                    seq: e.seq,
+                    ts: e.ts_ns,
+                    ptr: e.ptr,
+                };
+                WireRecord::Event(w)
+            }
+            Record::Violation(v) => WireRecord::Violation(v.clone()),
+            Record::StaleLaunch(s) => WireRecord::StaleLaunch(s.clone()),
+            Record::Note(n) => WireRecord::Note(n.clone()),
+            Record::Stats(s) => WireRecord::Stats(s.clone()),
+            Record::End(e) => WireRecord::End(e.clone()),
+        };
+        push_frame(out, &wire);
+    }
+}
+
+/// Turns frame payloads back into records.
+#[derive(Default)]
+pub struct Decoder {
+    prev: Prev,
+    threads: Vec<u32>,
+}
+
+impl Decoder {
+    /// Decodes one payload. `Ok(None)` for frames that only update the decoder (threads).
+    pub(crate) fn decode(&mut self, payload: &[u8]) -> Result<Option<Record>, String> {
+        let (wire, used): (WireRecord, usize) = bincode::decode_from_slice(payload, CONFIG)
+            .map_err(|e| format!("undecodable record: {e}"))?;
+        if used != payload.len() {
+            return Err(format!(
+                "record is {} bytes but its frame says {}",
+                used,
+                payload.len()
+            ));
+        }
+        Ok(Some(match wire {
+            WireRecord::Thread { index, tid } => {
+                if index as usize != self.threads.len() {
+                    return Err(format!(
+                        "thread index {index} out of order (expected {})",
+                        self.threads.len()
+                    ));
+                }
+                self.threads.push(tid);
+                return Ok(None);
+            }
+            WireRecord::Event(w) => {
+                let tid = *self.threads.get(w.thread as usize).ok_or_else(|| {
+                    format!("event names thread index {} never introduced", w.thread)
+                })?;
+                let seq = self.prev.seq.wrapping_add(w.seq_delta as u64);
+                let ts = self.prev.ts.wrapping_add(w.ts_delta as u64);
+                let ptr = self.prev.ptr.wrapping_add(w.ptr_delta as u64);
+                self.prev = Prev { seq, ts, ptr };
+                let x = w.extra.unwrap_or(WireExtra {
+                    pitch: 0,
+                    stream: 0,
+                    handle: 0,
+                    offset: 0,
+                    flags: 0,
+                });
+                Record::Event(Event {
+                    seq,
+                    ts_ns: ts,
+                    tid,
+                    device: w.device,
+                    api: w.api,
+                    result: w.result,
+                    duration_ns: w.duration_ns,
+                    ptr,
+                    size: w.size,
+                    pitch: x.pitch,
+                    stream: x.stream,
+                    handle: x.handle,
+                    offset: x.offset,
+                    flags: x.flags,
+                })
+            }
+            WireRecord::Violation(v) => Record::Violation(v),
+            WireRecord::StaleLaunch(s) => Record::StaleLaunch(s),
+            WireRecord::Note(n) => Record::Note(n),
+            WireRecord::Stats(s) => Record::Stats(s),
+            WireRecord::End(e) => Record::End(e),
+        }))
+    }
+}
