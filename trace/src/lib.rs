@@ -20,12 +20,14 @@
 
 mod api;
 mod error;
+mod fast;
 mod read;
 mod record;
 mod wire;
 
 pub use api::{Api, Kind, Memory};
 pub use error::{ErrorKind, TraceError};
+pub use fast::FastReader;
 pub use read::Reader;
 pub use record::*;
 pub use wire::Encoder;
