@@ -1,0 +1,337 @@
+//! `isolate diff`: how two runs differ, with addresses taken out.
+//!
+//! Each run is boiled down to a [`Profile`]: totals, counts by API and size class, the reuse
+//! structure, failures and violations, and its leaks named by *what* they are — API, size and
+//! the ordinal among allocations of that API and size — not *where* they were. Two runs of the
+//! same program that got different addresses from the driver have equal profiles.
+
+use crate::Error;
+use crate::graph::{Counts, EdgeKind, GraphBuilder};
+use crate::source::{Progress, analyze};
+use crate::summary::{CountBytes, Summarizer};
+use crate::track::{Category, Live, Node, Observer};
+use crate::util::{human_bytes, size_class};
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// At most this many leaks are named in a profile (all are counted).
+pub const LEAK_CAP: usize = 10_000;
+
+/// Per-API figures.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ApiProfile {
+    pub calls: u64,
+    pub failed: u64,
+    /// Nodes it started (allocations, handles, reservations, mappings).
+    pub started: u64,
+    pub bytes: u64,
+}
+
+/// An allocation never freed, named without its address.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Leak {
+    pub api: String,
+    pub size: u64,
+    /// 0 for the first allocation of this API and size in the run, 1 for the second, …
+    pub ordinal: u64,
+    pub category: String,
+}
+
+impl std::fmt::Display for Leak {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of {} ({} B, #{} of that size)",
+            self.api,
+            human_bytes(self.size),
+            self.size,
+            self.ordinal
+        )
+    }
+}
+
+/// A run without its addresses.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Profile {
+    pub file: String,
+    pub events: u64,
+    pub peak_live_bytes: u64,
+    pub live_at_end: CountBytes,
+    /// Successful allocations of every memory, as in the summary.
+    pub allocations: u64,
+    pub allocated_bytes: u64,
+    /// API name → figures.
+    pub by_api: BTreeMap<String, ApiProfile>,
+    /// Size class (next power of two) → allocations.
+    pub size_classes: BTreeMap<u64, u64>,
+    pub reuse_edges: u64,
+    /// Size class of the new occupant → reuse edges.
+    pub reuse_by_class: BTreeMap<u64, u64>,
+    pub failures: u64,
+    pub invalid_frees: u64,
+    pub poison_violations: u64,
+    pub stale_launches: u64,
+    pub true_aliases: u64,
+    pub overlaps: u64,
+    pub leak_count: u64,
+    pub leaks: Vec<Leak>,
+    pub truncated: Option<u64>,
+    pub complete: bool,
+}
+
+#[derive(Default)]
+struct Leaks {
+    ordinals: FxHashMap<(isolate_trace::Api, u64), u64>,
+    /// Node id → ordinal, for the nodes started so far.
+    of_node: FxHashMap<u64, u64>,
+    leaks: Vec<Leak>,
+    count: u64,
+}
+
+impl Observer for Leaks {
+    fn started(&mut self, n: &Node, _: &Live) {
+        let o = self.ordinals.entry((n.api, n.size)).or_default();
+        self.of_node.insert(n.id, *o);
+        *o += 1;
+    }
+    fn ended(&mut self, n: &Node, _: &crate::track::Ended, _: &Live) {
+        self.of_node.remove(&n.id);
+    }
+    fn finish(&mut self, still: &[Node], _: &Live) {
+        for n in still {
+            if matches!(n.category, Category::Reservation | Category::Mapping) {
+                continue;
+            }
+            self.count += 1;
+            if self.leaks.len() < LEAK_CAP {
+                self.leaks.push(Leak {
+                    api: n.api.name().into(),
+                    size: n.size,
+                    ordinal: self.of_node.get(&n.id).copied().unwrap_or(0),
+                    category: n.category.name().into(),
+                });
+            }
+        }
+        self.leaks.sort();
+    }
+}
+
+/// Reads one run into its profile.
+pub fn profile(path: &Path, progress: &mut dyn Progress) -> Result<Profile, Error> {
+    let mut counts = Counts::default();
+    let mut obs = (
+        Summarizer::new(0),
+        (
+            GraphBuilder::new(&mut counts, Default::default()),
+            Leaks::default(),
+        ),
+    );
+    let info = analyze(path, progress, &mut obs)?;
+    let (summ, (builder, leaks)) = obs;
+    builder.finish()?;
+    let s = summ.into_summary(&info);
+    let t = &s.totals;
+    let mut by_api: BTreeMap<String, ApiProfile> = BTreeMap::new();
+    for (api, n) in &t.calls {
+        by_api.entry(api.clone()).or_default().calls = *n;
+    }
+    for (api, n) in &t.failed {
+        by_api.entry(api.clone()).or_default().failed = *n;
+    }
+    let _ = &leaks.ordinals;
+    for ((api, size), n) in &leaks.ordinals {
+        let e = by_api.entry(api.name().to_owned()).or_default();
+        e.started += n;
+        e.bytes = e.bytes.wrapping_add(size.wrapping_mul(*n));
+    }
+    let mut size_classes = BTreeMap::new();
+    for ((api, size), n) in &leaks.ordinals {
+        if matches!(
+            api.memory(),
+            isolate_trace::Memory::Device
+                | isolate_trace::Memory::Managed
+                | isolate_trace::Memory::Host
+                | isolate_trace::Memory::Graph
+        ) && api.kind() == isolate_trace::Kind::Alloc
+        {
+            *size_classes.entry(size_class(*size)).or_default() += n;
+        }
+    }
+    let allocated_bytes = ["device", "managed", "graph", "host"]
+        .iter()
+        .filter_map(|c| t.categories.get(*c))
+        .map(|c| c.bytes_started)
+        .sum();
+    Ok(Profile {
+        file: s.file.clone(),
+        events: t.events,
+        peak_live_bytes: t.peak_live_bytes,
+        live_at_end: t.live_at_end,
+        allocations: t.allocations,
+        allocated_bytes,
+        by_api,
+        size_classes,
+        reuse_edges: counts.edges.get(&EdgeKind::Reuse).copied().unwrap_or(0),
+        reuse_by_class: counts.reuse_by_class.clone(),
+        failures: t.failed.values().sum(),
+        invalid_frees: t.invalid_free_count,
+        poison_violations: t.poison_violation_count,
+        stale_launches: t.stale_launch_count,
+        true_aliases: counts.anomalies.get("true_alias").copied().unwrap_or(0),
+        overlaps: counts.anomalies.get("overlap").copied().unwrap_or(0),
+        leak_count: leaks.count,
+        leaks: leaks.leaks,
+        truncated: t.truncated,
+        complete: t.complete,
+    })
+}
+
+/// One figure that differs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Change {
+    pub metric: String,
+    pub base: u64,
+    pub new: u64,
+    pub delta: i128,
+    /// Growth in percent of the base; null when the base is 0.
+    pub percent: Option<f64>,
+}
+
+/// Two runs compared.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Diff {
+    pub base: Profile,
+    pub new: Profile,
+    /// Every figure that differs, in a fixed order.
+    pub changes: Vec<Change>,
+    /// Leaks of the new run that the base does not have, and the other way round.
+    pub new_leaks: Vec<Leak>,
+    pub fixed_leaks: Vec<Leak>,
+    /// True when nothing differs.
+    pub same: bool,
+}
+
+/// Percent growth from `a` to `b`; `None` when `a` is 0.
+pub fn growth(a: u64, b: u64) -> Option<f64> {
+    (a != 0).then(|| (b as f64 - a as f64) * 100.0 / a as f64)
+}
+
+fn figures(p: &Profile) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    let mut put = |k: String, v: u64| {
+        m.insert(k, v);
+    };
+    put("a peak_live_bytes".into(), p.peak_live_bytes);
+    put("b live_at_end.count".into(), p.live_at_end.count);
+    put("c live_at_end.bytes".into(), p.live_at_end.bytes);
+    put("d allocations".into(), p.allocations);
+    put("e allocated_bytes".into(), p.allocated_bytes);
+    put("f failures".into(), p.failures);
+    put("g invalid_frees".into(), p.invalid_frees);
+    put("h poison_violations".into(), p.poison_violations);
+    put("i stale_launches".into(), p.stale_launches);
+    put("j true_aliases".into(), p.true_aliases);
+    put("k overlaps".into(), p.overlaps);
+    put("l leaks".into(), p.leak_count);
+    put("m reuse_edges".into(), p.reuse_edges);
+    put("n events".into(), p.events);
+    for (api, a) in &p.by_api {
+        put(format!("o calls[{api}]"), a.calls);
+        put(format!("p failed[{api}]"), a.failed);
+        put(format!("q started[{api}]"), a.started);
+        put(format!("r bytes[{api}]"), a.bytes);
+    }
+    for (c, n) in &p.size_classes {
+        put(format!("s{c:020} allocations[size class {c}]"), *n);
+    }
+    for (c, n) in &p.reuse_by_class {
+        put(format!("t{c:020} reuse_edges[size class {c}]"), *n);
+    }
+    m
+}
+
+/// Compares two profiles.
+pub fn compare(base: Profile, new: Profile) -> Diff {
+    let fa = figures(&base);
+    let fb = figures(&new);
+    let keys: BTreeSet<&String> = fa.keys().chain(fb.keys()).collect();
+    let mut changes = Vec::new();
+    for k in keys {
+        let a = fa.get(k).copied().unwrap_or(0);
+        let b = fb.get(k).copied().unwrap_or(0);
+        if a != b {
+            // The sort prefix keeps the order stable and readable; it is not part of the name.
+            let metric = k.split_once(' ').map(|x| x.1).unwrap_or(k).to_owned();
+            changes.push(Change {
+                metric,
+                base: a,
+                new: b,
+                delta: i128::from(b) - i128::from(a),
+                percent: growth(a, b),
+            });
+        }
+    }
+    let la: BTreeSet<&Leak> = base.leaks.iter().collect();
+    let lb: BTreeSet<&Leak> = new.leaks.iter().collect();
+    let new_leaks: Vec<Leak> = lb.difference(&la).map(|l| (*l).clone()).collect();
+    let fixed_leaks: Vec<Leak> = la.difference(&lb).map(|l| (*l).clone()).collect();
+    let same = changes.is_empty() && new_leaks.is_empty() && fixed_leaks.is_empty();
+    Diff {
+        base,
+        new,
+        changes,
+        new_leaks,
+        fixed_leaks,
+        same,
+    }
+}
+
+/// Profiles and compares two traces.
+pub fn diff(base: &Path, new: &Path, progress: &mut dyn Progress) -> Result<Diff, Error> {
+    let a = profile(base, progress)?;
+    let b = profile(new, progress)?;
+    Ok(compare(a, b))
+}
+
+/// The comparison as people read it.
+pub fn render_text(d: &Diff) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "base {}  vs  new {}", d.base.file, d.new.file);
+    if d.same {
+        let _ = writeln!(o, "no differences (addresses aside)");
+        return o;
+    }
+    let w = d
+        .changes
+        .iter()
+        .map(|c| c.metric.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    let _ = writeln!(
+        o,
+        "{:<w$}  {:>16}  {:>16}  {:>10}",
+        "metric", "base", "new", "change"
+    );
+    for c in &d.changes {
+        let pct = match c.percent {
+            Some(p) => format!("{p:+.1}%"),
+            None => "new".into(),
+        };
+        let _ = writeln!(
+            o,
+            "{:<w$}  {:>16}  {:>16}  {:>10}",
+            c.metric, c.base, c.new, pct
+        );
+    }
+    for l in &d.new_leaks {
+        let _ = writeln!(o, "NEW LEAK   {l}");
+    }
+    for l in &d.fixed_leaks {
+        let _ = writeln!(o, "fixed leak {l}");
+    }
+    o
+}

@@ -1,0 +1,311 @@
+//! `isolate export --format chrome-trace`: the timeline in the Trace Event format that Perfetto
+//! (ui.perfetto.dev) and chrome://tracing open.
+//!
+//! - Each allocation's lifetime is a complete event (`"ph":"X"`) on the track of the thread that
+//!   made it, or of its stream for stream-ordered calls. Lifetimes on one track overlap freely,
+//!   so each track is split into *lanes* (`tid 1234 #2`): an allocation takes the lowest lane
+//!   free when it starts, and events on one lane never overlap, as the format wants.
+//! - A counter track (`"ph":"C"`) of live bytes: device (device + managed + handles), graph, host.
+//! - Instant events (`"ph":"i"`) for failed calls, invalid frees, stale writes and stale launches.
+//!
+//! Timestamps are the trace's `CLOCK_MONOTONIC` in µs (with ns decimals), so traces of several
+//! processes of one host line up.
+
+use crate::Error;
+use crate::source::{Progress, analyze};
+use crate::track::{Category, EndHow, Ended, Invalid, Live, Node, Observer};
+use crate::util::{hex, human_bytes};
+use isolate_trace::{Event, Header, Record};
+use rustc_hash::FxHashMap;
+use serde_json::json;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::io::Write;
+use std::path::Path;
+
+/// µs with three decimals, exactly.
+fn us(ns: u64) -> String {
+    format!("{}.{:03}", ns / 1000, ns % 1000)
+}
+
+#[derive(Default)]
+struct Track {
+    free_lanes: BinaryHeap<Reverse<u32>>,
+    lanes: u32,
+}
+
+struct Exporter<'a, W: Write> {
+    out: &'a mut W,
+    first: &'a mut bool,
+    pid: u32,
+    tracks: FxHashMap<(bool, u64), Track>,
+    tids: FxHashMap<(bool, u64, u32), u64>,
+    next_tid: &'a mut u64,
+    /// Live node → (track, lane).
+    live: FxHashMap<u64, ((bool, u64), u32)>,
+    last_ts: u64,
+    last_counter: Option<(u64, u64, u64, u64)>,
+    error: Option<std::io::Error>,
+}
+
+impl<W: Write> Exporter<'_, W> {
+    fn put(&mut self, v: &serde_json::Value) {
+        if self.error.is_some() {
+            return;
+        }
+        let r = (|| {
+            self.out
+                .write_all(if *self.first { b"\n" } else { b",\n" })?;
+            *self.first = false;
+            serde_json::to_writer(&mut *self.out, v)?;
+            Ok(())
+        })();
+        if let Err(e) = r {
+            self.error = Some(e);
+        }
+    }
+
+    /// Writes an event whose `ts`/`dur` are raw JSON numbers (exact decimals).
+    fn put_timed(&mut self, mut v: serde_json::Value, ts: u64, dur: Option<u64>) {
+        if let Some(o) = v.as_object_mut() {
+            o.insert("ts".into(), serde_json::Value::Null);
+            if dur.is_some() {
+                o.insert("dur".into(), serde_json::Value::Null);
+            }
+        }
+        let mut s = serde_json::to_string(&v).unwrap_or_default();
+        s = s.replacen("\"ts\":null", &format!("\"ts\":{}", us(ts)), 1);
+        if let Some(d) = dur {
+            s = s.replacen("\"dur\":null", &format!("\"dur\":{}", us(d)), 1);
+        }
+        if self.error.is_some() {
+            return;
+        }
+        let r = (|| {
+            self.out
+                .write_all(if *self.first { b"\n" } else { b",\n" })?;
+            *self.first = false;
+            self.out.write_all(s.as_bytes())
+        })();
+        if let Err(e) = r {
+            self.error = Some(e);
+        }
+    }
+
+    fn track_of(n: &Node) -> (bool, u64) {
+        if n.stream != 0 {
+            (true, n.stream)
+        } else {
+            (false, u64::from(n.tid))
+        }
+    }
+
+    fn tid(&mut self, track: (bool, u64), lane: u32) -> u64 {
+        if let Some(&t) = self.tids.get(&(track.0, track.1, lane)) {
+            return t;
+        }
+        let t = *self.next_tid;
+        *self.next_tid += 1;
+        self.tids.insert((track.0, track.1, lane), t);
+        let name = if track.0 {
+            format!("stream {}", hex(track.1))
+        } else {
+            format!("tid {}", track.1)
+        };
+        let name = if lane == 0 {
+            name
+        } else {
+            format!("{name} #{lane}")
+        };
+        let pid = self.pid;
+        self.put(&json!({"ph":"M","pid":pid,"tid":t,"name":"thread_name","args":{"name":name}}));
+        self.put(
+            &json!({"ph":"M","pid":pid,"tid":t,"name":"thread_sort_index","args":{"sort_index":t}}),
+        );
+        t
+    }
+
+    fn counter(&mut self, ts: u64, live: &Live) {
+        let c = (
+            live.device_bytes(),
+            live.bytes(Category::Graph),
+            live.bytes(Category::Host),
+            live.bytes(Category::Registered),
+        );
+        if self.last_counter == Some(c) {
+            return;
+        }
+        self.last_counter = Some(c);
+        let pid = self.pid;
+        self.put_timed(
+            json!({"ph":"C","pid":pid,"name":"live bytes","args":{"device":c.0,"graph":c.1,"host":c.2,"registered":c.3}}),
+            ts,
+            None,
+        );
+    }
+
+    fn instant(&mut self, ts: u64, tid: u32, name: String, args: serde_json::Value) {
+        let pid = self.pid;
+        self.put_timed(
+            json!({"ph":"i","s":"p","pid":pid,"tid":tid,"name":name,"cat":"problem","args":args}),
+            ts,
+            None,
+        );
+    }
+
+    fn close(&mut self, n: &Node, end_ts: u64, end: Option<&Ended>) {
+        let Some((track, lane)) = self.live.remove(&n.id) else {
+            return;
+        };
+        if let Some(t) = self.tracks.get_mut(&track) {
+            t.free_lanes.push(Reverse(lane));
+        }
+        let tid = self.tid(track, lane);
+        let pid = self.pid;
+        let name = format!("{} {}", n.api.name(), human_bytes(n.size));
+        let how = match end {
+            Some(e) if e.how == EndHow::Lost => "lost (free never seen)".to_owned(),
+            Some(e) => format!("{} seq {}", e.api.name(), e.seq),
+            None => "never freed".to_owned(),
+        };
+        self.put_timed(
+            json!({"ph":"X","pid":pid,"tid":tid,"name":name,"cat":n.category.name(),
+                   "args":{"ptr":hex(n.ptr),"size":n.size,"device":n.device,"alloc_seq":n.seq,
+                           "thread":n.tid,"stream":hex(n.stream),"ended_by":how}}),
+            n.ts_ns,
+            Some(end_ts.saturating_sub(n.ts_ns)),
+        );
+    }
+}
+
+impl<W: Write> Observer for Exporter<'_, W> {
+    fn begin(&mut self, h: &Header) {
+        let name = format!(
+            "{} (pid {}{})",
+            if h.exe.is_empty() { "?" } else { &h.exe },
+            h.pid,
+            h.rank.map(|r| format!(", rank {r}")).unwrap_or_default()
+        );
+        let pid = self.pid;
+        self.put(&json!({"ph":"M","pid":pid,"name":"process_name","args":{"name":name}}));
+        self.put(
+            &json!({"ph":"M","pid":pid,"name":"process_labels","args":{"labels":h.argv.join(" ")}}),
+        );
+    }
+
+    fn event(&mut self, ev: &Event, _live: &Live) {
+        self.last_ts = self.last_ts.max(ev.ts_ns);
+        if !ev.ok() {
+            self.instant(
+                ev.ts_ns,
+                ev.tid,
+                format!("{} failed ({})", ev.api.name(), ev.result),
+                json!({"seq":ev.seq,"size":ev.size,"result":ev.result}),
+            );
+        }
+    }
+
+    fn started(&mut self, n: &Node, live: &Live) {
+        if n.category.has_address() && !matches!(n.category, Category::Reservation) {
+            let track = Self::track_of(n);
+            let t = self.tracks.entry(track).or_default();
+            let lane = match t.free_lanes.pop() {
+                Some(Reverse(l)) => l,
+                None => {
+                    t.lanes += 1;
+                    t.lanes - 1
+                }
+            };
+            self.live.insert(n.id, (track, lane));
+        }
+        self.counter(n.ts_ns, live);
+    }
+
+    fn ended(&mut self, n: &Node, e: &Ended, live: &Live) {
+        self.close(n, e.ts_ns, Some(e));
+        self.counter(e.ts_ns, live);
+    }
+
+    fn invalid(&mut self, inv: &Invalid, _live: &Live) {
+        let ev = inv.event;
+        self.instant(
+            ev.ts_ns,
+            ev.tid,
+            format!("invalid {} {}", inv.kind.name(), hex(ev.ptr)),
+            json!({"seq":ev.seq,"api":ev.api.name()}),
+        );
+    }
+
+    fn other(&mut self, rec: &Record, _live: &Live) {
+        match rec {
+            Record::Violation(v) => self.instant(
+                v.ts_ns,
+                0,
+                format!("stale write {}", hex(v.ptr)),
+                json!({"size":v.size,"first_offset":v.first_offset,"changed_bytes":v.changed_bytes,
+                       "alloc_seq":v.alloc_seq,"free_seq":v.free_seq}),
+            ),
+            Record::StaleLaunch(s) => self.instant(
+                s.ts_ns,
+                s.tid,
+                format!("stale launch {}", s.kernel),
+                json!({"ptr":hex(s.ptr),"param_index":s.param_index,"alloc_seq":s.alloc_seq,
+                       "free_seq":s.free_seq}),
+            ),
+            Record::Note(n) if n.kind == isolate_trace::NoteKind::Signal => self.instant(
+                n.ts_ns,
+                0,
+                format!("signal {}", n.value),
+                json!({"text":n.text}),
+            ),
+            _ => {}
+        }
+    }
+
+    fn finish(&mut self, still: &[Node], _live: &Live) {
+        let end = self.last_ts;
+        for n in still {
+            self.close(n, end.max(n.ts_ns), None);
+        }
+    }
+}
+
+/// Writes the chrome-trace JSON of `paths` to `out`.
+pub fn chrome_trace<P: AsRef<Path>, W: Write>(
+    paths: &[P],
+    out: &mut W,
+    progress: &mut dyn Progress,
+) -> Result<(), Error> {
+    let io = |e| Error::io(None, e);
+    out.write_all(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[")
+        .map_err(io)?;
+    let mut first = true;
+    let mut next_tid = 1u64;
+    for (i, p) in paths.iter().enumerate() {
+        let h = isolate_trace::FastReader::open(p.as_ref())?.header().pid;
+        // Two traces of one pid (an exec) stay apart.
+        let pid = if paths.len() > 1 {
+            h.wrapping_mul(100).wrapping_add(i as u32)
+        } else {
+            h
+        };
+        let mut ex = Exporter {
+            out,
+            first: &mut first,
+            pid,
+            tracks: FxHashMap::default(),
+            tids: FxHashMap::default(),
+            next_tid: &mut next_tid,
+            live: FxHashMap::default(),
+            last_ts: 0,
+            last_counter: None,
+            error: None,
+        };
+        analyze(p.as_ref(), progress, &mut ex)?;
+        if let Some(e) = ex.error.take() {
+            return Err(io(e));
+        }
+    }
+    out.write_all(b"\n]}\n").map_err(io)?;
+    out.flush().map_err(io)
+}

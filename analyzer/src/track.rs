@@ -1,0 +1,571 @@
+//! The memory model every analysis shares: which ranges, handles and mappings are live after
+//! each event, decided from [`Api::kind`] and [`Api::memory`] alone.
+//!
+//! The [`Tracker`] turns events into *nodes* (anything with a lifetime: an allocation, a pinned
+//! host buffer, a registration, a virtual address reservation, a physical handle, a mapping) and
+//! tells an [`Observer`] when each one starts and ends, and when a call gives back something that
+//! was not live. The rules:
+//!
+//! - A successful `Alloc`-kind call with a non-null pointer starts a node; a successful
+//!   `Free`-kind call ends the node that *starts* at `ptr` (host frees look among host memory,
+//!   every other free among device, managed and graph memory).
+//!   A free of a pointer that is not live is an invalid free; freeing null is a no-op. Graph
+//!   memory nodes are kept apart from other device memory (graphs may share addresses).
+//! - Failed calls (result ≠ 0) change nothing.
+//! - `cuMemAddressReserve`/`cuMemAddressFree` start and end reservations (keyed by address),
+//!   `cuMemCreate`/`cuMemRelease` physical handles (keyed by handle), `cuMemMap`/`cuMemUnmap`
+//!   mappings (an unmap ends every mapping that starts inside its range).
+//! - An allocation handed out at the start of a node that is still live means the trace missed
+//!   that node's free: the old node ends as [`EndHow::Lost`].
+//!
+//! [`Live`] counts bytes per [`Category`]; device memory in use is device + managed + physical
+//! handles ([`Live::device_bytes`]). Reservations and mappings are address space, not memory.
+
+use isolate_trace::{Api, Event, Header, Kind, Memory, Record};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
+
+/// What a node is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Category {
+    /// `cudaMalloc`, `cuMemAlloc`, the async and pool variants, pitched and 3D.
+    Device,
+    /// `cudaMallocManaged`, `cuMemAllocManaged`.
+    Managed,
+    /// Graph memory nodes (`cuGraphAddMemAllocNode`).
+    Graph,
+    /// Pinned host memory (`cudaMallocHost`, `cudaHostAlloc`, …).
+    Host,
+    /// Host memory registered with `cudaHostRegister`.
+    Registered,
+    /// A virtual address range from `cuMemAddressReserve`.
+    Reservation,
+    /// Physical memory from `cuMemCreate`.
+    Handle,
+    /// A `cuMemMap` of (part of) a handle into a reserved range.
+    Mapping,
+}
+
+impl Category {
+    pub const ALL: [Category; 8] = [
+        Category::Device,
+        Category::Managed,
+        Category::Graph,
+        Category::Host,
+        Category::Registered,
+        Category::Reservation,
+        Category::Handle,
+        Category::Mapping,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Device => "device",
+            Category::Managed => "managed",
+            Category::Graph => "graph",
+            Category::Host => "host",
+            Category::Registered => "registered",
+            Category::Reservation => "reservation",
+            Category::Handle => "handle",
+            Category::Mapping => "mapping",
+        }
+    }
+
+    /// True for the categories that hold device memory (device, managed, physical handles).
+    pub fn is_device_memory(self) -> bool {
+        matches!(
+            self,
+            Category::Device | Category::Managed | Category::Handle
+        )
+    }
+
+    /// True for things that occupy an address range (all but handles).
+    pub fn has_address(self) -> bool {
+        self != Category::Handle
+    }
+}
+
+/// Anything with a lifetime that the trace shows starting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Node {
+    /// Order in which nodes started in this trace, from 0.
+    pub id: u64,
+    pub category: Category,
+    /// The call that started it.
+    pub api: Api,
+    pub device: i32,
+    pub tid: u32,
+    /// Start address (0 for handles).
+    pub ptr: u64,
+    pub size: u64,
+    /// The physical handle (handles and mappings).
+    pub handle: u64,
+    /// Offset into the handle (mappings).
+    pub offset: u64,
+    pub stream: u64,
+    pub seq: u64,
+    pub ts_ns: u64,
+    /// For a mapping: the node of the handle it maps, when that handle's creation was seen.
+    pub handle_node: Option<u64>,
+    /// For a mapping: the reservation that contains it.
+    pub reservation: Option<u64>,
+}
+
+impl Node {
+    /// One past the last byte.
+    pub fn end(&self) -> u64 {
+        self.ptr.saturating_add(self.size)
+    }
+
+    pub fn covers(&self, addr: u64) -> bool {
+        self.category.has_address() && self.ptr <= addr && addr < self.end()
+    }
+}
+
+/// How a node ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndHow {
+    /// Freed, released, unmapped or unregistered by a call.
+    Freed,
+    /// Its start address was handed out again while it was live: its free was never seen.
+    Lost,
+}
+
+/// The end of a node: the call that ended it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ended {
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub api: Api,
+    pub tid: u32,
+    pub how: EndHow,
+}
+
+/// What an invalid call tried to give back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum InvalidKind {
+    /// A free of an address where no allocation starts.
+    Free,
+    /// `cuMemAddressFree` of an address where no reservation starts.
+    AddressFree,
+    /// `cuMemRelease` of a handle that is not live.
+    Release,
+    /// `cuMemUnmap` of a range where nothing is mapped.
+    Unmap,
+    /// `cudaHostUnregister` of memory that is not registered.
+    Unregister,
+}
+
+impl InvalidKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            InvalidKind::Free => "free",
+            InvalidKind::AddressFree => "address_free",
+            InvalidKind::Release => "release",
+            InvalidKind::Unmap => "unmap",
+            InvalidKind::Unregister => "unregister",
+        }
+    }
+}
+
+/// A successful call that gave back something that was not live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Invalid {
+    pub kind: InvalidKind,
+    pub event: Event,
+}
+
+/// Live bytes and counts per category after an event.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Live {
+    pub bytes: [u64; 8],
+    pub count: [u64; 8],
+}
+
+impl Live {
+    pub fn bytes(&self, c: Category) -> u64 {
+        self.bytes[c as usize]
+    }
+
+    pub fn count(&self, c: Category) -> u64 {
+        self.count[c as usize]
+    }
+
+    /// Device memory in use: device + managed allocations and physical handles.
+    pub fn device_bytes(&self) -> u64 {
+        self.bytes[Category::Device as usize]
+            + self.bytes[Category::Managed as usize]
+            + self.bytes[Category::Handle as usize]
+    }
+
+    pub fn device_count(&self) -> u64 {
+        self.count[Category::Device as usize]
+            + self.count[Category::Managed as usize]
+            + self.count[Category::Handle as usize]
+    }
+
+    #[inline]
+    fn add(&mut self, n: &Node) {
+        let i = n.category as usize;
+        self.bytes[i] = self.bytes[i].wrapping_add(n.size);
+        self.count[i] += 1;
+    }
+
+    #[inline]
+    fn sub(&mut self, n: &Node) {
+        let i = n.category as usize;
+        self.bytes[i] = self.bytes[i].wrapping_sub(n.size);
+        self.count[i] -= 1;
+    }
+}
+
+/// What an analysis sees of a trace. Every method has an empty default.
+///
+/// For each event, [`Observer::event`] comes first, then whatever the event started or ended.
+/// `live` is always the state after the whole event.
+#[allow(unused_variables)]
+pub trait Observer {
+    /// Once per trace, before any record.
+    fn begin(&mut self, header: &Header) {}
+    /// Every event, failed ones included.
+    fn event(&mut self, ev: &Event, live: &Live) {}
+    fn started(&mut self, node: &Node, live: &Live) {}
+    fn ended(&mut self, node: &Node, end: &Ended, live: &Live) {}
+    fn invalid(&mut self, inv: &Invalid, live: &Live) {}
+    /// Every record that is not an event.
+    fn other(&mut self, rec: &Record, live: &Live) {}
+    /// Once at the end of the trace, with every node still live, in start order.
+    fn finish(&mut self, still_live: &[Node], live: &Live) {}
+}
+
+impl Observer for () {}
+
+impl<A: Observer, B: Observer> Observer for (A, B) {
+    fn begin(&mut self, h: &Header) {
+        self.0.begin(h);
+        self.1.begin(h);
+    }
+    fn event(&mut self, ev: &Event, live: &Live) {
+        self.0.event(ev, live);
+        self.1.event(ev, live);
+    }
+    fn started(&mut self, n: &Node, live: &Live) {
+        self.0.started(n, live);
+        self.1.started(n, live);
+    }
+    fn ended(&mut self, n: &Node, e: &Ended, live: &Live) {
+        self.0.ended(n, e, live);
+        self.1.ended(n, e, live);
+    }
+    fn invalid(&mut self, i: &Invalid, live: &Live) {
+        self.0.invalid(i, live);
+        self.1.invalid(i, live);
+    }
+    fn other(&mut self, r: &Record, live: &Live) {
+        self.0.other(r, live);
+        self.1.other(r, live);
+    }
+    fn finish(&mut self, s: &[Node], live: &Live) {
+        self.0.finish(s, live);
+        self.1.finish(s, live);
+    }
+}
+
+impl<O: Observer + ?Sized> Observer for &mut O {
+    fn begin(&mut self, h: &Header) {
+        (**self).begin(h);
+    }
+    fn event(&mut self, ev: &Event, live: &Live) {
+        (**self).event(ev, live);
+    }
+    fn started(&mut self, n: &Node, live: &Live) {
+        (**self).started(n, live);
+    }
+    fn ended(&mut self, n: &Node, e: &Ended, live: &Live) {
+        (**self).ended(n, e, live);
+    }
+    fn invalid(&mut self, i: &Invalid, live: &Live) {
+        (**self).invalid(i, live);
+    }
+    fn other(&mut self, r: &Record, live: &Live) {
+        (**self).other(r, live);
+    }
+    fn finish(&mut self, s: &[Node], live: &Live) {
+        (**self).finish(s, live);
+    }
+}
+
+/// The live state of one trace.
+#[derive(Default)]
+pub struct Tracker {
+    next_id: u64,
+    /// Device and managed memory.
+    dev: FxHashMap<u64, Node>,
+    /// Graph memory nodes: their addresses may be shared between graphs, so they are kept apart.
+    graph: FxHashMap<u64, Node>,
+    host: FxHashMap<u64, Node>,
+    registered: FxHashMap<u64, Node>,
+    reservations: BTreeMap<u64, Node>,
+    handles: FxHashMap<u64, Node>,
+    mappings: BTreeMap<u64, Node>,
+    live: Live,
+    scratch: Vec<u64>,
+}
+
+impl Tracker {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn live(&self) -> &Live {
+        &self.live
+    }
+
+    /// The live physical handle `handle`, if any.
+    pub fn handle(&self, handle: u64) -> Option<&Node> {
+        self.handles.get(&handle)
+    }
+
+    /// Feeds one record through the model.
+    #[inline]
+    pub fn record<O: Observer>(&mut self, rec: &Record, obs: &mut O) {
+        match rec {
+            Record::Event(ev) => self.event(ev, obs),
+            other => obs.other(other, &self.live),
+        }
+    }
+
+    fn node(&mut self, ev: &Event, category: Category) -> Node {
+        let id = self.next_id;
+        self.next_id += 1;
+        Node {
+            id,
+            category,
+            api: ev.api,
+            device: ev.device,
+            tid: ev.tid,
+            ptr: ev.ptr,
+            size: ev.size,
+            handle: ev.handle,
+            offset: ev.offset,
+            stream: ev.stream,
+            seq: ev.seq,
+            ts_ns: ev.ts_ns,
+            handle_node: None,
+            reservation: None,
+        }
+    }
+
+    /// Feeds one event through the model.
+    #[inline]
+    pub fn event<O: Observer>(&mut self, ev: &Event, obs: &mut O) {
+        let kind = ev.api.kind();
+        if !ev.ok() || kind == Kind::Launch || kind == Kind::SetAccess {
+            obs.event(ev, &self.live);
+            return;
+        }
+        let end = |how| Ended {
+            seq: ev.seq,
+            ts_ns: ev.ts_ns,
+            api: ev.api,
+            tid: ev.tid,
+            how,
+        };
+        match kind {
+            Kind::Alloc => {
+                if ev.ptr == 0 {
+                    obs.event(ev, &self.live);
+                    return;
+                }
+                let cat = match ev.api.memory() {
+                    Memory::Host => Category::Host,
+                    Memory::Managed => Category::Managed,
+                    Memory::Graph => Category::Graph,
+                    _ => Category::Device,
+                };
+                let n = self.node(ev, cat);
+                let map = match cat {
+                    Category::Host => &mut self.host,
+                    Category::Graph => &mut self.graph,
+                    _ => &mut self.dev,
+                };
+                let old = map.insert(ev.ptr, n);
+                self.live.add(&n);
+                if let Some(o) = &old {
+                    self.live.sub(o);
+                }
+                obs.event(ev, &self.live);
+                obs.started(&n, &self.live);
+                if let Some(o) = old {
+                    obs.ended(&o, &end(EndHow::Lost), &self.live);
+                }
+            }
+            Kind::Free => {
+                if ev.ptr == 0 {
+                    obs.event(ev, &self.live);
+                    return;
+                }
+                // Graph memory may also be freed with cudaFree(Async), and a free node may
+                // name memory allocated outside the graph: look in the other map second.
+                let gone = match ev.api.memory() {
+                    Memory::Host => self.host.remove(&ev.ptr),
+                    Memory::Graph => self
+                        .graph
+                        .remove(&ev.ptr)
+                        .or_else(|| self.dev.remove(&ev.ptr)),
+                    _ => self
+                        .dev
+                        .remove(&ev.ptr)
+                        .or_else(|| self.graph.remove(&ev.ptr)),
+                };
+                self.finish_removal(ev, gone, InvalidKind::Free, obs);
+            }
+            Kind::Register => {
+                let n = self.node(ev, Category::Registered);
+                let old = self.registered.insert(ev.ptr, n);
+                self.started_replacing(ev, n, old, obs);
+            }
+            Kind::Unregister => {
+                let gone = self.registered.remove(&ev.ptr);
+                self.finish_removal(ev, gone, InvalidKind::Unregister, obs);
+            }
+            Kind::Reserve => {
+                let n = self.node(ev, Category::Reservation);
+                let old = self.reservations.insert(ev.ptr, n);
+                self.started_replacing(ev, n, old, obs);
+            }
+            Kind::AddressFree => {
+                let gone = self.reservations.remove(&ev.ptr);
+                self.finish_removal(ev, gone, InvalidKind::AddressFree, obs);
+            }
+            Kind::Create => {
+                let mut n = self.node(ev, Category::Handle);
+                n.ptr = 0;
+                let old = self.handles.insert(ev.handle, n);
+                self.started_replacing(ev, n, old, obs);
+            }
+            Kind::Release => {
+                let gone = self.handles.remove(&ev.handle);
+                self.finish_removal(ev, gone, InvalidKind::Release, obs);
+            }
+            Kind::Map => {
+                let mut n = self.node(ev, Category::Mapping);
+                n.handle_node = self.handles.get(&ev.handle).map(|h| h.id);
+                n.reservation = self
+                    .reservations
+                    .range(..=ev.ptr)
+                    .next_back()
+                    .filter(|(_, r)| r.end() > ev.ptr)
+                    .map(|(_, r)| r.id);
+                let old = self.mappings.insert(ev.ptr, n);
+                self.started_replacing(ev, n, old, obs);
+            }
+            Kind::Unmap => {
+                let stop = ev.ptr.saturating_add(ev.size.max(1));
+                self.scratch.clear();
+                self.scratch
+                    .extend(self.mappings.range(ev.ptr..stop).map(|(&k, _)| k));
+                if self.scratch.is_empty() {
+                    obs.event(ev, &self.live);
+                    obs.invalid(
+                        &Invalid {
+                            kind: InvalidKind::Unmap,
+                            event: *ev,
+                        },
+                        &self.live,
+                    );
+                    return;
+                }
+                let mut gone = Vec::with_capacity(self.scratch.len());
+                for k in &self.scratch {
+                    if let Some(n) = self.mappings.remove(k) {
+                        self.live.sub(&n);
+                        gone.push(n);
+                    }
+                }
+                obs.event(ev, &self.live);
+                for n in &gone {
+                    obs.ended(n, &end(EndHow::Freed), &self.live);
+                }
+            }
+            Kind::Launch | Kind::SetAccess => unreachable!("handled above"),
+        }
+    }
+
+    #[inline]
+    fn started_replacing<O: Observer>(
+        &mut self,
+        ev: &Event,
+        n: Node,
+        old: Option<Node>,
+        obs: &mut O,
+    ) {
+        self.live.add(&n);
+        if let Some(o) = &old {
+            self.live.sub(o);
+        }
+        obs.event(ev, &self.live);
+        obs.started(&n, &self.live);
+        if let Some(o) = old {
+            let e = Ended {
+                seq: ev.seq,
+                ts_ns: ev.ts_ns,
+                api: ev.api,
+                tid: ev.tid,
+                how: EndHow::Lost,
+            };
+            obs.ended(&o, &e, &self.live);
+        }
+    }
+
+    #[inline]
+    fn finish_removal<O: Observer>(
+        &mut self,
+        ev: &Event,
+        gone: Option<Node>,
+        kind: InvalidKind,
+        obs: &mut O,
+    ) {
+        match gone {
+            Some(n) => {
+                self.live.sub(&n);
+                obs.event(ev, &self.live);
+                let e = Ended {
+                    seq: ev.seq,
+                    ts_ns: ev.ts_ns,
+                    api: ev.api,
+                    tid: ev.tid,
+                    how: EndHow::Freed,
+                };
+                obs.ended(&n, &e, &self.live);
+            }
+            None => {
+                obs.event(ev, &self.live);
+                obs.invalid(&Invalid { kind, event: *ev }, &self.live);
+            }
+        }
+    }
+
+    /// Every node still live, in start order.
+    pub fn still_live(&self) -> Vec<Node> {
+        let mut v: Vec<Node> = self
+            .dev
+            .values()
+            .chain(self.graph.values())
+            .chain(self.host.values())
+            .chain(self.registered.values())
+            .chain(self.reservations.values())
+            .chain(self.handles.values())
+            .chain(self.mappings.values())
+            .copied()
+            .collect();
+        v.sort_unstable_by_key(|n| n.id);
+        v
+    }
+
+    /// Ends the trace: hands every node still live to the observer.
+    pub fn finish<O: Observer>(&mut self, obs: &mut O) {
+        let v = self.still_live();
+        obs.finish(&v, &self.live);
+    }
+}

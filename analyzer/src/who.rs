@@ -1,0 +1,359 @@
+//! `isolate who ADDR`: everything that ever lived at one address, in order.
+
+use crate::Error;
+use crate::source::{Progress, analyze};
+use crate::track::{Category, EndHow, Ended, Invalid, Live, Node, Observer};
+use crate::util::{hex, human_bytes, human_ns, ser_hex};
+use isolate_trace::Record;
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// The allocation that took the address next.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Next {
+    pub node: u64,
+    pub api: &'static str,
+    pub size: u64,
+    pub alloc_seq: u64,
+    /// ns from this one's end to the next one's start.
+    pub gap_ns: Option<u64>,
+}
+
+/// One node that covered the address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Occupant {
+    /// The node's id in its trace (as in `isolate graph` for a single trace).
+    pub node: u64,
+    pub category: &'static str,
+    pub api: &'static str,
+    pub device: i32,
+    pub tid: u32,
+    #[serde(serialize_with = "ser_hex")]
+    pub stream: u64,
+    #[serde(serialize_with = "ser_hex")]
+    pub ptr: u64,
+    pub size: u64,
+    /// Where the address lies inside it.
+    pub offset: u64,
+    pub alloc_seq: u64,
+    pub alloc_ts_ns: u64,
+    pub free_seq: Option<u64>,
+    pub free_ts_ns: Option<u64>,
+    pub free_api: Option<&'static str>,
+    pub lost: bool,
+    pub lifetime_ns: Option<u64>,
+    /// What came after it at this address; null when nothing did.
+    pub next: Option<Next>,
+    /// For mappings: the handle, where the address lies in it, and the handle's node.
+    #[serde(serialize_with = "ser_hex")]
+    pub handle: u64,
+    pub handle_offset: Option<u64>,
+    pub handle_node: Option<u64>,
+    pub handle_size: Option<u64>,
+    pub reservation: Option<u64>,
+}
+
+/// A record that names the address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Incident {
+    /// `invalid_free`, `poison_violation`, `stale_launch`.
+    pub kind: &'static str,
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub api: String,
+    #[serde(serialize_with = "ser_hex")]
+    pub ptr: u64,
+    /// Kernel name for stale launches, changed bytes for violations.
+    pub detail: String,
+}
+
+/// What one trace says about the address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WhoTrace {
+    pub trace: usize,
+    pub file: String,
+    pub pid: u32,
+    pub rank: Option<u32>,
+    /// Allocations (device, managed, graph, host, registered) that covered it, in start order.
+    pub history: Vec<Occupant>,
+    /// `cuMemMap` mappings that covered it.
+    pub mappings: Vec<Occupant>,
+    /// Address reservations that covered it.
+    pub reservations: Vec<Occupant>,
+    pub incidents: Vec<Incident>,
+    pub truncated: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Who {
+    #[serde(serialize_with = "ser_hex")]
+    pub address: u64,
+    pub traces: Vec<WhoTrace>,
+}
+
+struct Watch {
+    addr: u64,
+    /// (node, end) in start order, per list.
+    lists: [Vec<(Node, Option<Ended>)>; 3],
+    /// Open entries: node id → (list, index).
+    open: FxHashMap<u64, (usize, usize)>,
+    handles: FxHashMap<u64, Node>,
+    incidents: Vec<Incident>,
+}
+
+fn list_of(c: Category) -> usize {
+    match c {
+        Category::Mapping => 1,
+        Category::Reservation => 2,
+        _ => 0,
+    }
+}
+
+impl Observer for Watch {
+    fn started(&mut self, n: &Node, _: &Live) {
+        if n.category == Category::Handle {
+            self.handles.insert(n.id, *n);
+            return;
+        }
+        if n.covers(self.addr) {
+            let l = list_of(n.category);
+            self.open.insert(n.id, (l, self.lists[l].len()));
+            self.lists[l].push((*n, None));
+        }
+    }
+
+    fn ended(&mut self, n: &Node, e: &Ended, _: &Live) {
+        if let Some((l, i)) = self.open.remove(&n.id) {
+            self.lists[l][i].1 = Some(*e);
+        }
+    }
+
+    fn invalid(&mut self, inv: &Invalid, _: &Live) {
+        let ev = &inv.event;
+        if ev.ptr == self.addr {
+            self.incidents.push(Incident {
+                kind: "invalid_free",
+                seq: ev.seq,
+                ts_ns: ev.ts_ns,
+                api: ev.api.name().into(),
+                ptr: ev.ptr,
+                detail: format!("{} of memory that was not live", inv.kind.name()),
+            });
+        }
+    }
+
+    fn other(&mut self, rec: &Record, _: &Live) {
+        match rec {
+            Record::Violation(v)
+                if v.ptr <= self.addr && self.addr < v.ptr.saturating_add(v.size) =>
+            {
+                self.incidents.push(Incident {
+                    kind: "poison_violation",
+                    seq: v.seq,
+                    ts_ns: v.ts_ns,
+                    api: v.free_api.name().into(),
+                    ptr: v.ptr,
+                    detail: format!(
+                        "{} bytes changed from offset {} after the free (alloc seq {}, free seq {})",
+                        v.changed_bytes, v.first_offset, v.alloc_seq, v.free_seq
+                    ),
+                });
+            }
+            Record::StaleLaunch(s)
+                if s.ptr == self.addr
+                    || (s.alloc_ptr <= self.addr
+                        && self.addr < s.alloc_ptr.saturating_add(s.alloc_size)) =>
+            {
+                self.incidents.push(Incident {
+                    kind: "stale_launch",
+                    seq: s.seq,
+                    ts_ns: s.ts_ns,
+                    api: s.api.name().into(),
+                    ptr: s.ptr,
+                    detail: format!(
+                        "kernel {} param {} points into freed memory (alloc seq {}, freed seq {})",
+                        s.kernel, s.param_index, s.alloc_seq, s.free_seq
+                    ),
+                });
+            }
+            _ => {}
+        }
+    }
+}
+
+fn occupants(
+    addr: u64,
+    list: &[(Node, Option<Ended>)],
+    handles: &FxHashMap<u64, Node>,
+) -> Vec<Occupant> {
+    let mut out = Vec::with_capacity(list.len());
+    for (i, (n, e)) in list.iter().enumerate() {
+        let next = list.get(i + 1).map(|(m, _)| Next {
+            node: m.id,
+            api: m.api.name(),
+            size: m.size,
+            alloc_seq: m.seq,
+            gap_ns: e.map(|e| m.ts_ns.saturating_sub(e.ts_ns)),
+        });
+        let is_map = n.category == Category::Mapping;
+        out.push(Occupant {
+            node: n.id,
+            category: n.category.name(),
+            api: n.api.name(),
+            device: n.device,
+            tid: n.tid,
+            stream: n.stream,
+            ptr: n.ptr,
+            size: n.size,
+            offset: addr - n.ptr,
+            alloc_seq: n.seq,
+            alloc_ts_ns: n.ts_ns,
+            free_seq: e.map(|e| e.seq),
+            free_ts_ns: e.map(|e| e.ts_ns),
+            free_api: e.map(|e| e.api.name()),
+            lost: e.is_some_and(|e| e.how == EndHow::Lost),
+            lifetime_ns: e.map(|e| e.ts_ns.saturating_sub(n.ts_ns)),
+            next,
+            handle: if is_map { n.handle } else { 0 },
+            handle_offset: is_map.then(|| n.offset + (addr - n.ptr)),
+            handle_node: n.handle_node,
+            handle_size: n.handle_node.and_then(|h| handles.get(&h)).map(|h| h.size),
+            reservation: n.reservation,
+        });
+    }
+    out
+}
+
+/// Everything that covered `addr` in each of `paths`.
+pub fn who<P: AsRef<Path>>(
+    addr: u64,
+    paths: &[P],
+    progress: &mut dyn Progress,
+) -> Result<Who, Error> {
+    let mut traces = Vec::new();
+    for (i, p) in paths.iter().enumerate() {
+        let mut w = Watch {
+            addr,
+            lists: Default::default(),
+            open: FxHashMap::default(),
+            handles: FxHashMap::default(),
+            incidents: Vec::new(),
+        };
+        let info = analyze(p.as_ref(), progress, &mut w)?;
+        traces.push(WhoTrace {
+            trace: i,
+            file: info.file.clone(),
+            pid: info.header.pid,
+            rank: info.header.rank,
+            history: occupants(addr, &w.lists[0], &w.handles),
+            mappings: occupants(addr, &w.lists[1], &w.handles),
+            reservations: occupants(addr, &w.lists[2], &w.handles),
+            incidents: w.incidents,
+            truncated: info.truncated_at,
+        });
+    }
+    Ok(Who {
+        address: addr,
+        traces,
+    })
+}
+
+/// The history as people read it.
+pub fn render_text(w: &Who) -> String {
+    let mut o = String::new();
+    for t in &w.traces {
+        let _ = writeln!(
+            o,
+            "== {} (pid {}{}) : {} ==",
+            t.file,
+            t.pid,
+            t.rank.map(|r| format!(", rank {r}")).unwrap_or_default(),
+            hex(w.address)
+        );
+        if let Some(at) = t.truncated {
+            let _ = writeln!(o, "TRUNCATED at byte {at}: analysed up to there");
+        }
+        if t.history.is_empty() && t.mappings.is_empty() && t.reservations.is_empty() {
+            let _ = writeln!(o, "nothing ever covered this address");
+        }
+        for (title, list) in [
+            ("allocations", &t.history),
+            ("mappings", &t.mappings),
+            ("reservations", &t.reservations),
+        ] {
+            if list.is_empty() {
+                continue;
+            }
+            let _ = writeln!(o, "{title}:");
+            for x in list {
+                let life = match (x.free_seq, x.lifetime_ns) {
+                    (Some(f), Some(l)) => format!(
+                        "seq {}..{} ({}, {} by {})",
+                        x.alloc_seq,
+                        f,
+                        human_ns(l),
+                        if x.lost { "lost" } else { "freed" },
+                        x.free_api.unwrap_or("?")
+                    ),
+                    _ => format!("seq {}.. still live at the end", x.alloc_seq),
+                };
+                let _ = writeln!(
+                    o,
+                    "  #{:<6} {:<24} {} + {:#x} of {} ({}) dev {} tid {}  {}",
+                    x.node,
+                    x.api,
+                    hex(x.ptr),
+                    x.offset,
+                    human_bytes(x.size),
+                    x.size,
+                    x.device,
+                    x.tid,
+                    life
+                );
+                if let Some(ho) = x.handle_offset {
+                    let _ = writeln!(
+                        o,
+                        "          maps handle {} at offset {:#x}{}",
+                        hex(x.handle),
+                        ho,
+                        x.handle_node
+                            .map(|h| format!(" (node #{h})"))
+                            .unwrap_or_default()
+                    );
+                }
+                match &x.next {
+                    Some(n) => {
+                        let _ = writeln!(
+                            o,
+                            "          then #{} {} {}{}",
+                            n.node,
+                            n.api,
+                            human_bytes(n.size),
+                            n.gap_ns
+                                .map(|g| format!(" after {}", human_ns(g)))
+                                .unwrap_or_default()
+                        );
+                    }
+                    None if x.free_seq.is_some() => {
+                        let _ = writeln!(o, "          nothing came after it");
+                    }
+                    None => {}
+                }
+            }
+        }
+        for i in &t.incidents {
+            let _ = writeln!(
+                o,
+                "{}: seq {} {} {}: {}",
+                i.kind.to_uppercase(),
+                i.seq,
+                i.api,
+                hex(i.ptr),
+                i.detail.escape_debug()
+            );
+        }
+    }
+    o
+}

@@ -1,0 +1,177 @@
+//! Helpers for the analyzer's tests: a trace builder and a way to run the binary.
+#![allow(dead_code)]
+
+use isolate_trace::{Api, Encoder, End, EndReason, Event, Header, Note, NoteKind, Record, Stats};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Builds a trace event by event: sequence numbers count up from 0, each event is 1 µs after
+/// the one before (from 1 ms), on thread 1000 of device 0, unless told otherwise.
+pub struct TraceBuilder {
+    out: Vec<u8>,
+    enc: Encoder,
+    pub seq: u64,
+    pub ts: u64,
+    pub tid: u32,
+    pub device: i32,
+    pub stream: u64,
+}
+
+pub fn header(pid: u32, argv: &[&str]) -> Header {
+    Header {
+        pid,
+        ppid: 1,
+        exe: "/usr/bin/prog".into(),
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        start_unix_ns: 1_700_000_000_000_000_000,
+        start_mono_ns: 1_000_000,
+        hostname: "testhost".into(),
+        library_version: "0.1.0".into(),
+        mode: "log".into(),
+        ..Header::default()
+    }
+}
+
+impl TraceBuilder {
+    pub fn new() -> Self {
+        Self::with_header(header(100, &["prog"]))
+    }
+
+    pub fn with_header(h: Header) -> Self {
+        let mut out = Vec::new();
+        Encoder::preamble(&h, &mut out);
+        TraceBuilder {
+            out,
+            enc: Encoder::new(),
+            seq: 0,
+            ts: 1_000_000,
+            tid: 1000,
+            device: 0,
+            stream: 0,
+        }
+    }
+
+    /// Appends an event with the builder's defaults filled in; returns its sequence number.
+    pub fn event(&mut self, mut e: Event) -> u64 {
+        e.seq = self.seq;
+        self.ts += 1000;
+        e.ts_ns = self.ts;
+        if e.tid == 0 {
+            e.tid = self.tid;
+        }
+        if e.stream == 0 {
+            e.stream = self.stream;
+        }
+        e.device = self.device;
+        self.seq += 1;
+        self.enc.encode(&Record::Event(e), &mut self.out);
+        e.seq
+    }
+
+    pub fn call(&mut self, api: Api, ptr: u64, size: u64) -> u64 {
+        self.event(Event {
+            api,
+            ptr,
+            size,
+            ..Event::default()
+        })
+    }
+
+    pub fn malloc(&mut self, ptr: u64, size: u64) -> u64 {
+        self.call(Api::CudaMalloc, ptr, size)
+    }
+
+    pub fn free(&mut self, ptr: u64) -> u64 {
+        self.call(Api::CudaFree, ptr, 0)
+    }
+
+    /// A call that failed with `result`.
+    pub fn fail(&mut self, api: Api, size: u64, result: i32) -> u64 {
+        self.event(Event {
+            api,
+            size,
+            result,
+            ..Event::default()
+        })
+    }
+
+    pub fn vmm(&mut self, api: Api, ptr: u64, size: u64, handle: u64, offset: u64) -> u64 {
+        self.event(Event {
+            api,
+            ptr,
+            size,
+            handle,
+            offset,
+            ..Event::default()
+        })
+    }
+
+    pub fn record(&mut self, r: Record) {
+        self.enc.encode(&r, &mut self.out);
+    }
+
+    pub fn note(&mut self, kind: NoteKind, value: u64) {
+        let ts = self.ts;
+        self.record(Record::Note(Note {
+            seq: self.seq,
+            ts_ns: ts,
+            kind,
+            ptr: 0,
+            size: 0,
+            value,
+            text: String::new(),
+        }));
+    }
+
+    /// The End record of a clean exit.
+    pub fn end(&mut self, stats: Stats) {
+        self.ts += 1000;
+        let ts = self.ts;
+        self.record(Record::End(End {
+            ts_ns: ts,
+            reason: EndReason::Exit,
+            stats,
+        }));
+    }
+
+    pub fn bytes(&self) -> Vec<u8> {
+        self.out.clone()
+    }
+
+    pub fn write(&self, dir: &Path, name: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, &self.out).unwrap();
+        p
+    }
+}
+
+/// What a run of the binary gave.
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Out {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}\nstderr: {}", self.stdout, self.stderr))
+    }
+}
+
+/// Runs `isolate ARGS…` in `dir`.
+pub fn isolate<S: AsRef<std::ffi::OsStr>>(dir: &Path, args: &[S]) -> Out {
+    let o = Command::new(env!("CARGO_BIN_EXE_isolate"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run isolate");
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+pub const A: u64 = 0x7f00_0000_0000;
+pub const MIB: u64 = 1 << 20;
