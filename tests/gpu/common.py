@@ -240,7 +240,10 @@ def run_cmd(name: str, cmd: list[str], env_delta: dict[str, str], timeout_s: flo
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        run.stdout, run.stderr = proc.communicate()
+        try:
+            run.stdout, run.stderr = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # a grandchild outside the group holds the pipes
+            run.stdout, run.stderr = "", ""
         run.stderr += f"\n[suite] killed after {timeout_s:.0f}s"
     run.seconds = time.monotonic() - start
     run.result = parse_result(run.stdout)

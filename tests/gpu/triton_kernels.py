@@ -19,6 +19,7 @@ class RawPointer:
     def __init__(self, ptr: int):
         self.ptr = ptr
         self.dtype = torch.float32
+        self.device = torch.device("cuda", torch.cuda.current_device())
 
     def data_ptr(self) -> int:
         return self.ptr
