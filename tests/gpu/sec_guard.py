@@ -137,8 +137,10 @@ def cost(suite, section) -> dict:
                           s.stale_launches == 0 if s.stale_launches is not None else None, f"{s.stale_launches}")
             section.check(f"{model}: no poison violation in training under {tool}",
                           s.violations == 0 if s.violations is not None else None, f"{s.violations}")
+            # Reported, not checked: guard mode's right-aligned addresses may be less aligned than
+            # cudaMalloc's, and libraries may pick other kernels for them.
             ok, detail = benchstats.same_losses(s, base)
-            section.check(f"{model}: {tool} loss curve == baseline", ok, detail)
+            section.info(f"{model}: {tool} loss curve == baseline: {ok}", detail)
     section.table(
         f"cost of isolation, launch check and guard mode, {suite.warmup}+{suite.steps} steps, "
         f"{suite.bench_rounds_done} interleaved rounds (medians)",

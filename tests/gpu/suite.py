@@ -117,7 +117,7 @@ class Suite:
         self._kept: set[str] = set()
         self._kept_bytes = 0
         self._bench: dict[tuple[str, str], list[Run]] | None = None
-        self._bench_rounds_done = 0
+        self.bench_rounds_done = 0
         self.planned_jobs = list(dict.fromkeys(k for s in self.sections for k in JOBS[s]))
         wanted = {t for s in self.sections for t in BENCH[s]}
         self.planned_bench = [t for t in BENCH_ORDER if t in wanted]
@@ -202,44 +202,33 @@ class Suite:
     def bench(self, section: Section) -> dict[tuple[str, str], list[Run]]:
         """train_small.py, both models, every planned tool, `rounds` interleaved rounds."""
         if self._bench is not None:
-            section.log("(benchmark runs: see the section that ran them first)")
+            section.log("(benchmark runs: in the log of the section that ran them first)")
             return self._bench
-        results: dict[tuple[str, str], list[Run]] = {
-            (t, m): [] for t in self.planned_bench for m in BENCH_MODELS
-        }
+        tools = self.planned_bench
+        results: dict[tuple[str, str], list[Run]] = {(t, m): [] for t in tools for m in self.models}
         dropped: set[tuple[str, str]] = set()
         args = ("--steps", str(self.steps), "--warmup", str(self.warmup))
-        section.say(
-            f"benchmark: {len(self.planned_bench)} tools x {len(BENCH_MODELS)} models x "
-            f"{self.rounds} rounds, {self.warmup}+{self.steps} steps each"
-        )
+        section.say(f"benchmark: {len(tools)} tools x {len(self.models)} models x {self.rounds} rounds, "
+                    f"{self.warmup}+{self.steps} steps each")
+        last_round_s = 0.0
         for r in range(self.rounds):
-            round_start = time.monotonic()
-            if r > 0 and self.deadline.remaining() < self._last_round_s * 1.1 + 20:
+            if r > 0 and self.deadline.remaining() < last_round_s * 1.1 + 20:
                 section.say(f"benchmark: stopping after {r} rounds (time budget)")
                 break
-            order = self.planned_bench[r % len(self.planned_bench):] + self.planned_bench[: r % len(self.planned_bench)]
-            for tool_name in order:
-                for model in BENCH_MODELS:
+            round_start = time.monotonic()
+            for tool_name in tools[r % len(tools):] + tools[: r % len(tools)]:  # rotated each round
+                for model in self.models:
                     if (tool_name, model) in dropped:
                         continue
-                    run = self.run_tool(
-                        section, f"bench/{tool_name}/{model}/r{r}", TOOLS[tool_name],
-                        "train_small.py", ("--model", model, *args), timeout_s=150,
-                    )
+                    run = self.run_tool(section, f"bench/{tool_name}/{model}/r{r}", TOOLS[tool_name],
+                                        "train_small.py", ("--model", model, *args), timeout_s=150)
                     results[(tool_name, model)].append(run)
                     if not run.ok:  # a tool that hangs or fails once is not run again
                         dropped.add((tool_name, model))
-            self._last_round_s = time.monotonic() - round_start
-            self._bench_rounds_done = r + 1
+            last_round_s = time.monotonic() - round_start
+            self.bench_rounds_done = r + 1
         self._bench = results
         return results
-
-    _last_round_s = 0.0
-
-    @property
-    def bench_rounds_done(self) -> int:
-        return self._bench_rounds_done
 
     # ----------------------------------------------------------------------------------
     # Keeping traces.
