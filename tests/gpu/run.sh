@@ -6,7 +6,7 @@
 # Writes OUT/<section>.log (every step in full), OUT/summary.txt (all tables and checks),
 # OUT/results.json, OUT/compare.md (compare section) and OUT/traces.tar.gz (the small traces
 # worth keeping); prints each section's table and the checks that did not pass.
-# OUT defaults to ./gpu-out when unset. Knobs (environment): GPU_BUDGET_S (seconds for the
+# OUT defaults to /tmp/isolate-gpu-out when unset. Knobs (environment): GPU_BUDGET_S (seconds for the
 # whole call, default 560), GPU_ROUNDS (3), GPU_STEPS (200), GPU_WARMUP (20), GPU_JOBS (4),
 # GPU_AB_ROUNDS (5). Exit status: 0 when every section passed, 1 when a check failed,
 # 2 on bad usage, 124 when the suite ran out of time.
@@ -27,7 +27,7 @@ export PYTHONUNBUFFERED=1
 unset LD_PRELOAD PYTORCH_CUDA_ALLOC_CONF PYTORCH_NO_CUDA_MEMORY_CACHING
 for v in $(env | grep -o '^ISOLATE_[A-Z_]*' || true); do unset "$v"; done
 
-OUT=${OUT:-$repo/gpu-out}
+OUT=${OUT:-${TMPDIR:-/tmp}/isolate-gpu-out}
 mkdir -p "$OUT"
 work=$(mktemp -d "${TMPDIR:-/tmp}/isolate-gpu.XXXXXX")
 budget=${GPU_BUDGET_S:-560}
