@@ -1,0 +1,384 @@
+//! Settings, read once from the environment before `main`.
+//!
+//! A malformed value stops the program with one line naming the variable, the value and what is
+//! accepted, and exit status 2: a debugging tool that silently records nothing is worse than one
+//! that refuses to start.
+
+use std::sync::OnceLock;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Log,
+    Isolate,
+    Off,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Log => "log",
+            Mode::Isolate => "isolate",
+            Mode::Off => "off",
+        }
+    }
+}
+
+/// How much freed memory isolation may hold before it really frees the oldest.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Budget {
+    Bytes(u64),
+    /// A share of the device's total memory, in percent.
+    Percent(f64),
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub mode: Mode,
+    pub trace: String,
+    /// Poison byte, `None` for `off`.
+    pub poison: Option<u8>,
+    pub quarantine: Budget,
+    pub guard: bool,
+    pub guard_min_size: u64,
+    /// Guard on the low side (left-aligned) instead of past the end.
+    pub guard_underflow: bool,
+    pub check_launch: bool,
+    /// Test hook: make recording panic, to prove panics never cross into C.
+    pub test_panic: bool,
+    /// Every setting as the trace header records it.
+    pub pairs: Vec<(String, String)>,
+}
+
+/// Every variable we read. Any other `ISOLATE_*` variable is a typo and refused.
+pub const VARIABLES: &[(&str, &str)] = &[
+    ("ISOLATE_MODE", "log, isolate, off"),
+    (
+        "ISOLATE_TRACE",
+        "a file path; %p = pid, %r = rank, %h = host name, %% = %",
+    ),
+    ("ISOLATE_POISON", "a byte (0xFF, 255) or off"),
+    (
+        "ISOLATE_QUARANTINE",
+        "a size (8GiB, 512MiB, 1000000) or a share of device memory (25%)",
+    ),
+    ("ISOLATE_GUARD", "on, off"),
+    ("ISOLATE_GUARD_MIN_SIZE", "a size (0, 64KiB, 2MiB)"),
+    (
+        "ISOLATE_GUARD_SIDE",
+        "end (catch overflows), start (catch underflows)",
+    ),
+    ("ISOLATE_CHECK_LAUNCH", "on, off"),
+    ("ISOLATE_TEST_PANIC", "1 (internal test hook)"),
+];
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+/// The settings; parsed on first use (normally from the constructor, before `main`).
+pub fn get() -> &'static Config {
+    CONFIG.get_or_init(|| {
+        match from_env(|k| std::env::var(k).ok(), std::env::vars().map(|(k, _)| k)) {
+            Ok(c) => c,
+            Err(msg) => die(&msg),
+        }
+    })
+}
+
+fn die(msg: &str) -> ! {
+    let line = format!("isolate: {msg}\n");
+    unsafe {
+        libc::write(2, line.as_ptr().cast(), line.len());
+        // Not `_exit`: that name is our own hook, which would close a trace first.
+        libc::syscall(libc::SYS_exit_group, 2);
+    }
+    unreachable!()
+}
+
+fn on_off(name: &str, v: &str) -> Result<bool, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "on" | "1" | "yes" | "true" => Ok(true),
+        "off" | "0" | "no" | "false" => Ok(false),
+        _ => Err(bad(name, v)),
+    }
+}
+
+fn bad(name: &str, v: &str) -> String {
+    let accepted = VARIABLES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, a)| *a)
+        .unwrap_or("");
+    format!("{name}={v:?} is not valid; accepted: {accepted}")
+}
+
+/// Parses `8GiB`, `512MiB`, `64KiB`, `2MB`, `1000000`.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    if num.is_empty() {
+        return None;
+    }
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => return None,
+    };
+    if num.contains('.') {
+        let f: f64 = num.parse().ok()?;
+        if !f.is_finite() || f < 0.0 {
+            return None;
+        }
+        let v = f * mult as f64;
+        (v < u64::MAX as f64).then_some(v as u64)
+    } else {
+        num.parse::<u64>().ok()?.checked_mul(mult)
+    }
+}
+
+fn parse_pattern(v: &str) -> Result<(), String> {
+    if v.is_empty() {
+        return Err(bad("ISOLATE_TRACE", v));
+    }
+    let mut it = v.chars();
+    while let Some(c) = it.next() {
+        if c == '%' && !matches!(it.next(), Some('p' | 'r' | 'h' | '%')) {
+            return Err(bad("ISOLATE_TRACE", v));
+        }
+    }
+    Ok(())
+}
+
+/// Builds the configuration from a variable lookup (a function, so tests need no real env).
+pub fn from_env(
+    var: impl Fn(&str) -> Option<String>,
+    names: impl Iterator<Item = String>,
+) -> Result<Config, String> {
+    for name in names {
+        if name.starts_with("ISOLATE_") && !VARIABLES.iter().any(|(n, _)| *n == name) {
+            let known: Vec<&str> = VARIABLES
+                .iter()
+                .map(|(n, _)| *n)
+                .filter(|n| *n != "ISOLATE_TEST_PANIC")
+                .collect();
+            return Err(format!(
+                "{name} is not a setting; the settings are {}",
+                known.join(", ")
+            ));
+        }
+    }
+    let mode = match var("ISOLATE_MODE").as_deref() {
+        None | Some("log") => Mode::Log,
+        Some("isolate") => Mode::Isolate,
+        Some("off") => Mode::Off,
+        Some(v) => return Err(bad("ISOLATE_MODE", v)),
+    };
+    let trace = var("ISOLATE_TRACE").unwrap_or_else(|| "isolate-%p.trace".to_string());
+    parse_pattern(&trace)?;
+    let poison = match var("ISOLATE_POISON") {
+        None => Some(0xFF),
+        Some(v) if v.eq_ignore_ascii_case("off") => None,
+        Some(v) => {
+            let parsed = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+                Some(hex) => u8::from_str_radix(hex, 16).ok(),
+                None => v.parse::<u8>().ok(),
+            };
+            Some(parsed.ok_or_else(|| bad("ISOLATE_POISON", &v))?)
+        }
+    };
+    let quarantine = match var("ISOLATE_QUARANTINE") {
+        None => Budget::Percent(25.0),
+        Some(v) => match v.strip_suffix('%') {
+            Some(p) => match p.trim().parse::<f64>() {
+                Ok(f) if (0.0..=100.0).contains(&f) => Budget::Percent(f),
+                _ => return Err(bad("ISOLATE_QUARANTINE", &v)),
+            },
+            None => Budget::Bytes(parse_size(&v).ok_or_else(|| bad("ISOLATE_QUARANTINE", &v))?),
+        },
+    };
+    let guard = match var("ISOLATE_GUARD") {
+        None => false,
+        Some(v) => on_off("ISOLATE_GUARD", &v)?,
+    };
+    let guard_min_size = match var("ISOLATE_GUARD_MIN_SIZE") {
+        None => 0,
+        Some(v) => parse_size(&v).ok_or_else(|| bad("ISOLATE_GUARD_MIN_SIZE", &v))?,
+    };
+    let guard_underflow = match var("ISOLATE_GUARD_SIDE").as_deref() {
+        None | Some("end") => false,
+        Some("start") => true,
+        Some(v) => return Err(bad("ISOLATE_GUARD_SIDE", v)),
+    };
+    let check_launch = match var("ISOLATE_CHECK_LAUNCH") {
+        None => mode == Mode::Isolate,
+        Some(v) => on_off("ISOLATE_CHECK_LAUNCH", &v)?,
+    };
+    if guard && mode != Mode::Isolate {
+        return Err("ISOLATE_GUARD=on needs ISOLATE_MODE=isolate".to_string());
+    }
+    let test_panic = var("ISOLATE_TEST_PANIC").is_some_and(|v| v == "1");
+    let pairs = vec![
+        ("ISOLATE_MODE".to_string(), mode.name().to_string()),
+        ("ISOLATE_TRACE".to_string(), trace.clone()),
+        (
+            "ISOLATE_POISON".to_string(),
+            poison.map_or("off".into(), |b| format!("0x{b:02X}")),
+        ),
+        (
+            "ISOLATE_QUARANTINE".to_string(),
+            match quarantine {
+                Budget::Bytes(b) => b.to_string(),
+                Budget::Percent(p) => format!("{p}%"),
+            },
+        ),
+        (
+            "ISOLATE_GUARD".to_string(),
+            if guard { "on" } else { "off" }.to_string(),
+        ),
+        (
+            "ISOLATE_GUARD_MIN_SIZE".to_string(),
+            guard_min_size.to_string(),
+        ),
+        (
+            "ISOLATE_GUARD_SIDE".to_string(),
+            if guard_underflow { "start" } else { "end" }.to_string(),
+        ),
+        (
+            "ISOLATE_CHECK_LAUNCH".to_string(),
+            if check_launch { "on" } else { "off" }.to_string(),
+        ),
+    ];
+    Ok(Config {
+        mode,
+        trace,
+        poison,
+        quarantine,
+        guard,
+        guard_min_size,
+        guard_underflow,
+        check_launch,
+        test_panic,
+        pairs,
+    })
+}
+
+/// Expands `%p`, `%r`, `%h` and `%%` in a trace path pattern.
+pub fn expand(pattern: &str, pid: u32, rank: Option<u32>, host: &str) -> String {
+    let mut out = String::with_capacity(pattern.len() + 16);
+    let mut it = pattern.chars();
+    while let Some(c) = it.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('p') => out.push_str(&pid.to_string()),
+            Some('r') => out.push_str(&rank.map_or("0".to_string(), |r| r.to_string())),
+            Some('h') => out.push_str(host),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config, String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let names: Vec<String> = m.keys().cloned().collect();
+        from_env(|k| m.get(k).cloned(), names.into_iter())
+    }
+
+    #[test]
+    fn defaults() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.mode, Mode::Log);
+        assert_eq!(c.trace, "isolate-%p.trace");
+        assert_eq!(c.poison, Some(0xFF));
+        assert!(!c.check_launch);
+        assert!(cfg(&[("ISOLATE_MODE", "isolate")]).unwrap().check_launch);
+    }
+
+    #[test]
+    fn malformed_values_name_variable_and_accepted_values() {
+        let e = cfg(&[("ISOLATE_MODE", "lgo")]).unwrap_err();
+        assert_eq!(
+            e,
+            "ISOLATE_MODE=\"lgo\" is not valid; accepted: log, isolate, off"
+        );
+        assert!(
+            cfg(&[("ISOLATE_POISON", "0x1FF")])
+                .unwrap_err()
+                .contains("ISOLATE_POISON")
+        );
+        assert!(
+            cfg(&[("ISOLATE_QUARANTINE", "12 parsecs")])
+                .unwrap_err()
+                .contains("ISOLATE_QUARANTINE")
+        );
+        assert!(cfg(&[("ISOLATE_QUARANTINE", "150%")]).is_err());
+        assert!(
+            cfg(&[("ISOLATE_TRACE", "x-%q")])
+                .unwrap_err()
+                .contains("ISOLATE_TRACE")
+        );
+        assert!(cfg(&[("ISOLATE_TRACE", "")]).is_err());
+        assert!(
+            cfg(&[("ISOLATE_GUARD", "maybe"), ("ISOLATE_MODE", "isolate")])
+                .unwrap_err()
+                .contains("on, off")
+        );
+        assert!(
+            cfg(&[("ISOLATE_MOD", "log")])
+                .unwrap_err()
+                .contains("ISOLATE_MOD is not a setting")
+        );
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("8GiB"), Some(8 << 30));
+        assert_eq!(parse_size("1.5 MiB"), Some(3 << 19));
+        assert_eq!(parse_size("100"), Some(100));
+        assert_eq!(parse_size("2MB"), Some(2_000_000));
+        assert_eq!(parse_size("GiB"), None);
+        assert_eq!(parse_size("99999999999999999999"), None);
+        assert_eq!(
+            cfg(&[("ISOLATE_QUARANTINE", "25%")]).unwrap().quarantine,
+            Budget::Percent(25.0)
+        );
+        assert_eq!(
+            cfg(&[("ISOLATE_POISON", "0xA5")]).unwrap().poison,
+            Some(0xA5)
+        );
+        assert_eq!(cfg(&[("ISOLATE_POISON", "off")]).unwrap().poison, None);
+    }
+
+    #[test]
+    fn pattern_expansion() {
+        assert_eq!(
+            expand("t-%p-r%r-%h-%%.trace", 12, Some(3), "node"),
+            "t-12-r3-node-%.trace"
+        );
+        assert_eq!(expand("t-%r", 1, None, "x"), "t-0");
+    }
+}

@@ -1,0 +1,196 @@
+//! `dlsym`, the driver's resolver `cuGetProcAddress`, and the process-life exports
+//! (`_exit`, `exec*`).
+
+use crate::cuda::*;
+use crate::resolve::{self, Lib, REAL_DLSYM, Real};
+use std::ffi::{CStr, c_char, c_int, c_void};
+
+pub static REAL_GET_PROC_ADDRESS_V2: Real<FnGetProcAddressV2> =
+    Real::new(c"cuGetProcAddress_v2", Lib::Driver);
+pub static REAL_GET_PROC_ADDRESS: Real<FnGetProcAddressV1> =
+    Real::new(c"cuGetProcAddress", Lib::Driver);
+
+/// `dlsym`, as a tail-jump stub. glibc's `dlsym` decides `RTLD_NEXT` by its caller's return
+/// address; a wrapper that called it would make every `RTLD_NEXT` lookup relative to *this*
+/// library and break other interposers. So the stub asks [`dlsym_intercept`] whether the name
+/// is one we answer, and otherwise jumps to the real `dlsym` with the caller's frame untouched.
+///
+/// # Safety
+/// Same contract as `dlsym(3)`.
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {intercept}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jnz 2f",
+        "jmp qword ptr [rip + {real}]",
+        "2:",
+        "ret",
+        intercept = sym dlsym_intercept,
+        real = sym REAL_DLSYM,
+    )
+}
+
+/// Returns our resolver when `symbol` is `cuGetProcAddress` or `cuGetProcAddress_v2` and the
+/// lookup would have found the driver's; null (meaning: let the real `dlsym` answer) otherwise.
+/// Also makes sure the real `dlsym` is known before the stub jumps to it.
+extern "C" fn dlsym_intercept(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    if resolve::real_dlsym().is_none() || symbol.is_null() {
+        return std::ptr::null_mut();
+    }
+    // Cheap first test: every dlsym of the process comes through here.
+    // Byte by byte, so a short name is never read past its terminator.
+    let b = symbol as *const u8;
+    if unsafe { *b != b'c' || *b.add(1) != b'u' || *b.add(2) != b'G' } {
+        return std::ptr::null_mut();
+    }
+    let name = unsafe { CStr::from_ptr(symbol) };
+    let (ours, real): (*mut c_void, &dyn Fn(*mut c_void)) = match name.to_bytes() {
+        b"cuGetProcAddress_v2" => (cuGetProcAddress_v2 as *mut c_void, &|p| {
+            REAL_GET_PROC_ADDRESS_V2.store(p)
+        }),
+        b"cuGetProcAddress" => (cuGetProcAddress as *mut c_void, &|p| {
+            REAL_GET_PROC_ADDRESS.store(p)
+        }),
+        _ => return std::ptr::null_mut(),
+    };
+    if !crate::policy::intercepting() {
+        return std::ptr::null_mut();
+    }
+    let special = handle.is_null() || handle == libc::RTLD_NEXT;
+    if special {
+        // RTLD_DEFAULT finds our own export first anyway; RTLD_NEXT gets the driver if loaded.
+        if handle == libc::RTLD_NEXT && resolve::libcuda_loaded().is_null() {
+            return std::ptr::null_mut();
+        }
+        return ours;
+    }
+    let p = resolve::dlsym_in(handle, name);
+    if p.is_null() {
+        return std::ptr::null_mut(); // not in that handle: the real dlsym says so too
+    }
+    if !resolve::is_ours(p) {
+        real(p);
+    }
+    ours
+}
+
+/// Resolves through the real `cuGetProcAddress_v2`, then hands back our hook for exports we
+/// hook (decided by the exact export the driver returned) and the real pointer for the rest.
+///
+/// # Safety
+/// Same contract as the driver's `cuGetProcAddress_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    let Some(real) = REAL_GET_PROC_ADDRESS_V2.get() else {
+        return CUDA_ERROR_NOT_FOUND;
+    };
+    let r = unsafe { real(symbol, pfn, cuda_version, flags, status) };
+    if r == CUDA_SUCCESS && !pfn.is_null() && crate::policy::intercepting() {
+        unsafe { *pfn = resolve::substitute(*pfn) };
+    }
+    r
+}
+
+/// The pre-12.0 resolver ABI (no status out-parameter).
+///
+/// # Safety
+/// Same contract as the driver's `cuGetProcAddress`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CUresult {
+    let Some(real) = REAL_GET_PROC_ADDRESS.get() else {
+        return CUDA_ERROR_NOT_FOUND;
+    };
+    let r = unsafe { real(symbol, pfn, cuda_version, flags) };
+    if r == CUDA_SUCCESS && !pfn.is_null() && crate::policy::intercepting() {
+        unsafe { *pfn = resolve::substitute(*pfn) };
+    }
+    r
+}
+
+type ExitFn = unsafe extern "C" fn(c_int) -> !;
+static REAL_EXIT: Real<ExitFn> = Real::new(c"_exit", Lib::Runtime);
+static REAL_EXIT2: Real<ExitFn> = Real::new(c"_Exit", Lib::Runtime);
+
+/// `_exit`: no destructors will run, so the trace is closed here first.
+///
+/// # Safety
+/// Same contract as `_exit(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    crate::lifecycle::before_underscore_exit();
+    match REAL_EXIT.get() {
+        Some(f) => unsafe { f(status) },
+        None => unsafe {
+            libc::syscall(libc::SYS_exit_group, status);
+            std::process::abort()
+        },
+    }
+}
+
+/// `_Exit`, same as `_exit`.
+///
+/// # Safety
+/// Same contract as `_Exit(3)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    crate::lifecycle::before_underscore_exit();
+    match REAL_EXIT2.get() {
+        Some(f) => unsafe { f(status) },
+        None => unsafe {
+            libc::syscall(libc::SYS_exit_group, status);
+            std::process::abort()
+        },
+    }
+}
+
+type ExecveFn =
+    unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
+type ExecvFn = unsafe extern "C" fn(*const c_char, *const *const c_char) -> c_int;
+static REAL_EXECVE: Real<ExecveFn> = Real::new(c"execve", Lib::Runtime);
+static REAL_EXECVPE: Real<ExecveFn> = Real::new(c"execvpe", Lib::Runtime);
+static REAL_EXECV: Real<ExecvFn> = Real::new(c"execv", Lib::Runtime);
+static REAL_EXECVP: Real<ExecvFn> = Real::new(c"execvp", Lib::Runtime);
+
+macro_rules! exec_hook {
+    ($name:ident, $real:ident, ($($a:ident: $t:ty),*)) => {
+        /// Closes the trace (with an end record saying `exec`) before the process is replaced.
+        ///
+        /// # Safety
+        /// Same contract as the libc function of this name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
+            crate::lifecycle::before_exec();
+            match $real.get() {
+                Some(f) => unsafe { f($($a),*) },
+                None => {
+                    unsafe { *libc::__errno_location() = libc::ENOSYS };
+                    -1
+                }
+            }
+        }
+    };
+}
+
+exec_hook!(execve, REAL_EXECVE, (path: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
+exec_hook!(execvpe, REAL_EXECVPE, (file: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
+exec_hook!(execv, REAL_EXECV, (path: *const c_char, argv: *const *const c_char));
+exec_hook!(execvp, REAL_EXECVP, (file: *const c_char, argv: *const *const c_char));

@@ -1,0 +1,430 @@
+//! The writer thread and the life of a trace: started on the first event, fed through a
+//! bounded crossbeam channel, flushed every 50 ms and on every way out of the process.
+//!
+//! Hooks never do I/O and never block on a lock: they `try_send`, and only when the queue is
+//! full do they wait (with a backoff, counted in the trace). The writer owns the file.
+
+use crate::config::{self, Mode};
+use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError, bounded};
+use isolate_trace::{Encoder, End, EndReason, Header, Note, NoteKind, Record, Stats};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering::*};
+use std::time::Duration;
+
+const UNINIT: u8 = 0;
+const STARTING: u8 = 1;
+const RUNNING: u8 = 2;
+/// Closed at exit, or recording impossible (mode off, trace file could not be created).
+const CLOSED: u8 = 3;
+
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+static SESSION: AtomicPtr<Session> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Messages the hooks have handed over (the writer counts what it received against this).
+static ACCEPTED: AtomicU64 = AtomicU64::new(0);
+static RECEIVED: AtomicU64 = AtomicU64::new(0);
+static QUEUE_WAITS: AtomicU64 = AtomicU64::new(0);
+static QUEUE_WAIT_NS: AtomicU64 = AtomicU64::new(0);
+/// Quarantine figures, kept by the isolation policy and written with the stats.
+pub static Q_PEAK: AtomicU64 = AtomicU64::new(0);
+pub static Q_RELEASES: AtomicU64 = AtomicU64::new(0);
+pub static Q_EARLY: AtomicU64 = AtomicU64::new(0);
+
+/// Flush requests: a generation counter, the message count to wait for, and how to end.
+static FLUSH_GEN: AtomicU64 = AtomicU64::new(0);
+static FLUSH_DONE: AtomicU64 = AtomicU64::new(0);
+static FLUSH_TARGET: AtomicU64 = AtomicU64::new(0);
+/// 0: just flush; 1: end (exit); 2: end (exec); 3: end (signal in FLUSH_SIGNAL).
+static FLUSH_END: AtomicU8 = AtomicU8::new(0);
+static FLUSH_SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// The pid that owns the current trace, and the writer's thread id.
+static OWNER_PID: AtomicU32 = AtomicU32::new(0);
+static WRITER_TID: AtomicU32 = AtomicU32::new(0);
+
+struct Session {
+    tx: Sender<Record>,
+}
+
+/// True while events are being accepted (or would be, on first use).
+#[inline]
+pub fn active() -> bool {
+    STATE.load(Relaxed) < CLOSED
+}
+
+/// Hands a record to the writer, starting it on first use. Never blocks on a lock; waits only
+/// when the queue is full, and then only until the writer has made room.
+pub fn submit(rec: Record) {
+    let mut s = STATE.load(Acquire);
+    if s != RUNNING {
+        if s == UNINIT {
+            start();
+        }
+        while {
+            s = STATE.load(Acquire);
+            s == STARTING
+        } {
+            std::hint::spin_loop();
+            std::thread::yield_now();
+        }
+        if s != RUNNING {
+            return;
+        }
+    }
+    let session = SESSION.load(Acquire);
+    if session.is_null() {
+        return;
+    }
+    // SAFETY: sessions are leaked, never freed.
+    let tx = unsafe { &(*session).tx };
+    ACCEPTED.fetch_add(1, AcqRel);
+    let mut rec = rec;
+    let mut waited_since = 0u64;
+    let mut spins = 0u32;
+    loop {
+        match tx.try_send(rec) {
+            Ok(()) => break,
+            Err(TrySendError::Full(r)) => {
+                rec = r;
+                if waited_since == 0 {
+                    waited_since = crate::record::now_ns();
+                    QUEUE_WAITS.fetch_add(1, Relaxed);
+                }
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    // Plain nanosleep: no thread handle needed, fine during thread teardown.
+                    let ts = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 50_000,
+                    };
+                    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+                }
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                ACCEPTED.fetch_sub(1, AcqRel);
+                break;
+            }
+        }
+    }
+    if waited_since != 0 {
+        QUEUE_WAIT_NS.fetch_add(
+            crate::record::now_ns().saturating_sub(waited_since),
+            Relaxed,
+        );
+    }
+}
+
+#[cold]
+fn start() {
+    if STATE
+        .compare_exchange(UNINIT, STARTING, AcqRel, Acquire)
+        .is_err()
+    {
+        return;
+    }
+    let cfg = config::get();
+    if cfg.mode == Mode::Off {
+        STATE.store(CLOSED, Release);
+        return;
+    }
+    let (tx, rx) = bounded::<Record>(1 << 16);
+    let session = Box::into_raw(Box::new(Session { tx }));
+    SESSION.store(session, Release);
+    OWNER_PID.store(std::process::id(), Release);
+    // The writer starts with every signal blocked, so signal handlers never run on it.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+    }
+    let spawned = std::thread::Builder::new()
+        .name("isolate-writer".into())
+        .spawn(move || writer_main(rx));
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    match spawned {
+        Ok(_) => {
+            crate::lifecycle::install_signal_handlers();
+            STATE.store(RUNNING, Release);
+        }
+        Err(e) => {
+            crate::record::warn(&format!(
+                "cannot start the trace writer thread: {e}; recording disabled"
+            ));
+            STATE.store(CLOSED, Release);
+        }
+    }
+}
+
+/// Asks the writer to write out everything accepted so far and waits (at most `timeout`).
+/// Async-signal-safe: atomics and `nanosleep` only.
+pub fn flush(end: Option<EndReason>, timeout: Duration) -> bool {
+    if STATE.load(Acquire) != RUNNING || OWNER_PID.load(Acquire) != std::process::id() {
+        return false;
+    }
+    if crate::record::gettid() == WRITER_TID.load(Relaxed) {
+        return false;
+    }
+    let (code, sig) = match end {
+        None => (0, 0),
+        Some(EndReason::Exit) => (1, 0),
+        Some(EndReason::Exec) => (2, 0),
+        Some(EndReason::Signal(s)) => (3, s),
+    };
+    if end.is_some() {
+        // No new events after this; those already accepted are still written.
+        STATE.store(CLOSED, Release);
+    }
+    FLUSH_SIGNAL.store(sig, Release);
+    FLUSH_END.store(code, Release);
+    FLUSH_TARGET.store(ACCEPTED.load(Acquire), Release);
+    let generation = FLUSH_GEN.fetch_add(1, AcqRel) + 1;
+    let deadline = crate::record::now_ns() + timeout.as_nanos() as u64;
+    while FLUSH_DONE.load(Acquire) < generation {
+        if crate::record::now_ns() > deadline {
+            return false;
+        }
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 200_000,
+        };
+        unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+    }
+    true
+}
+
+/// Called in the child after `fork()`: the parent's trace is the parent's; the child starts
+/// its own on its first event and never touches the parent's file or queue.
+pub fn after_fork_child() {
+    SESSION.store(std::ptr::null_mut(), Release); // leaked on purpose: the parent owns it
+    ACCEPTED.store(0, Release);
+    RECEIVED.store(0, Release);
+    FLUSH_GEN.store(0, Release);
+    FLUSH_DONE.store(0, Release);
+    QUEUE_WAITS.store(0, Relaxed);
+    QUEUE_WAIT_NS.store(0, Relaxed);
+    OWNER_PID.store(0, Release);
+    WRITER_TID.store(0, Release);
+    crate::record::reset_after_fork();
+    let was = STATE.load(Acquire);
+    // A process that had recording switched off keeps it off.
+    if was != CLOSED || config::get().mode != Mode::Off {
+        STATE.store(UNINIT, Release);
+    }
+}
+
+fn stats() -> Stats {
+    Stats {
+        ts_ns: crate::record::now_ns(),
+        events: ACCEPTED.load(Relaxed),
+        queue_waits: QUEUE_WAITS.load(Relaxed),
+        queue_wait_ns: QUEUE_WAIT_NS.load(Relaxed),
+        quarantine_peak_bytes: Q_PEAK.load(Relaxed),
+        quarantine_releases: Q_RELEASES.load(Relaxed),
+        quarantine_early_releases: Q_EARLY.load(Relaxed),
+    }
+}
+
+struct Out {
+    fd: i32,
+    path: String,
+    buf: Vec<u8>,
+    written: u64,
+    failed: bool,
+}
+
+impl Out {
+    fn write_out(&mut self) {
+        if self.failed {
+            self.buf.clear();
+            return;
+        }
+        let mut off = 0;
+        while off < self.buf.len() {
+            let n = unsafe {
+                libc::write(
+                    self.fd,
+                    self.buf[off..].as_ptr().cast(),
+                    self.buf.len() - off,
+                )
+            };
+            if n < 0 {
+                let err = std::io::Error::last_os_error();
+                if err.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                self.failed = true;
+                crate::record::warn(&format!(
+                    "writing trace {} failed at byte {}: {err}; the trace is incomplete from there on \
+                     (the program goes on unchanged)",
+                    self.path,
+                    self.written + off as u64
+                ));
+                break;
+            }
+            off += n as usize;
+        }
+        self.written += off as u64;
+        self.buf.clear();
+    }
+}
+
+fn open_trace(pattern: &str, header: &Header) -> Result<(i32, String), String> {
+    let base = config::expand(
+        pattern,
+        header.pid,
+        header.rank.or(header.local_rank),
+        &header.hostname,
+    );
+    // Never overwrite: an exec'd process keeps its pid, and a user may reuse a pattern.
+    for attempt in 0..1000 {
+        let path = if attempt == 0 {
+            base.clone()
+        } else {
+            format!("{base}.{attempt}")
+        };
+        let c = std::ffi::CString::new(path.clone())
+            .map_err(|_| format!("trace path {path:?} contains a NUL byte"))?;
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o600,
+            )
+        };
+        if fd >= 0 {
+            return Ok((fd, path));
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EEXIST) {
+            return Err(format!("cannot create trace file {path}: {err}"));
+        }
+    }
+    Err(format!(
+        "cannot create trace file {base}: 1000 files of that name exist already"
+    ))
+}
+
+fn writer_main(rx: Receiver<Record>) {
+    WRITER_TID.store(crate::record::gettid(), Release);
+    crate::record::mark_internal_thread();
+    let cfg = config::get();
+    let header = crate::record::header(cfg);
+    let (fd, path) = match open_trace(&cfg.trace, &header) {
+        Ok(x) => x,
+        Err(msg) => {
+            crate::record::warn(&format!(
+                "{msg}; recording disabled (the program goes on unchanged)"
+            ));
+            STATE.store(CLOSED, Release);
+            // Keep draining so no hook ever waits on a full queue.
+            drain_forever(rx);
+            return;
+        }
+    };
+    let mut out = Out {
+        fd,
+        path,
+        buf: Vec::with_capacity(1 << 20),
+        written: 0,
+        failed: false,
+    };
+    Encoder::preamble(&header, &mut out.buf);
+    out.write_out();
+    let mut enc = Encoder::new();
+    let mut last_write = crate::record::now_ns();
+    let mut last_stats = last_write;
+    const TICK: Duration = Duration::from_millis(10);
+    loop {
+        match rx.recv_timeout(TICK) {
+            Ok(rec) => {
+                enc.encode(&rec, &mut out.buf);
+                let mut n = 1;
+                loop {
+                    match rx.try_recv() {
+                        Ok(rec) => {
+                            enc.encode(&rec, &mut out.buf);
+                            n += 1;
+                            if out.buf.len() >= 1 << 20 {
+                                out.write_out();
+                            }
+                        }
+                        Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => break,
+                    }
+                }
+                RECEIVED.fetch_add(n, AcqRel);
+            }
+            Err(_) => {}
+        }
+        let now = crate::record::now_ns();
+        if now - last_stats >= 2_000_000_000 {
+            enc.encode(&Record::Stats(stats()), &mut out.buf);
+            last_stats = now;
+        }
+        // At most 50 ms of events sit in memory: what SIGKILL can take.
+        if !out.buf.is_empty() && (now - last_write >= 50_000_000 || out.buf.len() >= 256 << 10) {
+            out.write_out();
+            last_write = now;
+        }
+        let generation = FLUSH_GEN.load(Acquire);
+        if generation > FLUSH_DONE.load(Acquire) {
+            let target = FLUSH_TARGET.load(Acquire);
+            let deadline = crate::record::now_ns() + 1_000_000_000;
+            while RECEIVED.load(Acquire) < target && crate::record::now_ns() < deadline {
+                if let Ok(rec) = rx.recv_timeout(Duration::from_millis(1)) {
+                    enc.encode(&rec, &mut out.buf);
+                    RECEIVED.fetch_add(1, AcqRel);
+                }
+            }
+            // Whatever else is already queued goes too.
+            while let Ok(rec) = rx.try_recv() {
+                enc.encode(&rec, &mut out.buf);
+                RECEIVED.fetch_add(1, AcqRel);
+            }
+            let end = match FLUSH_END.load(Acquire) {
+                0 => None,
+                1 => Some(EndReason::Exit),
+                2 => Some(EndReason::Exec),
+                _ => Some(EndReason::Signal(FLUSH_SIGNAL.load(Acquire))),
+            };
+            if let Some(reason) = end {
+                enc.encode(
+                    &Record::End(End {
+                        ts_ns: crate::record::now_ns(),
+                        reason,
+                        stats: stats(),
+                    }),
+                    &mut out.buf,
+                );
+            }
+            out.write_out();
+            last_write = crate::record::now_ns();
+            FLUSH_DONE.store(generation, Release);
+            if end.is_some() {
+                unsafe { libc::close(out.fd) };
+                drain_forever(rx);
+                return;
+            }
+        }
+    }
+}
+
+fn drain_forever(rx: Receiver<Record>) {
+    while rx.recv().is_ok() {
+        RECEIVED.fetch_add(1, AcqRel);
+    }
+}
+
+/// A note from the library itself (quarantine, OOM retries, …).
+pub fn note(kind: NoteKind, ptr: u64, size: u64, value: u64, text: String) {
+    let seq = crate::record::next_seq();
+    submit(Record::Note(Note {
+        seq,
+        ts_ns: crate::record::now_ns(),
+        kind,
+        ptr,
+        size,
+        value,
+        text,
+    }));
+}
