@@ -24,7 +24,7 @@
 
 use crate::Error;
 use crate::source::{Progress, TraceInfo, analyze};
-use crate::track::{Category, EndHow, Ended, Invalid, Live, Node, Observer};
+use crate::track::{Category, EndHow, Ended, Invalid, InvalidKind, Live, Node, Observer};
 use crate::util::{escape_dot, hex, human_bytes, ser_hex, size_class};
 use isolate_trace::{Header, Record};
 use rustc_hash::FxHashMap;
@@ -59,24 +59,16 @@ impl Filter {
         *self == Filter::default()
     }
 
-    fn keep(&self, n: &Node, end: Option<&Ended>, wanted_handle: bool) -> bool {
-        if let Some(a) = self.address {
-            let hit = if n.category == Category::Handle {
-                wanted_handle
-            } else {
-                n.covers(a)
-            };
-            if !hit {
-                return false;
-            }
-        }
-        if let Some(c) = self.size_class
-            && size_class(n.size) != size_class(c)
+    /// What can be decided when the node starts (handles wait for their mappings).
+    fn keep_at_start(&self, n: &Node) -> bool {
+        if let Some(a) = self.address
+            && n.category != Category::Handle
+            && !n.covers(a)
         {
             return false;
         }
-        if let Some(f) = self.from_ns
-            && end.is_some_and(|e| e.ts_ns < f)
+        if let Some(c) = self.size_class
+            && size_class(n.size) != size_class(c)
         {
             return false;
         }
@@ -86,6 +78,19 @@ impl Filter {
             return false;
         }
         true
+    }
+
+    /// The whole decision, once the node has ended (or the trace has).
+    fn keep(&self, n: &Node, end: Option<&Ended>, wanted_handle: bool) -> bool {
+        if self.address.is_some() && n.category == Category::Handle && !wanted_handle {
+            return false;
+        }
+        if let Some(f) = self.from_ns
+            && end.is_some_and(|e| e.ts_ns < f)
+        {
+            return false;
+        }
+        self.keep_at_start(n)
     }
 }
 
@@ -207,7 +212,20 @@ pub enum Anomaly {
 }
 
 impl Anomaly {
-    fn nodes(&self) -> Vec<u64> {
+    /// The `kind` tag of its JSON.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Anomaly::Overlap { .. } => "overlap",
+            Anomaly::InvalidFree { .. } => "invalid_free",
+            Anomaly::NeverFreed { .. } => "never_freed",
+            Anomaly::TrueAlias { .. } => "true_alias",
+            Anomaly::StaleLaunch { .. } => "stale_launch",
+            Anomaly::PoisonViolation { .. } => "poison_violation",
+        }
+    }
+
+    /// The nodes it names.
+    pub fn nodes(&self) -> Vec<u64> {
         match self {
             Anomaly::Overlap { nodes, .. } | Anomaly::TrueAlias { nodes, .. } => nodes.to_vec(),
             Anomaly::InvalidFree { after, .. } => after.iter().copied().collect(),
@@ -281,7 +299,8 @@ impl GraphSink for Graph {
     }
 }
 
-/// Counts and nothing else (for benchmarks and the diff).
+/// Counts and nothing else (for the diff). Expects an unfiltered graph, where every edge
+/// arrives before its `to` node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
     pub nodes: u64,
@@ -289,42 +308,35 @@ pub struct Counts {
     /// Size class of the new occupant → reuse edges.
     pub reuse_by_class: BTreeMap<u64, u64>,
     pub anomalies: BTreeMap<&'static str, u64>,
-    sizes: FxHashMap<u64, u64>,
+    /// Reuse edges whose `to` node has not ended yet.
+    pending: FxHashMap<u64, u64>,
 }
 
 impl GraphSink for Counts {
     fn node(&mut self, n: &GraphNode) -> std::io::Result<()> {
         self.nodes += 1;
-        self.sizes.insert(n.id, n.size);
+        if let Some(k) = self.pending.remove(&n.id) {
+            *self.reuse_by_class.entry(size_class(n.size)).or_default() += k;
+        }
         Ok(())
     }
     fn edge(&mut self, e: &Edge) -> std::io::Result<()> {
         *self.edges.entry(e.kind).or_default() += 1;
         if e.kind == EdgeKind::Reuse {
-            let c = size_class(self.sizes.get(&e.to).copied().unwrap_or(0));
-            *self.reuse_by_class.entry(c).or_default() += 1;
+            *self.pending.entry(e.to).or_default() += 1;
         }
         Ok(())
     }
     fn anomaly(&mut self, a: &Anomaly) -> std::io::Result<()> {
-        let k = match a {
-            Anomaly::Overlap { .. } => "overlap",
-            Anomaly::InvalidFree { .. } => "invalid_free",
-            Anomaly::NeverFreed { .. } => "never_freed",
-            Anomaly::TrueAlias { .. } => "true_alias",
-            Anomaly::StaleLaunch { .. } => "stale_launch",
-            Anomaly::PoisonViolation { .. } => "poison_violation",
-        };
-        *self.anomalies.entry(k).or_default() += 1;
+        *self.anomalies.entry(a.kind()).or_default() += 1;
         Ok(())
     }
     fn finish(&mut self, _: &[GraphTrace], _: &Filter) -> std::io::Result<()> {
-        self.sizes = FxHashMap::default();
         Ok(())
     }
 }
 
-/// Counts only, for speed: nodes and edges by kind (what the benchmark measures).
+/// Counts only, for speed: what the benchmark measures.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NullSink {
     pub nodes: u64,
@@ -350,65 +362,130 @@ impl GraphSink for NullSink {
     }
 }
 
-/// A freed range and its last occupant.
+/// `free_ts` of a segment whose node is live.
+const LIVE: u64 = u64::MAX;
+
+/// A stretch of one address space and the node that holds it (live) or last held it (freed).
 #[derive(Clone, Copy, Debug)]
-struct Piece {
+struct Seg {
     end: u64,
     id: u64,
+    /// When its node ended, or [`LIVE`].
     free_ts: u64,
-    /// Where the occupant started (to tell a double free).
+    /// Where its node started (to tell a double free from a free into the middle).
     node_ptr: u64,
 }
 
-/// One address space.
+/// One address space: disjoint segments by start, live and freed alike, so that the usual
+/// event — a free, or an allocation at the start of a freed block — is one or two tree steps.
 #[derive(Default)]
 struct Layer {
-    /// (start, id) → end of every live node.
-    live: BTreeMap<(u64, u64), u64>,
-    /// Disjoint freed pieces by start.
-    freed: BTreeMap<u64, Piece>,
+    segs: BTreeMap<u64, Seg>,
+    /// Live nodes that overlapped another live node when they started; they are kept out of
+    /// `segs` (which stays disjoint) and leave no freed segment behind.
+    extra: rustc_hash::FxHashSet<u64>,
     /// Report overlaps of live nodes (not for graph memory, which graphs may share).
     check_overlap: bool,
+    scratch: Vec<(u64, Seg)>,
+}
+
+/// What an allocation found where it landed.
+enum Landing {
+    /// Only freed memory (or none): the previous occupants, as (id, bytes, their end).
+    Free,
+    /// Live memory: the nodes it overlaps, as (id, bytes).
+    Live,
 }
 
 impl Layer {
-    /// Removes `[s, e)` from the freed pieces; what was there goes to `out` (when given) as
-    /// (occupant, bytes, its free time).
-    fn carve(&mut self, s: u64, e: u64, mut out: Option<&mut Vec<(u64, u64, u64)>>) {
-        if let Some((&ps, p)) = self.freed.range(..s).next_back()
+    /// Places a node on `[s, e)`. Previous occupants go to `reuse`, live nodes it overlaps to
+    /// `overlaps`.
+    fn start(
+        &mut self,
+        s: u64,
+        e: u64,
+        id: u64,
+        reuse: &mut Vec<(u64, u64, u64)>,
+        overlaps: &mut Vec<(u64, u64)>,
+    ) -> Landing {
+        use std::ops::Bound::Excluded;
+        let ov = &mut self.scratch;
+        ov.clear();
+        let mut covered = false;
+        if let Some((&ps, p)) = self.segs.range(..=s).next_back()
             && p.end > s
         {
-            let p = *p;
-            if let Some(o) = out.as_deref_mut() {
-                o.push((p.id, p.end.min(e) - s, p.free_ts));
+            ov.push((ps, *p));
+            covered = p.end >= e;
+        }
+        if !covered {
+            ov.extend(
+                self.segs
+                    .range((Excluded(s), Excluded(e)))
+                    .map(|(&k, v)| (k, *v)),
+            );
+        }
+        let bytes = |ps: u64, p: &Seg| p.end.min(e) - ps.max(s);
+        if ov.iter().any(|(_, p)| p.free_ts == LIVE) {
+            // It cannot have its own segment; the freed parts it took still make reuse edges.
+            for (ps, p) in ov.iter() {
+                if p.free_ts == LIVE {
+                    overlaps.push((p.id, bytes(*ps, p)));
+                } else {
+                    reuse.push((p.id, bytes(*ps, p), p.free_ts));
+                }
             }
-            if let Some(q) = self.freed.get_mut(&ps) {
-                q.end = s;
+            self.extra.insert(id);
+            return Landing::Live;
+        }
+        for &(ps, p) in ov.iter() {
+            reuse.push((p.id, bytes(ps, &p), p.free_ts));
+            if ps < s {
+                if let Some(q) = self.segs.get_mut(&ps) {
+                    q.end = s;
+                }
+            } else if ps != s {
+                self.segs.remove(&ps);
             }
             if p.end > e {
-                self.freed.insert(e, p);
+                self.segs.insert(e, p);
             }
         }
-        while let Some((&ps, p)) = self.freed.range(s..e).next() {
-            let p = *p;
-            self.freed.remove(&ps);
-            if let Some(o) = out.as_deref_mut() {
-                o.push((p.id, p.end.min(e) - ps, p.free_ts));
+        self.segs.insert(
+            s,
+            Seg {
+                end: e,
+                id,
+                free_ts: LIVE,
+                node_ptr: s,
+            },
+        );
+        Landing::Free
+    }
+
+    /// The node `id` on `[s, …)` ended at `ts`: its segment becomes freed (or goes, if lost).
+    fn end(&mut self, s: u64, id: u64, ts: u64, lost: bool) {
+        if !self.extra.is_empty() && self.extra.remove(&id) {
+            return;
+        }
+        if lost {
+            if self.segs.get(&s).is_some_and(|p| p.id == id) {
+                self.segs.remove(&s);
             }
-            if p.end > e {
-                self.freed.insert(e, p);
-                break;
-            }
+        } else if let Some(p) = self.segs.get_mut(&s)
+            && p.id == id
+        {
+            p.free_ts = ts;
         }
     }
 
-    /// The freed piece covering `addr`.
-    fn freed_at(&self, addr: u64) -> Option<&Piece> {
-        self.freed
+    /// The freed segment covering `addr`.
+    fn freed_at(&self, addr: u64) -> Option<&Seg> {
+        self.segs
             .range(..=addr)
             .next_back()
             .map(|(_, p)| p)
-            .filter(|p| p.end > addr)
+            .filter(|p| p.end > addr && p.free_ts != LIVE)
     }
 }
 
@@ -425,19 +502,34 @@ fn layer_of(c: Category) -> Option<usize> {
     }
 }
 
-/// A reuse edge as held until the end: 24 bytes.
-#[derive(Clone, Copy)]
-struct RawReuse {
-    from: u32,
-    to: u32,
-    overlap: u64,
-    gap: u64,
+/// A set of node ids.
+#[derive(Default)]
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn set(&mut self, id: u64) {
+        let w = (id / 64) as usize;
+        if self.0.len() <= w {
+            self.0.resize(w + 1, 0);
+        }
+        self.0[w] |= 1 << (id % 64);
+    }
+    fn get(&self, id: u64) -> bool {
+        self.0
+            .get((id / 64) as usize)
+            .is_some_and(|w| w & (1 << (id % 64)) != 0)
+    }
 }
 
 /// Builds the graph of one or more traces into a [`GraphSink`].
+///
+/// Without a filter, nodes and edges go to the sink as soon as they are final, and the builder
+/// holds only what is live. With one, edges wait (those between nodes that pass the filter's
+/// start-time tests) until the nodes they join are decided.
 pub struct GraphBuilder<'a, S: GraphSink> {
     sink: &'a mut S,
     filter: Filter,
+    filtering: bool,
     trace: usize,
     base: u64,
     next_base: u64,
@@ -446,12 +538,14 @@ pub struct GraphBuilder<'a, S: GraphSink> {
     handle_maps: FxHashMap<u64, Vec<(u64, u64, u64)>>,
     /// Handle nodes mapped at the filter address.
     wanted_handles: rustc_hash::FxHashSet<u64>,
-    reuse: Vec<RawReuse>,
-    other_edges: Vec<Edge>,
+    /// Filtering: nodes that passed the start-time tests, and nodes kept.
+    maybe: Bits,
+    kept: Bits,
+    held_edges: Vec<Edge>,
     anomalies: Vec<Anomaly>,
-    kept: Vec<u64>,
     traces: Vec<GraphTrace>,
-    scratch: Vec<(u64, u64, u64)>,
+    reuse: Vec<(u64, u64, u64)>,
+    overlaps: Vec<(u64, u64)>,
     error: Option<std::io::Error>,
 }
 
@@ -464,18 +558,20 @@ impl<'a, S: GraphSink> GraphBuilder<'a, S> {
         GraphBuilder {
             sink,
             filter,
+            filtering: !filter.is_empty(),
             trace: 0,
             base: 0,
             next_base: 0,
             layers,
             handle_maps: FxHashMap::default(),
             wanted_handles: Default::default(),
-            reuse: Vec::new(),
-            other_edges: Vec::new(),
+            maybe: Bits::default(),
+            kept: Bits::default(),
+            held_edges: Vec::new(),
             anomalies: Vec::new(),
-            kept: Vec::new(),
             traces: Vec::new(),
-            scratch: Vec::new(),
+            reuse: Vec::new(),
+            overlaps: Vec::new(),
             error: None,
         }
     }
@@ -508,38 +604,25 @@ impl<'a, S: GraphSink> GraphBuilder<'a, S> {
         Ok(info)
     }
 
-    /// Hands the edges and anomalies to the sink, then finishes it.
-    pub fn finish(self) -> Result<Vec<GraphTrace>, Error> {
+    /// Hands the held edges and the anomalies to the sink, then finishes it.
+    pub fn finish(mut self) -> Result<Vec<GraphTrace>, Error> {
+        if let Some(e) = self.error.take() {
+            return Err(Error::io(None, e));
+        }
         let kept = &self.kept;
-        let is_kept = |id: u64| {
-            kept.get((id / 64) as usize)
-                .is_some_and(|w| w & (1 << (id % 64)) != 0)
-        };
-        let filtering = !self.filter.is_empty();
+        let filtering = self.filtering;
         let mut run = || -> std::io::Result<()> {
-            for r in &self.reuse {
-                let (from, to) = (u64::from(r.from), u64::from(r.to));
-                if filtering && !(is_kept(from) && is_kept(to)) {
-                    continue;
+            for e in &self.held_edges {
+                if kept.get(e.from) && kept.get(e.to) {
+                    self.sink.edge(e)?;
                 }
-                self.sink.edge(&Edge {
-                    from,
-                    to,
-                    kind: EdgeKind::Reuse,
-                    overlap_bytes: r.overlap,
-                    gap_ns: Some(r.gap),
-                })?;
-            }
-            for e in &self.other_edges {
-                if filtering && !(is_kept(e.from) && is_kept(e.to)) {
-                    continue;
-                }
-                self.sink.edge(e)?;
             }
             for a in &self.anomalies {
-                let ns = a.nodes();
-                if filtering && (ns.is_empty() || !ns.iter().all(|&n| is_kept(n))) {
-                    continue;
+                if filtering {
+                    let ns = a.nodes();
+                    if ns.is_empty() || !ns.iter().all(|&n| kept.get(n)) {
+                        continue;
+                    }
                 }
                 self.sink.anomaly(a)?;
             }
@@ -553,17 +636,27 @@ impl<'a, S: GraphSink> GraphBuilder<'a, S> {
         self.base + local
     }
 
+    fn edge(&mut self, e: Edge) {
+        if !self.filtering {
+            if self.error.is_none()
+                && let Err(err) = self.sink.edge(&e)
+            {
+                self.error = Some(err);
+            }
+        } else if self.maybe.get(e.from) && self.maybe.get(e.to) {
+            self.held_edges.push(e);
+        }
+    }
+
     fn emit(&mut self, n: &Node, end: Option<&Ended>) {
         let id = self.gid(n.id);
-        let wanted = self.wanted_handles.contains(&n.id);
-        if !self.filter.keep(n, end, wanted) {
-            return;
+        if self.filtering {
+            let wanted = self.wanted_handles.contains(&n.id);
+            if !self.maybe.get(id) || !self.filter.keep(n, end, wanted) {
+                return;
+            }
+            self.kept.set(id);
         }
-        let w = (id / 64) as usize;
-        if self.kept.len() <= w {
-            self.kept.resize(w + 1, 0);
-        }
-        self.kept[w] |= 1 << (id % 64);
         if self.error.is_some() {
             return;
         }
@@ -594,165 +687,159 @@ impl<'a, S: GraphSink> GraphBuilder<'a, S> {
     }
 
     /// The node that last occupied `addr` in the device address space (or graph memory).
-    fn freed_owner(&self, addr: u64) -> Option<&Piece> {
+    fn freed_owner(&self, addr: u64) -> Option<&Seg> {
         self.layers[0]
             .freed_at(addr)
             .or_else(|| self.layers[1].freed_at(addr))
+    }
+
+    fn mapping_started(&mut self, n: &Node, id: u64) {
+        if let Some(h) = n.handle_node {
+            let hid = self.base + h;
+            self.edge(Edge {
+                from: id,
+                to: hid,
+                kind: EdgeKind::Maps,
+                overlap_bytes: n.size,
+                gap_ns: None,
+            });
+            let maps = self.handle_maps.entry(h).or_default();
+            let mut aliases = Vec::new();
+            for &(other, off, size) in maps.iter() {
+                let lo = off.max(n.offset);
+                let hi = off
+                    .saturating_add(size)
+                    .min(n.offset.saturating_add(n.size));
+                if hi > lo {
+                    aliases.push((other, hi - lo));
+                }
+            }
+            maps.push((id, n.offset, n.size));
+            for (other, bytes) in aliases {
+                self.edge(Edge {
+                    from: other,
+                    to: id,
+                    kind: EdgeKind::Alias,
+                    overlap_bytes: bytes,
+                    gap_ns: None,
+                });
+                self.anomalies.push(Anomaly::TrueAlias {
+                    nodes: [other, id],
+                    handle: n.handle,
+                    overlap_bytes: bytes,
+                });
+            }
+            if self.filter.address.is_some_and(|a| n.covers(a)) {
+                self.wanted_handles.insert(h);
+            }
+        }
+        if let Some(r) = n.reservation {
+            self.edge(Edge {
+                from: self.base + r,
+                to: id,
+                kind: EdgeKind::Contains,
+                overlap_bytes: n.size,
+                gap_ns: None,
+            });
+        }
     }
 }
 
 impl<S: GraphSink> Observer for GraphBuilder<'_, S> {
     fn begin(&mut self, _h: &Header) {}
 
+    #[inline]
     fn started(&mut self, n: &Node, _live: &Live) {
         let id = self.gid(n.id);
         self.next_base = self.next_base.max(id + 1);
+        if self.filtering && self.filter.keep_at_start(n) {
+            self.maybe.set(id);
+        }
         if n.category == Category::Mapping {
-            if let Some(h) = n.handle_node {
-                let hid = self.base + h;
-                self.other_edges.push(Edge {
-                    from: id,
-                    to: hid,
-                    kind: EdgeKind::Maps,
-                    overlap_bytes: n.size,
-                    gap_ns: None,
-                });
-                let maps = self.handle_maps.entry(h).or_default();
-                for &(other, off, size) in maps.iter() {
-                    let lo = off.max(n.offset);
-                    let hi = off
-                        .saturating_add(size)
-                        .min(n.offset.saturating_add(n.size));
-                    if hi > lo {
-                        self.other_edges.push(Edge {
-                            from: other,
-                            to: id,
-                            kind: EdgeKind::Alias,
-                            overlap_bytes: hi - lo,
-                            gap_ns: None,
-                        });
-                        self.anomalies.push(Anomaly::TrueAlias {
-                            nodes: [other, id],
-                            handle: n.handle,
-                            overlap_bytes: hi - lo,
-                        });
-                    }
-                }
-                maps.push((id, n.offset, n.size));
-                if self.filter.address.is_some_and(|a| n.covers(a)) {
-                    self.wanted_handles.insert(h);
-                }
-            }
-            if let Some(r) = n.reservation {
-                self.other_edges.push(Edge {
-                    from: self.base + r,
-                    to: id,
-                    kind: EdgeKind::Contains,
-                    overlap_bytes: n.size,
-                    gap_ns: None,
-                });
-            }
+            self.mapping_started(n, id);
         }
         let Some(li) = layer_of(n.category) else {
             return;
         };
         let (s, e) = (n.ptr, n.end().max(n.ptr + 1));
-        let base = self.base;
+        self.reuse.clear();
+        self.overlaps.clear();
         let layer = &mut self.layers[li];
-        if layer.check_overlap {
-            // Live nodes that start inside [s, e), and the one just before s if it reaches in.
-            for (&(ls, lid), &le) in layer.live.range(..(e, 0)).rev() {
-                if le > s {
-                    self.anomalies.push(Anomaly::Overlap {
-                        nodes: [base + lid, id],
-                        overlap_bytes: le.min(e) - ls.max(s),
-                    });
-                }
-                if ls < s {
-                    break;
-                }
-            }
-        }
-        self.scratch.clear();
-        layer.carve(s, e, Some(&mut self.scratch));
-        layer.live.insert((s, n.id), e);
-        if !self.scratch.is_empty() {
-            // Several pieces of one occupant make one edge.
-            self.scratch.sort_unstable_by_key(|x| x.0);
-            let mut i = 0;
-            while i < self.scratch.len() {
-                let (from, mut bytes, free_ts) = self.scratch[i];
-                let mut j = i + 1;
-                while j < self.scratch.len() && self.scratch[j].0 == from {
-                    bytes += self.scratch[j].1;
-                    j += 1;
-                }
-                self.reuse.push(RawReuse {
-                    from: from as u32,
-                    to: id as u32,
-                    overlap: bytes,
-                    gap: n.ts_ns.saturating_sub(free_ts),
+        if let Landing::Live = layer.start(s, e, id, &mut self.reuse, &mut self.overlaps)
+            && layer.check_overlap
+        {
+            for &(other, bytes) in &self.overlaps {
+                self.anomalies.push(Anomaly::Overlap {
+                    nodes: [other, id],
+                    overlap_bytes: bytes,
                 });
-                i = j;
             }
         }
+        if self.reuse.is_empty() {
+            return;
+        }
+        // Several segments of one occupant make one edge.
+        let mut v = std::mem::take(&mut self.reuse);
+        if v.len() > 1 {
+            v.sort_unstable_by_key(|x| x.0);
+        }
+        let mut i = 0;
+        while i < v.len() {
+            let (from, mut bytes, free_ts) = v[i];
+            let mut j = i + 1;
+            while j < v.len() && v[j].0 == from {
+                bytes += v[j].1;
+                j += 1;
+            }
+            self.edge(Edge {
+                from,
+                to: id,
+                kind: EdgeKind::Reuse,
+                overlap_bytes: bytes,
+                gap_ns: Some(n.ts_ns.saturating_sub(free_ts)),
+            });
+            i = j;
+        }
+        self.reuse = v;
     }
 
+    #[inline]
     fn ended(&mut self, n: &Node, end: &Ended, _live: &Live) {
+        let id = self.gid(n.id);
         if n.category == Category::Mapping
             && let Some(h) = n.handle_node
+            && let Some(v) = self.handle_maps.get_mut(&h)
         {
-            let id = self.gid(n.id);
-            if let Some(v) = self.handle_maps.get_mut(&h) {
-                v.retain(|x| x.0 != id);
-                if v.is_empty() {
-                    self.handle_maps.remove(&h);
-                }
+            v.retain(|x| x.0 != id);
+            if v.is_empty() {
+                self.handle_maps.remove(&h);
             }
         }
         if let Some(li) = layer_of(n.category) {
-            let (s, e) = (n.ptr, n.end().max(n.ptr + 1));
-            let id = self.gid(n.id);
+            let lost = end.how == EndHow::Lost;
             let layer = &mut self.layers[li];
-            layer.live.remove(&(s, n.id));
-            if end.how == EndHow::Lost {
-                // Its range belongs to the node that replaced it now.
-                self.emit(n, Some(end));
-                return;
+            layer.end(n.ptr, id, end.ts_ns, lost);
+            if lost
+                && layer.check_overlap
+                && let Some(by) = end.by
+            {
+                self.anomalies.push(Anomaly::Overlap {
+                    nodes: [id, self.base + by],
+                    overlap_bytes: n.size.max(1),
+                });
             }
-            let overlaps = layer
-                .freed
-                .range(..e)
-                .next_back()
-                .is_some_and(|(_, p)| p.end > s);
-            if overlaps {
-                layer.carve(s, e, None);
-            }
-            layer.freed.insert(
-                s,
-                Piece {
-                    end: e,
-                    id,
-                    free_ts: end.ts_ns,
-                    node_ptr: s,
-                },
-            );
         }
         self.emit(n, Some(end));
     }
 
     fn invalid(&mut self, inv: &Invalid, _live: &Live) {
         let ev = &inv.event;
-        let owner = if inv.kind == crate::track::InvalidKind::Free {
-            if ev.api.is_host() {
-                self.layers[2].freed_at(ev.ptr)
-            } else {
-                self.freed_owner(ev.ptr)
-            }
-        } else if inv.kind == crate::track::InvalidKind::AddressFree {
-            self.layers[4].freed_at(ev.ptr)
-        } else {
-            None
+        let owner = match inv.kind {
+            InvalidKind::Free if ev.api.is_host() => self.layers[2].freed_at(ev.ptr),
+            InvalidKind::Free => self.freed_owner(ev.ptr),
+            InvalidKind::AddressFree => self.layers[4].freed_at(ev.ptr),
+            InvalidKind::Unregister => self.layers[3].freed_at(ev.ptr),
+            _ => None,
         };
         let (after, double) = match owner {
             Some(p) => (Some(p.id), p.node_ptr == ev.ptr),
@@ -835,11 +922,78 @@ pub fn graph<P: AsRef<Path>>(
 }
 
 /// Writes the graph as JSON while it is built: `{"nodes": [...], "edges": [...],
-/// "anomalies": [...], "traces": [...], "filter": {...}}`, one node or edge per line.
+/// "anomalies": [...], "traces": [...], "filter": {...}}`, one node, edge or anomaly per line.
+///
+/// Edges are known before the nodes they join have ended, so they wait in a spool (memory up
+/// to [`SPOOL_IN_MEMORY`] bytes, then an unlinked temporary file) until the nodes are written.
 pub struct JsonSink<W: Write> {
     out: W,
     state: u8,
     first: bool,
+    spool: Spool,
+}
+
+/// Bytes of edge JSON held in memory before the spool moves to a temporary file.
+pub const SPOOL_IN_MEMORY: usize = 16 << 20;
+
+#[derive(Default)]
+struct Spool {
+    mem: Vec<u8>,
+    file: Option<std::io::BufWriter<std::fs::File>>,
+    items: u64,
+}
+
+impl Spool {
+    fn push<T: Serialize>(&mut self, v: &T) -> std::io::Result<()> {
+        self.mem
+            .extend_from_slice(if self.items == 0 { b"\n" } else { b",\n" });
+        self.items += 1;
+        serde_json::to_writer(&mut self.mem, v)?;
+        if self.mem.len() >= SPOOL_IN_MEMORY {
+            if self.file.is_none() {
+                self.file = Some(std::io::BufWriter::with_capacity(1 << 20, temp_file()?));
+            }
+            if let Some(f) = &mut self.file {
+                f.write_all(&self.mem)?;
+            }
+            self.mem.clear();
+        }
+        Ok(())
+    }
+
+    fn drain_into(&mut self, out: &mut impl Write) -> std::io::Result<()> {
+        use std::io::{Seek, SeekFrom};
+        if let Some(f) = self.file.take() {
+            let mut f = f.into_inner().map_err(|e| e.into_error())?;
+            f.seek(SeekFrom::Start(0))?;
+            std::io::copy(&mut f, out)?;
+        }
+        out.write_all(&self.mem)?;
+        self.mem = Vec::new();
+        Ok(())
+    }
+}
+
+/// A temporary file that is gone from the directory as soon as it is open.
+fn temp_file() -> std::io::Result<std::fs::File> {
+    let dir = std::env::temp_dir();
+    for i in 0..100u32 {
+        let p = dir.join(format!(".isolate-spool-{}-{i}", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&p)
+        {
+            Ok(f) => {
+                let _ = std::fs::remove_file(&p);
+                return Ok(f);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other("no temporary file name was free"))
 }
 
 impl<W: Write> JsonSink<W> {
@@ -848,6 +1002,7 @@ impl<W: Write> JsonSink<W> {
             out,
             state: 0,
             first: true,
+            spool: Spool::default(),
         }
     }
 
@@ -855,7 +1010,8 @@ impl<W: Write> JsonSink<W> {
         self.out
     }
 
-    /// Moves on to section `state` (1 nodes, 2 edges, 3 anomalies), opening it.
+    /// Moves on to section `state` (1 nodes, 2 edges, 3 anomalies), opening it; entering the
+    /// edges writes out the spool.
     fn section(&mut self, state: u8) -> std::io::Result<()> {
         const NAMES: [&str; 4] = ["", "nodes", "edges", "anomalies"];
         while self.state < state {
@@ -867,6 +1023,10 @@ impl<W: Write> JsonSink<W> {
             self.state += 1;
             write!(self.out, "\n\"{}\": [", NAMES[self.state as usize])?;
             self.first = true;
+            if self.state == 2 {
+                self.spool.drain_into(&mut self.out)?;
+                self.first = self.spool.items == 0;
+            }
         }
         Ok(())
     }
@@ -886,7 +1046,11 @@ impl<W: Write> GraphSink for JsonSink<W> {
         self.item(1, n)
     }
     fn edge(&mut self, e: &Edge) -> std::io::Result<()> {
-        self.item(2, e)
+        if self.state < 2 {
+            self.spool.push(e)
+        } else {
+            self.item(2, e)
+        }
     }
     fn anomaly(&mut self, a: &Anomaly) -> std::io::Result<()> {
         self.item(3, a)

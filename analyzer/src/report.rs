@@ -364,9 +364,11 @@ pub struct Chain {
     pub sample: Vec<ChainNode>,
 }
 
+/// Finds the connected parts of the reuse graph with a union-find over node slots. Edges come
+/// before the nodes they lead to, so a slot is made for whichever id shows up first.
 #[derive(Default)]
 struct ChainSink {
-    nodes: Vec<(u64, GraphNode)>,
+    nodes: Vec<Option<GraphNode>>,
     index: rustc_hash::FxHashMap<u64, u32>,
     parent: Vec<u32>,
     edges: Vec<u32>,
@@ -375,6 +377,18 @@ struct ChainSink {
 }
 
 impl ChainSink {
+    fn slot(&mut self, id: u64) -> u32 {
+        if let Some(&i) = self.index.get(&id) {
+            return i;
+        }
+        let i = self.nodes.len() as u32;
+        self.index.insert(id, i);
+        self.nodes.push(None);
+        self.parent.push(i);
+        self.edges.push(0);
+        i
+    }
+
     fn find(&mut self, mut x: u32) -> u32 {
         while self.parent[x as usize] != x {
             let p = self.parent[x as usize];
@@ -388,23 +402,25 @@ impl ChainSink {
         let n = self.nodes.len();
         let mut size = vec![0u64; n];
         let mut edges = vec![0u64; n];
-        for i in 0..n {
-            let r = self.find(i as u32) as usize;
-            size[r] += 1;
-            edges[r] += u64::from(self.edges[i]);
+        let roots_of: Vec<u32> = (0..n as u32).map(|i| self.find(i)).collect();
+        for (i, &r) in roots_of.iter().enumerate() {
+            size[r as usize] += 1;
+            edges[r as usize] += u64::from(self.edges[i]);
         }
+        let id_of =
+            |i: usize, nodes: &[Option<GraphNode>]| nodes[i].as_ref().map_or(u64::MAX, |g| g.id);
         let mut roots: Vec<usize> = (0..n)
-            .filter(|&i| size[i] > 1 && self.parent[i] as usize == i)
+            .filter(|&i| size[i] > 1 && roots_of[i] as usize == i)
             .collect();
-        roots.sort_by_key(|&r| (Reverse(size[r]), self.nodes[r].0));
+        roots.sort_by_key(|&r| (Reverse(size[r]), id_of(r, &self.nodes)));
         roots.truncate(CHAINS);
         let mut out = Vec::new();
         for r in roots {
-            let mut members: Vec<usize> = (0..n)
-                .filter(|&i| self.find(i as u32) as usize == r)
+            let mut ns: Vec<&GraphNode> = (0..n)
+                .filter(|&i| roots_of[i] as usize == r)
+                .filter_map(|i| self.nodes[i].as_ref())
                 .collect();
-            members.sort_by_key(|&i| self.nodes[i].0);
-            let ns: Vec<&GraphNode> = members.iter().map(|&i| &self.nodes[i].1).collect();
+            ns.sort_by_key(|g| g.id);
             out.push(Chain {
                 allocations: size[r],
                 reuse_edges: edges[r],
@@ -444,23 +460,19 @@ impl GraphSink for ChainSink {
         if n.free_seq.is_none() && matches!(n.category, "device" | "managed" | "handle" | "graph") {
             self.leaks.push((n.size, n.id, n.api, n.ptr));
         }
-        let i = self.nodes.len() as u32;
-        self.index.insert(n.id, i);
-        self.nodes.push((n.id, n.clone()));
-        self.parent.push(i);
-        self.edges.push(0);
+        let i = self.slot(n.id);
+        self.nodes[i as usize] = Some(n.clone());
         Ok(())
     }
     fn edge(&mut self, e: &Edge) -> std::io::Result<()> {
         if e.kind != EdgeKind::Reuse {
             return Ok(());
         }
-        if let (Some(&a), Some(&b)) = (self.index.get(&e.from), self.index.get(&e.to)) {
-            let (ra, rb) = (self.find(a), self.find(b));
-            self.edges[b as usize] += 1;
-            if ra != rb {
-                self.parent[ra.max(rb) as usize] = ra.min(rb);
-            }
+        let (a, b) = (self.slot(e.from), self.slot(e.to));
+        let (ra, rb) = (self.find(a), self.find(b));
+        self.edges[b as usize] += 1;
+        if ra != rb {
+            self.parent[ra.max(rb) as usize] = ra.min(rb);
         }
         Ok(())
     }

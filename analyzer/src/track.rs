@@ -16,7 +16,7 @@
 //!   `cuMemCreate`/`cuMemRelease` physical handles (keyed by handle), `cuMemMap`/`cuMemUnmap`
 //!   mappings (an unmap ends every mapping that starts inside its range).
 //! - An allocation handed out at the start of a node that is still live means the trace missed
-//!   that node's free: the old node ends as [`EndHow::Lost`].
+//!   that node's free: the old node ends as [`EndHow::Lost`] (just before the new one starts).
 //!
 //! [`Live`] counts bytes per [`Category`]; device memory in use is device + managed + physical
 //! handles ([`Live::device_bytes`]). Reservations and mappings are address space, not memory.
@@ -139,6 +139,8 @@ pub struct Ended {
     pub api: Api,
     pub tid: u32,
     pub how: EndHow,
+    /// For [`EndHow::Lost`]: the node that was handed its address.
+    pub by: Option<u64>,
 }
 
 /// What an invalid call tried to give back.
@@ -221,7 +223,8 @@ impl Live {
 
 /// What an analysis sees of a trace. Every method has an empty default.
 ///
-/// For each event, [`Observer::event`] comes first, then whatever the event started or ended.
+/// For each event, [`Observer::event`] comes first, then whatever the event ended, then what it
+/// started.
 /// `live` is always the state after the whole event.
 #[allow(unused_variables)]
 pub trait Observer {
@@ -370,6 +373,7 @@ impl Tracker {
             api: ev.api,
             tid: ev.tid,
             how,
+            by: None,
         };
         match kind {
             Kind::Alloc => {
@@ -390,15 +394,7 @@ impl Tracker {
                     _ => &mut self.dev,
                 };
                 let old = map.insert(ev.ptr, n);
-                self.live.add(&n);
-                if let Some(o) = &old {
-                    self.live.sub(o);
-                }
-                obs.event(ev, &self.live);
-                obs.started(&n, &self.live);
-                if let Some(o) = old {
-                    obs.ended(&o, &end(EndHow::Lost), &self.live);
-                }
+                self.started_replacing(ev, n, old, obs);
             }
             Kind::Free => {
                 if ev.ptr == 0 {
@@ -505,7 +501,7 @@ impl Tracker {
             self.live.sub(o);
         }
         obs.event(ev, &self.live);
-        obs.started(&n, &self.live);
+        // The old node ends first, so that no observer ever sees two live nodes at one key.
         if let Some(o) = old {
             let e = Ended {
                 seq: ev.seq,
@@ -513,9 +509,11 @@ impl Tracker {
                 api: ev.api,
                 tid: ev.tid,
                 how: EndHow::Lost,
+                by: Some(n.id),
             };
             obs.ended(&o, &e, &self.live);
         }
+        obs.started(&n, &self.live);
     }
 
     #[inline]
@@ -536,6 +534,7 @@ impl Tracker {
                     api: ev.api,
                     tid: ev.tid,
                     how: EndHow::Freed,
+                    by: None,
                 };
                 obs.ended(&n, &e, &self.live);
             }
