@@ -275,8 +275,10 @@ pub fn chrome_trace<P: AsRef<Path>, W: Write>(
     paths: &[P],
     out: &mut W,
     progress: &mut dyn Progress,
-) -> Result<(), Error> {
+) -> Result<Vec<crate::TraceInfo>, Error> {
     let io = |e| Error::io(None, e);
+    let mut infos = Vec::new();
+    let mut used_pids: rustc_hash::FxHashSet<u32> = Default::default();
     out.write_all(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[")
         .map_err(io)?;
     let mut first = true;
@@ -301,11 +303,12 @@ pub fn chrome_trace<P: AsRef<Path>, W: Write>(
             last_counter: None,
             error: None,
         };
-        analyze(p.as_ref(), progress, &mut ex)?;
+        infos.push(analyze(p.as_ref(), progress, &mut ex)?);
         if let Some(e) = ex.error.take() {
             return Err(io(e));
         }
     }
     out.write_all(b"\n]}\n").map_err(io)?;
-    out.flush().map_err(io)
+    out.flush().map_err(io)?;
+    Ok(infos)
 }

@@ -382,12 +382,17 @@ fn real_main() -> Result<ExitCode> {
             }
         }
         Cmd::Report { traces, output } => {
-            let html = report::render(&traces, &mut bar)?;
+            let r = report::render(&traces, &mut bar)?;
             let mut f = out_file(&output)?;
-            f.write_all(html.as_bytes())
+            f.write_all(r.html.as_bytes())
                 .and_then(|_| f.flush())
                 .with_context(|| format!("cannot write {}", output.display()))?;
-            Ok(ExitCode::SUCCESS)
+            let t: Vec<_> = r
+                .traces
+                .iter()
+                .map(|t| (t.file.clone(), t.truncated_at))
+                .collect();
+            Ok(exit_for(warn_truncated(&t)))
         }
         Cmd::Export {
             format: ExportFormat::ChromeTrace,
@@ -395,8 +400,12 @@ fn real_main() -> Result<ExitCode> {
             output,
         } => {
             let mut f = out_file(&output)?;
-            export::chrome_trace(&traces, &mut f, &mut bar)?;
-            Ok(ExitCode::SUCCESS)
+            let infos = export::chrome_trace(&traces, &mut f, &mut bar)?;
+            let t: Vec<_> = infos
+                .iter()
+                .map(|t| (t.file.clone(), t.truncated_at))
+                .collect();
+            Ok(exit_for(warn_truncated(&t)))
         }
     }
 }

@@ -564,14 +564,24 @@ fn one(
     ))
 }
 
+/// A rendered report.
+pub struct Report {
+    /// The whole HTML document.
+    pub html: String,
+    /// What was read of each trace (whether it was truncated, …).
+    pub traces: Vec<TraceInfo>,
+}
+
 /// Renders the report of `paths` as one HTML document.
-pub fn render<P: AsRef<Path>>(paths: &[P], progress: &mut dyn Progress) -> Result<String, Error> {
+pub fn render<P: AsRef<Path>>(paths: &[P], progress: &mut dyn Progress) -> Result<Report, Error> {
     let mut traces = Vec::new();
     let mut title = Vec::new();
+    let mut infos = Vec::new();
     for (i, p) in paths.iter().enumerate() {
         let (page, info) = one(p.as_ref(), i, progress)?;
         title.push(format!("{} (pid {})", info.file, info.header.pid));
         traces.push(page);
+        infos.push(info);
     }
     let page = Page {
         generator: format!("isolate {}", env!("CARGO_PKG_VERSION")),
@@ -590,7 +600,10 @@ pub fn render<P: AsRef<Path>>(paths: &[P], progress: &mut dyn Progress) -> Resul
     out.push_str(mid);
     out.push_str(&data);
     out.push_str(tail);
-    Ok(out)
+    Ok(Report {
+        html: out,
+        traces: infos,
+    })
 }
 
 const TEMPLATE: &str = include_str!("report.html");

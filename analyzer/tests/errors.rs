@@ -1,0 +1,181 @@
+mod common;
+
+use common::*;
+use isolate_trace::Stats;
+
+fn trace() -> Vec<u8> {
+    let mut t = TraceBuilder::new();
+    for i in 0..50 {
+        t.malloc(A + i * 4096, 4096);
+    }
+    t.end(Stats::default());
+    t.bytes()
+}
+
+const SUBCOMMANDS: &[&[&str]] = &[
+    &["summary"],
+    &["summary", "--json"],
+    &["graph"],
+    &["graph", "--format", "dot"],
+    &["who", "0x7f0000000000"],
+    &["report", "-o", "r.html"],
+    &["export", "--format", "chrome-trace", "-o", "t.json"],
+];
+
+fn run_all(dir: &std::path::Path, file: &str) -> Vec<Out> {
+    SUBCOMMANDS
+        .iter()
+        .map(|args| {
+            let mut a: Vec<&str> = args.to_vec();
+            // `who` and the others take the trace last, after their options.
+            a.push(file);
+            isolate(dir, &a)
+        })
+        .collect()
+}
+
+#[test]
+fn truncated_trace_is_analysed_up_to_the_cut() {
+    let d = tempfile::tempdir().unwrap();
+    let b = trace();
+    let cut = b.len() - 7;
+    std::fs::write(d.path().join("cut.trace"), &b[..cut]).unwrap();
+    let o = isolate(d.path(), &["summary", "--json", "cut.trace"]);
+    assert_eq!(o.code, 3, "{}", o.stderr);
+    let v = o.json();
+    let at = v["truncated"].as_u64().expect("truncated offset");
+    assert!(at > 0 && at < cut as u64);
+    assert_eq!(v["complete"], false);
+    assert_eq!(
+        v["allocations"], 50,
+        "every whole record before the cut is counted"
+    );
+    assert!(
+        o.stderr.contains(&format!(
+            "cut.trace: at byte {at}: the file ends inside a record"
+        )),
+        "{}",
+        o.stderr
+    );
+    let o = isolate(d.path(), &["summary", "cut.trace"]);
+    assert!(
+        o.stdout.contains(&format!(
+            "TRUNCATED: the file ends inside a record at byte {at}"
+        )),
+        "{}",
+        o.stdout
+    );
+    for o in run_all(d.path(), "cut.trace") {
+        assert_ne!(o.code, 0);
+        assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+    }
+}
+
+#[test]
+fn corrupt_trace_names_file_and_offset() {
+    let d = tempfile::tempdir().unwrap();
+    let mut b = trace();
+    let mut hdr = Vec::new();
+    isolate_trace::Encoder::preamble(&header(100, &["prog"]), &mut hdr);
+    // A frame length far beyond the limit, right after the header.
+    let at = hdr.len();
+    b.splice(at..at, [0xff, 0xff, 0xff, 0xff, 0x0f]);
+    std::fs::write(d.path().join("bad.trace"), &b).unwrap();
+    for o in run_all(d.path(), "bad.trace") {
+        assert_eq!(o.code, 2, "{}", o.stderr);
+        assert!(
+            o.stderr
+                .contains(&format!("bad.trace: at byte {at}: corrupt frame")),
+            "{}",
+            o.stderr
+        );
+        assert_eq!(
+            o.stderr.lines().count(),
+            1,
+            "one clear message: {}",
+            o.stderr
+        );
+    }
+    // A payload that does not decode.
+    let mut b = trace();
+    b[at + 1] = 0x55;
+    std::fs::write(d.path().join("bad2.trace"), &b).unwrap();
+    let o = isolate(d.path(), &["summary", "bad2.trace"]);
+    assert_eq!(o.code, 2);
+    assert!(
+        o.stderr.contains(&format!("bad2.trace: at byte {at}:")),
+        "{}",
+        o.stderr
+    );
+}
+
+#[test]
+fn foreign_and_missing_files() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(
+        d.path().join("elf"),
+        b"\x7fELF\x02\x01\x01\x00more bytes here",
+    )
+    .unwrap();
+    std::fs::write(d.path().join("empty"), b"").unwrap();
+    std::fs::write(d.path().join("short"), &trace()[..20]).unwrap();
+    for o in run_all(d.path(), "elf") {
+        assert_eq!(o.code, 2);
+        assert!(
+            o.stderr.contains("elf: at byte 0: not an isolate trace"),
+            "{}",
+            o.stderr
+        );
+    }
+    let o = isolate(d.path(), &["summary", "empty"]);
+    assert_eq!(o.code, 2);
+    assert!(
+        o.stderr.contains("empty: at byte 0: not an isolate trace"),
+        "{}",
+        o.stderr
+    );
+    let o = isolate(d.path(), &["summary", "short"]);
+    assert_eq!(o.code, 2);
+    assert!(
+        o.stderr
+            .contains("short: at byte 12: file ends inside the trace header"),
+        "{}",
+        o.stderr
+    );
+    for o in run_all(d.path(), "nope.trace") {
+        assert_eq!(o.code, 2);
+        assert!(
+            o.stderr.contains("nope.trace: at byte 0: No such file"),
+            "{}",
+            o.stderr
+        );
+    }
+    let o = isolate(d.path(), &["diff", "nope.trace", "elf"]);
+    assert_eq!(o.code, 2);
+}
+
+#[test]
+fn every_cut_and_flip_ends_cleanly() {
+    let d = tempfile::tempdir().unwrap();
+    let b = trace();
+    // A sample of cuts and flips through the library (the binary is the same code).
+    for cut in (0..b.len()).step_by(7) {
+        let p = d.path().join("c.trace");
+        std::fs::write(&p, &b[..cut]).unwrap();
+        let _ = isolate_analyzer::summary::summarize(&[&p], &mut isolate_analyzer::NoProgress);
+        let _ = isolate_analyzer::graph::graph(
+            &[&p],
+            Default::default(),
+            &mut isolate_analyzer::NoProgress,
+        );
+    }
+    for i in (0..b.len()).step_by(5) {
+        let mut x = b.clone();
+        x[i] ^= 0x40;
+        let p = d.path().join("f.trace");
+        std::fs::write(&p, &x).unwrap();
+        let _ = isolate_analyzer::summary::summarize(&[&p], &mut isolate_analyzer::NoProgress);
+        let _ = isolate_analyzer::who::who(A, &[&p], &mut isolate_analyzer::NoProgress);
+        let _ = isolate_analyzer::report::render(&[&p], &mut isolate_analyzer::NoProgress);
+    }
+}

@@ -1,0 +1,329 @@
+mod common;
+
+use common::*;
+use isolate_analyzer::NoProgress;
+use isolate_analyzer::graph::{self, Anomaly, EdgeKind, Filter};
+use isolate_trace::{Api, Record, StaleLaunch};
+
+/// (from, to, kind, overlap, gap)
+type E = (u64, u64, &'static str, u64, Option<u64>);
+
+fn edges(g: &graph::Graph) -> Vec<E> {
+    g.edges
+        .iter()
+        .map(|e| (e.from, e.to, e.kind.name(), e.overlap_bytes, e.gap_ns))
+        .collect()
+}
+
+/// The reuse scenario the tests below share; node ids in the comments.
+fn reuse_trace() -> TraceBuilder {
+    let mut t = TraceBuilder::new();
+    t.malloc(A, 4096); // n0, seq 0
+    t.malloc(A + 4096, 4096); // n1
+    t.free(A); // seq 2
+    t.free(A + 4096); // seq 3
+    t.malloc(A, 8192); // n2 takes both
+    t.free(A); // seq 5
+    t.malloc(A + 1024, 1024); // n3: middle of n2
+    t.malloc(A, 1024); // n4: start of n2
+    t.malloc(A + 2048, 8192); // n5: the rest of n2 and fresh memory
+    t.free(A + 1024); // seq 9: n3
+    t.malloc(A + 512, 2048); // n6: overlaps live n4 and n5, takes n3's place
+    t.free(A + 512); // seq 11: n6
+    t.free(A); // seq 12: n4
+    t.malloc(A, 512); // n7
+    t.free(A + 1024); // seq 14: double free of n3
+    t
+}
+
+#[test]
+fn exact_reuse_edges_and_overlaps() {
+    let d = tempfile::tempdir().unwrap();
+    let p = reuse_trace().write(d.path(), "r.trace");
+    let g = graph::graph(&[&p], Filter::default(), &mut NoProgress).unwrap();
+    assert_eq!(
+        edges(&g),
+        vec![
+            (0, 2, "reuse", 4096, Some(2000)),
+            (1, 2, "reuse", 4096, Some(1000)),
+            (2, 3, "reuse", 1024, Some(1000)),
+            (2, 4, "reuse", 1024, Some(2000)),
+            (2, 5, "reuse", 6144, Some(3000)),
+            (3, 6, "reuse", 1024, Some(1000)),
+            (4, 7, "reuse", 512, Some(1000)),
+        ]
+    );
+    assert_eq!(
+        g.anomalies,
+        vec![
+            Anomaly::Overlap {
+                nodes: [4, 6],
+                overlap_bytes: 512
+            },
+            Anomaly::Overlap {
+                nodes: [5, 6],
+                overlap_bytes: 512
+            },
+            Anomaly::InvalidFree {
+                trace: 0,
+                what: "free",
+                seq: 14,
+                ts_ns: 1_015_000,
+                api: "cudaFree",
+                tid: 1000,
+                ptr: A + 1024,
+                after: Some(3),
+                double_free: true,
+            },
+            Anomaly::NeverFreed {
+                node: 5,
+                category: "device",
+                size: 8192
+            },
+            Anomaly::NeverFreed {
+                node: 7,
+                category: "device",
+                size: 512
+            },
+        ]
+    );
+    // Nodes come out as they end, the never-freed ones last.
+    let order: Vec<u64> = g.nodes.iter().map(|n| n.id).collect();
+    assert_eq!(order, [0, 1, 2, 3, 6, 4, 5, 7]);
+    let n2 = g.node(2).unwrap();
+    assert_eq!(
+        (n2.ptr, n2.size, n2.alloc_seq, n2.free_seq),
+        (A, 8192, 4, Some(5))
+    );
+    assert_eq!(
+        (n2.alloc_ts_ns, n2.free_ts_ns),
+        (1_005_000, Some(1_006_000))
+    );
+    assert_eq!(n2.free_api, Some("cudaFree"));
+}
+
+#[test]
+fn json_output_matches_and_is_stable() {
+    let d = tempfile::tempdir().unwrap();
+    reuse_trace().write(d.path(), "r.trace");
+    let o = isolate(d.path(), &["graph", "--format", "json", "r.trace"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let v = o.json();
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 8);
+    assert_eq!(v["edges"].as_array().unwrap().len(), 7);
+    assert_eq!(
+        v["edges"][4],
+        serde_json::json!({"from":2,"to":5,"kind":"reuse","overlap_bytes":6144,"gap_ns":3000})
+    );
+    assert_eq!(v["nodes"][0]["ptr"], "0x7f0000000000");
+    assert_eq!(v["anomalies"][2]["kind"], "invalid_free");
+    assert_eq!(v["traces"][0]["file"], "r.trace");
+    let again = isolate(d.path(), &["graph", "r.trace"]);
+    assert_eq!(o.stdout, again.stdout);
+    // -o writes the same thing to a file.
+    let o2 = isolate(d.path(), &["graph", "r.trace", "-o", "g.json"]);
+    assert_eq!(o2.code, 0);
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("g.json")).unwrap(),
+        o.stdout
+    );
+}
+
+#[test]
+fn filters_keep_the_chains_through_one_address() {
+    let d = tempfile::tempdir().unwrap();
+    let p = reuse_trace().write(d.path(), "r.trace");
+    let f = Filter {
+        address: Some(A + 1024 + 8),
+        ..Filter::default()
+    };
+    let g = graph::graph(&[&p], f, &mut NoProgress).unwrap();
+    let mut ids: Vec<u64> = g.nodes.iter().map(|n| n.id).collect();
+    ids.sort();
+    assert_eq!(ids, [0, 2, 3, 6]);
+    assert_eq!(
+        edges(&g),
+        vec![
+            (0, 2, "reuse", 4096, Some(2000)),
+            (2, 3, "reuse", 1024, Some(1000)),
+            (3, 6, "reuse", 1024, Some(1000))
+        ]
+    );
+    assert_eq!(g.anomalies.len(), 1, "{:?}", g.anomalies);
+
+    // Size class 1024: n3, n4 (both 1024 bytes), n7 (512) is another class.
+    let f = Filter {
+        size_class: Some(1000),
+        ..Filter::default()
+    };
+    let g = graph::graph(&[&p], f, &mut NoProgress).unwrap();
+    let mut ids: Vec<u64> = g.nodes.iter().map(|n| n.id).collect();
+    ids.sort();
+    assert_eq!(ids, [3, 4]);
+    assert!(g.edges.is_empty());
+
+    // Live within [seq 6's time, seq 8's time]: n2 ended at seq 5, so it is out.
+    let f = Filter {
+        from_ns: Some(1_007_000),
+        to_ns: Some(1_009_000),
+        ..Filter::default()
+    };
+    let g = graph::graph(&[&p], f, &mut NoProgress).unwrap();
+    let mut ids: Vec<u64> = g.nodes.iter().map(|n| n.id).collect();
+    ids.sort();
+    assert_eq!(ids, [3, 4, 5]);
+
+    // The same through the binary.
+    let o = isolate(
+        d.path(),
+        &["graph", "r.trace", "--address", "0x7f0000000408"],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(o.json()["edges"].as_array().unwrap().len(), 3);
+    let o = isolate(d.path(), &["graph", "r.trace", "--address", "zzz"]);
+    assert_eq!(o.code, 2);
+    assert!(o.stderr.contains("not a number"), "{}", o.stderr);
+}
+
+#[test]
+fn vmm_maps_edges_and_true_aliases() {
+    let d = tempfile::tempdir().unwrap();
+    let mut t = TraceBuilder::new();
+    let r = 0x6000_0000_0000u64;
+    t.vmm(Api::CuMemAddressReserve, r, 64 * MIB, 0, 0); // n0
+    t.vmm(Api::CuMemCreate, 0, 4 * MIB, 0xabc, 0); // n1
+    t.vmm(Api::CuMemMap, r, 2 * MIB, 0xabc, 0); // n2: handle bytes [0, 2M)
+    t.vmm(Api::CuMemMap, r + 2 * MIB, 2 * MIB, 0xabc, 0); // n3: the same bytes again: alias
+    t.vmm(Api::CuMemMap, r + 4 * MIB, 2 * MIB, 0xabc, 2 * MIB); // n4: [2M, 4M): no alias
+    t.vmm(Api::CuMemUnmap, r + 2 * MIB, 2 * MIB, 0, 0); // n3 goes
+    t.vmm(Api::CuMemMap, r + 2 * MIB, 2 * MIB, 0xabc, 2 * MIB); // n5: aliases n4, reuses n3's range
+    let p = t.write(d.path(), "v.trace");
+    let g = graph::graph(&[&p], Filter::default(), &mut NoProgress).unwrap();
+    let m = 2 * MIB;
+    assert_eq!(
+        edges(&g),
+        vec![
+            (2, 1, "maps", m, None),
+            (0, 2, "contains", m, None),
+            (3, 1, "maps", m, None),
+            (2, 3, "alias", m, None),
+            (0, 3, "contains", m, None),
+            (4, 1, "maps", m, None),
+            (0, 4, "contains", m, None),
+            (5, 1, "maps", m, None),
+            (4, 5, "alias", m, None),
+            (0, 5, "contains", m, None),
+            (3, 5, "reuse", m, Some(1000)),
+        ]
+    );
+    let aliases: Vec<&Anomaly> = g
+        .anomalies
+        .iter()
+        .filter(|a| matches!(a, Anomaly::TrueAlias { .. }))
+        .collect();
+    assert_eq!(
+        aliases,
+        vec![
+            &Anomaly::TrueAlias {
+                nodes: [2, 3],
+                handle: 0xabc,
+                overlap_bytes: m
+            },
+            &Anomaly::TrueAlias {
+                nodes: [4, 5],
+                handle: 0xabc,
+                overlap_bytes: m
+            },
+        ]
+    );
+    let n5 = g.node(5).unwrap();
+    assert_eq!(
+        (n5.reservation, n5.handle_node, n5.category),
+        (Some(0), Some(1), "mapping")
+    );
+    assert_eq!(g.edges_of_kind(EdgeKind::Maps).count(), 4);
+}
+
+#[test]
+fn dot_escapes_untrusted_text() {
+    let d = tempfile::tempdir().unwrap();
+    let mut h = header(7, &["evil\"name", "<script>alert(1)</script>", "a\\b"]);
+    h.exe = "/tmp/\"quoted\"<b>".into();
+    let mut t = TraceBuilder::with_header(h);
+    t.malloc(A, 4096);
+    t.free(A);
+    t.record(Record::StaleLaunch(StaleLaunch {
+        seq: 2,
+        kernel: "k\"<script>x</script>\n".into(),
+        ptr: A,
+        alloc_ptr: A,
+        alloc_size: 4096,
+        ..StaleLaunch::default()
+    }));
+    t.write(d.path(), "e.trace");
+    let o = isolate(d.path(), &["graph", "--format", "dot", "e.trace"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let dot = o.stdout;
+    assert!(!dot.contains("<script>"), "{dot}");
+    assert!(dot.contains("evil\\\"name"), "{dot}");
+    assert!(
+        dot.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{dot}"
+    );
+    assert!(dot.contains("a\\\\b"));
+    assert!(dot.contains("stale launch: k\\\"&lt;script&gt;"), "{dot}");
+    // Every quoted string closes on its line: count unescaped quotes.
+    for line in dot.lines() {
+        let mut n = 0;
+        let mut esc = false;
+        for c in line.chars() {
+            match (esc, c) {
+                (true, _) => esc = false,
+                (false, '\\') => esc = true,
+                (false, '"') => n += 1,
+                _ => {}
+            }
+        }
+        assert_eq!(n % 2, 0, "unbalanced quotes in {line:?}");
+    }
+    // When Graphviz is there, it must accept the file.
+    if let Ok(out) = std::process::Command::new("dot")
+        .arg("-Tsvg")
+        .arg("-o")
+        .arg(d.path().join("g.svg"))
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(dot.as_bytes())?;
+            c.wait_with_output()
+        })
+    {
+        assert!(out.status.success(), "dot rejected the graph");
+    }
+}
+
+#[test]
+fn several_traces_get_distinct_ids() {
+    let d = tempfile::tempdir().unwrap();
+    let mut a = TraceBuilder::with_header(header(1, &["a"]));
+    a.malloc(A, 64);
+    a.free(A);
+    a.malloc(A, 64);
+    let mut b = TraceBuilder::with_header(header(2, &["b"]));
+    b.malloc(A, 64);
+    b.free(A);
+    b.malloc(A, 64);
+    let pa = a.write(d.path(), "a.trace");
+    let pb = b.write(d.path(), "b.trace");
+    let g = graph::graph(&[pa, pb], Filter::default(), &mut NoProgress).unwrap();
+    assert_eq!(
+        edges(&g),
+        vec![
+            (0, 1, "reuse", 64, Some(1000)),
+            (2, 3, "reuse", 64, Some(1000))
+        ]
+    );
+    assert_eq!(g.node(3).unwrap().trace, 1);
+    assert_eq!(g.traces[1].pid, 2);
+}

@@ -1,0 +1,227 @@
+mod common;
+
+use common::*;
+use isolate_analyzer::{NoProgress, summary};
+use isolate_trace::{Api, NoteKind, Record, StaleLaunch, Stats, Violation};
+use serde_json::json;
+
+fn summarize(t: &TraceBuilder) -> (tempfile::TempDir, summary::Summary) {
+    let d = tempfile::tempdir().unwrap();
+    let p = t.write(d.path(), "t.trace");
+    let s = summary::summarize(&[p], &mut NoProgress).unwrap();
+    (d, s)
+}
+
+#[test]
+fn live_at_end_peak_and_invalid_frees() {
+    let mut t = TraceBuilder::new();
+    t.malloc(A, MIB); // 0
+    t.malloc(A + MIB, 2 * MIB); // 1
+    t.free(A); // 2
+    t.free(A); // 3: double free
+    t.free(A + MIB + 16); // 4: free into the middle
+    t.free(0); // 5: cudaFree(NULL) is fine
+    t.fail(Api::CudaMalloc, 1 << 40, 2); // 6
+    t.call(Api::CudaMallocManaged, 0x8000_0000, 4096); // 7
+    t.end(Stats::default());
+    let (_d, s) = summarize(&t);
+    assert_eq!(s.events, 8);
+    assert_eq!(s.calls["cudaMalloc"], 3);
+    assert_eq!(s.calls["cudaFree"], 4);
+    assert_eq!(s.failed["cudaMalloc"], 1);
+    assert_eq!(s.failed.len(), 1);
+    assert_eq!(s.allocations, 3);
+    assert_eq!(s.frees, 1);
+    assert_eq!(s.peak_live_bytes, 3 * MIB);
+    assert_eq!(s.live_at_end.count, 2);
+    assert_eq!(s.live_at_end.bytes, 2 * MIB + 4096);
+    assert_eq!(s.invalid_free_count, 2);
+    let seqs: Vec<u64> = s.invalid_frees.iter().map(|f| f.seq).collect();
+    assert_eq!(seqs, [3, 4]);
+    assert!(s.complete);
+    assert_eq!(s.truncated, None);
+    assert_eq!(s.traces[0].end_reason.as_deref(), Some("exit"));
+}
+
+#[test]
+fn host_and_graph_memory_kept_apart() {
+    let mut t = TraceBuilder::new();
+    t.call(Api::CudaHostAlloc, 0x1000, 1 << 30);
+    t.call(Api::CudaMallocHost, 0x5000_0000, 4096);
+    t.call(Api::CudaFreeHost, 0x5000_0000, 0);
+    t.call(Api::CudaHostRegister, 0x9000, 8192);
+    t.call(Api::CuGraphAddMemAllocNode, A, 64 * MIB);
+    t.call(Api::CuGraphAddMemAllocNode, A + 64 * MIB, MIB);
+    t.call(Api::CuGraphAddMemFreeNode, A + 64 * MIB, 0);
+    t.malloc(0x7e00_0000_0000, 100);
+    let (_d, s) = summarize(&t);
+    assert_eq!(
+        s.peak_live_bytes, 100,
+        "host and graph memory are not device peak"
+    );
+    assert_eq!(s.live_at_end.bytes, 100);
+    assert_eq!(s.host.allocations, 2);
+    assert_eq!(s.host.frees, 1);
+    assert_eq!(s.host.peak_live_bytes, (1 << 30) + 4096);
+    assert_eq!(s.host.live_at_end.bytes, 1 << 30);
+    assert_eq!(s.host.registered_at_end.bytes, 8192);
+    let g = &s.categories["graph"];
+    assert_eq!((g.started, g.ended, g.peak_live_bytes), (2, 1, 65 * MIB));
+    assert_eq!(g.live_at_end.bytes, 64 * MIB);
+    assert!(!s.complete, "no End record");
+}
+
+#[test]
+fn vmm_handles_count_reservations_do_not() {
+    let mut t = TraceBuilder::new();
+    let r = 0x6000_0000_0000;
+    t.vmm(Api::CuMemAddressReserve, r, 1 << 30, 0, 0);
+    t.vmm(Api::CuMemCreate, 0, 2 * MIB, 0x11, 0);
+    t.vmm(Api::CuMemCreate, 0, 4 * MIB, 0x22, 0);
+    t.vmm(Api::CuMemMap, r, 2 * MIB, 0x11, 0);
+    t.vmm(Api::CuMemMap, r + 2 * MIB, 4 * MIB, 0x22, 0);
+    t.vmm(Api::CuMemSetAccess, r, 6 * MIB, 0, 0);
+    t.vmm(Api::CuMemUnmap, r, 2 * MIB, 0, 0);
+    t.vmm(Api::CuMemRelease, 0, 0, 0x11, 0);
+    t.vmm(Api::CuMemRelease, 0, 0, 0x99, 0); // never created
+    t.vmm(Api::CuMemUnmap, r + 64 * MIB, MIB, 0, 0); // nothing mapped there
+    let (_d, s) = summarize(&t);
+    assert_eq!(s.peak_live_bytes, 6 * MIB);
+    assert_eq!(s.live_at_end.count, 1);
+    assert_eq!(s.live_at_end.bytes, 4 * MIB);
+    assert_eq!(s.categories["reservation"].live_at_end.bytes, 1 << 30);
+    assert_eq!(s.categories["mapping"].live_at_end.count, 1);
+    let kinds: Vec<&str> = s.invalid_frees.iter().map(|f| f.kind.as_str()).collect();
+    assert_eq!(kinds, ["release", "unmap"]);
+}
+
+#[test]
+fn violations_stale_launches_quarantine_json() {
+    let mut t = TraceBuilder::new();
+    t.malloc(A, 4096);
+    t.free(A);
+    t.record(Record::Violation(Violation {
+        seq: 2,
+        ts_ns: 9_000_000,
+        device: 0,
+        ptr: A,
+        size: 4096,
+        first_offset: 128,
+        changed_bytes: 64,
+        alloc_seq: 0,
+        free_seq: 1,
+        free_ts_ns: 1_002_000,
+        free_api: Api::CudaFree,
+    }));
+    t.record(Record::StaleLaunch(StaleLaunch {
+        seq: 3,
+        ts_ns: 9_100_000,
+        tid: 1000,
+        device: 0,
+        api: Api::CuLaunchKernel,
+        kernel: "saxpy<float>".into(),
+        param_index: 2,
+        param_offset: 16,
+        ptr: A + 8,
+        alloc_ptr: A,
+        alloc_size: 4096,
+        alloc_seq: 0,
+        free_seq: 1,
+        free_ts_ns: 1_002_000,
+    }));
+    t.note(NoteKind::QuarantineRelease, 0);
+    t.note(NoteKind::QuarantineEarlyRelease, 0);
+    t.note(NoteKind::QuarantineRelease, 0);
+    t.record(Record::Stats(Stats {
+        quarantine_peak_bytes: 4096,
+        quarantine_releases: 1,
+        ..Stats::default()
+    }));
+    t.end(Stats {
+        quarantine_peak_bytes: 8192,
+        events: 2,
+        ..Stats::default()
+    });
+    let (_d, s) = summarize(&t);
+    let v = serde_json::to_value(&s).unwrap();
+    assert_eq!(
+        v["poison_violations"],
+        json!([{"trace":0,"seq":2,"ts_ns":9000000,"device":0,"ptr":"0x7f0000000000","size":4096,
+                "first_offset":128,"changed_bytes":64,"alloc_seq":0,"free_seq":1,
+                "freed_at_ns":1002000,"free_api":"cudaFree"}])
+    );
+    assert_eq!(
+        v["stale_launches"],
+        json!([{"trace":0,"seq":3,"ts_ns":9100000,"tid":1000,"device":0,"api":"cuLaunchKernel",
+                "kernel":"saxpy<float>","param_index":2,"param_offset":16,"ptr":"0x7f0000000008",
+                "allocation":0,"alloc_ptr":"0x7f0000000000","alloc_size":4096,
+                "freed_at":{"seq":1,"ts_ns":1002000}}])
+    );
+    assert_eq!(
+        v["quarantine"],
+        json!({"peak_bytes":8192,"releases":2,"early_releases":1,"oom_retries":0})
+    );
+    assert_eq!(v["complete"], json!(true));
+    assert_eq!(v["truncated"], json!(null));
+    assert_eq!(v["traces"][0]["header"]["pid"], json!(100));
+    assert_eq!(v["traces"][0]["header"]["argv"], json!(["prog"]));
+    assert_eq!(v["last_events"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn text_says_plainly_what_was_found() {
+    let d = tempfile::tempdir().unwrap();
+    let mut t = TraceBuilder::new();
+    t.malloc(A, 4096);
+    t.free(A);
+    t.end(Stats::default());
+    t.write(d.path(), "clean.trace");
+    let o = isolate(d.path(), &["summary", "clean.trace"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stdout.contains("stale writes: none found"),
+        "{}",
+        o.stdout
+    );
+    assert!(o.stdout.contains("stale launches: none found"));
+    assert!(o.stdout.contains("no device memory held at the end"));
+}
+
+#[test]
+fn several_traces_kept_apart_and_added_up() {
+    let d = tempfile::tempdir().unwrap();
+    let mut a = TraceBuilder::with_header(header(10, &["a"]));
+    a.malloc(A, 100);
+    let mut b = TraceBuilder::with_header(header(20, &["b"]));
+    b.malloc(A, 300); // same address, other process: no clash
+    b.free(A);
+    b.malloc(A, 50);
+    let pa = a.write(d.path(), "a.trace");
+    let pb = b.write(d.path(), "b.trace");
+    let s = summary::summarize(&[pa, pb], &mut NoProgress).unwrap();
+    assert_eq!(s.traces.len(), 2);
+    assert_eq!(s.traces[0].header.pid, 10);
+    assert_eq!(s.traces[1].totals.peak_live_bytes, 300);
+    assert_eq!(s.peak_live_bytes, 400);
+    assert_eq!(s.live_at_end.bytes, 150);
+    assert_eq!(s.allocations, 3);
+    assert_eq!(s.invalid_free_count, 0);
+}
+
+#[test]
+fn json_is_deterministic() {
+    let d = tempfile::tempdir().unwrap();
+    let mut t = TraceBuilder::new();
+    for i in 0..200 {
+        t.malloc(A + i * 4096, 4096);
+    }
+    t.write(d.path(), "t.trace");
+    let a = isolate(d.path(), &["summary", "--json", "t.trace"]);
+    let b = isolate(d.path(), &["summary", "--json", "t.trace"]);
+    assert_eq!(a.code, 0);
+    assert_eq!(a.stdout, b.stdout);
+    assert!(
+        !a.stdout.contains(&d.path().display().to_string()),
+        "no analysis paths in output"
+    );
+}
