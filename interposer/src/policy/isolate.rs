@@ -1,12 +1,148 @@
-//! Isolation mode. (Being written: for now it records as log mode does.)
+//! Isolation mode: freed device memory is not given back. It is poisoned (in stream order for
+//! stream-ordered frees), held in a quarantine that no allocation can get an address from, and
+//! really freed only when the quarantine is over its budget (oldest first) or an allocation runs
+//! out of memory. When an allocation leaves quarantine, and for all of them at exit, the poison
+//! is checked on the device: a changed byte is a write through a stale pointer.
 
-use super::Out;
-use crate::record::Pending;
-use isolate_trace::Event;
+use super::{Out, guard};
+use crate::config::{self, Budget};
+use crate::cuda::*;
+use crate::hooks::driver;
+use crate::record::{self, Pending};
+use crate::resolve::{Lib, Real};
+use crate::writer::{self, Q_EARLY, Q_PEAK, Q_RELEASES};
+use isolate_trace::{Api, Event, Kind, Memory, NoteKind, Record, Violation};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::{Mutex, MutexGuard};
 
-pub fn before_main() {}
-pub fn at_exit() {}
-pub fn after_fork_child() {}
+type FnEventCreate = unsafe extern "C" fn(*mut *mut c_void, u32) -> CUresult;
+type FnEvent = unsafe extern "C" fn(*mut c_void) -> CUresult;
+type FnEventRecord = unsafe extern "C" fn(*mut c_void, CUstream) -> CUresult;
+type FnCtxGet = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+type FnCtxSet = unsafe extern "C" fn(CUcontext) -> CUresult;
+type FnDeviceTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
+type FnMemcpyDtoH = unsafe extern "C" fn(*mut c_void, CUdeviceptr, usize) -> CUresult;
+type FnMemcpyHtoD = unsafe extern "C" fn(CUdeviceptr, *const c_void, usize) -> CUresult;
+type FnModuleLoadData = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> CUresult;
+type FnModuleGetFunction =
+    unsafe extern "C" fn(*mut CUfunction, *mut c_void, *const std::ffi::c_char) -> CUresult;
+type FnGetLastError = unsafe extern "C" fn() -> cudaError_t;
+
+static CTX_SYNCHRONIZE: Real<FnCtxSynchronize> = Real::new(c"cuCtxSynchronize", Lib::Driver);
+static MEMSET_D8: Real<FnMemsetD8> = Real::new(c"cuMemsetD8_v2", Lib::Driver);
+static MEMSET_D8_ASYNC: Real<FnMemsetD8Async> = Real::new(c"cuMemsetD8Async", Lib::Driver);
+static EVENT_CREATE: Real<FnEventCreate> = Real::new(c"cuEventCreate", Lib::Driver);
+static EVENT_RECORD: Real<FnEventRecord> = Real::new(c"cuEventRecord", Lib::Driver);
+static EVENT_SYNCHRONIZE: Real<FnEvent> = Real::new(c"cuEventSynchronize", Lib::Driver);
+static EVENT_DESTROY: Real<FnEvent> = Real::new(c"cuEventDestroy_v2", Lib::Driver);
+static CTX_GET_CURRENT: Real<FnCtxGet> = Real::new(c"cuCtxGetCurrent", Lib::Driver);
+static CTX_SET_CURRENT: Real<FnCtxSet> = Real::new(c"cuCtxSetCurrent", Lib::Driver);
+static DEVICE_TOTAL_MEM: Real<FnDeviceTotalMem> = Real::new(c"cuDeviceTotalMem_v2", Lib::Driver);
+static MEMCPY_DTOH: Real<FnMemcpyDtoH> = Real::new(c"cuMemcpyDtoH_v2", Lib::Driver);
+static MEMCPY_HTOD: Real<FnMemcpyHtoD> = Real::new(c"cuMemcpyHtoD_v2", Lib::Driver);
+static MODULE_LOAD_DATA: Real<FnModuleLoadData> = Real::new(c"cuModuleLoadData", Lib::Driver);
+static MODULE_GET_FUNCTION: Real<FnModuleGetFunction> =
+    Real::new(c"cuModuleGetFunction", Lib::Driver);
+static GET_LAST_ERROR: Real<FnGetLastError> = Real::new(c"cudaGetLastError", Lib::Runtime);
+
+/// The verification kernel, JIT-compiled by the driver on first use in each context.
+static VERIFY_PTX: &str = concat!(include_str!("verify.ptx"), "\0");
+
+/// An allocation isolation handed out and still tracks.
+#[derive(Clone, Copy)]
+struct Live {
+    size: u64,
+    seq: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Device or managed memory from an allocation call: really freed with `cuMemFree`.
+    Allocation,
+    /// A virtual-memory range the program unmapped: really unmapped on release.
+    Mapping,
+}
+
+/// A freed allocation held back.
+#[derive(Clone, Copy)]
+pub struct Entry {
+    pub ptr: u64,
+    pub size: u64,
+    pub alloc_seq: u64,
+    pub free_seq: u64,
+    pub free_ts: u64,
+    pub free_api: Api,
+    device: i32,
+    ctx: usize,
+    /// Event recorded on the freeing stream after the poison, for stream-ordered frees.
+    event: usize,
+    held: Held,
+}
+
+#[derive(Default)]
+struct State {
+    live: HashMap<u64, Live>,
+    queue: VecDeque<Entry>,
+    /// Quarantined ranges by start address: what the launch check looks up.
+    index: BTreeMap<u64, Entry>,
+    held: u64,
+    budget: Option<u64>,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+/// Lowest start and highest end ever quarantined: a cheap first test for the launch check.
+pub static LOW: AtomicU64 = AtomicU64::new(u64::MAX);
+pub static HIGH: AtomicU64 = AtomicU64::new(0);
+static ATEXIT: AtomicBool = AtomicBool::new(false);
+static SAID_PYTORCH: AtomicBool = AtomicBool::new(false);
+
+fn state() -> MutexGuard<'static, Option<State>> {
+    let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    if g.is_none() {
+        *g = Some(State::default());
+    }
+    g
+}
+
+macro_rules! st {
+    ($g:expr) => {
+        $g.as_mut().expect("state initialised by state()")
+    };
+}
+
+/// Before `main`: PyTorch's caching allocator hands freed blocks straight back out, which is
+/// what isolation exists to stop, so switch it off unless the user chose.
+pub fn before_main() {
+    if std::env::var_os("PYTORCH_NO_CUDA_MEMORY_CACHING").is_none() {
+        unsafe { libc::setenv(c"PYTORCH_NO_CUDA_MEMORY_CACHING".as_ptr(), c"1".as_ptr(), 1) };
+        if !SAID_PYTORCH.swap(true, Relaxed) {
+            record::warn(
+                "isolate mode: set PYTORCH_NO_CUDA_MEMORY_CACHING=1 (PyTorch's caching allocator off)",
+            );
+        }
+    }
+}
+
+pub fn after_fork_child() {
+    // The parent's CUDA memory is not the child's to manage.
+    let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(s) = g.take() {
+        std::mem::forget(s);
+    }
+}
+
+fn quarantinable(api: Api) -> bool {
+    matches!(api.memory(), Memory::Device | Memory::Managed)
+}
+
+fn stream_ordered(api: Api) -> bool {
+    matches!(
+        api,
+        Api::CudaFreeAsync | Api::CudaFreeAsyncPtsz | Api::CuMemFreeAsync | Api::CuMemFreeAsyncPtsz
+    )
+}
 
 pub fn alloc(
     proto: Event,
@@ -15,28 +151,127 @@ pub fn alloc(
     after: impl FnOnce(&mut Event),
 ) -> i32 {
     let mut p = Pending::after(proto.api);
-    p.ev = Event {
-        seq: p.ev.seq,
-        ..proto
+    p.ev = proto;
+    let guarded = guard::guardable(proto.api, proto.size) && !out.is_null();
+    let mut attempt = || {
+        if guarded {
+            match guard::alloc(proto.size) {
+                Ok(Some(ptr)) => {
+                    out.write(ptr);
+                    return CUDA_SUCCESS;
+                }
+                Err(code) => return code,
+                Ok(None) => {}
+            }
+        }
+        call()
     };
-    let r = call();
+    let first = attempt();
+    let mut r = first;
+    if r == CUDA_ERROR_OUT_OF_MEMORY && quarantinable(proto.api) {
+        // Isolation must never cause an out-of-memory a normal run would not have had.
+        let mut released = 0u64;
+        while r == CUDA_ERROR_OUT_OF_MEMORY {
+            let n = release_oldest(proto.size.max(1), true);
+            if n == 0 {
+                break;
+            }
+            released += n;
+            r = attempt();
+        }
+        if released > 0 {
+            writer::note(
+                NoteKind::OomRetry,
+                0,
+                proto.size,
+                released,
+                format!(
+                    "{} of {} bytes ran out of memory; released {released} quarantined bytes and retried",
+                    proto.api, proto.size
+                ),
+            );
+            if r == CUDA_SUCCESS && proto.api.is_runtime() {
+                // The failed attempt left a sticky runtime error that PyTorch would throw on.
+                if let Some(f) = GET_LAST_ERROR.get() {
+                    unsafe { f() };
+                }
+            }
+        }
+        if r != CUDA_SUCCESS {
+            r = first; // exactly the code a normal run gets
+        }
+    }
+    p.ev.seq = record::next_seq();
     p.ev.result = r;
-    if r == 0 {
+    if r == CUDA_SUCCESS {
         p.ev.ptr = out.read();
     }
     after(&mut p.ev);
+    if r == CUDA_SUCCESS && quarantinable(proto.api) && p.ev.ptr != 0 {
+        st!(state()).live.insert(
+            p.ev.ptr,
+            Live {
+                size: p.ev.size,
+                seq: p.ev.seq,
+            },
+        );
+    }
     p.finish(r);
     r
 }
 
 pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     let mut p = Pending::before(proto.api);
-    p.ev = Event {
-        seq: p.ev.seq,
-        ..proto
+    let seq = p.ev.seq;
+    p.ev = Event { seq, ..proto };
+    let live = if proto.ptr != 0 && quarantinable(proto.api) {
+        st!(state()).live.remove(&proto.ptr)
+    } else {
+        None
     };
-    let r = call();
+    let Some(live) = live else {
+        let r = call();
+        p.finish(r);
+        return r;
+    };
+    p.ev.size = live.size;
+    let ordered = stream_ordered(proto.api);
+    if guard::owns(proto.ptr) {
+        let r = guard::free(proto.ptr, ordered.then_some(proto.stream as CUstream));
+        p.finish(r);
+        // The range stays reserved and unmapped for good: listed so launches into it are named.
+        quarantine_index_only(Entry {
+            ptr: proto.ptr,
+            size: live.size,
+            alloc_seq: live.seq,
+            free_seq: seq,
+            free_ts: record::now_ns(),
+            free_api: proto.api,
+            device: record::current_device(),
+            ctx: current_ctx(),
+            event: 0,
+            held: Held::Allocation,
+        });
+        return r;
+    }
+    let r = poison(proto.ptr, live.size, ordered, proto.stream as CUstream);
+    let mut entry = Entry {
+        ptr: proto.ptr,
+        size: live.size,
+        alloc_seq: live.seq,
+        free_seq: seq,
+        free_ts: record::now_ns(),
+        free_api: proto.api,
+        device: record::current_device(),
+        ctx: current_ctx(),
+        event: 0,
+        held: Held::Allocation,
+    };
+    if ordered {
+        entry.event = record_event(proto.stream as CUstream);
+    }
     p.finish(r);
+    quarantine(entry);
     r
 }
 
@@ -46,18 +281,428 @@ pub fn other(
     call: impl FnOnce() -> i32,
     after: impl FnOnce(&mut Event),
 ) -> i32 {
+    match proto.api.kind() {
+        Kind::Unmap => return unmap(proto, call),
+        Kind::AddressFree => release_inside(proto.ptr, proto.size),
+        _ => {}
+    }
     let mut p = if before {
         Pending::before(proto.api)
     } else {
         Pending::after(proto.api)
     };
-    p.ev = Event {
-        seq: p.ev.seq,
-        ..proto
-    };
+    let seq = p.ev.seq;
+    p.ev = Event { seq, ..proto };
     let r = call();
     p.ev.result = r;
     after(&mut p.ev);
     p.finish(r);
     r
+}
+
+/// `cuMemUnmap` in isolate mode: the range stays mapped (poisoned) until it leaves quarantine.
+fn unmap(proto: Event, call: impl FnOnce() -> i32) -> i32 {
+    let mut p = Pending::before(proto.api);
+    let seq = p.ev.seq;
+    p.ev = Event { seq, ..proto };
+    if proto.ptr == 0 || proto.size == 0 {
+        let r = call();
+        p.finish(r);
+        return r;
+    }
+    let r = poison(proto.ptr, proto.size, false, std::ptr::null_mut());
+    if r != CUDA_SUCCESS {
+        // Not a range we can touch (not mapped, no access): let the driver say what it is.
+        let r = call();
+        p.finish(r);
+        return r;
+    }
+    p.finish(CUDA_SUCCESS);
+    quarantine(Entry {
+        ptr: proto.ptr,
+        size: proto.size,
+        alloc_seq: u64::MAX,
+        free_seq: seq,
+        free_ts: record::now_ns(),
+        free_api: proto.api,
+        device: record::current_device(),
+        ctx: current_ctx(),
+        event: 0,
+        held: Held::Mapping,
+    });
+    CUDA_SUCCESS
+}
+
+fn current_ctx() -> usize {
+    let mut c: CUcontext = std::ptr::null_mut();
+    if let Some(f) = CTX_GET_CURRENT.get() {
+        unsafe { f(&mut c) };
+    }
+    c as usize
+}
+
+/// Fills freed memory with the poison byte. A plain free behaves as `cudaFree` does (waits for
+/// the device, so work still in flight finishes first); a stream-ordered free is poisoned on its
+/// stream, after the work queued there.
+fn poison(ptr: u64, size: u64, ordered: bool, stream: CUstream) -> CUresult {
+    let byte = config::get().poison;
+    if ordered {
+        if let (Some(b), Some(f)) = (byte, MEMSET_D8_ASYNC.get()) {
+            return unsafe { f(ptr, b, size as usize, stream) };
+        }
+        return CUDA_SUCCESS;
+    }
+    if let Some(sync) = CTX_SYNCHRONIZE.get() {
+        let r = unsafe { sync() };
+        if r != CUDA_SUCCESS {
+            return r;
+        }
+    }
+    match (byte, MEMSET_D8.get()) {
+        (Some(b), Some(f)) => unsafe { f(ptr, b, size as usize) },
+        _ => CUDA_SUCCESS,
+    }
+}
+
+fn record_event(stream: CUstream) -> usize {
+    let (Some(create), Some(rec)) = (EVENT_CREATE.get(), EVENT_RECORD.get()) else {
+        return 0;
+    };
+    let mut ev: *mut c_void = std::ptr::null_mut();
+    // CU_EVENT_DISABLE_TIMING = 2
+    if unsafe { create(&mut ev, 2) } != CUDA_SUCCESS {
+        return 0;
+    }
+    if unsafe { rec(ev, stream) } != CUDA_SUCCESS {
+        if let Some(d) = EVENT_DESTROY.get() {
+            unsafe { d(ev) };
+        }
+        return 0;
+    }
+    ev as usize
+}
+
+fn budget(s: &mut State, device: i32) -> u64 {
+    if let Some(b) = s.budget {
+        return b;
+    }
+    let b = match config::get().quarantine {
+        Budget::Bytes(b) => b,
+        Budget::Percent(pct) => {
+            let mut total = 0usize;
+            if let Some(f) = DEVICE_TOTAL_MEM.get() {
+                unsafe { f(&mut total, device.max(0)) };
+            }
+            if total == 0 {
+                total = 8 << 30;
+            }
+            (total as f64 * pct / 100.0) as u64
+        }
+    };
+    s.budget = Some(b);
+    b
+}
+
+fn quarantine(entry: Entry) {
+    if !ATEXIT.swap(true, AcqRel) {
+        // Registered after the CUDA runtime's own exit handler, so it runs before the context
+        // goes away.
+        unsafe { libc::atexit(verify_all_at_exit) };
+    }
+    let mut over = Vec::new();
+    {
+        let mut g = state();
+        let s = st!(g);
+        s.held += entry.size;
+        Q_PEAK.fetch_max(s.held, Relaxed);
+        LOW.fetch_min(entry.ptr, Relaxed);
+        HIGH.fetch_max(entry.ptr + entry.size, Relaxed);
+        s.index.insert(entry.ptr, entry);
+        s.queue.push_back(entry);
+        let limit = budget(s, entry.device);
+        while s.held > limit {
+            let Some(old) = s.queue.pop_front() else {
+                break;
+            };
+            s.held -= old.size;
+            s.index.remove(&old.ptr);
+            over.push(old);
+        }
+    }
+    for e in over {
+        Q_RELEASES.fetch_add(1, Relaxed);
+        release(&e, true);
+    }
+}
+
+/// A guard-mode free: in the index for the launch check, never released, never verified
+/// (the memory is unmapped: any access faults).
+fn quarantine_index_only(entry: Entry) {
+    LOW.fetch_min(entry.ptr, Relaxed);
+    HIGH.fetch_max(entry.ptr + entry.size, Relaxed);
+    st!(state()).index.insert(entry.ptr, entry);
+}
+
+/// Releases the oldest entries until at least `need` bytes are free; returns the bytes released.
+fn release_oldest(need: u64, early: bool) -> u64 {
+    let mut taken = Vec::new();
+    let mut bytes = 0;
+    {
+        let mut g = state();
+        let s = st!(g);
+        while bytes < need {
+            let Some(old) = s.queue.pop_front() else {
+                break;
+            };
+            s.held -= old.size;
+            s.index.remove(&old.ptr);
+            bytes += old.size;
+            taken.push(old);
+        }
+    }
+    for e in &taken {
+        if early {
+            Q_EARLY.fetch_add(1, Relaxed);
+        }
+        Q_RELEASES.fetch_add(1, Relaxed);
+        release(e, true);
+    }
+    bytes
+}
+
+/// Before a reserved range is freed, the mappings held inside it are released first.
+fn release_inside(ptr: u64, size: u64) {
+    let mut taken = Vec::new();
+    {
+        let mut g = state();
+        let s = st!(g);
+        let inside: Vec<u64> = s
+            .index
+            .range(ptr..ptr.saturating_add(size))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in inside {
+            if let Some(e) = s.index.remove(&k) {
+                s.held -= e.size;
+                s.queue.retain(|q| q.ptr != k);
+                taken.push(e);
+            }
+        }
+    }
+    for e in &taken {
+        Q_RELEASES.fetch_add(1, Relaxed);
+        release(e, true);
+    }
+}
+
+/// Verifies, then really frees (or unmaps) one entry.
+fn release(e: &Entry, free: bool) {
+    let cur = current_ctx();
+    let switch = e.ctx != 0 && e.ctx != cur;
+    if switch {
+        if let Some(set) = CTX_SET_CURRENT.get() {
+            unsafe { set(e.ctx as CUcontext) };
+        }
+    }
+    if e.event != 0 {
+        if let Some(s) = EVENT_SYNCHRONIZE.get() {
+            unsafe { s(e.event as *mut c_void) };
+        }
+        if let Some(d) = EVENT_DESTROY.get() {
+            unsafe { d(e.event as *mut c_void) };
+        }
+    }
+    check(e);
+    if free {
+        match e.held {
+            Held::Allocation => {
+                if let Some(f) = driver::MEM_FREE.get() {
+                    unsafe { f(e.ptr) };
+                }
+            }
+            Held::Mapping => {
+                if let Some(f) = driver::MEM_UNMAP.get() {
+                    unsafe { f(e.ptr, e.size as usize) };
+                }
+            }
+        }
+    }
+    if switch {
+        if let Some(set) = CTX_SET_CURRENT.get() {
+            unsafe { set(cur as CUcontext) };
+        }
+    }
+}
+
+/// Checks the poison of one entry and records a violation if it changed.
+fn check(e: &Entry) {
+    let Some(byte) = config::get().poison else {
+        return;
+    };
+    let found =
+        verify_on_device(e.ptr, e.size, byte).or_else(|| verify_on_host(e.ptr, e.size, byte));
+    if let Some((first, changed)) = found
+        && changed > 0
+    {
+        let v = Violation {
+            seq: record::next_seq(),
+            ts_ns: record::now_ns(),
+            device: e.device,
+            ptr: e.ptr,
+            size: e.size,
+            first_offset: first,
+            changed_bytes: changed,
+            alloc_seq: e.alloc_seq,
+            free_seq: e.free_seq,
+            free_ts_ns: e.free_ts,
+            free_api: e.free_api,
+        };
+        record::warn(&format!(
+            "STALE WRITE: {changed} byte(s) of freed allocation 0x{:x} ({} bytes, freed by {} at event {}) changed \
+             after the free; first at offset {first}",
+            e.ptr, e.size, e.free_api, e.free_seq
+        ));
+        writer::submit(Record::Violation(v));
+    }
+}
+
+struct Kernel {
+    func: CUfunction,
+    result: CUdeviceptr,
+}
+
+// SAFETY: CUDA handles are usable from any thread.
+unsafe impl Send for Kernel {}
+
+static KERNELS: Mutex<Vec<(usize, Option<Kernel>)>> = Mutex::new(Vec::new());
+
+/// The verification kernel of the current context, loaded on first use (`None` if the driver
+/// cannot load it, e.g. the CI stand-in: then the host path is used).
+fn kernel_for_current() -> Option<(CUfunction, CUdeviceptr)> {
+    let ctx = current_ctx();
+    let mut g = KERNELS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, k)) = g.iter().find(|(c, _)| *c == ctx) {
+        return k.as_ref().map(|k| (k.func, k.result));
+    }
+    let loaded = (|| {
+        let load = MODULE_LOAD_DATA.get()?;
+        let get = MODULE_GET_FUNCTION.get()?;
+        let alloc = driver::MEM_ALLOC.get()?;
+        let mut module: *mut c_void = std::ptr::null_mut();
+        if unsafe { load(&mut module, VERIFY_PTX.as_ptr().cast()) } != CUDA_SUCCESS {
+            return None;
+        }
+        let mut func: CUfunction = std::ptr::null_mut();
+        if unsafe { get(&mut func, module, c"isolate_verify".as_ptr()) } != CUDA_SUCCESS {
+            return None;
+        }
+        let mut result: CUdeviceptr = 0;
+        if unsafe { alloc(&mut result, 16) } != CUDA_SUCCESS {
+            return None;
+        }
+        Some(Kernel { func, result })
+    })();
+    let r = loaded.as_ref().map(|k| (k.func, k.result));
+    g.push((ctx, loaded));
+    r
+}
+
+/// (first changed offset, changed bytes), counted by a kernel on the device.
+fn verify_on_device(ptr: u64, size: u64, byte: u8) -> Option<(u64, u64)> {
+    let (func, result) = kernel_for_current()?;
+    let launch = driver::LAUNCH_KERNEL.get()?;
+    let htod = MEMCPY_HTOD.get()?;
+    let dtoh = MEMCPY_DTOH.get()?;
+    let init = [0u64, u64::MAX];
+    if unsafe { htod(result, init.as_ptr().cast(), 16) } != CUDA_SUCCESS {
+        return None;
+    }
+    let mut p = ptr;
+    let mut n = size;
+    let mut pat = u32::from_ne_bytes([byte; 4]);
+    let mut out = result;
+    let mut params: [*mut c_void; 4] = [
+        (&mut p as *mut u64).cast(),
+        (&mut n as *mut u64).cast(),
+        (&mut pat as *mut u32).cast(),
+        (&mut out as *mut u64).cast(),
+    ];
+    let words = size / 4;
+    let blocks = words.div_ceil(256).clamp(1, 132 * 8) as u32;
+    let r = unsafe {
+        launch(
+            func,
+            blocks,
+            1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    if r != CUDA_SUCCESS {
+        return None;
+    }
+    let mut res = [0u64; 2];
+    if unsafe { dtoh(res.as_mut_ptr().cast(), result, 16) } != CUDA_SUCCESS {
+        return None;
+    }
+    Some((if res[0] == 0 { 0 } else { res[1] }, res[0]))
+}
+
+/// The same count with large copies to the host (the path when no kernel can be loaded).
+fn verify_on_host(ptr: u64, size: u64, byte: u8) -> Option<(u64, u64)> {
+    let dtoh = MEMCPY_DTOH.get()?;
+    const CHUNK: u64 = 16 << 20;
+    let mut buf = vec![0u8; CHUNK.min(size) as usize];
+    let (mut first, mut changed) = (u64::MAX, 0u64);
+    let mut off = 0;
+    while off < size {
+        let n = CHUNK.min(size - off) as usize;
+        if unsafe { dtoh(buf.as_mut_ptr().cast(), ptr + off, n) } != CUDA_SUCCESS {
+            return None;
+        }
+        for (i, &b) in buf[..n].iter().enumerate() {
+            if b != byte {
+                changed += 1;
+                first = first.min(off + i as u64);
+            }
+        }
+        off += n as u64;
+    }
+    Some((if changed == 0 { 0 } else { first }, changed))
+}
+
+extern "C" fn verify_all_at_exit() {
+    let _inside = record::Inside::enter();
+    let _ = std::panic::catch_unwind(at_exit);
+}
+
+/// At exit: every allocation still in quarantine is checked (not freed: the process is ending).
+pub fn at_exit() {
+    let entries: Vec<Entry> = {
+        let mut g = state();
+        let s = st!(g);
+        s.index.clear();
+        s.held = 0;
+        s.queue.drain(..).collect()
+    };
+    for e in &entries {
+        release(e, false);
+    }
+}
+
+/// The quarantined allocation that covers `addr`, if any (for the launch check).
+pub fn lookup(addr: u64) -> Option<Entry> {
+    if addr < LOW.load(Relaxed) || addr >= HIGH.load(Relaxed) {
+        return None;
+    }
+    let g = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let s = g.as_ref()?;
+    let (_, e) = s.index.range(..=addr).next_back()?;
+    (addr < e.ptr + e.size).then_some(*e)
 }

@@ -1,6 +1,7 @@
 //! What happens around each real call: in log mode, record it; in isolate mode, also keep freed
 //! memory out of circulation (see [`isolate`]). Hooks call only these functions.
 
+pub mod guard;
 pub mod isolate;
 pub mod launch;
 
@@ -32,6 +33,18 @@ impl Out {
                 Out::DevicePtr(p) | Out::Host(p) if !p.is_null() => *p as u64,
                 Out::Pitched(p) if !p.is_null() => (*p).ptr as u64,
                 _ => 0,
+            }
+        }
+    }
+
+    /// Writes the address (guard mode makes the allocation itself).
+    pub fn write(self, ptr: u64) {
+        unsafe {
+            match self {
+                Out::Device(p) if !p.is_null() => *p = ptr,
+                Out::DevicePtr(p) | Out::Host(p) if !p.is_null() => *p = ptr as *mut c_void,
+                Out::Pitched(p) if !p.is_null() => (*p).ptr = ptr as *mut c_void,
+                _ => {}
             }
         }
     }
