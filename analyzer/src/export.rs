@@ -284,13 +284,11 @@ pub fn chrome_trace<P: AsRef<Path>, W: Write>(
     let mut first = true;
     let mut next_tid = 1u64;
     for (i, p) in paths.iter().enumerate() {
-        let h = isolate_trace::FastReader::open(p.as_ref())?.header().pid;
-        // Two traces of one pid (an exec) stay apart.
-        let pid = if paths.len() > 1 {
-            h.wrapping_mul(100).wrapping_add(i as u32)
-        } else {
-            h
-        };
+        let mut pid = isolate_trace::FastReader::open(p.as_ref())?.header().pid;
+        // Two traces of one pid (before and after an exec) stay apart.
+        while !used_pids.insert(pid) {
+            pid = pid.wrapping_add(1_000_000 + i as u32);
+        }
         let mut ex = Exporter {
             out,
             first: &mut first,

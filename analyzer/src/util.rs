@@ -32,20 +32,19 @@ pub fn parse_u64(s: &str) -> Result<u64, Error> {
 /// Parses a size with an optional binary unit: `4096`, `64K`, `2M`, `1G`, `0x1000`.
 pub fn parse_size(s: &str) -> Result<u64, Error> {
     let t = s.trim();
-    let (num, mul) = match t.char_indices().last() {
-        Some((i, c)) if "kKmMgGtT".contains(c) && !t.starts_with("0x") => {
-            let m = match c.to_ascii_lowercase() {
-                'k' => 1u64 << 10,
-                'm' => 1 << 20,
-                'g' => 1 << 30,
-                _ => 1 << 40,
-            };
-            (&t[..i], m)
-        }
-        _ => (t.trim_end_matches(['b', 'B']), 1),
+    if t.starts_with("0x") || t.starts_with("0X") {
+        return parse_u64(t);
+    }
+    let t = t.strip_suffix(['b', 'B']).unwrap_or(t);
+    let t = t.strip_suffix('i').unwrap_or(t);
+    let (num, mul) = match t.chars().last().map(|c| c.to_ascii_lowercase()) {
+        Some('k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        Some('g') => (&t[..t.len() - 1], 1 << 30),
+        Some('t') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
     };
-    let num = num.trim_end_matches("i").trim_end_matches(['b', 'B']);
-    parse_u64(num)?
+    parse_u64(num.trim())?
         .checked_mul(mul)
         .ok_or_else(|| Error::invalid(format!("{s:?} is too large")))
 }

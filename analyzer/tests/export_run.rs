@@ -1,0 +1,187 @@
+mod common;
+
+use common::*;
+use isolate_trace::{Api, Record, Stats, Violation};
+use std::path::Path;
+
+#[test]
+fn chrome_trace_has_lifetimes_counters_and_instants() {
+    let d = tempfile::tempdir().unwrap();
+    let mut t = TraceBuilder::new();
+    t.malloc(A, 1000); // lane 0
+    t.malloc(A + 4096, 2000); // overlaps in time: lane 1
+    t.free(A);
+    t.malloc(A, 500); // lane 0 again
+    t.stream = 0x99;
+    t.call(Api::CudaMallocAsync, A + 8192, 64); // its stream's track
+    t.stream = 0;
+    t.fail(Api::CudaMalloc, 1 << 40, 2);
+    t.free(A + 1); // invalid
+    t.record(Record::Violation(Violation {
+        seq: 9,
+        ts_ns: t.ts,
+        ptr: A,
+        size: 1000,
+        ..Violation::default()
+    }));
+    t.end(Stats::default());
+    t.write(d.path(), "t.trace");
+    let o = isolate(
+        d.path(),
+        &[
+            "export",
+            "--format",
+            "chrome-trace",
+            "t.trace",
+            "-o",
+            "out.json",
+        ],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("out.json")).unwrap()).unwrap();
+    let evs = v["traceEvents"].as_array().unwrap();
+    let x: Vec<&serde_json::Value> = evs.iter().filter(|e| e["ph"] == "X").collect();
+    assert_eq!(x.len(), 4);
+    // The first allocation lived from 1001 µs to 1003 µs.
+    let first = x.iter().find(|e| e["args"]["alloc_seq"] == 0).unwrap();
+    assert_eq!(first["ts"].as_f64().unwrap(), 1001.0);
+    assert_eq!(first["dur"].as_f64().unwrap(), 2.0);
+    assert_eq!(first["args"]["ptr"], "0x7f0000000000");
+    // Overlapping lifetimes of one thread are on different lanes; lane 0 is reused.
+    let tid = |seq: u64| x.iter().find(|e| e["args"]["alloc_seq"] == seq).unwrap()["tid"].clone();
+    assert_ne!(tid(0), tid(1));
+    assert_eq!(tid(0), tid(3));
+    assert_ne!(
+        tid(4),
+        tid(0),
+        "stream-ordered calls go on the stream's track"
+    );
+    // Lanes never hold overlapping events.
+    let mut by_tid: std::collections::BTreeMap<String, Vec<(f64, f64)>> = Default::default();
+    for e in &x {
+        let ts = e["ts"].as_f64().unwrap();
+        by_tid
+            .entry(e["tid"].to_string())
+            .or_default()
+            .push((ts, ts + e["dur"].as_f64().unwrap()));
+    }
+    for v in by_tid.values_mut() {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        for w in v.windows(2) {
+            assert!(w[0].1 <= w[1].0, "overlap on one lane: {w:?}");
+        }
+    }
+    let names: Vec<&str> = evs
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
+        .map(|e| e["args"]["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"tid 1000")
+            && names.contains(&"tid 1000 #1")
+            && names.contains(&"stream 0x99"),
+        "{names:?}"
+    );
+    let counters: Vec<u64> = evs
+        .iter()
+        .filter(|e| e["ph"] == "C")
+        .map(|e| e["args"]["device"].as_u64().unwrap())
+        .collect();
+    assert_eq!(counters, [1000, 3000, 2000, 2500, 2564]);
+    let instants: Vec<&str> = evs
+        .iter()
+        .filter(|e| e["ph"] == "i")
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        instants,
+        [
+            "cudaMalloc failed (2)",
+            "invalid free 0x7f0000000001",
+            "stale write 0x7f0000000000"
+        ]
+    );
+}
+
+/// Copies the binary to a fresh directory, with or without a library beside it.
+fn isolated_binary(dir: &Path, with_library: bool) -> std::path::PathBuf {
+    let exe = dir.join("isolate");
+    std::fs::copy(env!("CARGO_BIN_EXE_isolate"), &exe).unwrap();
+    if with_library {
+        // Not a real library: the dynamic loader says so and runs the command anyway, which
+        // is all these tests need to see how the environment is set.
+        std::fs::write(dir.join("libisolate.so"), b"").unwrap();
+    }
+    exe
+}
+
+fn run(exe: &Path, args: &[&str], preload: Option<&str>) -> std::process::Output {
+    let mut c = std::process::Command::new(exe);
+    c.args(args);
+    match preload {
+        Some(p) => c.env("LD_PRELOAD", p),
+        None => c.env_remove("LD_PRELOAD"),
+    };
+    c.output().unwrap()
+}
+
+#[test]
+fn run_sets_the_environment_and_passes_the_status() {
+    let d = tempfile::tempdir().unwrap();
+    let exe = isolated_binary(d.path(), true);
+    let lib = d.path().join("libisolate.so");
+    let o = run(
+        &exe,
+        &[
+            "run",
+            "--mode",
+            "isolate",
+            "--trace",
+            "/tmp/t-%p.trace",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$LD_PRELOAD|$ISOLATE_MODE|$ISOLATE_TRACE\"; exit 7",
+        ],
+        Some("/usr/lib/other.so"),
+    );
+    assert_eq!(o.status.code(), Some(7));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        out.trim(),
+        format!(
+            "{}:/usr/lib/other.so|isolate|/tmp/t-%p.trace",
+            lib.display()
+        )
+    );
+    // Without `--`, and with no LD_PRELOAD before.
+    let o = run(
+        &exe,
+        &["run", "sh", "-c", "echo \"$LD_PRELOAD\"; kill -9 $$"],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(128 + 9), "killed by SIGKILL: 128+9");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        lib.display().to_string()
+    );
+    let o = run(&exe, &["run", "--", "/no/such/command"], None);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("command not found"));
+    let o = run(&exe, &["run", "--mode", "fast", "true"], None);
+    assert_eq!(o.status.code(), Some(2), "bad mode is a usage error");
+}
+
+#[test]
+fn run_without_the_library_says_where_it_looked() {
+    let d = tempfile::tempdir().unwrap();
+    let exe = isolated_binary(d.path(), false);
+    let o = run(&exe, &["run", "true"], None);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("libisolate.so not found") && err.contains(&d.path().display().to_string()),
+        "{err}"
+    );
+}
