@@ -1,0 +1,165 @@
+// link: cudart
+/* Kernel launches whose parameters hold a freed pointer, a live one and a plain integer, by
+ * every launch entry point; a 32-byte struct passed by value with pointers at offsets 8 and
+ * 24; the same kernel 100 times. Launches are never events; in isolate mode the launch check
+ * may report the freed pointer, and must ask for the parameter layout once per kernel. */
+#include "common.h"
+
+typedef CUresult (*PFN_launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               unsigned, unsigned, CUstream, void **, void **);
+typedef CUresult (*PFN_launchEx)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef CUresult (*PFN_launchCoop)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                   unsigned, unsigned, CUstream, void **);
+typedef CUfunction (*PFN_register)(const char *, standin_kernel_fn, unsigned, const size_t *,
+                                   const size_t *);
+typedef unsigned long (*PFN_count)(void);
+
+struct by_value {
+    uint64_t x;   /* offset 0 */
+    CUdeviceptr p1; /* offset 8 */
+    uint64_t y;   /* offset 16 */
+    CUdeviceptr p2; /* offset 24 */
+};
+_Static_assert(sizeof(struct by_value) == 32, "32-byte struct");
+
+#define MAX_RUNS 256
+static struct {
+    CUdeviceptr a, b;
+    unsigned long long n;
+} ptr_runs[MAX_RUNS];
+static int n_ptr_runs;
+static struct by_value struct_runs[16];
+static CUdeviceptr struct_first[16];
+static int n_struct_runs;
+
+static void k_ptrs(void **params) {
+    if (n_ptr_runs < MAX_RUNS) {
+        ptr_runs[n_ptr_runs].a = *(CUdeviceptr *)params[0];
+        ptr_runs[n_ptr_runs].b = *(CUdeviceptr *)params[1];
+        ptr_runs[n_ptr_runs].n = *(unsigned long long *)params[2];
+    }
+    n_ptr_runs++;
+    /* only the live pointer is ever written through */
+    CUdeviceptr live = *(CUdeviceptr *)params[1];
+    ((volatile unsigned *)(uintptr_t)live)[0] += 1;
+}
+
+static void k_struct(void **params) {
+    if (n_struct_runs < 16) {
+        struct_first[n_struct_runs] = *(CUdeviceptr *)params[0];
+        memcpy(&struct_runs[n_struct_runs], params[1], sizeof(struct by_value));
+    }
+    n_struct_runs++;
+}
+
+static void *entry(const char *name, unsigned long long flags) {
+    void *p = NULL;
+    enum cudaDriverEntryPointQueryResult st = 99;
+    int rc = cudaGetDriverEntryPointByVersion(name, &p, 12000, flags, &st);
+    say("cudaGetDriverEntryPointByVersion(%s,%llu) %d status=%d found=%d", name, flags, rc, st,
+        p != NULL);
+    if (!p)
+        exit(1);
+    return p;
+}
+
+int main(void) {
+    setup();
+    int rc = cudaFree(NULL);
+    ev("cudaFree", rc, "ptr=0");
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    say("libcuda loaded by the runtime %d", drv != NULL);
+    if (!drv)
+        drv = dlopen("libcuda.so.1", RTLD_NOW);
+    PFN_register reg = (PFN_register)dlsym(drv, "standin_register_kernel");
+    PFN_count info_calls = (PFN_count)dlsym(drv, "standin_param_info_calls");
+    if (!reg || !info_calls)
+        return 1;
+    PFN_launch launch = (PFN_launch)entry("cuLaunchKernel", cudaEnableDefault);
+    PFN_launch launchPt = (PFN_launch)entry("cuLaunchKernel", cudaEnablePerThreadDefaultStream);
+    PFN_launchEx launchEx = (PFN_launchEx)entry("cuLaunchKernelEx", cudaEnableDefault);
+    PFN_launchCoop launchCoop = (PFN_launchCoop)entry("cuLaunchCooperativeKernel", cudaEnableDefault);
+
+    size_t off3[] = {0, 8, 16}, sz3[] = {8, 8, 8};
+    CUfunction kp = reg("k_ptrs", k_ptrs, 3, off3, sz3);
+    size_t off2[] = {0, 8}, sz2[] = {8, 32};
+    CUfunction ks = reg("k_struct", k_struct, 2, off2, sz2);
+    say("registered %d %d", kp != NULL, ks != NULL);
+
+    void *A = NULL, *B = NULL;
+    rc = cudaMalloc(&A, 1 << 20);
+    ev("cudaMalloc", rc, "size=1048576 ptr=%s", AP(rc, U64(A), "A"));
+    rc = cudaMalloc(&B, 4096);
+    ev("cudaMalloc", rc, "size=4096 ptr=%s", AP(rc, U64(B), "B"));
+    rc = cudaMemset(B, 0, 4096);
+    say("cudaMemset %d", rc);
+    rc = cudaFree(A);
+    ev("cudaFree", rc, "ptr=@A");
+
+    cudaStream_t s = NULL;
+    say("cudaStreamCreate %d", cudaStreamCreate(&s));
+    CUdeviceptr freed = U64(A) + 64, live = U64(B);
+    unsigned long long n = 0x123456789abcull;
+    void *params[] = {&freed, &live, &n};
+
+    rc = launch(kp, 1, 1, 1, 32, 1, 1, 0, (CUstream)s, params, NULL);
+    say("cuLaunchKernel %d", rc);
+    rc = launchPt(kp, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
+    say("cuLaunchKernel_ptsz %d", rc);
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = 32;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.hStream = (CUstream)s;
+    rc = launchEx(&cfg, kp, params, NULL);
+    say("cuLaunchKernelEx %d", rc);
+    rc = launchCoop(kp, 1, 1, 1, 32, 1, 1, 0, (CUstream)s, params);
+    say("cuLaunchCooperativeKernel %d", rc);
+    dim3 grid = {1, 1, 1}, block = {32, 1, 1};
+    rc = cudaLaunchKernel((const void *)kp, grid, block, params, 0, s);
+    say("cudaLaunchKernel %d", rc);
+
+    struct by_value sv = {1, U64(A), 2, live};
+    void *sparams[] = {&live, &sv};
+    rc = launch(ks, 1, 1, 1, 1, 1, 1, 0, (CUstream)s, sparams, NULL);
+    say("cuLaunchKernel struct(p1 freed) %d", rc);
+    struct by_value sv2 = {3, live, 4, U64(A) + 4096};
+    void *sparams2[] = {&live, &sv2};
+    rc = launch(ks, 1, 1, 1, 1, 1, 1, 0, (CUstream)s, sparams2, NULL);
+    say("cuLaunchKernel struct(p2 freed) %d", rc);
+
+    say("before sync: ptr runs %d struct runs %d", n_ptr_runs, n_struct_runs);
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(s));
+    say("cudaDeviceSynchronize %d", cudaDeviceSynchronize());
+    int ok = 1;
+    for (int i = 0; i < n_ptr_runs && i < MAX_RUNS; i++)
+        ok &= ptr_runs[i].a == freed && ptr_runs[i].b == live && ptr_runs[i].n == n;
+    say("ptr runs %d all saw (freed, live, n) %d", n_ptr_runs, ok);
+    say("struct runs %d", n_struct_runs);
+    for (int i = 0; i < n_struct_runs && i < 16; i++)
+        say("  struct %d: first==live %d x=%llu p1==A %d p1==live %d y=%llu p2==A+4096 %d "
+            "p2==live %d",
+            i, struct_first[i] == live, (unsigned long long)struct_runs[i].x,
+            struct_runs[i].p1 == U64(A), struct_runs[i].p1 == live,
+            (unsigned long long)struct_runs[i].y, struct_runs[i].p2 == U64(A) + 4096,
+            struct_runs[i].p2 == live);
+
+    /* the same kernel, 100 times, live pointers only */
+    void *lparams[] = {&live, &live, &n};
+    int fails = 0;
+    for (int i = 0; i < 100; i++)
+        fails += launch(kp, 1, 1, 1, 32, 1, 1, 0, (CUstream)s, lparams, NULL) != 0;
+    say("100 launches failures %d sync %d runs %d", fails, cudaStreamSynchronize(s), n_ptr_runs);
+    unsigned counter = 0;
+    rc = cudaMemcpy(&counter, B, sizeof counter, cudaMemcpyDeviceToHost);
+    say("live counter %d %u", rc, counter);
+    fprintf(stderr, "standin_param_info_calls %lu\n", info_calls());
+    say("standin_param_info_calls %lu", info_calls());
+
+    rc = cudaFree(B);
+    ev("cudaFree", rc, "ptr=@B");
+    say("cudaStreamDestroy %d", cudaStreamDestroy(s));
+    say("done");
+    return 0;
+}
