@@ -166,3 +166,13 @@ fn bit_flips_never_panic() {
         }
     }
 }
+
+/// The format document lists every API with the index the trace stores: it must not drift.
+#[test]
+fn format_document_lists_every_api_at_its_index() {
+    let doc = include_str!("../../docs/trace-format.md");
+    for (i, api) in Api::ALL.iter().enumerate() {
+        let row = format!("| {i} | `{}` |", api.name());
+        assert!(doc.contains(&row), "docs/trace-format.md lacks the row {row}");
+    }
+}
