@@ -107,6 +107,9 @@ fn write_trace(path: &Path, n: u64) -> std::io::Result<u64> {
     let mut vmm_next = 0x6000_0000_0000u64;
     let mut vmm_live: Vec<(u64, u64, u64)> = Vec::new();
     let mut handle = 1u64;
+    let mut host_live: Vec<u64> = Vec::new();
+    let mut host_free: Vec<u64> = Vec::new();
+    let mut host_next = 0x2000_0000u64;
     let push = |enc: &mut Encoder,
                 buf: &mut Vec<u8>,
                 w: &mut std::io::BufWriter<std::fs::File>,
@@ -188,13 +191,23 @@ fn write_trace(path: &Path, n: u64) -> std::io::Result<u64> {
             ev.size = 80 << 30;
             ev.result = 2;
         } else if roll < 140 {
-            // Pinned host memory, alloc or free.
-            ev.api = Api::CudaHostAlloc;
-            ev.ptr = 0x1000_0000 + r.below(1 << 20) * 4096;
-            ev.size = 4096;
-            if r.below(2) == 0 {
+            // Pinned host memory (staging buffers), alloc or free.
+            if host_live.len() > 64 || (!host_live.is_empty() && r.below(2) == 0) {
+                let i = r.below(host_live.len() as u64) as usize;
                 ev.api = Api::CudaFreeHost;
-                ev.size = 0;
+                ev.ptr = host_live.swap_remove(i);
+                host_free.push(ev.ptr);
+            } else {
+                ev.api = Api::CudaHostAlloc;
+                ev.ptr = match host_free.pop() {
+                    Some(p) => p,
+                    None => {
+                        host_next += 1 << 21;
+                        host_next
+                    }
+                };
+                ev.size = 1 << 21;
+                host_live.push(ev.ptr);
             }
         } else {
             let want_free = !th.live.is_empty()
