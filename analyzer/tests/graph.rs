@@ -327,3 +327,38 @@ fn several_traces_get_distinct_ids() {
     assert_eq!(g.node(3).unwrap().trace, 1);
     assert_eq!(g.traces[1].pid, 2);
 }
+
+#[test]
+fn lost_frees_and_shared_graph_addresses() {
+    let d = tempfile::tempdir().unwrap();
+    let mut t = TraceBuilder::new();
+    t.malloc(A, 4096); // n0: its free is never seen
+    t.malloc(A, 4096); // n1 at the same start: n0 is lost
+    t.call(Api::CuGraphAddMemAllocNode, 0x9000_0000, MIB); // n2
+    t.call(Api::CuGraphAddMemAllocNode, 0x9000_0000, MIB); // n3: another graph, same address
+    let p = t.write(d.path(), "l.trace");
+    let g = graph::graph(&[&p], Filter::default(), &mut NoProgress).unwrap();
+    assert!(g.node(0).unwrap().lost);
+    assert_eq!(g.node(0).unwrap().free_seq, Some(1));
+    let overlaps: Vec<&Anomaly> = g
+        .anomalies
+        .iter()
+        .filter(|a| matches!(a, Anomaly::Overlap { .. }))
+        .collect();
+    assert_eq!(
+        overlaps,
+        vec![&Anomaly::Overlap {
+            nodes: [0, 1],
+            overlap_bytes: 4096
+        }],
+        "graph memory shared between graphs is no anomaly"
+    );
+    assert!(
+        g.edges.is_empty(),
+        "a lost node hands nothing on: {:?}",
+        g.edges
+    );
+    let s = isolate_analyzer::summary::summarize(&[&p], &mut NoProgress).unwrap();
+    assert_eq!(s.lost, 1);
+    assert_eq!(s.live_at_end.bytes, 4096);
+}
