@@ -62,10 +62,13 @@ MAYBE_UNUSED __attribute__((format(printf, 1, 2))) static void say(const char *f
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    if (ev_tag)
-        printf("%s: %s\n", ev_tag, line);
-    else
-        printf("%s\n", line);
+    /* fputs, not printf("%s\n"): the compiler turns that into puts, which dlsym_next wraps */
+    if (ev_tag) {
+        fputs(ev_tag, stdout);
+        fputs(": ", stdout);
+    }
+    fputs(line, stdout);
+    fputc('\n', stdout);
 }
 
 /* "@name" for a non-zero value, "0" for zero (rotating buffers: several per printf). */

@@ -80,11 +80,18 @@ int main(void) {
     PFN_launchEx launchEx = (PFN_launchEx)entry("cuLaunchKernelEx", cudaEnableDefault);
     PFN_launchCoop launchCoop = (PFN_launchCoop)entry("cuLaunchCooperativeKernel", cudaEnableDefault);
 
+    /* One kernel per launch path: the launch check reports a stale pointer once per kernel
+     * and allocation, so each path gets its own report. */
     size_t off3[] = {0, 8, 16}, sz3[] = {8, 8, 8};
-    CUfunction kp = reg("k_ptrs", k_ptrs, 3, off3, sz3);
+    CUfunction kp = reg("kp_launch", k_ptrs, 3, off3, sz3);
+    CUfunction kp_pt = reg("kp_ptsz", k_ptrs, 3, off3, sz3);
+    CUfunction kp_ex = reg("kp_ex", k_ptrs, 3, off3, sz3);
+    CUfunction kp_coop = reg("kp_coop", k_ptrs, 3, off3, sz3);
+    CUfunction kp_rt = reg("kp_rt", k_ptrs, 3, off3, sz3);
     size_t off2[] = {0, 8}, sz2[] = {8, 32};
-    CUfunction ks = reg("k_struct", k_struct, 2, off2, sz2);
-    say("registered %d %d", kp != NULL, ks != NULL);
+    CUfunction ks = reg("ks_p1", k_struct, 2, off2, sz2);
+    CUfunction ks2 = reg("ks_p2", k_struct, 2, off2, sz2);
+    say("registered %d", kp && kp_pt && kp_ex && kp_coop && kp_rt && ks && ks2);
 
     void *A = NULL, *B = NULL;
     rc = cudaMalloc(&A, 1 << 20);
@@ -104,7 +111,7 @@ int main(void) {
 
     rc = launch(kp, 1, 1, 1, 32, 1, 1, 0, (CUstream)s, params, NULL);
     say("cuLaunchKernel %d", rc);
-    rc = launchPt(kp, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
+    rc = launchPt(kp_pt, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
     say("cuLaunchKernel_ptsz %d", rc);
     CUlaunchConfig cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -112,12 +119,12 @@ int main(void) {
     cfg.blockDimX = 32;
     cfg.blockDimY = cfg.blockDimZ = 1;
     cfg.hStream = (CUstream)s;
-    rc = launchEx(&cfg, kp, params, NULL);
+    rc = launchEx(&cfg, kp_ex, params, NULL);
     say("cuLaunchKernelEx %d", rc);
-    rc = launchCoop(kp, 1, 1, 1, 32, 1, 1, 0, (CUstream)s, params);
+    rc = launchCoop(kp_coop, 1, 1, 1, 32, 1, 1, 0, (CUstream)s, params);
     say("cuLaunchCooperativeKernel %d", rc);
     dim3 grid = {1, 1, 1}, block = {32, 1, 1};
-    rc = cudaLaunchKernel((const void *)kp, grid, block, params, 0, s);
+    rc = cudaLaunchKernel((const void *)kp_rt, grid, block, params, 0, s);
     say("cudaLaunchKernel %d", rc);
 
     struct by_value sv = {1, U64(A), 2, live};
@@ -126,7 +133,7 @@ int main(void) {
     say("cuLaunchKernel struct(p1 freed) %d", rc);
     struct by_value sv2 = {3, live, 4, U64(A) + 4096};
     void *sparams2[] = {&live, &sv2};
-    rc = launch(ks, 1, 1, 1, 1, 1, 1, 0, (CUstream)s, sparams2, NULL);
+    rc = launch(ks2, 1, 1, 1, 1, 1, 1, 0, (CUstream)s, sparams2, NULL);
     say("cuLaunchKernel struct(p2 freed) %d", rc);
 
     say("before sync: ptr runs %d struct runs %d", n_ptr_runs, n_struct_runs);
@@ -150,7 +157,8 @@ int main(void) {
     int fails = 0;
     for (int i = 0; i < 100; i++)
         fails += launch(kp, 1, 1, 1, 32, 1, 1, 0, (CUstream)s, lparams, NULL) != 0;
-    say("100 launches failures %d sync %d runs %d", fails, cudaStreamSynchronize(s), n_ptr_runs);
+    int synced = cudaStreamSynchronize(s);
+    say("100 launches failures %d sync %d runs %d", fails, synced, n_ptr_runs);
     unsigned counter = 0;
     rc = cudaMemcpy(&counter, B, sizeof counter, cudaMemcpyDeviceToHost);
     say("live counter %d %u", rc, counter);

@@ -1,0 +1,113 @@
+//! Load: 16 threads × 62,500 alloc/free pairs (1,000,000 pairs), half through the runtime and
+//! half through the driver path a static runtime uses. Every event is there, sequence numbers
+//! are unique, each thread's events are in its own order, and nothing deadlocks.
+
+use isolate_tests::Run;
+use isolate_trace::{EndReason, Kind};
+use std::collections::HashMap;
+use std::time::Duration;
+
+fn elapsed_line(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find(|l| l.starts_with("elapsed"))
+        .unwrap_or("?")
+        .to_string()
+}
+
+#[test]
+fn million_pairs_from_16_threads() {
+    const THREADS: u64 = 16;
+    const PAIRS: u64 = 62_500;
+    let run = Run::program("threads")
+        .args([THREADS.to_string(), PAIRS.to_string()])
+        .timeout(Duration::from_secs(240));
+    let plain = run.clone().preload(false).run();
+    let out = run.run();
+    out.assert_same_as(&plain);
+    out.assert_success();
+    eprintln!(
+        "threads {THREADS} {PAIRS}: without preload {}; with: {} ({:.1} s wall)",
+        elapsed_line(&plain.stderr),
+        elapsed_line(&out.stderr),
+        out.elapsed.as_secs_f64()
+    );
+    assert!(
+        out.stdout
+            .contains("runtime cudaMalloc 500000 cudaFree 500000"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains("driver cuMemAlloc_v2 500000 cuMemFree_v2 500000"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("failures 0"));
+
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    let events = t.events();
+    let c = t.counts();
+    assert_eq!(c.get("cudaMalloc"), Some(&500_000), "{c:?}");
+    assert_eq!(
+        c.get("cudaFree"),
+        Some(&500_001),
+        "{c:?} (one cudaFree(NULL) in main)"
+    );
+    assert_eq!(c.get("cuMemAlloc_v2"), Some(&500_000), "{c:?}");
+    assert_eq!(c.get("cuMemFree_v2"), Some(&500_000), "{c:?}");
+    assert_eq!(events.len(), 2_000_001);
+    assert_eq!(
+        t.end().unwrap().stats.events,
+        2_000_001,
+        "the End record counts every event accepted"
+    );
+
+    // Sequence numbers: unique (and, with nothing else recorded in log mode, 0..N).
+    let mut seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    seqs.sort_unstable();
+    for (i, s) in seqs.iter().enumerate() {
+        assert_eq!(
+            *s, i as u64,
+            "sequence numbers are 0..N without gaps or repeats"
+        );
+    }
+
+    // Per thread: file order is sequence order, alloc and free alternate, a free frees what
+    // the thread's previous allocation handed out, and each thread went through one layer.
+    let mut per: HashMap<u32, Vec<usize>> = HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        per.entry(e.tid).or_default().push(i);
+    }
+    assert_eq!(per.len(), THREADS as usize + 1, "16 workers and main");
+    let mut runtime_threads = 0;
+    for (tid, idx) in &per {
+        if *tid == out.pid {
+            assert_eq!(idx.len(), 1);
+            continue;
+        }
+        assert_eq!(idx.len() as u64, 2 * PAIRS, "thread {tid}");
+        let first = &events[idx[0]];
+        runtime_threads += first.api.is_runtime() as u32;
+        for (k, &i) in idx.iter().enumerate() {
+            let e = &events[i];
+            assert!(e.ok(), "{e:?}");
+            assert_eq!(e.api.is_runtime(), first.api.is_runtime(), "{e:?}");
+            if k > 0 {
+                assert!(
+                    e.seq > events[idx[k - 1]].seq,
+                    "thread {tid} out of order at {k}"
+                );
+            }
+            if k % 2 == 0 {
+                assert_eq!(e.api.kind(), Kind::Alloc, "thread {tid} event {k}: {e:?}");
+            } else {
+                assert_eq!(e.api.kind(), Kind::Free, "thread {tid} event {k}: {e:?}");
+                assert_eq!(e.ptr, events[idx[k - 1]].ptr, "thread {tid} event {k}");
+            }
+        }
+    }
+    assert_eq!(runtime_threads, 8);
+}

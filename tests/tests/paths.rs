@@ -1,0 +1,451 @@
+//! The ways a program reaches device memory (call-path notes, sections 1–4): the runtime
+//! linked dynamically, a static runtime through `cuGetProcAddress`, the driver linked by name,
+//! expandable segments through `cudaGetDriverEntryPointByVersion`. Each allocation is one
+//! event, under the name of the layer the program called.
+
+use isolate_tests::{Both, Output, Run, standin_bin};
+use isolate_trace::{Api, EndReason, Kind, Memory, Record};
+
+/// Runs `run` with and without the preload (same stdout, same end), and holds the one trace
+/// against the program's `ev` lines.
+fn traced(run: Run) -> Both {
+    let both = run.run_both();
+    both.traced.assert_success();
+    let t = both.traced.only_trace();
+    t.assert_complete(EndReason::Exit);
+    both.traced.assert_trace_matches(t, None);
+    both
+}
+
+fn has_line(out: &Output, line: &str) {
+    assert!(
+        out.stdout.lines().any(|l| l == line),
+        "no line {line:?} in:\n{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn rt_basic_one_runtime_event_per_call() {
+    let both = traced(Run::program("rt_basic"));
+    let t = both.traced.only_trace();
+    // Only runtime names: the driver calls the runtime makes underneath are not recorded again.
+    for e in t.events() {
+        assert!(
+            e.api.is_runtime(),
+            "driver event inside a runtime call: {e:?}"
+        );
+        if e.ok() {
+            assert_eq!(e.device, 0, "device of a successful call: {e:?}");
+        }
+    }
+    let c = t.counts();
+    assert_eq!(c.get("cudaMalloc"), Some(&4));
+    assert_eq!(c.get("cudaFree"), Some(&8));
+    assert_eq!(c.get("cudaMallocAsync"), Some(&3));
+    assert_eq!(c.get("cudaFreeAsync"), Some(&4));
+    for api in [
+        "cudaMallocAsync_ptsz",
+        "cudaMallocFromPoolAsync",
+        "cudaMallocFromPoolAsync_ptsz",
+        "cudaMallocManaged",
+        "cudaMallocPitch",
+        "cudaMalloc3D",
+        "cudaMallocHost",
+        "cudaHostAlloc",
+        "cudaHostRegister",
+        "cudaHostUnregister",
+    ] {
+        assert_eq!(c.get(api), Some(&1), "{api} in {c:?}");
+    }
+    assert_eq!(c.get("cudaFreeAsync_ptsz"), Some(&2));
+    assert_eq!(c.get("cudaFreeHost"), Some(&2));
+    // Host memory is marked host; managed managed.
+    for e in t.events() {
+        let host = matches!(
+            e.api.name(),
+            "cudaMallocHost"
+                | "cudaHostAlloc"
+                | "cudaFreeHost"
+                | "cudaHostRegister"
+                | "cudaHostUnregister"
+        );
+        assert_eq!(e.api.memory() == Memory::Host, host, "{e:?}");
+        assert_eq!(e.api.is_host(), host);
+    }
+    assert_eq!(Api::CudaMallocManaged.memory(), Memory::Managed);
+    has_line(&both.traced, "cudaMemcpy D2H 0 round_trip 1");
+}
+
+#[test]
+fn drv_static_resolver_path() {
+    let both = traced(Run::program("drv_static"));
+    let out = &both.traced;
+    let t = out.only_trace();
+    // The resolver handed out for itself, and the v1 ABI untouched and unrecorded.
+    has_line(
+        out,
+        "cuGetProcAddress(cuGetProcAddress@12000) 0 status=0 found=1 same=1",
+    );
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l.starts_with("call cuMemAlloc(v1) ") && l.ends_with("canary_intact 1")),
+        "v1 cuMemAlloc line missing or canary clobbered:\n{}",
+        out.stdout
+    );
+    let c = t.counts();
+    assert_eq!(
+        c.get("cuMemAlloc_v2"),
+        Some(&1),
+        "the v1 cuMemAlloc must not be recorded: {c:?}"
+    );
+    assert_eq!(c.get("cuMemAllocAsync"), Some(&1));
+    assert_eq!(c.get("cuMemAllocAsync_ptsz"), Some(&2));
+    assert_eq!(c.get("cuMemFreeAsync"), Some(&2));
+    assert_eq!(c.get("cuMemFreeAsync_ptsz"), Some(&3));
+    assert_eq!(c.get("cuMemAllocFromPoolAsync_ptsz"), Some(&1));
+    assert!(t.events().iter().all(|e| !e.api.is_runtime()));
+    // VMM events carry handle and offset; graph nodes are graph memory.
+    let ev = t.events_by_seq();
+    let create = ev.iter().find(|e| e.api == Api::CuMemCreate).unwrap();
+    let map = ev.iter().find(|e| e.api == Api::CuMemMap).unwrap();
+    let reserve = ev
+        .iter()
+        .find(|e| e.api == Api::CuMemAddressReserve)
+        .unwrap();
+    assert!(
+        create.ok() && map.ok() && reserve.ok(),
+        "{create:?} {map:?} {reserve:?}"
+    );
+    assert_eq!(map.handle, create.handle);
+    assert_eq!(map.offset, 0);
+    assert_eq!(map.api.kind(), Kind::Map);
+    assert!(map.ptr > reserve.ptr && map.ptr + map.size <= reserve.ptr + reserve.size);
+    for e in &ev {
+        if e.api.name().starts_with("cuGraph") {
+            assert_eq!(e.api.memory(), Memory::Graph);
+            assert!(e.handle != 0, "graph handle recorded: {e:?}");
+        }
+        if e.api.name().contains("Host") {
+            assert!(e.api.is_host(), "{e:?}");
+        }
+    }
+    let node = ev
+        .iter()
+        .find(|e| e.api == Api::CuGraphAddMemAllocNode)
+        .unwrap();
+    assert!(node.ok() && node.ptr != 0 && node.size == 65536, "{node:?}");
+}
+
+#[test]
+fn drv_linked_exports_by_name() {
+    let both = traced(Run::program("drv_linked"));
+    let t = both.traced.only_trace();
+    let c = t.counts();
+    assert_eq!(c.get("cuMemAlloc_v2"), Some(&2), "{c:?}");
+    assert_eq!(c.get("cuMemHostRegister_v2"), Some(&2));
+    assert_eq!(c.get("cuMemHostUnregister"), Some(&2));
+    // The first cuMemAlloc_v2 came before cuInit: recorded, with the driver's answer.
+    let first = t.events_by_seq()[0];
+    assert_eq!(first.api, Api::CuMemAlloc);
+    assert_eq!(first.result, 3, "CUDA_ERROR_NOT_INITIALIZED: {first:?}");
+    // A launch is not an event.
+    assert!(t.events().iter().all(|e| e.api.kind() != Kind::Launch));
+    assert!(
+        both.traced.stdout.contains("runs 1 saw==d 1 byte 0 0x77"),
+        "{}",
+        both.traced.stdout
+    );
+}
+
+#[test]
+fn rt_vmm_expandable_segments() {
+    let both = traced(Run::program("rt_vmm"));
+    let out = &both.traced;
+    has_line(out, "alias write 0 read 0 same 1");
+    has_line(out, "offset map write 0 read 0 same 1");
+    has_line(out, "same entry twice 1");
+    let t = out.only_trace();
+    let c = t.counts();
+    assert_eq!(c.get("cuMemAddressReserve"), Some(&3), "{c:?}");
+    assert_eq!(c.get("cuMemCreate"), Some(&3));
+    assert_eq!(c.get("cuMemMap"), Some(&5));
+    assert_eq!(c.get("cuMemSetAccess"), Some(&5));
+    assert_eq!(c.get("cuMemUnmap"), Some(&5));
+    assert_eq!(c.get("cuMemRelease"), Some(&3));
+    assert_eq!(c.get("cuMemAddressFree"), Some(&3));
+    for e in t.events() {
+        if e.api != Api::CudaFree {
+            assert_eq!(e.api.memory(), Memory::Virtual, "{e:?}");
+        }
+    }
+    // The offset map: a map with offset = granularity into the 2-granule handle.
+    let maps: Vec<_> = t
+        .events_by_seq()
+        .into_iter()
+        .filter(|e| e.api == Api::CuMemMap)
+        .collect();
+    let last = maps.last().unwrap();
+    assert!(last.offset > 0 && last.offset == last.size, "{last:?}");
+    assert_eq!(last.handle, maps[maps.len() - 2].handle);
+    assert_eq!(maps[0].handle, maps[2].handle, "h1 mapped twice");
+}
+
+#[test]
+fn launches_are_not_events_in_log_mode() {
+    let both = traced(Run::program("launch"));
+    let t = both.traced.only_trace();
+    assert!(
+        t.records
+            .iter()
+            .all(|r| !matches!(r, Record::StaleLaunch(_))),
+        "log mode does not check launches"
+    );
+    assert_eq!(t.events().len(), 5);
+    has_line(&both.traced, "ptr runs 5 all saw (freed, live, n) 1");
+    has_line(&both.traced, "100 launches failures 0 sync 0 runs 105");
+    has_line(&both.traced, "live counter 0 105");
+}
+
+#[test]
+fn launches_in_isolate_mode_report_the_freed_pointer_once_per_kernel() {
+    let plain = Run::program("launch").preload(false).run();
+    let out = Run::program("launch").env("ISOLATE_MODE", "isolate").run();
+    out.assert_success();
+    // The kernels saw the same parameters; only the layout queries differ.
+    let strip = |s: &str| {
+        s.lines()
+            .filter(|l| !l.starts_with("standin_param_info_calls"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(strip(&out.stdout), strip(&plain.stdout));
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    let stale: Vec<_> = t
+        .records
+        .iter()
+        .filter_map(|r| match r {
+            Record::StaleLaunch(s) => Some(s.clone()),
+            _ => None,
+        })
+        .collect();
+    let a = t
+        .events_by_seq()
+        .into_iter()
+        .find(|e| e.api == Api::CudaMalloc)
+        .unwrap();
+    let by_kernel = |k: &str| {
+        stale
+            .iter()
+            .filter(|s| s.kernel == k)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    for (kernel, apis) in [
+        ("kp_launch", &[Api::CuLaunchKernel][..]),
+        ("kp_ptsz", &[Api::CuLaunchKernelPtsz][..]),
+        ("kp_ex", &[Api::CuLaunchKernelEx][..]),
+        ("kp_coop", &[Api::CuLaunchCooperativeKernel][..]),
+        ("kp_rt", &[Api::CuLaunchKernel, Api::CuLaunchKernelPtsz][..]),
+    ] {
+        let s = by_kernel(kernel);
+        assert_eq!(s.len(), 1, "{kernel}: one report, got {stale:#?}");
+        let s = &s[0];
+        assert!(apis.contains(&s.api), "{kernel}: {s:?}");
+        assert_eq!((s.param_index, s.param_offset), (0, 0), "{s:?}");
+        assert_eq!(s.ptr, a.ptr + 64);
+        assert_eq!((s.alloc_ptr, s.alloc_size), (a.ptr, a.size));
+    }
+    let s1 = by_kernel("ks_p1");
+    assert_eq!(s1.len(), 1, "{stale:#?}");
+    assert_eq!(
+        (s1[0].param_index, s1[0].param_offset, s1[0].ptr),
+        (1, 16, a.ptr)
+    );
+    let s2 = by_kernel("ks_p2");
+    assert_eq!(s2.len(), 1, "{stale:#?}");
+    assert_eq!(
+        (s2[0].param_index, s2[0].param_offset, s2[0].ptr),
+        (1, 32, a.ptr + 4096)
+    );
+    assert_eq!(
+        stale.len(),
+        7,
+        "the live pointer and the integer are no reports"
+    );
+    // Layouts are asked once per kernel (3 parameters + the failing 4th, or 2 + 1), not per launch.
+    let calls = isolate_tests::number_after(&out.stdout, "standin_param_info_calls").unwrap();
+    eprintln!("cuFuncGetParamInfo calls for 107 launches of 7 kernels: {calls}");
+    assert!(calls <= 5 * 4 + 2 * 3, "{calls} layout queries");
+    assert_eq!(
+        out.stderr.matches("STALE POINTER").count(),
+        7,
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn stale_write_lands_in_the_next_allocation_in_log_mode() {
+    let both = traced(Run::program("stale_write"));
+    has_line(&both.traced, "b==a 1");
+    has_line(&both.traced, "b changed 1 bytes 16 first 4096");
+}
+
+#[test]
+fn stale_write_is_caught_in_isolate_mode() {
+    let out = Run::program("stale_write")
+        .env("ISOLATE_MODE", "isolate")
+        .run();
+    out.assert_success();
+    has_line(&out, "b==a 0");
+    has_line(&out, "b changed 0 bytes 0 first 0");
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    out.assert_trace_matches(t, None);
+    let a = t.events_by_seq()[0];
+    let v: Vec<_> = t
+        .records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Violation(v) => Some(v.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(v.len(), 1, "{v:#?}");
+    assert_eq!(
+        (v[0].ptr, v[0].first_offset, v[0].changed_bytes),
+        (a.ptr, 4096, 16)
+    );
+    assert_eq!(v[0].free_api, Api::CudaFree);
+}
+
+#[test]
+fn stream_ordered_reader_sees_data_freed_after_it() {
+    let both = traced(Run::program("stream_order"));
+    has_line(&both.traced, "copy saw 0x42..0x42 all_0x42 1");
+    has_line(&both.traced, "kernel runs 1 saw 0x42..0x42 all_0x42 1");
+    // In isolate mode the poison goes in stream order too: the reader still sees the data.
+    let iso = Run::program("stream_order")
+        .env("ISOLATE_MODE", "isolate")
+        .run();
+    iso.assert_same_as(&both.plain);
+}
+
+#[test]
+fn oom_stays_oom() {
+    let both = traced(Run::program("oom").env("STANDIN_MEM_BYTES", "16777216"));
+    let t = both.traced.only_trace();
+    let fails: Vec<_> = t.events().into_iter().filter(|e| !e.ok()).collect();
+    assert_eq!(fails.len(), 3, "three allocations ran out: {fails:?}");
+    for e in &fails {
+        assert_eq!(e.result, 2, "OOM is code 2 in both layers: {e:?}");
+    }
+    let n = isolate_tests::number_after(&both.traced.stdout, "allocated").unwrap();
+    assert!(n > 4, "allocated {n} MiB out of 16");
+}
+
+#[test]
+fn nocuda_leaves_no_trace() {
+    let both = Run::program("nocuda").run_both();
+    both.traced.assert_success();
+    assert!(
+        both.traced.traces.is_empty(),
+        "a process that never touches CUDA writes nothing: {:?}",
+        both.traced
+            .traces
+            .iter()
+            .map(|t| t.summary())
+            .collect::<Vec<_>>()
+    );
+    assert!(both.traced.stderr.is_empty(), "{}", both.traced.stderr);
+    assert_eq!(
+        std::fs::read_dir(both.traced.dir.path()).unwrap().count(),
+        0
+    );
+}
+
+#[test]
+fn dlsym_answers_are_unchanged() {
+    let both = Run::program("dlsym_next").run_both();
+    both.traced.assert_success();
+    has_line(&both.traced, "libnext loaded 1");
+    has_line(
+        &both.traced,
+        "dlsym(RTLD_NEXT, puts) from libnext: wrapper 0 libc 1 null 0",
+    );
+    has_line(&both.traced, "missing: null 1 dlerror set 1");
+    has_line(&both.traced, "missing cuG*: null 1 dlerror set 1");
+    has_line(
+        &both.traced,
+        "cuGetProcAddress_v2 in libc: null 1 dlerror set 1",
+    );
+}
+
+#[test]
+fn dlsym_rtld_next_from_a_second_preload() {
+    // libisolate.so first, then another interposer whose wrapper finds the real `puts` with
+    // RTLD_NEXT: it must get libc's, not itself.
+    let lib = standin_bin().join("libnext.so");
+    let both = Run::program("dlsym_next").also_preload(&lib).run_both();
+    both.traced.assert_success();
+    has_line(&both.traced, "libnext preloaded 1");
+    has_line(&both.traced, "[next] hello through puts");
+    has_line(&both.traced, "wrapper resolved the real puts: libc 1");
+    has_line(
+        &both.traced,
+        "dlsym(RTLD_NEXT, puts) from libnext: wrapper 0 libc 1 null 0",
+    );
+    has_line(
+        &both.traced,
+        "dlsym(RTLD_NEXT, puts) from main: wrapper 1 libc 0 null 0",
+    );
+}
+
+/// Every program in tests/programs prints the same with and without the preload.
+#[test]
+fn every_program_prints_the_same_with_and_without_the_preload() {
+    let runs: &[(&str, &[&str])] = &[
+        ("rt_basic", &[]),
+        ("drv_static", &[]),
+        ("drv_linked", &[]),
+        ("rt_vmm", &[]),
+        ("bad_calls", &[]),
+        ("dlsym_next", &[]),
+        ("launch", &[]),
+        ("stale_write", &[]),
+        ("stream_order", &[]),
+        ("oom", &[]),
+        ("threads", &["4", "200"]),
+        ("forker", &["fork"]),
+        ("nocuda", &[]),
+    ];
+    let dir = isolate_tests::workspace_root().join("tests/programs");
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(stem) = name.strip_suffix(".c") else {
+            continue;
+        };
+        let text = std::fs::read_to_string(entry.path()).unwrap();
+        if text.starts_with("// shared:") {
+            continue;
+        }
+        assert!(
+            runs.iter().any(|(p, _)| *p == stem),
+            "tests/programs/{name} is not in this test's list"
+        );
+    }
+    for (program, args) in runs {
+        let mut run = Run::program(program).args(args.iter().copied());
+        if *program == "oom" {
+            run = run.env("STANDIN_MEM_BYTES", "16777216");
+        }
+        let both = run.run_both();
+        both.traced.assert_success();
+        for t in &both.traced.traces {
+            assert!(t.is_complete(), "{program}: {}", t.summary());
+        }
+    }
+}
