@@ -33,6 +33,15 @@ def main() -> int:
 
     workload.start_history(args)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    # Warm up every kernel the race uses: CUDA loads modules lazily, and loading one while the
+    # sleep kernel runs waits for it, which would serialise the streams and hide the race.
+    w = torch.full((N,), 3.0, device="cuda")
+    torch.cuda._sleep(1000)
+    (w * 2.0).sum().item()
+    torch.empty((N,), device="cuda").fill_(-1.0)
+    (w != 6.0).sum().item()
+    torch.cuda.synchronize()
+    del w
     with torch.cuda.stream(s2):
         t = torch.full((N,), 3.0, device="cuda")
     t_ptr = t.data_ptr()

@@ -48,38 +48,52 @@ extern "C" fn dlsym_intercept(handle: *mut c_void, symbol: *const c_char) -> *mu
     // Cheap first test: every dlsym of the process comes through here.
     // Byte by byte, so a short name is never read past its terminator.
     let b = symbol as *const u8;
-    if unsafe { *b != b'c' || *b.add(1) != b'u' || *b.add(2) != b'G' } {
+    if unsafe { *b != b'c' || *b.add(1) != b'u' } {
         return std::ptr::null_mut();
     }
-    let name = unsafe { CStr::from_ptr(symbol) };
-    let (ours, real): (*mut c_void, &dyn Fn(*mut c_void)) = match name.to_bytes() {
-        b"cuGetProcAddress_v2" => (cuGetProcAddress_v2 as *mut c_void, &|p| {
-            REAL_GET_PROC_ADDRESS_V2.store(p)
-        }),
-        b"cuGetProcAddress" => (cuGetProcAddress as *mut c_void, &|p| {
-            REAL_GET_PROC_ADDRESS.store(p)
-        }),
-        _ => return std::ptr::null_mut(),
-    };
     if !crate::policy::intercepting() {
         return std::ptr::null_mut();
     }
+    let name = unsafe { CStr::from_ptr(symbol) };
     let special = handle.is_null() || handle == libc::RTLD_NEXT;
-    if special {
-        // RTLD_DEFAULT finds our own export first anyway; RTLD_NEXT gets the driver if loaded.
-        if handle == libc::RTLD_NEXT && resolve::libcuda_loaded().is_null() {
-            return std::ptr::null_mut();
+    if let b"cuGetProcAddress_v2" | b"cuGetProcAddress" = name.to_bytes() {
+        let (ours, real): (*mut c_void, &dyn Fn(*mut c_void)) = if name.to_bytes().ends_with(b"_v2") {
+            (cuGetProcAddress_v2 as *mut c_void, &|p| REAL_GET_PROC_ADDRESS_V2.store(p))
+        } else {
+            (cuGetProcAddress as *mut c_void, &|p| REAL_GET_PROC_ADDRESS.store(p))
+        };
+        if special {
+            // RTLD_DEFAULT finds our own export first anyway; RTLD_NEXT gets the driver if loaded.
+            if handle == libc::RTLD_NEXT && resolve::libcuda_loaded().is_null() {
+                return std::ptr::null_mut();
+            }
+            return ours;
+        }
+        let p = resolve::dlsym_in(handle, name);
+        if p.is_null() {
+            return std::ptr::null_mut(); // not in that handle: the real dlsym says so too
+        }
+        if !resolve::is_ours(p) {
+            real(p);
         }
         return ours;
     }
+    // A driver memory or launch function fetched by name from the driver library (Triton's
+    // launcher, PyTorch 2.5-2.7's expandable segments): the same hook the resolver hands out.
+    // RTLD_NEXT keeps its caller-relative meaning: passed through untouched.
+    if special {
+        return std::ptr::null_mut();
+    }
+    let Some(h) = crate::hooks::HOOKED.iter().find(|h| h.name == name) else { return std::ptr::null_mut() };
+    if crate::hooks::is_launch(h) && !crate::policy::check_launches() {
+        return std::ptr::null_mut();
+    }
     let p = resolve::dlsym_in(handle, name);
-    if p.is_null() {
-        return std::ptr::null_mut(); // not in that handle: the real dlsym says so too
+    if p.is_null() || resolve::is_ours(p) || resolve::export_name(p) != Some(name) {
+        return std::ptr::null_mut();
     }
-    if !resolve::is_ours(p) {
-        real(p);
-    }
-    ours
+    (h.store)(p);
+    h.hook as *mut c_void
 }
 
 /// Resolves through the real `cuGetProcAddress_v2`, then hands back our hook for exports we

@@ -420,7 +420,9 @@ fn quarantine(entry: Entry) {
         s.index.insert(entry.ptr, entry);
         s.queue.push_back(entry);
         let limit = budget(s, entry.device);
-        while s.held > limit {
+        // Over budget: release down to 80% of it in one batch (verified with one round trip).
+        let low_water = if s.held > limit { limit / 10 * 8 } else { u64::MAX };
+        while s.held > low_water {
             let Some(old) = s.queue.pop_front() else {
                 break;
             };
@@ -429,10 +431,8 @@ fn quarantine(entry: Entry) {
             over.push(old);
         }
     }
-    for e in over {
-        Q_RELEASES.fetch_add(1, Relaxed);
-        release(&e, true);
-    }
+    Q_RELEASES.fetch_add(over.len() as u64, Relaxed);
+    release_batch(&over, true);
 }
 
 /// A guard-mode free: in the index for the launch check, never released, never verified
@@ -460,13 +460,11 @@ fn release_oldest(need: u64, early: bool) -> u64 {
             taken.push(old);
         }
     }
-    for e in &taken {
-        if early {
-            Q_EARLY.fetch_add(1, Relaxed);
-        }
-        Q_RELEASES.fetch_add(1, Relaxed);
-        release(e, true);
+    if early {
+        Q_EARLY.fetch_add(taken.len() as u64, Relaxed);
     }
+    Q_RELEASES.fetch_add(taken.len() as u64, Relaxed);
+    release_batch(&taken, true);
     bytes
 }
 
@@ -489,81 +487,99 @@ fn release_inside(ptr: u64, size: u64) {
             }
         }
     }
-    for e in &taken {
-        Q_RELEASES.fetch_add(1, Relaxed);
-        release(e, true);
-    }
+    Q_RELEASES.fetch_add(taken.len() as u64, Relaxed);
+    release_batch(&taken, true);
 }
 
-/// Verifies, then really frees (or unmaps) one entry.
-fn release(e: &Entry, free: bool) {
+/// Verifies, then really frees (or unmaps) entries: per context, every check is launched first
+/// and the results come back in one copy.
+fn release_batch(entries: &[Entry], free: bool) {
+    if entries.is_empty() {
+        return;
+    }
     let cur = current_ctx();
-    let switch = e.ctx != 0 && e.ctx != cur;
-    if switch {
-        if let Some(set) = CTX_SET_CURRENT.get() {
-            unsafe { set(e.ctx as CUcontext) };
+    let mut ctxs: Vec<usize> = entries.iter().map(|e| e.ctx).collect();
+    ctxs.sort_unstable();
+    ctxs.dedup();
+    for ctx in ctxs {
+        let switch = ctx != 0 && ctx != cur;
+        if switch && let Some(set) = CTX_SET_CURRENT.get() {
+            unsafe { set(ctx as CUcontext) };
         }
-    }
-    if e.event != 0 {
-        if let Some(s) = EVENT_SYNCHRONIZE.get() {
-            unsafe { s(e.event as *mut c_void) };
-        }
-        if let Some(d) = EVENT_DESTROY.get() {
-            unsafe { d(e.event as *mut c_void) };
-        }
-    }
-    check(e);
-    if free {
-        match e.held {
-            Held::Allocation => {
-                if let Some(f) = driver::MEM_FREE.get() {
-                    unsafe { f(e.ptr) };
+        let group: Vec<&Entry> = entries.iter().filter(|e| e.ctx == ctx).collect();
+        for e in &group {
+            if e.event != 0 {
+                if let Some(s) = EVENT_SYNCHRONIZE.get() {
+                    unsafe { s(e.event as *mut c_void) };
                 }
-            }
-            Held::Mapping => {
-                if let Some(f) = driver::MEM_UNMAP.get() {
-                    unsafe { f(e.ptr, e.size as usize) };
+                if let Some(d) = EVENT_DESTROY.get() {
+                    unsafe { d(e.event as *mut c_void) };
                 }
             }
         }
-    }
-    if switch {
-        if let Some(set) = CTX_SET_CURRENT.get() {
+        if let Some(byte) = config::get().poison {
+            for chunk in group.chunks(BATCH) {
+                let found = verify_batch_on_device(chunk, byte);
+                for (i, e) in chunk.iter().enumerate() {
+                    let r = match &found {
+                        Some(v) => Some(v[i]),
+                        None => verify_on_host(e.ptr, e.size, byte),
+                    };
+                    if let Some((first, changed)) = r {
+                        report(e, first, changed);
+                    }
+                }
+            }
+        }
+        if free {
+            for e in &group {
+                match e.held {
+                    Held::Allocation => {
+                        if let Some(f) = driver::MEM_FREE.get() {
+                            unsafe { f(e.ptr) };
+                        }
+                    }
+                    Held::Mapping => {
+                        if let Some(f) = driver::MEM_UNMAP.get() {
+                            unsafe { f(e.ptr, e.size as usize) };
+                        }
+                    }
+                }
+            }
+        }
+        if switch && let Some(set) = CTX_SET_CURRENT.get() {
             unsafe { set(cur as CUcontext) };
         }
     }
 }
 
-/// Checks the poison of one entry and records a violation if it changed.
-fn check(e: &Entry) {
-    let Some(byte) = config::get().poison else {
+/// Entries verified with one result copy.
+const BATCH: usize = 256;
+
+/// Records a violation (and says so on stderr) when the poison changed.
+fn report(e: &Entry, first: u64, changed: u64) {
+    if changed == 0 {
         return;
-    };
-    let found =
-        verify_on_device(e.ptr, e.size, byte).or_else(|| verify_on_host(e.ptr, e.size, byte));
-    if let Some((first, changed)) = found
-        && changed > 0
-    {
-        let v = Violation {
-            seq: record::next_seq(),
-            ts_ns: record::now_ns(),
-            device: e.device,
-            ptr: e.ptr,
-            size: e.size,
-            first_offset: first,
-            changed_bytes: changed,
-            alloc_seq: e.alloc_seq,
-            free_seq: e.free_seq,
-            free_ts_ns: e.free_ts,
-            free_api: e.free_api,
-        };
-        record::warn(&format!(
-            "STALE WRITE: {changed} byte(s) of freed allocation 0x{:x} ({} bytes, freed by {} at event {}) changed \
-             after the free; first at offset {first}",
-            e.ptr, e.size, e.free_api, e.free_seq
-        ));
-        writer::submit(Record::Violation(v));
     }
+    let v = Violation {
+        seq: record::next_seq(),
+        ts_ns: record::now_ns(),
+        device: e.device,
+        ptr: e.ptr,
+        size: e.size,
+        first_offset: first,
+        changed_bytes: changed,
+        alloc_seq: e.alloc_seq,
+        free_seq: e.free_seq,
+        free_ts_ns: e.free_ts,
+        free_api: e.free_api,
+    };
+    record::warn(&format!(
+        "STALE WRITE: {changed} byte(s) of freed allocation 0x{:x} ({} bytes, freed by {} at event {}) changed \
+         after the free; first at offset {first}",
+        e.ptr, e.size, e.free_api, e.free_seq
+    ));
+    writer::submit(Record::Violation(v));
 }
 
 struct Kernel {
@@ -597,7 +613,7 @@ fn kernel_for_current() -> Option<(CUfunction, CUdeviceptr)> {
             return None;
         }
         let mut result: CUdeviceptr = 0;
-        if unsafe { alloc(&mut result, 16) } != CUDA_SUCCESS {
+        if unsafe { alloc(&mut result, BATCH * 16) } != CUDA_SUCCESS {
             return None;
         }
         Some(Kernel { func, result })
@@ -607,51 +623,42 @@ fn kernel_for_current() -> Option<(CUfunction, CUdeviceptr)> {
     r
 }
 
-/// (first changed offset, changed bytes), counted by a kernel on the device.
-fn verify_on_device(ptr: u64, size: u64, byte: u8) -> Option<(u64, u64)> {
+/// (first changed offset, changed bytes) of each entry, counted by kernels on the device: all
+/// launched, then one copy back.
+fn verify_batch_on_device(entries: &[&Entry], byte: u8) -> Option<Vec<(u64, u64)>> {
     let (func, result) = kernel_for_current()?;
     let launch = driver::LAUNCH_KERNEL.get()?;
     let htod = MEMCPY_HTOD.get()?;
     let dtoh = MEMCPY_DTOH.get()?;
-    let init = [0u64, u64::MAX];
-    if unsafe { htod(result, init.as_ptr().cast(), 16) } != CUDA_SUCCESS {
+    let n = entries.len().min(BATCH);
+    let init: Vec<u64> = (0..n).flat_map(|_| [0u64, u64::MAX]).collect();
+    if unsafe { htod(result, init.as_ptr().cast(), n * 16) } != CUDA_SUCCESS {
         return None;
     }
-    let mut p = ptr;
-    let mut n = size;
-    let mut pat = u32::from_ne_bytes([byte; 4]);
-    let mut out = result;
-    let mut params: [*mut c_void; 4] = [
-        (&mut p as *mut u64).cast(),
-        (&mut n as *mut u64).cast(),
-        (&mut pat as *mut u32).cast(),
-        (&mut out as *mut u64).cast(),
-    ];
-    let words = size / 4;
-    let blocks = words.div_ceil(256).clamp(1, 132 * 8) as u32;
-    let r = unsafe {
-        launch(
-            func,
-            blocks,
-            1,
-            1,
-            256,
-            1,
-            1,
-            0,
-            std::ptr::null_mut(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    };
-    if r != CUDA_SUCCESS {
+    for (i, e) in entries[..n].iter().enumerate() {
+        let mut p = e.ptr;
+        let mut len = e.size;
+        let mut pat = u32::from_ne_bytes([byte; 4]);
+        let mut out = result + (i as u64) * 16;
+        let mut params: [*mut c_void; 4] = [
+            (&mut p as *mut u64).cast(),
+            (&mut len as *mut u64).cast(),
+            (&mut pat as *mut u32).cast(),
+            (&mut out as *mut u64).cast(),
+        ];
+        let blocks = (e.size / 4).div_ceil(256).clamp(1, 132 * 8) as u32;
+        let r = unsafe {
+            launch(func, blocks, 1, 1, 256, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut())
+        };
+        if r != CUDA_SUCCESS {
+            return None;
+        }
+    }
+    let mut res = vec![0u64; n * 2];
+    if unsafe { dtoh(res.as_mut_ptr().cast(), result, n * 16) } != CUDA_SUCCESS {
         return None;
     }
-    let mut res = [0u64; 2];
-    if unsafe { dtoh(res.as_mut_ptr().cast(), result, 16) } != CUDA_SUCCESS {
-        return None;
-    }
-    Some((if res[0] == 0 { 0 } else { res[1] }, res[0]))
+    Some((0..n).map(|i| (if res[2 * i] == 0 { 0 } else { res[2 * i + 1] }, res[2 * i])).collect())
 }
 
 /// The same count with large copies to the host (the path when no kernel can be loaded).
@@ -691,8 +698,9 @@ pub fn at_exit() {
         s.held = 0;
         s.queue.drain(..).collect()
     };
-    for e in &entries {
-        release(e, false);
+    release_batch(&entries, false);
+    if config::get().check_launch {
+        super::launch::note_at_exit();
     }
 }
 

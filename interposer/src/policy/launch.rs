@@ -10,6 +10,7 @@ use isolate_trace::{Api, Record, StaleLaunch};
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, c_void};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 static FUNC_GET_PARAM_INFO: Real<FnFuncGetParamInfo> =
     Real::new(c"cuFuncGetParamInfo", Lib::Driver);
@@ -60,8 +61,14 @@ const CU_LAUNCH_PARAM_END: usize = 0;
 const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
 const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
 
+/// Launches checked, and stale pointers found: written as a note at exit, so a clean run shows
+/// that its launches were checked at all.
+pub static CHECKED: AtomicU64 = AtomicU64::new(0);
+pub static HITS: AtomicU64 = AtomicU64::new(0);
+
 pub fn check(api: Api, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
-    if isolate::HIGH.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+    CHECKED.fetch_add(1, Relaxed);
+    if isolate::HIGH.load(Relaxed) == 0 {
         return; // nothing freed yet
     }
     if !params.is_null() {
@@ -121,6 +128,7 @@ pub fn check(api: Api, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut
 }
 
 fn hit(api: Api, f: CUfunction, l: &Layout, index: u32, offset: u32, ptr: u64, e: isolate::Entry) {
+    HITS.fetch_add(1, Relaxed);
     let first = {
         let mut g = WARNED.lock().unwrap_or_else(|e| e.into_inner());
         g.get_or_insert_with(HashSet::new)
@@ -152,4 +160,17 @@ fn hit(api: Api, f: CUfunction, l: &Layout, index: u32, offset: u32, ptr: u64, e
         free_seq: e.free_seq,
         free_ts_ns: e.free_ts,
     }));
+}
+
+/// The note written at exit with the launch-check counters.
+pub fn note_at_exit() {
+    let checked = CHECKED.load(Relaxed);
+    let kernels = LAYOUTS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map_or(0, |m| m.len());
+    crate::writer::note(
+        isolate_trace::NoteKind::Info,
+        0,
+        HITS.load(Relaxed),
+        checked,
+        format!("launch check: {checked} launches of {kernels} kernels checked, {} stale pointers", HITS.load(Relaxed)),
+    );
 }
