@@ -48,7 +48,8 @@ static void *no_context_thread(void *arg) {
 
 static void lasterr(void) {
     int e = cudaGetLastError();
-    say("  cudaGetLastError %d then %d", e, cudaGetLastError());
+    int again = cudaGetLastError();
+    say("  cudaGetLastError %d then %d", e, again);
 }
 
 int main(void) {
@@ -198,13 +199,17 @@ int main(void) {
     ev("cudaFree", rc, "ptr=0");
 
     cudaStream_t s1 = NULL, s2 = NULL;
-    say("streams %d %d", cudaStreamCreate(&s1), cudaStreamCreate(&s2));
+    int c1 = cudaStreamCreate(&s1);
+    int c2 = cudaStreamCreate(&s2);
+    say("streams %d %d", c1, c2);
     p = NULL;
     rc = cudaMallocAsync(&p, 64, s1);
     ev("cudaMallocAsync", rc, "size=64 stream=%s ptr=%s", L(U64(s1), "s1"), AP(rc, U64(p), "ra"));
     rc = cudaFreeAsync(p, s2); /* freed on another stream than the one it was made on */
     ev("cudaFreeAsync", rc, "ptr=@ra stream=%s", L(U64(s2), "s2"));
-    say("  sync %d %d", cudaStreamSynchronize(s1), cudaStreamSynchronize(s2));
+    c1 = cudaStreamSynchronize(s1);
+    c2 = cudaStreamSynchronize(s2);
+    say("  sync %d %d", c1, c2);
     rc = cudaFreeAsync(p, s1); /* and again */
     ev("cudaFreeAsync", rc, "ptr=@ra stream=%s", L(U64(s1), "s1"));
     say("  sync %d", cudaStreamSynchronize(s1));

@@ -250,6 +250,30 @@ int main(void) {
     void *nothing = drv_sym("cuNoSuchFunction", 12000, 0);
     say("cuNoSuchFunction null %d", nothing == NULL);
 
+    /* the pre-12.0 resolver (no status out-parameter), as CUDA 11 static runtimes use it.
+     * (Not through RTLD_DEFAULT: there the preload's own export answers, with or without
+     * libcuda loaded globally; that difference is inherent to preloading.) */
+    typedef CUresult (*PFN_gpa_v1)(const char *, void **, int, cuuint64_t);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    PFN_gpa_v1 gpa1 = (PFN_gpa_v1)dlsym(h, "cuGetProcAddress");
+    say("dlsym cuGetProcAddress %d", gpa1 != NULL);
+    for (int i = 0; i < 2 && gpa1; i++) {
+        void *p1 = NULL, *p2 = NULL;
+        /* the second time with the per-thread flag: cuMemAlloc has no _ptsz export */
+        rc = gpa1("cuMemAlloc", &p1, 11000, i ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0);
+        int rc2 = gpa1("cuMemFree", &p2, 11000, 0);
+        say("v1 resolver %d: %d %d found %d %d", i, rc, rc2, p1 != NULL, p2 != NULL);
+        if (!p1 || !p2)
+            continue;
+        CUdeviceptr x = 0;
+        char label[8];
+        snprintf(label, sizeof label, "r%d", i);
+        rc = ((PFN_alloc)p1)(&x, 4000 + i);
+        ev("cuMemAlloc_v2", rc, "size=%d ptr=%s", 4000 + i, AP(rc, x, label));
+        rc = ((PFN_free)p2)(x);
+        ev("cuMemFree_v2", rc, "ptr=%s", L(x, label));
+    }
+
     say("cuStreamDestroy %d", streamDestroy(s));
     say("cuDevicePrimaryCtxRelease %d", release(dev));
     say("done");

@@ -13,6 +13,7 @@
  *   tls-dtor       allocation from a pthread_key destructor and a C11 tss destructor
  *   busy-exit      threads still allocating while main returns
  *   _exit abort sigterm sigint segv   pairs, then end that way
+ *   sigint-handled a SIGINT the program handles itself: it goes on
  *   sigkill        allocate forever, printing the pair count after each pair
  */
 #include <pthread.h>
@@ -84,6 +85,10 @@ static void *tls_thread(void *arg) {
     pairs("thread", 1, 600);
     return NULL;
 }
+
+static volatile sig_atomic_t got_sigint;
+
+static void on_sigint(int sig) { got_sigint = sig; }
 
 static atomic_long busy_pairs[4];
 
@@ -244,6 +249,17 @@ int main(int argc, char **argv) {
         raise(SIGINT);
         say("survived SIGINT");
         return 1;
+    }
+    if (!strcmp(mode, "sigint-handled")) {
+        /* the program's own handler, installed before CUDA is touched: it must still run,
+         * and the process go on (and its trace with it) */
+        signal(SIGINT, on_sigint);
+        pairs("main", 1, 1000);
+        raise(SIGINT);
+        ev_tag = "main";
+        say("handler ran %d", (int)got_sigint);
+        pairs("main", 1, 1001);
+        return 0;
     }
     if (!strcmp(mode, "segv")) {
         pairs("main", 2, 1000);

@@ -28,7 +28,9 @@ int main(void) {
         n++;
     }
     say("allocated %d then %d", n, rc);
-    say("cudaGetLastError %d then %d", cudaGetLastError(), cudaGetLastError());
+    int e1 = cudaGetLastError();
+    int e2 = cudaGetLastError();
+    say("cudaGetLastError %d then %d", e1, e2);
     int freed = 0;
     for (int i = 0; i < n; i += 2) {
         rc = cudaFree(p[i]);

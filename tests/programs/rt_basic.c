@@ -51,8 +51,10 @@ int main(void) {
     ev("cudaFreeAsync", rc, "ptr=@x2 stream=%s", L(U64(s2), "s2"));
     rc = cudaFreeAsync(x3, NULL);
     ev("cudaFreeAsync", rc, "ptr=@x3 stream=0");
-    say("sync %d %d %d", cudaStreamSynchronize(s1), cudaStreamSynchronize(s2),
-        cudaDeviceSynchronize());
+    int q1 = cudaStreamSynchronize(s1);
+    int q2 = cudaStreamSynchronize(s2);
+    int q3 = cudaDeviceSynchronize();
+    say("sync %d %d %d", q1, q2, q3);
 
     /* the per-thread-default-stream exports */
     void *y = NULL;
@@ -164,7 +166,9 @@ int main(void) {
     rc = cudaFree(d2);
     ev("cudaFree", rc, "ptr=@d2");
 
-    say("cudaStreamDestroy %d %d", cudaStreamDestroy(s1), cudaStreamDestroy(s2));
+    q1 = cudaStreamDestroy(s1);
+    q2 = cudaStreamDestroy(s2);
+    say("cudaStreamDestroy %d %d", q1, q2);
     say("cudaGetLastError %d", cudaGetLastError());
     say("done");
     return 0;

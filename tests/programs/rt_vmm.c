@@ -138,6 +138,21 @@ int main(void) {
     ev("cuMemAddressFree", rc, "ptr=@alias size=%zu", g);
     rc = addressFree(seg, 8 * g);
     ev("cuMemAddressFree", rc, "ptr=@seg size=%zu", 8 * g);
+    /* the unversioned entry-point lookup, for a plain allocation */
+    typedef CUresult (*PFN_alloc)(CUdeviceptr *, size_t);
+    typedef CUresult (*PFN_free)(CUdeviceptr);
+    void *pa = NULL, *pf = NULL;
+    enum cudaDriverEntryPointQueryResult st = 99, st2 = 99;
+    rc = cudaGetDriverEntryPoint("cuMemAlloc", &pa, cudaEnableDefault, &st);
+    rc2 = cudaGetDriverEntryPoint("cuMemFree", &pf, cudaEnableDefault, &st2);
+    say("cudaGetDriverEntryPoint %d %d status %d %d", rc, rc2, st, st2);
+    if (pa && pf) {
+        CUdeviceptr d = 0;
+        rc = ((PFN_alloc)pa)(&d, 3333);
+        ev("cuMemAlloc_v2", rc, "size=3333 ptr=%s", AP(rc, d, "d"));
+        rc = ((PFN_free)pf)(d);
+        ev("cuMemFree_v2", rc, "ptr=%s", L(d, "d"));
+    }
     say("cudaGetLastError %d", cudaGetLastError());
     say("done");
     return 0;

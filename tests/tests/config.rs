@@ -98,7 +98,19 @@ fn trace_file_is_private() {
         format!("isolate-{}.trace", out.pid)
     );
     assert_eq!(t.header.pid, out.pid);
+    assert_eq!(t.header.ppid, std::process::id());
     assert_eq!(t.header.mode, "log");
+    let exe = isolate_tests::program_path("rt_basic");
+    assert_eq!(std::path::Path::new(&t.header.exe), exe.as_path());
+    assert_eq!(t.header.argv, vec![exe.to_string_lossy().into_owned()]);
+    assert!(
+        t.header
+            .config
+            .iter()
+            .any(|(k, v)| k == "ISOLATE_MODE" && v == "log"),
+        "{:?}",
+        t.header.config
+    );
 }
 
 #[test]
@@ -169,6 +181,13 @@ fn unwritable(pattern: &str, setup: impl Fn(&std::path::Path) + Send + Sync + 's
     let plain = Run::program("rt_basic").preload(false).run();
     let out = Run::program("rt_basic").setup(setup).trace(pattern).run();
     out.assert_same_as(&plain);
+    // Unchanged includes its time: no wait at exit for a writer that never started.
+    assert!(
+        out.elapsed < plain.elapsed + std::time::Duration::from_secs(1),
+        "{pattern}: {:?} with the preload, {:?} without",
+        out.elapsed,
+        plain.elapsed
+    );
     let lines: Vec<&str> = out.stderr.lines().collect();
     assert_eq!(lines.len(), 1, "one stderr line: {:?}", out.stderr);
     assert!(lines[0].starts_with("isolate: "), "{:?}", lines[0]);

@@ -248,6 +248,16 @@ fn sigsegv_flushes_and_dies_of_sigsegv() {
     dies_of("segv", libc::SIGSEGV);
 }
 
+#[test]
+fn a_signal_the_program_handles_is_passed_on() {
+    let out = forker("sigint-handled");
+    out.assert_success();
+    assert!(out.stdout.contains("main: handler ran 2"), "{}", out.stdout);
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    matches(&out, t, &["main"]);
+}
+
 /// SIGKILL cannot be caught: what the writer had not written yet is lost. It writes at
 /// least every 50 ms, so the loss is at most about 100 ms of events.
 #[test]
@@ -263,8 +273,7 @@ fn sigkill_loses_at_most_100ms_of_events() {
     let pairs: u64 = out
         .stdout
         .lines()
-        .filter(|l| !l.is_empty())
-        .last()
+        .rfind(|l| !l.is_empty())
         .and_then(|l| l.parse().ok())
         .expect("a pair count");
     let t = out.only_trace();
