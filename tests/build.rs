@@ -2,6 +2,8 @@
 //! test program (`programs/*.c`) into `OUT_DIR`:
 //!
 //! - `OUT_DIR/standin/libcuda.so.1` (+ `libcuda.so`) and `libcudart.so.13` (+ `libcudart.so`);
+//! - `OUT_DIR/standin/selfcheck`, the stand-ins' own check (`standin/selfcheck.c`: exit status
+//!   0 when every check passed; identical stdout with and without the interposer preloaded);
 //! - `OUT_DIR/bin/<stem>` for each `programs/<stem>.c`, linked as its first-line directive says:
 //!   `// link: cudart`, `// link: cuda`, `// link: cudart cuda`, `// link: none` (the default),
 //!   always with `-I standin -ldl -pthread -O1 -g -Wall` and no rpath;
@@ -77,8 +79,17 @@ fn main() {
         &[&include, "-ldl"],
     );
 
-    let programs = find_programs(&programs_src);
     let lib_dir = format!("-L{}", standin.display());
+    let selfcheck = Program {
+        src: standin_src.join("selfcheck.c"),
+        shared: None,
+        cudart: true,
+        cuda: true,
+    };
+    let (src, args) = program_command(&selfcheck, &standin, &include, &lib_dir);
+    compile(&src, &args);
+
+    let programs = find_programs(&programs_src);
     // Shared libraries first, then the programs, each group compiled in parallel.
     let (shared, exes): (Vec<_>, Vec<_>) = programs.iter().partition(|p| p.shared.is_some());
     for group in [shared, exes] {
@@ -94,11 +105,21 @@ fn build_lib(src: &Path, dir: &Path, file: &str, link: &str, extra: &[&str]) {
     let target = dir.join(file);
     let mut args: Vec<String> = LIB_FLAGS.iter().map(|s| s.to_string()).collect();
     args.push(format!("-Wl,-soname,{file}"));
-    args.extend(extra.iter().filter(|a| a.starts_with("-I")).map(|s| s.to_string()));
+    args.extend(
+        extra
+            .iter()
+            .filter(|a| a.starts_with("-I"))
+            .map(|s| s.to_string()),
+    );
     args.push("-o".into());
     args.push(target.display().to_string());
     args.push(src.display().to_string());
-    args.extend(extra.iter().filter(|a| !a.starts_with("-I")).map(|s| s.to_string()));
+    args.extend(
+        extra
+            .iter()
+            .filter(|a| !a.starts_with("-I"))
+            .map(|s| s.to_string()),
+    );
     compile(src, &args);
     let link_path = dir.join(link);
     let _ = fs::remove_file(&link_path);
@@ -120,8 +141,7 @@ fn find_programs(dir: &Path) -> Vec<Program> {
 
 /// Reads the directives from the `//` comment lines at the top of the file.
 fn parse_program(src: &Path) -> Program {
-    let text =
-        fs::read_to_string(src).unwrap_or_else(|e| panic!("reading {}: {e}", src.display()));
+    let text = fs::read_to_string(src).unwrap_or_else(|e| panic!("reading {}: {e}", src.display()));
     let mut p = Program {
         src: src.to_path_buf(),
         shared: None,
@@ -159,7 +179,12 @@ fn parse_program(src: &Path) -> Program {
     p
 }
 
-fn program_command(p: &Program, bin: &Path, include: &str, lib_dir: &str) -> (PathBuf, Vec<String>) {
+fn program_command(
+    p: &Program,
+    bin: &Path,
+    include: &str,
+    lib_dir: &str,
+) -> (PathBuf, Vec<String>) {
     let target = match &p.shared {
         Some(name) => bin.join(name),
         None => bin.join(p.src.file_stem().expect("file stem")),

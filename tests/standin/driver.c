@@ -118,16 +118,69 @@ struct block {
     int pending_free; /* a cuMemFreeAsync for it is queued */
     struct CUmemPoolHandle_st *pool;
     struct CUgraph_st *graph;
-    struct block *prev, *next;
+    struct block *prev, *next;   /* all blocks, in address order */
+    struct block *fprev, *fnext; /* free blocks only, in address order */
+    struct block *hnext;         /* in the arena's index bucket */
 };
+
+#define INDEX_BUCKETS 4096
 
 struct arena {
     uintptr_t base;
     size_t size;
     struct block *head;
-    uintptr_t recent[RECENT_MAX]; /* recently freed addresses, newest last */
+    struct block *free_head;
+    struct block *index[INDEX_BUCKETS]; /* every block, by start address */
+    uintptr_t recent[RECENT_MAX];       /* recently freed addresses, newest last */
     int nrecent;
 };
+
+static size_t index_slot(uintptr_t addr) {
+    return (size_t)((addr / ARENA_ALIGN) * 0x9E3779B97F4A7C15ull >> 52) % INDEX_BUCKETS;
+}
+
+static void index_add(struct arena *a, struct block *b) {
+    size_t i = index_slot(b->addr);
+    b->hnext = a->index[i];
+    a->index[i] = b;
+}
+
+static void index_del(struct arena *a, struct block *b) {
+    for (struct block **pp = &a->index[index_slot(b->addr)]; *pp; pp = &(*pp)->hnext)
+        if (*pp == b) {
+            *pp = b->hnext;
+            return;
+        }
+}
+
+static struct block *index_get(struct arena *a, uintptr_t addr) {
+    for (struct block *b = a->index[index_slot(addr)]; b; b = b->hnext)
+        if (b->addr == addr)
+            return b;
+    return NULL;
+}
+
+/* Puts free block b into the free list after `pos` (NULL: first). */
+static void free_insert(struct arena *a, struct block *pos, struct block *b) {
+    b->fprev = pos;
+    b->fnext = pos ? pos->fnext : a->free_head;
+    if (b->fnext)
+        b->fnext->fprev = b;
+    if (pos)
+        pos->fnext = b;
+    else
+        a->free_head = b;
+}
+
+static void free_remove(struct arena *a, struct block *b) {
+    if (b->fprev)
+        b->fprev->fnext = b->fnext;
+    else
+        a->free_head = b->fnext;
+    if (b->fnext)
+        b->fnext->fprev = b->fprev;
+    b->fprev = b->fnext = NULL;
+}
 
 static struct arena g_main, g_low;
 
@@ -140,6 +193,8 @@ static int arena_init(struct arena *a, void *base, size_t size) {
     b->addr = a->base;
     b->size = size;
     a->head = b;
+    a->free_head = b;
+    index_add(a, b);
     return 0;
 }
 
@@ -148,6 +203,9 @@ static int arena_contains(const struct arena *a, uintptr_t p) {
 }
 
 static struct block *arena_block_containing(struct arena *a, uintptr_t p) {
+    struct block *hit = index_get(a, p);
+    if (hit)
+        return hit;
     for (struct block *b = a->head; b; b = b->next)
         if (p >= b->addr && p < b->addr + b->size)
             return b;
@@ -171,7 +229,11 @@ static struct block *arena_carve(struct block *b, struct arena *a, uintptr_t at,
             a->head = front;
         b->prev = front;
         b->size -= front->size;
+        index_del(a, b);
         b->addr = at;
+        index_add(a, b);
+        index_add(a, front);
+        free_insert(a, b->fprev, front);
     }
     if (b->size > size) {
         struct block *back = calloc(1, sizeof *back);
@@ -185,7 +247,10 @@ static struct block *arena_carve(struct block *b, struct arena *a, uintptr_t at,
             b->next->prev = back;
         b->next = back;
         b->size = size;
+        index_add(a, back);
+        free_insert(a, b, back);
     }
+    free_remove(a, b);
     b->used = 1;
     b->req = req;
     b->kind = K_PLAIN;
@@ -204,7 +269,9 @@ static struct block *arena_alloc(struct arena *a, size_t req) {
         return NULL;
     for (int i = a->nrecent - 1; i >= 0; i--) {
         uintptr_t at = a->recent[i];
-        struct block *b = arena_block_containing(a, at);
+        /* The newest may have merged into a free block before it: looked for in full. An
+         * older one is still a block start, or given up. */
+        struct block *b = i == a->nrecent - 1 ? arena_block_containing(a, at) : index_get(a, at);
         int fits = b && !b->used && at + size > at && at + size <= b->addr + b->size;
         if (fits || !b || b->used) {
             memmove(&a->recent[i], &a->recent[i + 1], (a->nrecent - i - 1) * sizeof a->recent[0]);
@@ -213,8 +280,8 @@ static struct block *arena_alloc(struct arena *a, size_t req) {
         if (fits)
             return arena_carve(b, a, at, size, req);
     }
-    for (struct block *b = a->head; b; b = b->next)
-        if (!b->used && b->size >= size)
+    for (struct block *b = a->free_head; b; b = b->fnext)
+        if (b->size >= size)
             return arena_carve(b, a, b->addr, size, req);
     return NULL;
 }
@@ -224,12 +291,23 @@ static void arena_release(struct arena *a, struct block *b) {
     b->used = 0;
     b->pending_free = 0;
     g_used -= b->size;
+    struct block *before; /* the free block before b */
+    if (b->prev && !b->prev->used)
+        before = b->prev;
+    else if (b->next && !b->next->used)
+        before = b->next->fprev;
+    else
+        for (before = b->prev; before && before->used; before = before->prev)
+            ;
+    free_insert(a, before, b);
     if (b->next && !b->next->used) {
         struct block *n = b->next;
+        free_remove(a, n);
         b->size += n->size;
         b->next = n->next;
         if (n->next)
             n->next->prev = b;
+        index_del(a, n);
         free(n);
     }
     if (b->prev && !b->prev->used) {
@@ -238,6 +316,8 @@ static void arena_release(struct arena *a, struct block *b) {
         p->next = b->next;
         if (b->next)
             b->next->prev = p;
+        free_remove(a, b);
+        index_del(a, b);
         free(b);
     }
     for (int i = 0; i < a->nrecent; i++)
@@ -266,8 +346,8 @@ static struct block *live_block_at(uintptr_t p, struct arena **ap) {
     struct arena *a = arena_of(p);
     if (!a)
         return NULL;
-    struct block *b = arena_block_containing(a, p);
-    if (!b || !b->used || b->addr != p)
+    struct block *b = index_get(a, p);
+    if (!b || !b->used)
         return NULL;
     if (ap)
         *ap = a;

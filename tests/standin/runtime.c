@@ -89,7 +89,8 @@ static struct {
 } S[2];
 #undef FIELD
 
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;      /* the table */
+static pthread_once_t g_init_once = PTHREAD_ONCE_INIT; /* cuInit */
 static PFN_cuGetProcAddress_v2 g_gpa; /* the resolver the driver handed back for itself */
 static int g_resolved;                /* every table entry found */
 static cudaError_t g_load_err;        /* why the runtime cannot run, or cudaSuccess */
@@ -172,12 +173,19 @@ static void load(void) {
         return;
     }
     g_resolved = 1;
+}
+
+static void init(void) {
+    pthread_once(&g_once, load);
+    if (g_load_err != cudaSuccess)
+        return;
     CUresult r = D.init(0);
     g_load_err = r == CUDA_SUCCESS ? cudaSuccess : map(r);
 }
 
+/* The table filled and cuInit done (once per process). */
 static cudaError_t loaded(void) {
-    pthread_once(&g_once, load);
+    pthread_once(&g_init_once, init);
     return g_load_err;
 }
 
@@ -699,7 +707,8 @@ cudaError_t cudaLaunchCooperativeKernel(const void *func, dim3 gridDim, dim3 blo
     return launch(func, gridDim, blockDim, args, sharedMem, stream, 0, 1);
 }
 
-/* Forwarders to the stand-in driver's own exports (reached through the resolver too). */
+/* Forwarders to the stand-in driver's own exports (reached through the resolver too); they
+ * fill the table but never call cuInit. */
 CUfunction standin_register_kernel(const char *name, standin_kernel_fn fn, unsigned nparams,
                                    const size_t *offsets, const size_t *sizes) {
     pthread_once(&g_once, load);
