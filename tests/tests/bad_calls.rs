@@ -68,6 +68,20 @@ fn failed_calls_are_events_with_their_codes() {
     assert_eq!((theirs[0].result, theirs[1].result), (201, 201));
 }
 
+/// Isolation holds freed memory back, but a call that fails without it (a double free, a free
+/// of an address never handed out, an unmap of a range never mapped) fails the same way with it.
+#[test]
+fn failed_calls_keep_their_codes_in_isolate_mode() {
+    let plain = Run::program("bad_calls").preload(false).run();
+    let out = Run::program("bad_calls")
+        .env("ISOLATE_MODE", "isolate")
+        .run();
+    out.assert_same_as(&plain);
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    out.assert_trace_matches(t, None);
+}
+
 fn same_under_test_panic(program: &str) {
     let plain = Run::program(program).preload(false).run();
     let out = Run::program(program).env("ISOLATE_TEST_PANIC", "1").run();

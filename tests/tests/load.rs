@@ -111,3 +111,13 @@ fn million_pairs_from_16_threads() {
     }
     assert_eq!(runtime_threads, 8);
 }
+
+/// The harness itself: a program that never ends is killed by the watchdog, and the test fails.
+#[test]
+#[should_panic(expected = "watchdog")]
+fn watchdog_kills_a_program_that_never_ends() {
+    Run::program("forker")
+        .arg("sigkill")
+        .timeout(Duration::from_millis(500))
+        .run();
+}

@@ -467,3 +467,33 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
         }
     }
 }
+
+/// Isolation changes where memory comes from, never what a call returns: every program whose
+/// output does not print the reuse of a freed address prints the same in isolate mode.
+#[test]
+fn every_program_prints_the_same_in_isolate_mode() {
+    let runs: &[(&str, &[&str])] = &[
+        ("rt_basic", &[]),
+        ("drv_static", &[]),
+        ("drv_linked", &[]),
+        ("rt_vmm", &[]),
+        ("stream_order", &[]),
+        ("threads", &["4", "200"]),
+        ("forker", &["fork"]),
+    ];
+    // bad_calls in isolate mode: tests/bad_calls.rs
+    for (program, args) in runs {
+        let run = Run::program(program).args(args.iter().copied());
+        let plain = run.clone().preload(false).run();
+        let out = run.env("ISOLATE_MODE", "isolate").run();
+        out.assert_same_as(&plain);
+        assert!(!out.traces.is_empty(), "{program}: no trace");
+        for t in &out.traces {
+            assert!(t.is_complete(), "{program}: {}", t.summary());
+            assert_eq!(t.header.mode, "isolate");
+        }
+        if *program != "threads" && out.traces.len() == 1 {
+            out.assert_trace_matches(&out.traces[0], None);
+        }
+    }
+}
