@@ -1621,6 +1621,7 @@ struct vmap {
     uintptr_t base;
     size_t size;
     size_t offset;
+    int prot; /* as cuMemSetAccess last set it */
     struct vhandle *h;
     struct vmap *next;
 };
@@ -1857,15 +1858,16 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
     return r;
 }
 
-/* Under g_lock: 1 if [p, p+size) is covered by mappings with no gap. */
-static int fully_mapped(uintptr_t p, size_t size) {
+/* Under g_lock: 1 if [p, p+size) is covered by mappings with no gap, each with at least the
+ * protection `prot`. */
+static int fully_mapped(uintptr_t p, size_t size, int prot) {
     uintptr_t at = p, end = p + size;
     while (at < end) {
         struct vmap *hit = NULL;
         for (struct vmap *x = g_maps; x; x = x->next)
             if (at >= x->base && at < x->base + x->size)
                 hit = x;
-        if (!hit)
+        if (!hit || (hit->prot & prot) != prot)
             return 0;
         at = hit->base + hit->size;
     }
@@ -1890,10 +1892,15 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
     }
     CUresult r = CUDA_SUCCESS;
     pthread_mutex_lock(&g_lock);
-    if (!fully_mapped(ptr, size))
+    if (!fully_mapped(ptr, size, 0)) {
         r = CUDA_ERROR_INVALID_VALUE;
-    else if (mprotect((void *)(uintptr_t)ptr, size, prot) != 0)
+    } else if (mprotect((void *)(uintptr_t)ptr, size, prot) != 0) {
         r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        for (struct vmap *m = g_maps; m; m = m->next)
+            if (m->base < ptr + size && ptr < m->base + m->size)
+                m->prot = prot; /* (a mapping set in part counts as set whole) */
+    }
     pthread_mutex_unlock(&g_lock);
     return r;
 }
@@ -1967,19 +1974,56 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr 
 
 /* ================================================================ copies and sets */
 
+/* What a copy or set may touch, as the driver checks it: device memory is the arena (all of
+ * it: freed memory stays mapped, as in a real driver's sub-allocator), pinned or registered host
+ * memory, and VMM mappings with the access asked for; host memory is anything except reserved
+ * virtual address space without that access. Anything else is CUDA_ERROR_INVALID_VALUE, where
+ * touching it would fault. Kernels are not checked (a stand-in kernel is host code). */
+enum side { SIDE_DEVICE, SIDE_HOST };
+
+/* Under g_lock. */
+static int range_ok(uintptr_t p, size_t n, int write, enum side side) {
+    if (!p || p + n < p)
+        return 0;
+    int prot = write ? PROT_READ | PROT_WRITE : PROT_READ;
+    for (struct vreserve *r = g_reserves; r; r = r->next)
+        if (p < r->base + r->size && r->base < p + n)
+            return fully_mapped(p, n, prot);
+    if (side == SIDE_HOST)
+        return 1;
+    const struct arena *arenas[] = {&g_main, &g_low};
+    for (int i = 0; i < 2; i++)
+        if (arenas[i]->head && p >= arenas[i]->base &&
+            p + n <= arenas[i]->base + arenas[i]->size)
+            return 1;
+    for (struct hostmem *h = g_host; h; h = h->next)
+        if (p >= h->p && p + n <= h->p + h->size)
+            return 1;
+    return 0;
+}
+
+static int ranges_ok(uintptr_t dst, enum side dside, uintptr_t src, enum side sside, size_t n) {
+    pthread_mutex_lock(&g_lock);
+    int ok = range_ok(dst, n, 1, dside) && (!src || range_ok(src, n, 0, sside));
+    pthread_mutex_unlock(&g_lock);
+    return ok;
+}
+
 /* Synchronous copies and sets run after everything queued on every stream. */
-static CUresult copy_sync(uintptr_t dst, uintptr_t src, size_t n) {
+static CUresult copy_sync(uintptr_t dst, enum side dside, uintptr_t src, enum side sside,
+                          size_t n) {
     NEED_CTX();
     if (n == 0)
         return CUDA_SUCCESS;
-    if (!dst || !src)
+    if (!dst || !src || !ranges_ok(dst, dside, src, sside, n))
         return CUDA_ERROR_INVALID_VALUE;
     drain_all(0);
     memmove((void *)dst, (const void *)src, n);
     return CUDA_SUCCESS;
 }
 
-static CUresult copy_async(uintptr_t dst, uintptr_t src, size_t n, CUstream hs, int ptsz) {
+static CUresult copy_async(uintptr_t dst, enum side dside, uintptr_t src, enum side sside,
+                           size_t n, CUstream hs, int ptsz) {
     NEED_CTX();
     enum stream_kind kind;
     struct CUstream_st *s;
@@ -1988,7 +2032,7 @@ static CUresult copy_async(uintptr_t dst, uintptr_t src, size_t n, CUstream hs, 
         return r;
     if (n == 0)
         return CUDA_SUCCESS;
-    if (!dst || !src)
+    if (!dst || !src || !ranges_ok(dst, dside, src, sside, n))
         return CUDA_ERROR_INVALID_VALUE;
     struct op *o = new_op(OP_MEMCPY);
     if (!o)
@@ -2004,7 +2048,7 @@ static CUresult set_sync(uintptr_t dst, unsigned value, unsigned elem, size_t n)
     NEED_CTX();
     if (n == 0)
         return CUDA_SUCCESS;
-    if (!dst || dst % elem)
+    if (!dst || dst % elem || n > SIZE_MAX / elem || !ranges_ok(dst, SIDE_DEVICE, 0, 0, n * elem))
         return CUDA_ERROR_INVALID_VALUE;
     drain_all(0);
     struct op o = {.kind = OP_MEMSET, .u.set = {dst, value, elem, n}};
@@ -2022,7 +2066,7 @@ static CUresult set_async(uintptr_t dst, unsigned value, unsigned elem, size_t n
         return r;
     if (n == 0)
         return CUDA_SUCCESS;
-    if (!dst || dst % elem)
+    if (!dst || dst % elem || n > SIZE_MAX / elem || !ranges_ok(dst, SIDE_DEVICE, 0, 0, n * elem))
         return CUDA_ERROR_INVALID_VALUE;
     struct op *o = new_op(OP_MEMSET);
     if (!o)
@@ -2036,52 +2080,57 @@ static CUresult set_async(uintptr_t dst, unsigned value, unsigned elem, size_t n
 }
 
 #define U(p) ((uintptr_t)(p))
+#define DEV SIDE_DEVICE
+#define HOST SIDE_HOST
 
-CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { return copy_sync(dst, src, n); }
+/* cuMemcpy takes unified addresses: either side may be host memory. */
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    return copy_sync(dst, HOST, src, HOST, n);
+}
 CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-    return copy_sync(dst, src, n);
+    return copy_sync(dst, HOST, src, HOST, n);
 }
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
-    return copy_sync(dst, U(src), n);
+    return copy_sync(dst, DEV, U(src), HOST, n);
 }
 CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n) {
-    return copy_sync(dst, U(src), n);
+    return copy_sync(dst, DEV, U(src), HOST, n);
 }
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
-    return copy_sync(U(dst), src, n);
+    return copy_sync(U(dst), HOST, src, DEV, n);
 }
 CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n) {
-    return copy_sync(U(dst), src, n);
+    return copy_sync(U(dst), HOST, src, DEV, n);
 }
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-    return copy_sync(dst, src, n);
+    return copy_sync(dst, DEV, src, DEV, n);
 }
 CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-    return copy_sync(dst, src, n);
+    return copy_sync(dst, DEV, src, DEV, n);
 }
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
-    return copy_async(dst, src, n, s, 0);
+    return copy_async(dst, HOST, src, HOST, n, s, 0);
 }
 CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
-    return copy_async(dst, src, n, s, 1);
+    return copy_async(dst, HOST, src, HOST, n, s, 1);
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
-    return copy_async(dst, U(src), n, s, 0);
+    return copy_async(dst, DEV, U(src), HOST, n, s, 0);
 }
 CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
-    return copy_async(dst, U(src), n, s, 1);
+    return copy_async(dst, DEV, U(src), HOST, n, s, 1);
 }
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
-    return copy_async(U(dst), src, n, s, 0);
+    return copy_async(U(dst), HOST, src, DEV, n, s, 0);
 }
 CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t n, CUstream s) {
-    return copy_async(U(dst), src, n, s, 1);
+    return copy_async(U(dst), HOST, src, DEV, n, s, 1);
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
-    return copy_async(dst, src, n, s, 0);
+    return copy_async(dst, DEV, src, DEV, n, s, 0);
 }
 CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
-    return copy_async(dst, src, n, s, 1);
+    return copy_async(dst, DEV, src, DEV, n, s, 1);
 }
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n) {
     return set_sync(dst, uc, 1, n);

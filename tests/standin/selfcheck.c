@@ -374,6 +374,8 @@ static void driver_memory(void) {
     void *h = NULL, *h2 = NULL;
     EQ(H("cuMemAllocHost_v2", cuMemAllocHost_v2(&h, 4096)), 0, "cuMemAllocHost_v2");
     memset(h, 1, 4096);
+    EQ(cuMemsetD8_v2((CUdeviceptr)(uintptr_t)h, 2, 4096), 0, "memset of pinned host memory");
+    EQ(((unsigned char *)h)[4095], 2, "  set");
     EQ(H("cuMemHostAlloc", cuMemHostAlloc(&h2, 100, 8)), CUDA_ERROR_INVALID_VALUE,
        "cuMemHostAlloc bad flags");
     EQ(H("cuMemHostAlloc", cuMemHostAlloc(&h2, 100, CU_MEMHOSTALLOC_DEVICEMAP)), 0,
@@ -417,6 +419,13 @@ static void driver_memory(void) {
     EQ(cuMemcpy_ptds(b, a, 16), 0, "cuMemcpy_ptds");
     EQ(cuMemsetD8_v2_ptds(b, 1, 16), 0, "cuMemsetD8_v2_ptds");
     EQ(cuMemcpyHtoD_v2(0, in, 4), CUDA_ERROR_INVALID_VALUE, "copy to null");
+    EQ(cuMemsetD8_v2((CUdeviceptr)(uintptr_t)in, 0, 4), CUDA_ERROR_INVALID_VALUE,
+       "memset of pageable host memory");
+    EQ(cuMemcpyHtoD_v2((CUdeviceptr)(uintptr_t)out, in, 4), CUDA_ERROR_INVALID_VALUE,
+       "HtoD to pageable host memory");
+    EQ(cuMemcpy((CUdeviceptr)(uintptr_t)out, (CUdeviceptr)(uintptr_t)in, 4), 0,
+       "cuMemcpy host to host");
+    EQ(cuMemsetD8_v2(a + 4000, 0, 200), 0, "memset past an allocation, inside the arena");
     EQ(cuMemcpyHtoD_v2(0, in, 0), 0, "copy 0 bytes");
     EQ(H("cuMemFree_v2", cuMemFree_v2(a)), 0, "free");
     EQ(H("cuMemFree_v2", cuMemFree_v2(b)), 0, "free");
@@ -458,6 +467,8 @@ static void driver_vmm(void) {
        "map over a mapping");
     EQ(H("cuMemMap", cuMemMap(vb, 2 * g, 0, hv, 0)), 0, "map into B");
     CHECK(!readable((unsigned char *)(uintptr_t)(va + g)), "mapped, no access yet");
+    EQ(cuMemsetD8_v2(va + g, 1, 16), CUDA_ERROR_INVALID_VALUE, "memset without access");
+    EQ(cuMemsetD8_v2(va, 1, 16), CUDA_ERROR_INVALID_VALUE, "memset of reserved, unmapped space");
     CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     EQ(H("cuMemSetAccess", cuMemSetAccess(va, 4 * g, &acc, 1)), CUDA_ERROR_INVALID_VALUE,
        "set access over unmapped space");
@@ -467,6 +478,16 @@ static void driver_vmm(void) {
     pa[0] = 0x42;
     pa[2 * g - 1] = 0x43;
     CHECK(pb[0] == 0x42 && pb[2 * g - 1] == 0x43, "written through A, read through B");
+    EQ(cuMemsetD8_v2(va + g, 1, 2 * g + 1), CUDA_ERROR_INVALID_VALUE, "memset past the mapping");
+    unsigned char byte = 0;
+    EQ(cuMemcpyDtoH_v2(&byte, va, 1), CUDA_ERROR_INVALID_VALUE, "copy from unmapped space");
+    EQ(cuMemcpy((CUdeviceptr)(uintptr_t)&byte, va + g, 1), 0, "cuMemcpy from a mapping");
+    EQ(byte, 0x42, "  read");
+    CUmemAccessDesc ro = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READ};
+    EQ(H("cuMemSetAccess", cuMemSetAccess(vb, 2 * g, &ro, 1)), 0, "B read-only");
+    EQ(cuMemsetD8_v2(vb, 1, 1), CUDA_ERROR_INVALID_VALUE, "  memset B refused");
+    EQ(cuMemcpyDtoD_v2(va + g + 1, vb, 1), 0, "  copy from B");
+    EQ(H("cuMemSetAccess", cuMemSetAccess(vb, 2 * g, &acc, 1)), 0, "B read-write again");
     EQ(cuMemsetD8_v2(vb + 10, 0x99, 1), 0, "memset through B");
     EQ(pa[10], 0x99, "  seen through A");
     CUdeviceptr base = 0;
