@@ -2,6 +2,48 @@
  * The subset of cuda.h and cuda_runtime_api.h that the stand-in libraries and the test programs
  * use: real type layouts, real enum values, real exported names (no `#define cuMemAlloc
  * cuMemAlloc_v2` games: every name here is the exported symbol itself).
+ *
+ * How the stand-ins (driver.c = libcuda.so.1, runtime.c = libcudart.so.13) behave:
+ *
+ * - Device memory is host memory: a device address can be read and written directly. Plain,
+ *   async, managed, pitched and graph allocations come from one arena (STANDIN_MEM_BYTES,
+ *   default 1 GiB), first fit, 256-byte aligned; the latest freed address that fits is handed
+ *   straight back (free(A); alloc(same size) == A). cuMemCreate counts against the same budget.
+ *   Freed arena memory stays readable and writable (as in a real driver's sub-allocator), so a
+ *   stale write lands silently. The v1 cuMemAlloc (resolver at version < 3020) returns 32-bit
+ *   addresses from a separate low arena; cuMemFree_v2 frees those too.
+ * - VMM is real: cuMemCreate is a memfd, cuMemMap maps it MAP_SHARED (two mappings alias),
+ *   reserved or mapped-without-access space faults on touch (PROT_NONE), cuMemSetAccess sets
+ *   PROT_READ[/WRITE]. Granularity STANDIN_GRANULARITY (default 64 KiB).
+ * - Copies and sets validate their ranges like a driver (CUDA_ERROR_INVALID_VALUE, no fault):
+ *   the device side must be in the arena, pinned/registered host memory, or an accessible VMM
+ *   mapping. Stand-in kernels are host code and are not checked.
+ * - Streams are deferred: work on a created stream (memset, memcpy, launch, cuMemFreeAsync,
+ *   event record, wait) runs, in order, only when something waits for it: cuStreamSynchronize
+ *   or cuStreamQuery (both return success after running it; queries never say NOT_READY),
+ *   cuEventSynchronize/cuEventQuery (up to that event), cuStreamWaitEvent (when the waiting
+ *   stream gets there), cuCtxSynchronize / cudaDeviceSynchronize (everything), any synchronous
+ *   copy or set, cuMemFree_v2, cuMemFreeHost (everything first), cuStreamDestroy (that stream).
+ *   Work on the legacy stream (0 / CU_STREAM_LEGACY) first runs every blocking stream (not
+ *   CU_STREAM_NON_BLOCKING ones), then runs at once; the per-thread stream
+ *   (CU_STREAM_PER_THREAD, or 0 in a _ptsz/_ptds export) runs at once. STANDIN_SYNC=1 runs all
+ *   stream work at once. cuMemAllocAsync hands out the address at once; the cuMemFreeAsync'd
+ *   address is reusable only after the stream ran the free. cuEventElapsedTime says
+ *   CUDA_ERROR_NOT_READY for events whose stream has not run yet.
+ * - Kernels: standin_register_kernel() gives a CUfunction (also the `func` of cudaLaunchKernel);
+ *   launches copy the parameter values at enqueue and call the host function when the stream
+ *   runs, on whichever thread drains the stream. cuModuleLoadData accepts any image;
+ *   cuModuleGetFunction finds registered kernels by name in any module.
+ * - Contexts: thread-local. Driver memory/stream calls on a thread without a current context
+ *   return CUDA_ERROR_INVALID_CONTEXT (201); the runtime makes the current device's primary
+ *   context current on a thread's first runtime call. STANDIN_DEVICES (default 1; 0 makes cuInit
+ *   return CUDA_ERROR_NO_DEVICE). cudaMalloc/cudaMallocAsync/cudaMallocHost/cudaHostAlloc of
+ *   0 bytes succeed with NULL without calling the driver; cudaFree(NULL), cudaFreeHost(NULL)
+ *   too.
+ * - cuGetProcAddress[_v2] resolves base names only (never "cuMemAlloc_v2"), from a static
+ *   table, newest ABI not newer than the asked version; versions above 13000 are
+ *   CUDA_ERROR_INVALID_VALUE. cudaGetDriverEntryPoint* return cudaSuccess with NULL and the
+ *   status for unknown names (CUDA 12+ behaviour).
  */
 #ifndef ISOLATE_CUDA_STANDIN_H
 #define ISOLATE_CUDA_STANDIN_H
