@@ -70,7 +70,8 @@ impl Inside {
                 }
             })
             .unwrap_or(false);
-        entered.then_some(Inside(()))
+        // `then`, not `then_some`: an `Inside` built and dropped here would clear the flag.
+        entered.then(|| Inside(()))
     }
 }
 

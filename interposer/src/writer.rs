@@ -40,6 +40,8 @@ static FLUSH_SIGNAL: AtomicI32 = AtomicI32::new(0);
 static OWNER_PID: AtomicU32 = AtomicU32::new(0);
 static WRITER_TID: AtomicU32 = AtomicU32::new(0);
 
+const QUEUE: usize = 4096;
+
 struct Session {
     tx: Sender<Record>,
 }
@@ -127,7 +129,9 @@ fn start() {
         STATE.store(CLOSED, Release);
         return;
     }
-    let (tx, rx) = bounded::<Record>(1 << 16);
+    // Small on purpose: what sits in the queue is lost to SIGKILL. When the writer falls behind,
+    // hooks wait (counted in the trace) rather than let the queue grow past ~10 ms of events.
+    let (tx, rx) = bounded::<Record>(QUEUE);
     let session = Box::into_raw(Box::new(Session { tx }));
     SESSION.store(session, Release);
     OWNER_PID.store(std::process::id(), Release);
@@ -145,7 +149,8 @@ fn start() {
     match spawned {
         Ok(_) => {
             crate::lifecycle::install_signal_handlers();
-            STATE.store(RUNNING, Release);
+            // The writer may have closed already (trace file could not be created): keep that.
+            let _ = STATE.compare_exchange(STARTING, RUNNING, AcqRel, Acquire);
         }
         Err(e) => {
             crate::record::warn(&format!(
@@ -345,8 +350,16 @@ fn writer_main(rx: Receiver<Record>) {
                         Ok(rec) => {
                             enc.encode(&rec, &mut out.buf);
                             n += 1;
-                            if out.buf.len() >= 1 << 20 {
-                                out.write_out();
+                            // A steady stream never empties the queue: write out every 50 ms
+                            // (or 256 KiB) from inside this loop too.
+                            if n % 1024 == 0 {
+                                RECEIVED.fetch_add(1024, AcqRel);
+                                n = 0;
+                                let now = crate::record::now_ns();
+                                if out.buf.len() >= 256 << 10 || now - last_write >= 50_000_000 {
+                                    out.write_out();
+                                    last_write = now;
+                                }
                             }
                         }
                         Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => break,
@@ -409,9 +422,18 @@ fn writer_main(rx: Receiver<Record>) {
     }
 }
 
+/// After the trace is closed (or could not be opened): keep the queue empty so no hook ever
+/// waits, and answer flush requests at once, there being nothing to write.
 fn drain_forever(rx: Receiver<Record>) {
-    while rx.recv().is_ok() {
-        RECEIVED.fetch_add(1, AcqRel);
+    loop {
+        match rx.recv_timeout(Duration::from_millis(10)) {
+            Ok(_) => {
+                RECEIVED.fetch_add(1, AcqRel);
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+        }
+        FLUSH_DONE.store(FLUSH_GEN.load(Acquire), Release);
     }
 }
 

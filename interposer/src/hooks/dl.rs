@@ -57,10 +57,15 @@ extern "C" fn dlsym_intercept(handle: *mut c_void, symbol: *const c_char) -> *mu
     let name = unsafe { CStr::from_ptr(symbol) };
     let special = handle.is_null() || handle == libc::RTLD_NEXT;
     if let b"cuGetProcAddress_v2" | b"cuGetProcAddress" = name.to_bytes() {
-        let (ours, real): (*mut c_void, &dyn Fn(*mut c_void)) = if name.to_bytes().ends_with(b"_v2") {
-            (cuGetProcAddress_v2 as *mut c_void, &|p| REAL_GET_PROC_ADDRESS_V2.store(p))
+        let (ours, real): (*mut c_void, &dyn Fn(*mut c_void)) = if name.to_bytes().ends_with(b"_v2")
+        {
+            (cuGetProcAddress_v2 as *mut c_void, &|p| {
+                REAL_GET_PROC_ADDRESS_V2.store(p)
+            })
         } else {
-            (cuGetProcAddress as *mut c_void, &|p| REAL_GET_PROC_ADDRESS.store(p))
+            (cuGetProcAddress as *mut c_void, &|p| {
+                REAL_GET_PROC_ADDRESS.store(p)
+            })
         };
         if special {
             // RTLD_DEFAULT finds our own export first anyway; RTLD_NEXT gets the driver if loaded.
@@ -84,7 +89,9 @@ extern "C" fn dlsym_intercept(handle: *mut c_void, symbol: *const c_char) -> *mu
     if special {
         return std::ptr::null_mut();
     }
-    let Some(h) = crate::hooks::HOOKED.iter().find(|h| h.name == name) else { return std::ptr::null_mut() };
+    let Some(h) = crate::hooks::HOOKED.iter().find(|h| h.name == name) else {
+        return std::ptr::null_mut();
+    };
     if crate::hooks::is_launch(h) && !crate::policy::check_launches() {
         return std::ptr::null_mut();
     }
@@ -208,3 +215,105 @@ exec_hook!(execve, REAL_EXECVE, (path: *const c_char, argv: *const *const c_char
 exec_hook!(execvpe, REAL_EXECVPE, (file: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
 exec_hook!(execv, REAL_EXECV, (path: *const c_char, argv: *const *const c_char));
 exec_hook!(execvp, REAL_EXECVP, (file: *const c_char, argv: *const *const c_char));
+
+// The variadic forms (`execl`, `execlp`, `execle`): glibc implements them without going through
+// the PLT, so hooking the vector forms alone would miss them, and Rust cannot define variadic
+// functions. Each is a stub that lays the five register arguments after `path` out in memory
+// next to the stack arguments and calls a collector, which builds `argv` and calls our hook.
+
+macro_rules! variadic_exec {
+    ($name:ident, $collect:ident) => {
+        /// Builds `argv` from the arguments and calls the vector form (our hook).
+        ///
+        /// # Safety
+        /// Same contract as the libc function of this name.
+        #[unsafe(naked)]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name() -> c_int {
+            core::arch::naked_asm!(
+                "push rbp",
+                "mov rbp, rsp",
+                "push r9",
+                "push r8",
+                "push rcx",
+                "push rdx",
+                "push rsi",
+                "mov rsi, rsp",
+                "lea rdx, [rbp + 16]",
+                "sub rsp, 8",
+                "call {collect}",
+                "leave",
+                "ret",
+                collect = sym $collect,
+            )
+        }
+    };
+}
+
+variadic_exec!(execl, collect_execl);
+variadic_exec!(execlp, collect_execlp);
+variadic_exec!(execle, collect_execle);
+
+const MAX_ARGS: usize = 1 << 16;
+
+/// Reads the argument list (five from registers, the rest from the stack) up to its NULL;
+/// returns it with the terminating NULL, and the word after it (`envp` for `execle`).
+unsafe fn args(
+    regs: *const *const c_char,
+    stack: *const *const c_char,
+) -> Option<(Vec<*const c_char>, *const c_char)> {
+    let at = |i: usize| unsafe {
+        if i < 5 {
+            *regs.add(i)
+        } else {
+            *stack.add(i - 5)
+        }
+    };
+    let mut v = Vec::new();
+    for i in 0..MAX_ARGS {
+        let a = at(i);
+        v.push(a);
+        if a.is_null() {
+            return Some((v, at(i + 1)));
+        }
+    }
+    None
+}
+
+fn e2big() -> c_int {
+    unsafe { *libc::__errno_location() = libc::E2BIG };
+    -1
+}
+
+extern "C" fn collect_execl(
+    path: *const c_char,
+    regs: *const *const c_char,
+    stack: *const *const c_char,
+) -> c_int {
+    match unsafe { args(regs, stack) } {
+        Some((argv, _)) => unsafe { execv(path, argv.as_ptr()) },
+        None => e2big(),
+    }
+}
+
+extern "C" fn collect_execlp(
+    file: *const c_char,
+    regs: *const *const c_char,
+    stack: *const *const c_char,
+) -> c_int {
+    match unsafe { args(regs, stack) } {
+        Some((argv, _)) => unsafe { execvp(file, argv.as_ptr()) },
+        None => e2big(),
+    }
+}
+
+extern "C" fn collect_execle(
+    path: *const c_char,
+    regs: *const *const c_char,
+    stack: *const *const c_char,
+) -> c_int {
+    match unsafe { args(regs, stack) } {
+        Some((argv, envp)) => unsafe { execve(path, argv.as_ptr(), envp as *const *const c_char) },
+        None => e2big(),
+    }
+}

@@ -7,7 +7,7 @@
 use super::{Out, guard};
 use crate::config::{self, Budget};
 use crate::cuda::*;
-use crate::hooks::driver;
+use crate::hooks::{driver, runtime};
 use crate::record::{self, Pending};
 use crate::resolve::{Lib, Real};
 use crate::writer::{self, Q_EARLY, Q_PEAK, Q_RELEASES};
@@ -89,6 +89,8 @@ struct State {
     index: BTreeMap<u64, Entry>,
     held: u64,
     budget: Option<u64>,
+    /// Virtual-memory mappings made with `cuMemMap`, by start: what `cuMemUnmap` may hold back.
+    mapped: BTreeMap<u64, u64>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -224,11 +226,21 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     let mut p = Pending::before(proto.api);
     let seq = p.ev.seq;
     p.ev = Event { seq, ..proto };
-    let live = if proto.ptr != 0 && quarantinable(proto.api) {
-        st!(state()).live.remove(&proto.ptr)
+    let (live, held) = if proto.ptr != 0 && quarantinable(proto.api) {
+        let mut g = state();
+        let s = st!(g);
+        let live = s.live.remove(&proto.ptr);
+        (live, live.is_none() && s.index.contains_key(&proto.ptr))
     } else {
-        None
+        (None, false)
     };
+    if held {
+        // A second free of memory we hold: the driver must not be asked (it would really free
+        // memory that is in quarantine), but the caller gets what a double free gets.
+        let r = double_free(proto.api, proto.stream as CUstream);
+        p.finish(r);
+        return r;
+    }
     let Some(live) = live else {
         let r = call();
         p.finish(r);
@@ -296,6 +308,9 @@ pub fn other(
     let r = call();
     p.ev.result = r;
     after(&mut p.ev);
+    if r == CUDA_SUCCESS && proto.api.kind() == Kind::Map {
+        st!(state()).mapped.insert(proto.ptr, proto.size);
+    }
     p.finish(r);
     r
 }
@@ -305,7 +320,9 @@ fn unmap(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     let mut p = Pending::before(proto.api);
     let seq = p.ev.seq;
     p.ev = Event { seq, ..proto };
-    if proto.ptr == 0 || proto.size == 0 {
+    // Only a range made entirely of mappings we saw is held back; anything else is the
+    // driver's to judge (and to refuse).
+    if !(proto.ptr != 0 && proto.size != 0 && take_mapped(proto.ptr, proto.size)) {
         let r = call();
         p.finish(r);
         return r;
@@ -331,6 +348,57 @@ fn unmap(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         held: Held::Mapping,
     });
     CUDA_SUCCESS
+}
+
+/// What a double free returns, without touching the memory: the runtime is asked to free an
+/// address nothing can own, so it also sets its sticky last error exactly as for a double free.
+fn double_free(api: Api, stream: CUstream) -> i32 {
+    let bogus = 1usize as *mut c_void;
+    let r = match api {
+        Api::CudaFree => runtime::FREE.get().map(|f| unsafe { f(bogus) }),
+        Api::CudaFreeAsync => runtime::FREE_ASYNC
+            .get()
+            .map(|f| unsafe { f(bogus, stream) }),
+        Api::CudaFreeAsyncPtsz => runtime::FREE_ASYNC_PTSZ
+            .get()
+            .map(|f| unsafe { f(bogus, stream) }),
+        _ => None,
+    };
+    r.unwrap_or(CUDA_ERROR_INVALID_VALUE)
+}
+
+/// True (and the range forgotten) when [ptr, ptr+size) is covered by mappings we saw made.
+fn take_mapped(ptr: u64, size: u64) -> bool {
+    let mut g = state();
+    let s = st!(g);
+    let end = ptr + size;
+    let parts: Vec<(u64, u64)> = s
+        .mapped
+        .range(..end)
+        .rev()
+        .take_while(|(k, v)| **k + **v > ptr)
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    let mut at = ptr;
+    for &(k, v) in parts.iter().rev() {
+        if k <= at {
+            at = at.max(k + v);
+        }
+    }
+    if at < end {
+        return false;
+    }
+    for (k, v) in parts {
+        s.mapped.remove(&k);
+        // The parts of a mapping outside the unmapped range stay mapped.
+        if k < ptr {
+            s.mapped.insert(k, ptr - k);
+        }
+        if k + v > end {
+            s.mapped.insert(end, k + v - end);
+        }
+    }
+    true
 }
 
 fn current_ctx() -> usize {
@@ -421,7 +489,11 @@ fn quarantine(entry: Entry) {
         s.queue.push_back(entry);
         let limit = budget(s, entry.device);
         // Over budget: release down to 80% of it in one batch (verified with one round trip).
-        let low_water = if s.held > limit { limit / 10 * 8 } else { u64::MAX };
+        let low_water = if s.held > limit {
+            limit / 10 * 8
+        } else {
+            u64::MAX
+        };
         while s.held > low_water {
             let Some(old) = s.queue.pop_front() else {
                 break;
@@ -648,7 +720,19 @@ fn verify_batch_on_device(entries: &[&Entry], byte: u8) -> Option<Vec<(u64, u64)
         ];
         let blocks = (e.size / 4).div_ceil(256).clamp(1, 132 * 8) as u32;
         let r = unsafe {
-            launch(func, blocks, 1, 1, 256, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut())
+            launch(
+                func,
+                blocks,
+                1,
+                1,
+                256,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
         };
         if r != CUDA_SUCCESS {
             return None;
@@ -658,7 +742,11 @@ fn verify_batch_on_device(entries: &[&Entry], byte: u8) -> Option<Vec<(u64, u64)
     if unsafe { dtoh(res.as_mut_ptr().cast(), result, n * 16) } != CUDA_SUCCESS {
         return None;
     }
-    Some((0..n).map(|i| (if res[2 * i] == 0 { 0 } else { res[2 * i + 1] }, res[2 * i])).collect())
+    Some(
+        (0..n)
+            .map(|i| (if res[2 * i] == 0 { 0 } else { res[2 * i + 1] }, res[2 * i]))
+            .collect(),
+    )
 }
 
 /// The same count with large copies to the host (the path when no kernel can be loaded).

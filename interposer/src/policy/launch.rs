@@ -165,12 +165,19 @@ fn hit(api: Api, f: CUfunction, l: &Layout, index: u32, offset: u32, ptr: u64, e
 /// The note written at exit with the launch-check counters.
 pub fn note_at_exit() {
     let checked = CHECKED.load(Relaxed);
-    let kernels = LAYOUTS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map_or(0, |m| m.len());
+    let kernels = LAYOUTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map_or(0, |m| m.len());
     crate::writer::note(
         isolate_trace::NoteKind::Info,
         0,
         HITS.load(Relaxed),
         checked,
-        format!("launch check: {checked} launches of {kernels} kernels checked, {} stale pointers", HITS.load(Relaxed)),
+        format!(
+            "launch check: {checked} launches of {kernels} kernels checked, {} stale pointers",
+            HITS.load(Relaxed)
+        ),
     );
 }
