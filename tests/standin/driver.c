@@ -408,6 +408,29 @@ static void setup(void) {
     g_setup_result = CUDA_SUCCESS;
 }
 
+/* A fork while another thread holds the locks must not leave the child deadlocked. */
+static void fork_prepare(void) {
+    pthread_mutex_lock(&g_exec);
+    pthread_mutex_lock(&g_lock);
+}
+static void fork_parent(void) {
+    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_exec);
+}
+/* The child's only thread has a new id, which a recursive mutex's owner no longer matches:
+ * made anew rather than unlocked. */
+static void fork_child(void) {
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&g_exec, &attr);
+    pthread_mutexattr_destroy(&attr);
+    pthread_mutex_init(&g_lock, NULL);
+}
+__attribute__((constructor)) static void register_fork_handlers(void) {
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
 #define NEED_INIT()                                                                            \
     do {                                                                                       \
         if (!atomic_load_explicit(&g_initialized, memory_order_acquire))                      \
