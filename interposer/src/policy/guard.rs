@@ -139,6 +139,8 @@ pub fn alloc(size: u64) -> Result<Option<u64>, CUresult> {
             return Ok(None);
         };
         unsafe { free_va(old, old_size as usize) };
+        // Its addresses may be handed out again now: no longer "freed memory" to the launch check.
+        super::isolate::forget_range(old, old_size);
         writer::note(
             NoteKind::GuardRecycle,
             old,

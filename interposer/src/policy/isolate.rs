@@ -792,6 +792,16 @@ pub fn at_exit() {
     }
 }
 
+/// Drops index entries inside [ptr, ptr+size): guard mode gave that address range back.
+pub fn forget_range(ptr: u64, size: u64) {
+    let mut g = state();
+    let s = st!(g);
+    let inside: Vec<u64> = s.index.range(ptr..ptr.saturating_add(size)).map(|(k, _)| *k).collect();
+    for k in inside {
+        s.index.remove(&k);
+    }
+}
+
 /// The quarantined allocation that covers `addr`, if any (for the launch check).
 pub fn lookup(addr: u64) -> Option<Entry> {
     if addr < LOW.load(Relaxed) || addr >= HIGH.load(Relaxed) {
