@@ -206,7 +206,7 @@ fn bench(rounds: usize) -> Result<(), String> {
     let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
     println!(
         "Goals: < {GOAL_NS_ONE:.0} ns per call on one thread: {:.0} ns, {}; \
-         ≤ {GOAL_NS_EIGHT:.0} ns (2x) at eight threads: {:.0} ns ({:.1}x the one-thread figure), {}; \
+         ≤ {GOAL_NS_EIGHT:.0} ns (2x) at eight threads: {:.0} ns ({:.2}x the one-thread figure), {}; \
          ≤ {GOAL_BYTES:.0} bytes per event: {:.1} / {:.1}, {}.",
         added[0],
         verdict(added[0] < GOAL_NS_ONE),
