@@ -77,7 +77,7 @@ def main():
             notes = j.get("notes")
             kernels = sorted({x.get("kernel") for x in j.get("stale_launches", [])})
             print(f"{model}: ran={'yes' if res else 'NO'} stale_launches={len(j.get('stale_launches', []))} "
-                  f"kernels={kernels[:5]} notes={notes[:3]}")
+                  f"kernels={kernels[:5]} notes={notes}")
 
 
 if __name__ == "__main__":
