@@ -30,6 +30,7 @@ pub fn real_dlsym() -> Option<DlsymFn> {
 }
 
 /// Looks `name` up in `handle` through the real `dlsym`.
+#[allow(clippy::not_unsafe_ptr_arg_deref)] // dlsym takes any handle and says no
 pub fn dlsym_in(handle: *mut c_void, name: &CStr) -> *mut c_void {
     match real_dlsym() {
         Some(f) => unsafe { f(handle, name.as_ptr()) },
@@ -64,7 +65,7 @@ pub fn is_ours(p: *const c_void) -> bool {
 /// The exact exported symbol name of the function that starts at `p`.
 pub fn export_name(p: *const c_void) -> Option<&'static CStr> {
     let info = dladdr(p)?;
-    if info.dli_sname.is_null() || info.dli_saddr as usize != p as usize {
+    if info.dli_sname.is_null() || !std::ptr::eq(info.dli_saddr as *const c_void, p) {
         return None;
     }
     // The name lives in the loaded object's string table for as long as it stays loaded;

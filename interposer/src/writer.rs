@@ -5,7 +5,7 @@
 //! full do they wait (with a backoff, counted in the trace). The writer owns the file.
 
 use crate::config::{self, Mode};
-use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError, bounded};
+use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 use isolate_trace::{Encoder, End, EndReason, Header, Note, NoteKind, Record, Stats};
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering::*};
 use std::time::Duration;
@@ -341,33 +341,25 @@ fn writer_main(rx: Receiver<Record>) {
     let mut last_stats = last_write;
     const TICK: Duration = Duration::from_millis(10);
     loop {
-        match rx.recv_timeout(TICK) {
-            Ok(rec) => {
+        if let Ok(rec) = rx.recv_timeout(TICK) {
+            enc.encode(&rec, &mut out.buf);
+            let mut n = 1;
+            while let Ok(rec) = rx.try_recv() {
                 enc.encode(&rec, &mut out.buf);
-                let mut n = 1;
-                loop {
-                    match rx.try_recv() {
-                        Ok(rec) => {
-                            enc.encode(&rec, &mut out.buf);
-                            n += 1;
-                            // A steady stream never empties the queue: write out every 50 ms
-                            // (or 256 KiB) from inside this loop too.
-                            if n % 1024 == 0 {
-                                RECEIVED.fetch_add(1024, AcqRel);
-                                n = 0;
-                                let now = crate::record::now_ns();
-                                if out.buf.len() >= 256 << 10 || now - last_write >= 50_000_000 {
-                                    out.write_out();
-                                    last_write = now;
-                                }
-                            }
-                        }
-                        Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => break,
+                n += 1;
+                // A steady stream never empties the queue: write out every 50 ms (or 256 KiB)
+                // from inside this loop too.
+                if n % 1024 == 0 {
+                    RECEIVED.fetch_add(1024, AcqRel);
+                    n = 0;
+                    let now = crate::record::now_ns();
+                    if out.buf.len() >= 256 << 10 || now - last_write >= 50_000_000 {
+                        out.write_out();
+                        last_write = now;
                     }
                 }
-                RECEIVED.fetch_add(n, AcqRel);
             }
-            Err(_) => {}
+            RECEIVED.fetch_add(n, AcqRel);
         }
         let now = crate::record::now_ns();
         if now - last_stats >= 2_000_000_000 {

@@ -65,6 +65,7 @@ macro_rules! device_alloc {
         $(#[$m])*
         /// # Safety
         /// Same contract as the driver function of this name.
+        #[allow(clippy::no_effect, clippy::unused_unit)]
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($dptr: *mut CUdeviceptr $(, $a: $t)*) -> CUresult {
             let Some(real) = $real.get() else { return MISSING };
@@ -144,6 +145,7 @@ macro_rules! device_free {
     ($name:ident, $real:ident, $api:expr, ($ptr:ident $(, $a:ident: $t:ty)*), |$e:ident| $fill:expr) => {
         /// # Safety
         /// Same contract as the driver function of this name.
+        #[allow(clippy::no_effect, clippy::unused_unit)]
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($ptr: CUdeviceptr $(, $a: $t)*) -> CUresult {
             let Some(real) = $real.get() else { return MISSING };
@@ -160,7 +162,7 @@ macro_rules! device_free {
     };
 }
 
-device_free!(cuMemFree_v2, MEM_FREE, Api::CuMemFree, (ptr), |e| ());
+device_free!(cuMemFree_v2, MEM_FREE, Api::CuMemFree, (ptr), |e| {});
 device_free!(cuMemFreeAsync, MEM_FREE_ASYNC, Api::CuMemFreeAsync, (ptr, stream: CUstream), |e| e.stream = stream as u64);
 device_free!(cuMemFreeAsync_ptsz, MEM_FREE_ASYNC_PTSZ, Api::CuMemFreeAsyncPtsz, (ptr, stream: CUstream), |e| e.stream =
     stream as u64);
@@ -169,6 +171,7 @@ macro_rules! host_alloc {
     ($name:ident, $real:ident, $api:expr, ($pp:ident, $size:ident $(, $a:ident: $t:ty)*), |$e:ident| $fill:expr) => {
         /// # Safety
         /// Same contract as the driver function of this name.
+        #[allow(clippy::no_effect, clippy::unused_unit)]
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($pp: *mut *mut c_void, $size: usize $(, $a: $t)*) -> CUresult {
             let Some(real) = $real.get() else { return MISSING };
@@ -537,6 +540,7 @@ macro_rules! launch {
         ///
         /// # Safety
         /// Same contract as the driver function of this name.
+        #[allow(clippy::no_effect, clippy::unused_unit)]
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(
             f: CUfunction,
@@ -555,7 +559,7 @@ macro_rules! launch {
                 return MISSING;
             };
             if policy::check_launches() && !crate::record::nested() {
-                policy::launch_check($api, f, params, extra);
+                unsafe { policy::launch_check($api, f, params, extra) };
             }
             unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) }
         }
@@ -575,6 +579,7 @@ macro_rules! launch_ex {
         ///
         /// # Safety
         /// Same contract as the driver function of this name.
+        #[allow(clippy::no_effect, clippy::unused_unit)]
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(
             config: *const CUlaunchConfig,
@@ -586,7 +591,7 @@ macro_rules! launch_ex {
                 return MISSING;
             };
             if policy::check_launches() && !crate::record::nested() {
-                policy::launch_check($api, f, params, extra);
+                unsafe { policy::launch_check($api, f, params, extra) };
             }
             unsafe { real(config, f, params, extra) }
         }
@@ -606,6 +611,7 @@ macro_rules! launch_coop {
         ///
         /// # Safety
         /// Same contract as the driver function of this name.
+        #[allow(clippy::no_effect, clippy::unused_unit)]
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(
             f: CUfunction,
@@ -623,7 +629,7 @@ macro_rules! launch_coop {
                 return MISSING;
             };
             if policy::check_launches() && !crate::record::nested() {
-                policy::launch_check($api, f, params, std::ptr::null_mut());
+                unsafe { policy::launch_check($api, f, params, std::ptr::null_mut()) };
             }
             unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params) }
         }

@@ -56,6 +56,7 @@ macro_rules! rt_alloc {
     ($name:ident, $real:ident, $api:expr, $out:ident, ($pp:ident, $size:ident $(, $a:ident: $t:ty)*), |$e:ident| $fill:expr) => {
         /// # Safety
         /// Same contract as the runtime function of this name.
+        #[allow(clippy::no_effect, clippy::unused_unit)]
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($pp: *mut *mut c_void, $size: usize $(, $a: $t)*) -> cudaError_t {
             let Some(real) = $real.get() else { return MISSING };
@@ -175,6 +176,7 @@ macro_rules! rt_free {
     ($name:ident, $real:ident, $api:expr, ($ptr:ident $(, $a:ident: $t:ty)*), |$e:ident| $fill:expr) => {
         /// # Safety
         /// Same contract as the runtime function of this name.
+        #[allow(clippy::no_effect, clippy::unused_unit)]
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($ptr: *mut c_void $(, $a: $t)*) -> cudaError_t {
             let Some(real) = $real.get() else { return MISSING };
@@ -191,10 +193,10 @@ macro_rules! rt_free {
     };
 }
 
-rt_free!(cudaFree, FREE, Api::CudaFree, (p), |e| ());
+rt_free!(cudaFree, FREE, Api::CudaFree, (p), |e| {});
 rt_free!(cudaFreeAsync, FREE_ASYNC, Api::CudaFreeAsync, (p, stream: CUstream), |e| e.stream = stream as u64);
 rt_free!(cudaFreeAsync_ptsz, FREE_ASYNC_PTSZ, Api::CudaFreeAsyncPtsz, (p, stream: CUstream), |e| e.stream = stream as u64);
-rt_free!(cudaFreeHost, FREE_HOST, Api::CudaFreeHost, (p), |e| ());
+rt_free!(cudaFreeHost, FREE_HOST, Api::CudaFreeHost, (p), |e| {});
 
 /// # Safety
 /// Same contract as the runtime function of this name.

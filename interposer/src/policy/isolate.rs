@@ -353,7 +353,7 @@ fn unmap(proto: Event, call: impl FnOnce() -> i32) -> i32 {
 /// What a double free returns, without touching the memory: the runtime is asked to free an
 /// address nothing can own, so it also sets its sticky last error exactly as for a double free.
 fn double_free(api: Api, stream: CUstream) -> i32 {
-    let bogus = 1usize as *mut c_void;
+    let bogus = std::ptr::dangling_mut::<c_void>(); // address 1: never allocated
     let r = match api {
         Api::CudaFree => runtime::FREE.get().map(|f| unsafe { f(bogus) }),
         Api::CudaFreeAsync => runtime::FREE_ASYNC
@@ -796,7 +796,11 @@ pub fn at_exit() {
 pub fn forget_range(ptr: u64, size: u64) {
     let mut g = state();
     let s = st!(g);
-    let inside: Vec<u64> = s.index.range(ptr..ptr.saturating_add(size)).map(|(k, _)| *k).collect();
+    let inside: Vec<u64> = s
+        .index
+        .range(ptr..ptr.saturating_add(size))
+        .map(|(k, _)| *k)
+        .collect();
     for k in inside {
         s.index.remove(&k);
     }

@@ -66,7 +66,9 @@ const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
 pub static CHECKED: AtomicU64 = AtomicU64::new(0);
 pub static HITS: AtomicU64 = AtomicU64::new(0);
 
-pub fn check(api: Api, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
+/// # Safety
+/// `params` and `extra` are a launch's arguments, as the driver reads them.
+pub unsafe fn check(api: Api, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
     CHECKED.fetch_add(1, Relaxed);
     if isolate::HIGH.load(Relaxed) == 0 {
         return; // nothing freed yet

@@ -166,13 +166,15 @@ pub fn other(
 }
 
 /// Checks a launch's parameters against freed memory (isolate mode only; never fails the launch).
-pub fn launch_check(
+/// # Safety
+/// The arguments of a launch the driver is about to receive.
+pub unsafe fn launch_check(
     api: isolate_trace::Api,
     f: CUfunction,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) {
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
         launch::check(api, f, params, extra)
     }));
 }
