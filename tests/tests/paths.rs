@@ -422,6 +422,33 @@ fn dlsym_rtld_next_from_a_second_preload() {
     );
 }
 
+/// Programs that time themselves (used by hand for docs/performance.md).
+const BENCHMARKS: &[&str] = &["launch_bench"];
+
+/// The launch benchmark runs, checks its launches and gets the same answer as without the check.
+#[test]
+fn launch_bench_runs_under_the_launch_check() {
+    for check in ["off", "on"] {
+        let out = Run::program("launch_bench")
+            .arg("2000")
+            .env("STANDIN_SYNC", "1")
+            .env("ISOLATE_MODE", "isolate")
+            .env("ISOLATE_CHECK_LAUNCH", check)
+            .run();
+        out.assert_success();
+        assert!(
+            out.stdout.starts_with("launches 2000 ns_per_launch "),
+            "{}",
+            out.stdout
+        );
+        assert!(
+            !out.stderr.contains("STALE POINTER"),
+            "live pointers only: {}",
+            out.stderr
+        );
+    }
+}
+
 /// Every program in tests/programs prints the same with and without the preload.
 #[test]
 fn every_program_prints_the_same_with_and_without_the_preload() {
@@ -448,6 +475,10 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
         };
         let text = std::fs::read_to_string(entry.path()).unwrap();
         if text.starts_with("// shared:") {
+            continue;
+        }
+        // Benchmarks print timings, which differ from run to run: checked below instead.
+        if BENCHMARKS.contains(&stem) {
             continue;
         }
         assert!(
