@@ -41,6 +41,9 @@ struct State {
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
 
+/// Unmapped address space kept on each side of a guarded allocation.
+const GAP: u64 = 32 << 20;
+
 fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
     let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());
     f(g.get_or_insert_with(State::default))
@@ -130,7 +133,12 @@ pub fn alloc(size: u64) -> Result<Option<u64>, CUresult> {
         return Ok(None);
     };
     let phys = size.div_ceil(gran) * gran;
-    let va_size = phys + gran;
+    // Unmapped address space on both sides, wider than the guard page itself: pointers a
+    // kernel derives past the end (or before the start) of its operands without using them,
+    // as CUTLASS's iterators do, then land in this allocation's own gap, not in a neighbour
+    // that may have been freed (which the launch check would report).
+    let gap = GAP.div_ceil(gran) * gran;
+    let va_size = gap + phys + gap;
     let mut va: CUdeviceptr = 0;
     let mut r = unsafe { reserve(&mut va, va_size as usize, gran as usize, 0, 0) };
     while r != CUDA_SUCCESS {
@@ -162,7 +170,7 @@ pub fn alloc(size: u64) -> Result<Option<u64>, CUresult> {
         };
     }
     let under = config::get().guard_underflow;
-    let map_at = if under { va + gran } else { va };
+    let map_at = va + gap;
     let ok = unsafe { map(map_at, phys as usize, 0, handle, 0) } == CUDA_SUCCESS && {
         let desc = CUmemAccessDesc {
             location: CUmemLocation {
