@@ -91,6 +91,8 @@ struct State {
     budget: Option<u64>,
     /// Virtual-memory mappings made with `cuMemMap`, by start: what `cuMemUnmap` may hold back.
     mapped: BTreeMap<u64, u64>,
+    /// Physical handles made by this process's `cuMemCreate` and not yet released.
+    created: std::collections::HashSet<u64>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -308,8 +310,25 @@ pub fn other(
     let r = call();
     p.ev.result = r;
     after(&mut p.ev);
-    if r == CUDA_SUCCESS && proto.api.kind() == Kind::Map {
-        st!(state()).mapped.insert(proto.ptr, proto.size);
+    if r == CUDA_SUCCESS {
+        match proto.api.kind() {
+            // Only memory this process created is ever held back: a handle imported from a
+            // peer (NCCL) is someone else's memory, never to be poisoned.
+            Kind::Create => {
+                st!(state()).created.insert(p.ev.handle);
+            }
+            Kind::Release => {
+                st!(state()).created.remove(&proto.handle);
+            }
+            Kind::Map => {
+                let mut g = state();
+                let s = st!(g);
+                if s.created.contains(&proto.handle) {
+                    s.mapped.insert(proto.ptr, proto.size);
+                }
+            }
+            _ => {}
+        }
     }
     p.finish(r);
     r
