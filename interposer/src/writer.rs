@@ -46,6 +46,11 @@ struct Session {
     tx: Sender<Record>,
 }
 
+/// True once a trace has been started (this process has recorded something).
+pub fn started() -> bool {
+    STATE.load(Acquire) == RUNNING
+}
+
 /// True while events are being accepted (or would be, on first use).
 #[inline]
 pub fn active() -> bool {

@@ -528,3 +528,16 @@ fn every_program_prints_the_same_in_isolate_mode() {
         }
     }
 }
+
+/// Isolate mode too: the launch check's note at exit must not create a trace for a process that
+/// never touched CUDA (a launcher, a shell between torchrun and the workers).
+#[test]
+fn nocuda_leaves_no_trace_in_isolate_mode() {
+    let out = Run::program("nocuda").env("ISOLATE_MODE", "isolate").run();
+    out.assert_success();
+    assert!(
+        out.traces.is_empty(),
+        "no trace expected, got {}",
+        out.traces.len()
+    );
+}

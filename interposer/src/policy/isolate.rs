@@ -806,7 +806,8 @@ pub fn at_exit() {
         s.queue.drain(..).collect()
     };
     release_batch(&entries, false);
-    if config::get().check_launch {
+    // Only into a trace that exists: a process that never touched CUDA leaves no file.
+    if config::get().check_launch && writer::started() {
         super::launch::note_at_exit();
     }
 }
