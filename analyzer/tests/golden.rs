@@ -1,0 +1,537 @@
+//! Golden tests over the real traces in `tests/traces/` (recorded on an NVIDIA H200; see
+//! `tests/traces/README.md`): the `isolate` binary's JSON outputs must equal the files in
+//! `tests/traces/expected/` exactly (compared as JSON values). `UPDATE_GOLDEN=1 cargo test -p
+//! isolate-analyzer --test golden` rewrites the expected files instead. Either way, the numbers
+//! the GPU run printed are asserted on the fresh output first, so the golden files cannot be
+//! regenerated wrong without a failure.
+
+use isolate_trace::{FORMAT_VERSION, Reader, Record};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Each H200 trace, and the address `isolate who` is asked about (the stale ones only): the
+/// violation's or stale launch's pointer; for `stale_log` (which has neither: log mode does not
+/// isolate) the 20 MiB caching-allocator segment the freed tensor and its successor lived in.
+const TRACES: &[(&str, Option<&str>)] = &[
+    ("mlp-log_default", None),
+    ("mlp-log_no-caching", None),
+    ("mlp-log_cudaMallocAsync", None),
+    ("mlp-log_expandable", None),
+    ("static_log", None),
+    ("stale_log", Some("0x7f91ec800000")),
+    ("stale_isolate", Some("0x7fbd70800000")),
+    ("stale-triton_isolate", Some("0x7fba78800000")),
+    ("stale_guard", Some("0x7f6f78800000")),
+    ("record_stream_isolate", None),
+    ("oob-4000000_guard", None),
+];
+
+fn traces_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("analyzer/ has a parent")
+        .join("tests/traces")
+}
+
+fn trace_path(name: &str) -> PathBuf {
+    traces_dir().join("h200").join(format!("{name}.trace"))
+}
+
+fn expected_path(name: &str, kind: &str) -> PathBuf {
+    traces_dir()
+        .join("expected")
+        .join(format!("{name}.{kind}.json"))
+}
+
+fn updating() -> bool {
+    std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1")
+}
+
+/// Runs `isolate ARGS`; it must exit 0 and print JSON. Returns (raw stdout, parsed).
+fn isolate(args: &[&str]) -> (String, Value) {
+    let out = Command::new(env!("CARGO_BIN_EXE_isolate"))
+        .args(args)
+        .output()
+        .expect("run the isolate binary");
+    let stdout = String::from_utf8(out.stdout).expect("utf-8 output");
+    assert!(
+        out.status.success(),
+        "isolate {}: {}\nstderr:\n{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("isolate {}: not JSON ({e}):\n{stdout}", args.join(" ")));
+    (stdout, v)
+}
+
+fn short(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 200 {
+        format!("{}... ({} chars)", &s[..200], s.len())
+    } else {
+        s
+    }
+}
+
+/// The first place where `got` differs from `want`, as `path: expected X, got Y`.
+fn first_difference(path: &str, want: &Value, got: &Value) -> Option<String> {
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => {
+            for (k, wv) in w {
+                let p = format!("{path}.{k}");
+                match g.get(k) {
+                    None => return Some(format!("{p}: expected {}, missing", short(wv))),
+                    Some(gv) => {
+                        if let Some(d) = first_difference(&p, wv, gv) {
+                            return Some(d);
+                        }
+                    }
+                }
+            }
+            g.iter()
+                .find(|(k, _)| !w.contains_key(*k))
+                .map(|(k, gv)| format!("{path}.{k}: not expected, got {}", short(gv)))
+        }
+        (Value::Array(w), Value::Array(g)) => {
+            for (i, (wv, gv)) in w.iter().zip(g).enumerate() {
+                if let Some(d) = first_difference(&format!("{path}[{i}]"), wv, gv) {
+                    return Some(d);
+                }
+            }
+            (w.len() != g.len()).then(|| {
+                format!(
+                    "{path}: expected {} elements, got {} (first extra or missing: {})",
+                    w.len(),
+                    g.len(),
+                    short(if w.len() > g.len() {
+                        &w[g.len()]
+                    } else {
+                        &g[w.len()]
+                    })
+                )
+            })
+        }
+        _ => (want != got).then(|| format!("{path}: expected {}, got {}", short(want), short(got))),
+    }
+}
+
+/// Compares `got` with the expected file (or rewrites it under UPDATE_GOLDEN=1).
+fn golden(name: &str, kind: &str, raw: &str, got: &Value) {
+    let path = expected_path(name, kind);
+    if updating() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let mut text = raw.to_string();
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        eprintln!("rewrote {}", path.display());
+        return;
+    }
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (UPDATE_GOLDEN=1 cargo test -p isolate-analyzer --test golden writes it)",
+            path.display()
+        )
+    });
+    let want: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()));
+    if let Some(d) = first_difference("$", &want, got) {
+        panic!(
+            "{name} {kind}: the output differs from {}\n  first difference at {d}\n\
+             (if the change is intended: UPDATE_GOLDEN=1 cargo test -p isolate-analyzer --test golden, \
+             then read the diff)",
+            path.display()
+        );
+    }
+}
+
+fn summary(name: &str) -> (String, Value) {
+    isolate(&["summary", "--json", trace_path(name).to_str().unwrap()])
+}
+
+fn graph(name: &str) -> (String, Value) {
+    isolate(&[
+        "graph",
+        "--format",
+        "json",
+        trace_path(name).to_str().unwrap(),
+    ])
+}
+
+fn who(name: &str, addr: &str) -> (String, Value) {
+    isolate(&["who", "--json", addr, trace_path(name).to_str().unwrap()])
+}
+
+/// `calls[api]` of a summary, 0 when the API was never called.
+fn calls(s: &Value, api: &str) -> u64 {
+    s["calls"].get(api).map_or(0, |v| v.as_u64().unwrap())
+}
+
+fn failed(s: &Value, api: &str) -> u64 {
+    s["failed"].get(api).map_or(0, |v| v.as_u64().unwrap())
+}
+
+fn assert_calls(name: &str, s: &Value, want: &[(&str, u64)]) {
+    for &(api, n) in want {
+        assert_eq!(calls(s, api), n, "{name}: {api} calls in {}", s["calls"]);
+    }
+}
+
+fn header(s: &Value) -> &Value {
+    &s["traces"][0]["header"]
+}
+
+fn config<'a>(s: &'a Value, key: &str) -> &'a str {
+    header(s)["config"][key].as_str().unwrap_or("")
+}
+
+fn end_reason(s: &Value) -> &str {
+    s["traces"][0]["end_reason"].as_str().unwrap_or("")
+}
+
+fn array<'a>(v: &'a Value, key: &str) -> &'a Vec<Value> {
+    v[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("{key} is not an array"))
+}
+
+/// What the GPU run printed (docs/gpu-results.md), checked on the fresh output.
+fn check_summary(name: &str, s: &Value) {
+    assert_eq!(s["complete"], true, "{name}: End record");
+    assert_eq!(s["truncated"], Value::Null, "{name}");
+    assert_eq!(s["lost"], 0, "{name}");
+    assert_eq!(header(s)["format_version"], 1, "{name}");
+    let violations = array(s, "poison_violations");
+    let launches = array(s, "stale_launches");
+    let mode = header(s)["mode"].as_str().unwrap();
+    if name.ends_with("_log") || name.starts_with("mlp-log_") {
+        assert_eq!(mode, "log", "{name}");
+        assert!(violations.is_empty() && launches.is_empty(), "{name}");
+    }
+    match name {
+        "mlp-log_default" => {
+            assert_calls(
+                name,
+                s,
+                &[
+                    ("cudaMalloc", 16),
+                    ("cudaFree", 0),
+                    ("cudaHostAlloc", 1),
+                    ("cuMemAlloc_v2", 6),
+                    ("cuMemFree_v2", 2),
+                ],
+            );
+            assert_eq!(s["events"], 25);
+        }
+        "mlp-log_no-caching" => {
+            assert_calls(
+                name,
+                s,
+                &[
+                    ("cudaMalloc", 967),
+                    ("cudaFree", 964),
+                    ("cudaHostAlloc", 1),
+                    ("cuMemAlloc_v2", 6),
+                    ("cuMemFree_v2", 2),
+                ],
+            );
+            assert_eq!(s["events"], 1940);
+        }
+        "mlp-log_cudaMallocAsync" => {
+            assert_calls(
+                name,
+                s,
+                &[
+                    ("cudaMalloc", 0),
+                    ("cudaMallocAsync", 967),
+                    ("cudaFreeAsync", 964),
+                    ("cuMemAllocAsync", 0),
+                    ("cudaHostAlloc", 1),
+                    ("cuMemAlloc_v2", 6),
+                    ("cuMemFree_v2", 2),
+                ],
+            );
+            assert_eq!(s["events"], 1940);
+        }
+        "mlp-log_expandable" => {
+            assert_calls(
+                name,
+                s,
+                &[
+                    ("cuMemAddressReserve", 2),
+                    ("cuMemCreate", 18),
+                    ("cuMemMap", 17),
+                    ("cuMemSetAccess", 15),
+                    ("cudaMalloc", 0),
+                    ("cudaHostAlloc", 1),
+                    ("cuMemAlloc_v2", 6),
+                    ("cuMemFree_v2", 2),
+                ],
+            );
+            assert_eq!(failed(s, "cuMemCreate"), 1, "PyTorch's fabric-handle probe");
+            assert_eq!(s["events"], 61);
+        }
+        "static_log" => {
+            assert_calls(
+                name,
+                s,
+                &[
+                    ("cuMemAlloc_v2", 100),
+                    ("cuMemFree_v2", 101),
+                    ("cuMemAllocAsync", 50),
+                    ("cuMemFreeAsync", 50),
+                    ("cuMemAllocManaged", 1),
+                    ("cuMemHostAlloc", 1),
+                    ("cuMemFreeHost", 1),
+                ],
+            );
+            assert!(
+                s["calls"]
+                    .as_object()
+                    .unwrap()
+                    .keys()
+                    .all(|k| k.starts_with("cu") && !k.starts_with("cuda")),
+                "a static runtime is seen at the driver only: {}",
+                s["calls"]
+            );
+            assert_eq!(s["live_at_end"]["count"], 0);
+        }
+        "stale_log" => {
+            assert_calls(name, s, &[("cudaMalloc", 2), ("cudaFree", 0)]);
+        }
+        "stale_isolate" | "stale-triton_isolate" => {
+            assert_eq!(mode, "isolate");
+            assert_eq!(config(s, "ISOLATE_GUARD"), "off");
+            assert_eq!(config(s, "ISOLATE_CHECK_LAUNCH"), "on");
+            assert_eq!(end_reason(s), "exit");
+            assert_eq!(s["poison_violation_count"], 1, "{name}");
+            assert_eq!(violations.len(), 1, "{name}: {violations:?}");
+            let v = &violations[0];
+            assert_eq!(v["first_offset"], 4096, "{name}");
+            assert_eq!(v["changed_bytes"], 4096, "{name}");
+            assert_eq!(v["size"], 4 << 20, "{name}");
+            assert_eq!(v["free_api"], "cudaFree", "{name}");
+            assert_eq!((&v["alloc_seq"], &v["free_seq"]), (&0.into(), &1.into()));
+            let (kernel, api) = if name == "stale_isolate" {
+                ("stale_fill", "cuLaunchKernel")
+            } else {
+                ("stale_fill_triton", "cuLaunchKernelEx")
+            };
+            assert_eq!(s["stale_launch_count"], 1, "{name}");
+            assert_eq!(launches.len(), 1, "{name}: {launches:?}");
+            let l = &launches[0];
+            assert_eq!(l["kernel"], kernel, "{name}");
+            assert_eq!(l["api"], api, "{name}");
+            assert_eq!(
+                (&l["param_index"], &l["param_offset"]),
+                (&0.into(), &0.into())
+            );
+            assert_eq!(
+                l["ptr"], v["ptr"],
+                "{name}: the launch names the freed allocation"
+            );
+            assert_eq!(l["alloc_ptr"], v["ptr"]);
+            assert_eq!(l["freed_at"]["seq"], 1);
+            assert_eq!(s["quarantine"]["releases"], 0);
+        }
+        "stale_guard" => {
+            assert_eq!(mode, "isolate");
+            assert_eq!(config(s, "ISOLATE_GUARD"), "on");
+            assert_eq!(
+                end_reason(s),
+                "signal 6",
+                "the run died of the illegal address (SIGABRT)"
+            );
+            assert_eq!(s["traces"][0]["signal"], 6);
+            assert!(
+                violations.is_empty(),
+                "guard memory is unmapped, not poisoned"
+            );
+            assert_eq!(launches.len(), 1, "{launches:?}");
+            assert_eq!(launches[0]["kernel"], "stale_fill");
+            assert_eq!(launches[0]["ptr"], "0x7f6f78800000");
+            assert_eq!(failed(s, "cudaFree"), 1);
+            let last = array(s, "last_events").last().unwrap();
+            assert_eq!(
+                (&last["api"], &last["result"]),
+                (&"cudaFree".into(), &700.into()),
+                "the sticky illegal address"
+            );
+        }
+        "record_stream_isolate" => {
+            assert_eq!(mode, "isolate");
+            assert_eq!(end_reason(s), "exit");
+            assert!(
+                violations.is_empty() && launches.is_empty(),
+                "isolation prevents this race but does not name it"
+            );
+            assert_calls(name, s, &[("cudaMalloc", 19), ("cudaFree", 19)]);
+        }
+        "oob-4000000_guard" => {
+            assert_eq!(config(s, "ISOLATE_GUARD"), "on");
+            assert_eq!(end_reason(s), "signal 6");
+            assert!(violations.is_empty() && launches.is_empty());
+            let first = &array(s, "last_events")[0];
+            assert_eq!(
+                (&first["api"], &first["size"]),
+                (&"cudaMalloc".into(), &4_000_000.into())
+            );
+            assert_eq!(failed(s, "cudaFree"), 1);
+        }
+        other => panic!("no assertions for {other}"),
+    }
+}
+
+fn check_graph(name: &str, g: &Value) {
+    let kinds: Vec<&str> = array(g, "anomalies")
+        .iter()
+        .map(|a| a["kind"].as_str().unwrap())
+        .collect();
+    let count = |k: &str| kinds.iter().filter(|x| **x == k).count();
+    let (violations, launches) = match name {
+        "stale_isolate" | "stale-triton_isolate" => (1, 1),
+        "stale_guard" => (0, 1),
+        _ => (0, 0),
+    };
+    assert_eq!(count("poison_violation"), violations, "{name}: {kinds:?}");
+    assert_eq!(count("stale_launch"), launches, "{name}: {kinds:?}");
+    assert_eq!(array(g, "traces").len(), 1);
+    assert_eq!(g["traces"][0]["complete"], true);
+}
+
+fn check_who(name: &str, addr: &str, w: &Value, s: &Value) {
+    assert_eq!(w["address"], addr);
+    let t = &w["traces"][0];
+    let history = array(t, "history");
+    assert_eq!(history.len(), 1, "{name}: {history:?}");
+    let h = &history[0];
+    assert_eq!(h["api"], "cudaMalloc");
+    assert_eq!(h["alloc_seq"], 0);
+    let incidents: Vec<&str> = array(t, "incidents")
+        .iter()
+        .map(|i| i["kind"].as_str().unwrap())
+        .collect();
+    if name == "stale_log" {
+        assert_eq!(h["ptr"], array(s, "last_events")[0]["ptr"]);
+        assert_eq!(h["size"], 20 << 20, "a caching-allocator segment");
+        assert_eq!(h["free_seq"], Value::Null, "never freed: cached");
+        assert!(incidents.is_empty(), "{incidents:?}");
+        return;
+    }
+    assert_eq!(h["size"], 4 << 20);
+    assert_eq!(
+        (&h["free_seq"], &h["free_api"]),
+        (&1.into(), &"cudaFree".into())
+    );
+    assert_eq!(
+        s["stale_launches"][0]["ptr"], addr,
+        "who asks the launch's address"
+    );
+    let want: &[&str] = if name == "stale_guard" {
+        &["stale_launch"]
+    } else {
+        assert_eq!(s["poison_violations"][0]["ptr"], addr);
+        &["stale_launch", "poison_violation"]
+    };
+    assert_eq!(incidents, want, "{name}");
+}
+
+#[test]
+fn golden_outputs_of_the_h200_traces() {
+    for &(name, who_addr) in TRACES {
+        let (raw, s) = summary(name);
+        check_summary(name, &s);
+        golden(name, "summary", &raw, &s);
+        let (raw, g) = graph(name);
+        check_graph(name, &g);
+        golden(name, "graph", &raw, &g);
+        if let Some(addr) = who_addr {
+            let (raw, w) = who(name, addr);
+            check_who(name, addr, &w, &s);
+            golden(name, "who", &raw, &w);
+        }
+    }
+}
+
+/// Every trace in tests/traces/h200 has its golden files, and every golden file its trace.
+#[test]
+fn golden_files_match_the_trace_list() {
+    let mut traces: Vec<String> = std::fs::read_dir(traces_dir().join("h200"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_suffix(".trace")
+                .map(str::to_string)
+        })
+        .collect();
+    traces.sort();
+    let mut listed: Vec<String> = TRACES.iter().map(|(n, _)| n.to_string()).collect();
+    listed.sort();
+    assert_eq!(traces, listed, "tests/traces/h200 and this test's list");
+    if updating() {
+        return;
+    }
+    let mut want: Vec<String> = Vec::new();
+    for &(name, who_addr) in TRACES {
+        want.push(format!("{name}.summary.json"));
+        want.push(format!("{name}.graph.json"));
+        if who_addr.is_some() {
+            want.push(format!("{name}.who.json"));
+        }
+    }
+    want.sort();
+    let mut have: Vec<String> = std::fs::read_dir(traces_dir().join("expected"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    have.sort();
+    assert_eq!(have, want, "tests/traces/expected");
+}
+
+fn all_traces(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            all_traces(&p, out);
+        } else if p.extension().is_some_and(|x| x == "trace") {
+            out.push(p);
+        }
+    }
+}
+
+/// Every trace kept in the repository stays readable by this version of the reader: format
+/// version 1 (the only one so far) read to its End record without an error.
+#[test]
+fn every_kept_trace_is_readable() {
+    let mut paths = Vec::new();
+    all_traces(&traces_dir(), &mut paths);
+    paths.sort();
+    assert!(paths.len() >= TRACES.len(), "{paths:?}");
+    assert_eq!(FORMAT_VERSION, 1, "a new version: keep version 1 readable");
+    for p in &paths {
+        let mut r = Reader::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert_eq!(r.version(), 1, "{}", p.display());
+        let mut records = 0usize;
+        let mut last = None;
+        while let Some(rec) = r
+            .next_record()
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        {
+            records += 1;
+            last = Some(rec);
+        }
+        assert_eq!(r.truncated_at(), None, "{}", p.display());
+        assert!(
+            matches!(last, Some(Record::End(_))),
+            "{}: ends with its End record ({records} records, last {last:?})",
+            p.display()
+        );
+    }
+}
