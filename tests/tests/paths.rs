@@ -466,6 +466,12 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
         ("threads", &["4", "200"]),
         ("forker", &["fork"]),
         ("nocuda", &[]),
+        // tests/isolation.rs; its `oom` scenario needs a small STANDIN_MEM_BYTES (run there).
+        ("quarantine", &["reuse"]),
+        ("quarantine", &["stale"]),
+        ("quarantine", &["budget"]),
+        ("quarantine", &["stream"]),
+        ("quarantine", &["double"]),
     ];
     let dir = isolate_tests::workspace_root().join("tests/programs");
     for entry in std::fs::read_dir(&dir).unwrap().flatten() {

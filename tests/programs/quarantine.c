@@ -1,0 +1,386 @@
+// link: cudart
+/* What isolation does to freed memory, one scenario per run (tests/tests/isolation.rs):
+ *
+ *   quarantine reuse    free A, look at A's bytes, allocate the same size again
+ *   quarantine stale    write through A after its free (24 bytes at 1000, 1 byte at 5000)
+ *   quarantine oom      fill memory, free it, fill it again, then ask for more than there is
+ *                       (runtime, then driver)
+ *   quarantine budget   20 x 1 MiB allocated, all freed, then 16 more: where do they come from
+ *   quarantine stream   a copy and a kernel read X on a stream, then cudaFreeAsync(X) on it
+ *   quarantine double   double frees (runtime, stream-ordered, driver, a thread with no context)
+ *
+ * Lines that print where memory came from or what freed memory holds (`b==a`, `... bytes:`,
+ * `index`) differ between isolate mode and a plain run by design; every other line must not.
+ */
+#include <pthread.h>
+
+#include "common.h"
+
+#define MIB (1u << 20)
+
+typedef CUresult (*PFN_alloc)(CUdeviceptr *, size_t);
+typedef CUresult (*PFN_free)(CUdeviceptr);
+typedef CUresult (*PFN_freeAsync)(CUdeviceptr, CUstream);
+
+/* What `n` bytes at `p` hold: "all 0xNN" or "mixed". Read directly: stand-in device memory is
+ * host memory, and reading it goes through no CUDA call at all. */
+static void bytes(const char *what, const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    size_t first_other = n;
+    for (size_t i = 1; i < n; i++)
+        if (b[i] != b[0]) {
+            first_other = i;
+            break;
+        }
+    if (first_other == n)
+        say("%s bytes: all 0x%02x", what, b[0]);
+    else
+        say("%s bytes: mixed 0x%02x at 0, 0x%02x at %zu", what, b[0], b[first_other], first_other);
+}
+
+static void lasterr(void) {
+    int e = cudaGetLastError();
+    int again = cudaGetLastError();
+    say("cudaGetLastError %d then %d", e, again);
+}
+
+static int reuse(void) {
+    const size_t size = MIB;
+    void *a = NULL, *b = NULL;
+    int rc = cudaMalloc(&a, size);
+    ev("cudaMalloc", rc, "size=%zu ptr=%s", size, AP(rc, U64(a), "a"));
+    if (rc)
+        return 1;
+    say("cudaMemset %d", cudaMemset(a, 0x11, size));
+    rc = cudaFree(a);
+    ev("cudaFree", rc, "ptr=@a");
+    bytes("a after free", a, size);
+    rc = cudaMalloc(&b, size);
+    ev("cudaMalloc", rc, "size=%zu ptr=%s", size, AP(rc, U64(b), "b"));
+    say("b==a %d", b == a);
+    rc = cudaFree(b);
+    ev("cudaFree", rc, "ptr=@b");
+    return 0;
+}
+
+static int stale(void) {
+    const size_t size = 64 << 10;
+    void *a = NULL, *b = NULL;
+    int rc = cudaMalloc(&a, size);
+    ev("cudaMalloc", rc, "size=%zu ptr=%s", size, AP(rc, U64(a), "a"));
+    if (rc)
+        return 1;
+    say("cudaMemset a %d", cudaMemset(a, 0, size));
+    rc = cudaFree(a);
+    ev("cudaFree", rc, "ptr=@a");
+    rc = cudaMalloc(&b, size);
+    ev("cudaMalloc", rc, "size=%zu ptr=%s", size, AP(rc, U64(b), "b"));
+    say("cudaMemset b %d", cudaMemset(b, 0, size));
+    say("b==a %d", b == a);
+    /* the stale writes: 24 bytes through the runtime, one byte straight through the pointer */
+    say("cudaMemset through a %d", cudaMemset((char *)a + 1000, 0x33, 24));
+    ((volatile unsigned char *)a)[5000] = 0x44;
+    static unsigned char host[64 << 10];
+    rc = cudaMemcpy(host, b, size, cudaMemcpyDeviceToHost);
+    size_t changed = 0;
+    for (size_t i = 0; i < size; i++)
+        changed += host[i] != 0;
+    say("cudaMemcpy %d", rc);
+    say("b==a changed %zu", changed);
+    rc = cudaFree(b);
+    ev("cudaFree", rc, "ptr=@b");
+    return 0;
+}
+
+#define MAXN 256
+
+/* Fills memory with 1 MiB allocations, frees them, fills it again, asks for more than there is. */
+static int oom(void) {
+    static void *p[MAXN];
+    static CUdeviceptr q[MAXN];
+    char label[32];
+    int rc, n = 0;
+    for (;;) {
+        if (n == MAXN)
+            return 1;
+        rc = cudaMalloc(&p[n], MIB);
+        snprintf(label, sizeof label, "p%d", n);
+        ev("cudaMalloc", rc, "size=%u ptr=%s", MIB, AP(rc, U64(p[n]), label));
+        if (rc)
+            break;
+        n++;
+    }
+    say("runtime allocated %d then %d", n, rc);
+    lasterr();
+    for (int i = 0; i < n; i++) {
+        rc = cudaFree(p[i]);
+        ev("cudaFree", rc, "ptr=@p%d", i);
+    }
+    int again = 0;
+    for (int i = 0; i < n; i++) {
+        rc = cudaMalloc(&p[i], MIB);
+        snprintf(label, sizeof label, "r%d", i);
+        ev("cudaMalloc", rc, "size=%u ptr=%s", MIB, AP(rc, U64(p[i]), label));
+        again += rc == 0;
+    }
+    say("runtime allocated again %d of %d", again, n);
+    lasterr();
+    for (int i = 0; i < n; i++) {
+        rc = cudaFree(p[i]);
+        ev("cudaFree", rc, "ptr=@r%d", i);
+    }
+    void *huge = NULL;
+    size_t huge_size = (size_t)(n + 1) * MIB;
+    rc = cudaMalloc(&huge, huge_size);
+    ev("cudaMalloc", rc, "size=%zu ptr=%s", huge_size, AP(rc, U64(huge), "huge"));
+    say("runtime more than there is %d", rc);
+    lasterr();
+    if (rc == 0) {
+        rc = cudaFree(huge);
+        ev("cudaFree", rc, "ptr=@huge");
+    }
+
+    drv_open();
+    PFN_alloc memAlloc = (PFN_alloc)drv_sym("cuMemAlloc", 12000, 0);
+    PFN_free memFree = (PFN_free)drv_sym("cuMemFree", 12000, 0);
+    if (!memAlloc || !memFree)
+        return 1;
+    int m = 0;
+    for (;;) {
+        if (m == MAXN)
+            return 1;
+        rc = memAlloc(&q[m], MIB);
+        snprintf(label, sizeof label, "q%d", m);
+        ev("cuMemAlloc_v2", rc, "size=%u ptr=%s", MIB, AP(rc, q[m], label));
+        if (rc)
+            break;
+        m++;
+    }
+    say("driver allocated %d then %d", m, rc);
+    for (int i = 0; i < m; i++) {
+        rc = memFree(q[i]);
+        ev("cuMemFree_v2", rc, "ptr=@q%d", i);
+    }
+    again = 0;
+    for (int i = 0; i < m; i++) {
+        rc = memAlloc(&q[i], MIB);
+        snprintf(label, sizeof label, "s%d", i);
+        ev("cuMemAlloc_v2", rc, "size=%u ptr=%s", MIB, AP(rc, q[i], label));
+        again += rc == 0;
+    }
+    say("driver allocated again %d of %d", again, m);
+    for (int i = 0; i < m; i++) {
+        rc = memFree(q[i]);
+        ev("cuMemFree_v2", rc, "ptr=@s%d", i);
+    }
+    CUdeviceptr dhuge = 0;
+    huge_size = (size_t)(m + 1) * MIB;
+    rc = memAlloc(&dhuge, huge_size);
+    ev("cuMemAlloc_v2", rc, "size=%zu ptr=%s", huge_size, AP(rc, dhuge, "dhuge"));
+    say("driver more than there is %d", rc);
+    return 0;
+}
+
+#define NB 20
+#define NB_AGAIN 16
+
+static int budget(void) {
+    static void *p[NB];
+    char label[32];
+    int rc;
+    for (int i = 0; i < NB; i++) {
+        rc = cudaMalloc(&p[i], MIB);
+        snprintf(label, sizeof label, "p%d", i);
+        ev("cudaMalloc", rc, "size=%u ptr=%s", MIB, AP(rc, U64(p[i]), label));
+        if (rc)
+            return 1;
+    }
+    for (int i = 0; i < NB; i++) {
+        rc = cudaFree(p[i]);
+        ev("cudaFree", rc, "ptr=@p%d", i);
+    }
+    /* Where the next allocations come from: the index of the freed allocation whose address
+     * they got, or -1 for fresh memory. */
+    void *again[NB_AGAIN];
+    char names[NB_AGAIN][16];
+    for (int j = 0; j < NB_AGAIN; j++) {
+        again[j] = NULL;
+        rc = cudaMalloc(&again[j], MIB);
+        int index = -1;
+        for (int i = 0; i < NB; i++)
+            if (again[j] == p[i])
+                index = i;
+        /* a reused address is p's label, not one of its own */
+        if (index >= 0)
+            snprintf(names[j], sizeof names[j], "p%d", index);
+        else
+            snprintf(names[j], sizeof names[j], "a%d", j);
+        ev("cudaMalloc", rc, "size=%u ptr=%s", MIB, AP(rc, U64(again[j]), names[j]));
+        say("again %d index %d", j, index);
+    }
+    for (int j = 0; j < NB_AGAIN; j++) {
+        rc = cudaFree(again[j]);
+        ev("cudaFree", rc, "ptr=@%s", names[j]);
+    }
+    return 0;
+}
+
+#define NS 4096
+
+static unsigned char kernel_saw[NS];
+static int kernel_runs;
+
+static void k_read(void **params) {
+    const unsigned char *src = (const unsigned char *)(uintptr_t)(*(CUdeviceptr *)params[0]);
+    memcpy(kernel_saw, src, NS);
+    kernel_runs++;
+}
+
+static int all(const unsigned char *b, size_t n, unsigned char v) {
+    for (size_t i = 0; i < n; i++)
+        if (b[i] != v)
+            return 0;
+    return 1;
+}
+
+static int stream(void) {
+    cudaStream_t s = NULL;
+    say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    size_t off = 0, sz = 8;
+    CUfunction k = standin_register_kernel("k_read", k_read, 1, &off, &sz);
+    say("kernel %d", k != NULL);
+    void *x = NULL, *y = NULL;
+    int rc = cudaMalloc(&x, NS);
+    ev("cudaMalloc", rc, "size=%d ptr=%s", NS, AP(rc, U64(x), "x"));
+    rc = cudaMalloc(&y, NS);
+    ev("cudaMalloc", rc, "size=%d ptr=%s", NS, AP(rc, U64(y), "y"));
+    if (!x || !y || !k)
+        return 1;
+    say("cudaMemset x %d", cudaMemset(x, 0x42, NS));
+    say("cudaMemset y %d", cudaMemset(y, 0, NS));
+    /* readers of x, queued on s: a device-to-device copy into y and a kernel */
+    say("cudaMemcpyAsync %d", cudaMemcpyAsync(y, x, NS, cudaMemcpyDeviceToDevice, s));
+    CUdeviceptr xp = U64(x);
+    void *params[] = {&xp};
+    dim3 grid = {1, 1, 1}, block = {1, 1, 1};
+    say("cudaLaunchKernel %d", cudaLaunchKernel((const void *)k, grid, block, params, 0, s));
+    /* then x's free, on the same stream, before any of it ran */
+    rc = cudaFreeAsync(x, s);
+    ev("cudaFreeAsync", rc, "ptr=@x stream=%s", L(U64(s), "s"));
+    say("before sync: kernel runs %d y[0] 0x%02x", kernel_runs, ((unsigned char *)y)[0]);
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(s));
+    say("copy into y saw all 0x42 %d", all((const unsigned char *)y, NS, 0x42));
+    say("kernel runs %d saw all 0x42 %d", kernel_runs, all(kernel_saw, NS, 0x42));
+    bytes("x after sync", x, NS);
+    rc = cudaFree(y);
+    ev("cudaFree", rc, "ptr=@y");
+    say("cudaStreamDestroy %d", cudaStreamDestroy(s));
+    return 0;
+}
+
+static PFN_free g_memFree;
+static CUdeviceptr g_freed;
+
+static void *no_context(void *arg) {
+    (void)arg;
+    int rc = g_memFree(g_freed);
+    ev("cuMemFree_v2", rc, "ptr=@d device=-1");
+    return NULL;
+}
+
+static int double_free(void) {
+    const size_t size = 4096;
+    void *a = NULL, *b = NULL;
+    int rc = cudaMalloc(&a, size);
+    ev("cudaMalloc", rc, "size=%zu ptr=%s", size, AP(rc, U64(a), "a"));
+    if (rc)
+        return 1;
+    say("cudaMemset %d", cudaMemset(a, 0x11, size));
+    rc = cudaFree(a);
+    ev("cudaFree", rc, "ptr=@a");
+    rc = cudaFree(a);
+    ev("cudaFree", rc, "ptr=@a");
+    say("cudaFree twice %d", rc);
+    lasterr();
+    /* the second free neither released A nor touched its bytes */
+    bytes("a after double free", a, size);
+    rc = cudaMalloc(&b, size);
+    ev("cudaMalloc", rc, "size=%zu ptr=%s", size, AP(rc, U64(b), "b"));
+    say("b==a %d", b == a);
+    rc = cudaFree(b);
+    ev("cudaFree", rc, "ptr=@b");
+
+    cudaStream_t s = NULL;
+    say("cudaStreamCreate %d", cudaStreamCreate(&s));
+    void *c = NULL;
+    rc = cudaMallocAsync(&c, size, s);
+    ev("cudaMallocAsync", rc, "size=%zu stream=%s ptr=%s", size, L(U64(s), "s"), AP(rc, U64(c), "c"));
+    rc = cudaFreeAsync(c, s);
+    ev("cudaFreeAsync", rc, "ptr=@c stream=%s", L(U64(s), "s"));
+    /* again before the stream ran the first, then after */
+    rc = cudaFreeAsync(c, s);
+    ev("cudaFreeAsync", rc, "ptr=@c stream=%s", L(U64(s), "s"));
+    say("cudaFreeAsync twice, queued %d", rc);
+    lasterr();
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(s));
+    rc = cudaFreeAsync(c, s);
+    ev("cudaFreeAsync", rc, "ptr=@c stream=%s", L(U64(s), "s"));
+    say("cudaFreeAsync twice, ran %d", rc);
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(s));
+    lasterr();
+
+    drv_open();
+    PFN_alloc memAlloc = (PFN_alloc)drv_sym("cuMemAlloc", 12000, 0);
+    g_memFree = (PFN_free)drv_sym("cuMemFree", 12000, 0);
+    PFN_freeAsync memFreeAsync = (PFN_freeAsync)drv_sym("cuMemFreeAsync", 12000, 0);
+    if (!memAlloc || !g_memFree || !memFreeAsync)
+        return 1;
+    CUdeviceptr d = 0;
+    rc = memAlloc(&d, size);
+    ev("cuMemAlloc_v2", rc, "size=%zu ptr=%s", size, AP(rc, d, "d"));
+    rc = g_memFree(d);
+    ev("cuMemFree_v2", rc, "ptr=@d");
+    rc = g_memFree(d);
+    ev("cuMemFree_v2", rc, "ptr=@d");
+    say("cuMemFree_v2 twice %d", rc);
+    /* a third time, from a thread with no current context */
+    g_freed = d;
+    pthread_t t;
+    pthread_create(&t, NULL, no_context, NULL);
+    pthread_join(t, NULL);
+    /* a runtime allocation freed by the driver's stream-ordered free, twice */
+    rc = cudaMalloc(&a, size);
+    ev("cudaMalloc", rc, "size=%zu ptr=%s", size, AP(rc, U64(a), "e"));
+    rc = memFreeAsync(U64(a), (CUstream)s);
+    ev("cuMemFreeAsync", rc, "ptr=@e stream=%s", L(U64(s), "s"));
+    rc = memFreeAsync(U64(a), (CUstream)s);
+    ev("cuMemFreeAsync", rc, "ptr=@e stream=%s", L(U64(s), "s"));
+    say("cuMemFreeAsync twice %d", rc);
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(s));
+    say("cudaStreamDestroy %d", cudaStreamDestroy(s));
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setup();
+    const char *what = argc > 1 ? argv[1] : "";
+    int r;
+    if (!strcmp(what, "reuse"))
+        r = reuse();
+    else if (!strcmp(what, "stale"))
+        r = stale();
+    else if (!strcmp(what, "oom"))
+        r = oom();
+    else if (!strcmp(what, "budget"))
+        r = budget();
+    else if (!strcmp(what, "stream"))
+        r = stream();
+    else if (!strcmp(what, "double"))
+        r = double_free();
+    else {
+        say("usage: quarantine reuse|stale|oom|budget|stream|double");
+        return 2;
+    }
+    say("done %d", r);
+    return r;
+}

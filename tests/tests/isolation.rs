@@ -1,0 +1,442 @@
+//! What isolate mode does to freed memory, on the stand-in (`tests/programs/quarantine.c`, one
+//! scenario per run): freed addresses held back, freed bytes poisoned, stale writes reported to
+//! the byte, the out-of-memory fallback, the budget, stream order, double frees. Each is held
+//! against a run without the preload (and, where it matters, log mode): isolation changes where
+//! memory comes from and what freed memory holds, never what a call returns.
+//!
+//! Covered elsewhere, and not repeated here:
+//! - `paths.rs`: `stale_write_is_caught_in_isolate_mode` (a 16-byte stale `cudaMemset`),
+//!   `oom_in_isolate_mode_releases_quarantine` (`oom.c`: the same successes and codes as a plain
+//!   run), `stream_ordered_reader_sees_data_freed_after_it` (`stream_order.c` under isolate mode
+//!   prints what the plain run prints);
+//! - `bad_calls.rs`: `failed_calls_keep_their_codes_in_isolate_mode` (`bad_calls.c`'s double
+//!   `cudaFree`, `cuMemFree_v2` and `cudaFreeAsync`, and its other bad frees, return the same codes
+//!   and leave the same sticky error in isolate mode as without the preload).
+
+use isolate_tests::{Output, Run, Trace};
+use isolate_trace::{Api, EndReason, Event, Note, NoteKind, Record, Stats, Violation};
+
+const MIB: u64 = 1 << 20;
+
+fn quarantine(scenario: &str) -> Run {
+    Run::program("quarantine").arg(scenario)
+}
+
+fn isolate(run: Run) -> Run {
+    run.env("ISOLATE_MODE", "isolate")
+}
+
+fn has_line(out: &Output, line: &str) {
+    assert!(
+        out.stdout.lines().any(|l| l == line),
+        "{}: no line {line:?} in:\n{}",
+        out.describe,
+        out.stdout
+    );
+}
+
+/// The stdout lines that do not start with any of `skip`.
+fn lines_but<'a>(out: &'a Output, skip: &[&str]) -> Vec<&'a str> {
+    out.stdout
+        .lines()
+        .filter(|l| !skip.iter().any(|s| l.starts_with(s)))
+        .collect()
+}
+
+/// `a` and `b` printed the same, apart from lines starting with `skip`, and ended the same way.
+fn same_but(a: &Output, b: &Output, skip: &[&str]) {
+    assert_eq!(
+        lines_but(a, skip),
+        lines_but(b, skip),
+        "{} and {} differ beyond {skip:?}:\n--- {}\n{}\n--- {}\n{}",
+        a.describe,
+        b.describe,
+        a.describe,
+        a.stdout,
+        b.describe,
+        b.stdout
+    );
+    assert_eq!(
+        (a.code(), a.signal()),
+        (b.code(), b.signal()),
+        "{} vs {}",
+        a.describe,
+        b.describe
+    );
+}
+
+/// The run's one trace: complete, from isolate mode, and one event per `ev` line.
+fn isolate_trace(out: &Output) -> &Trace {
+    out.assert_success();
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    assert_eq!(t.header.mode, "isolate");
+    out.assert_trace_matches(t, None);
+    t
+}
+
+fn violations(t: &Trace) -> Vec<Violation> {
+    t.records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Violation(v) => Some(v.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn notes(t: &Trace, kind: NoteKind) -> Vec<Note> {
+    t.records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Note(n) if n.kind == kind => Some(n.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn config<'a>(t: &'a Trace, key: &str) -> Option<&'a str> {
+    t.header
+        .config
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+fn stats(t: &Trace) -> Stats {
+    t.end().expect("End record").stats.clone()
+}
+
+fn events_of(t: &Trace, api: Api) -> Vec<Event> {
+    t.events_by_seq()
+        .into_iter()
+        .filter(|e| e.api == api)
+        .collect()
+}
+
+fn number(out: &Output, prefix: &str) -> i64 {
+    let line = out
+        .lines_starting(prefix)
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no line {prefix:?} in:\n{}", out.stdout));
+    line.split_whitespace()
+        .next()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {prefix:?}: {line:?}"))
+}
+
+// ------------------------------------------------------------------------------- (1) reuse
+
+/// alloc A, free A, alloc B of the same size: without isolation the stand-in hands A straight
+/// back (as a caching allocator does); in isolate mode A is in quarantine and B is elsewhere.
+#[test]
+fn a_freed_address_is_not_reused_while_quarantined() {
+    let plain = quarantine("reuse").preload(false).run();
+    plain.assert_success();
+    has_line(&plain, "b==a 1");
+    let log = quarantine("reuse").run();
+    log.assert_same_as(&plain);
+    let out = isolate(quarantine("reuse")).run();
+    has_line(&out, "b==a 0");
+    same_but(&out, &plain, &["b==a", "a after free bytes"]);
+    let t = isolate_trace(&out);
+    let mallocs = events_of(t, Api::CudaMalloc);
+    assert_eq!(mallocs.len(), 2);
+    assert_ne!(mallocs[0].ptr, mallocs[1].ptr);
+    // B does not overlap A either.
+    let (a, b) = (mallocs[0], mallocs[1]);
+    assert!(
+        b.ptr >= a.ptr + a.size || b.ptr + b.size <= a.ptr,
+        "{a:?} {b:?}"
+    );
+    assert!(violations(t).is_empty());
+}
+
+// ------------------------------------------------------------------------------ (2) poison
+
+/// Freed bytes hold the poison at once: 0xFF by default, the ISOLATE_POISON byte when set, and
+/// what the program left there with ISOLATE_POISON=off (or without isolation).
+#[test]
+fn freed_bytes_hold_the_poison() {
+    let plain = quarantine("reuse").preload(false).run();
+    has_line(&plain, "a after free bytes: all 0x11");
+    let log = quarantine("reuse").run();
+    has_line(&log, "a after free bytes: all 0x11");
+    for (poison, line, shown) in [
+        (None, "a after free bytes: all 0xff", "0xFF"),
+        (Some("0xA5"), "a after free bytes: all 0xa5", "0xA5"),
+        (Some("165"), "a after free bytes: all 0xa5", "0xA5"),
+        (Some("off"), "a after free bytes: all 0x11", "off"),
+    ] {
+        let mut run = isolate(quarantine("reuse"));
+        if let Some(p) = poison {
+            run = run.env("ISOLATE_POISON", p);
+        }
+        let out = run.run();
+        has_line(&out, line);
+        // Quarantine does not depend on the poison.
+        has_line(&out, "b==a 0");
+        same_but(&out, &plain, &["b==a", "a after free bytes"]);
+        let t = isolate_trace(&out);
+        assert_eq!(
+            config(t, "ISOLATE_POISON"),
+            Some(shown),
+            "{poison:?}: {:?}",
+            t.header.config
+        );
+        assert!(violations(t).is_empty(), "{poison:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------- (3) stale write
+
+/// A write through a stale pointer (24 bytes at offset 1000 by `cudaMemset`, one byte at 5000
+/// straight through the pointer) is one Violation naming the allocation, the first changed
+/// offset and the changed byte count, with the sequence numbers of its allocation and free, and
+/// one `isolate: STALE WRITE` line on stderr. Without isolation the write lands in B.
+#[test]
+fn a_stale_write_is_reported_to_the_byte() {
+    let plain = quarantine("stale").preload(false).run();
+    plain.assert_success();
+    has_line(&plain, "b==a 1");
+    has_line(&plain, "b==a changed 25");
+    let log = quarantine("stale").run();
+    log.assert_same_as(&plain);
+    assert!(
+        violations(log.only_trace()).is_empty(),
+        "log mode checks nothing"
+    );
+    assert!(!log.stderr.contains("STALE WRITE"), "{}", log.stderr);
+
+    let out = isolate(quarantine("stale")).run();
+    has_line(&out, "b==a 0");
+    has_line(&out, "b==a changed 0");
+    same_but(&out, &plain, &["b==a"]);
+    let t = isolate_trace(&out);
+    let ev = t.events_by_seq();
+    let (alloc, free) = (ev[0], ev[1]);
+    assert_eq!((alloc.api, free.api), (Api::CudaMalloc, Api::CudaFree));
+    assert_eq!(free.ptr, alloc.ptr);
+    let v = violations(t);
+    assert_eq!(v.len(), 1, "only A was written after its free: {v:#?}");
+    let v = &v[0];
+    assert_eq!(v.ptr, alloc.ptr, "{v:?}");
+    assert_eq!(v.size, 64 << 10, "{v:?}");
+    assert_eq!(v.first_offset, 1000, "{v:?}");
+    assert_eq!(v.changed_bytes, 25, "{v:?}");
+    assert_eq!(v.alloc_seq, alloc.seq, "{v:?}");
+    assert_eq!(v.free_seq, free.seq, "{v:?}");
+    assert_eq!(v.free_api, Api::CudaFree);
+    // Stamped inside the free call (an event's ts_ns is when the call returned).
+    assert!(
+        v.free_ts_ns >= free.ts_ns - free.duration_ns && v.free_ts_ns <= free.ts_ns,
+        "{v:?} {free:?}"
+    );
+    assert!(
+        v.seq > ev.last().unwrap().seq,
+        "checked when A left quarantine (at exit)"
+    );
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("isolate: STALE WRITE"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{}", out.stderr);
+    let want = format!(
+        "isolate: STALE WRITE: 25 byte(s) of freed allocation {:#x} (65536 bytes, freed by cudaFree at event {}) changed after the free; first at offset 1000",
+        alloc.ptr, free.seq
+    );
+    assert_eq!(lines[0], want);
+
+    // No poison, nothing to check against: no report (and the write still lands nowhere live).
+    let off = isolate(quarantine("stale"))
+        .env("ISOLATE_POISON", "off")
+        .run();
+    has_line(&off, "b==a changed 0");
+    assert!(violations(isolate_trace(&off)).is_empty());
+    assert!(!off.stderr.contains("STALE WRITE"), "{}", off.stderr);
+}
+
+// ---------------------------------------------------------------------------------- (4) OOM
+
+/// With a budget larger than memory, only the out-of-memory fallback can give quarantined
+/// memory back: refilling memory after freeing it all succeeds call by call (each first attempt
+/// runs out, the oldest entry is released, the retry succeeds, the caller sees success and no
+/// sticky error), with one OomRetry note per retried call; asking for more than there is
+/// releases everything and still fails, with exactly the code of a plain run. Both layers.
+/// (`paths.rs`'s `oom_in_isolate_mode_releases_quarantine` runs `oom.c` the same way.)
+#[test]
+fn out_of_memory_releases_quarantine_and_retries() {
+    let run = quarantine("oom").env("STANDIN_MEM_BYTES", (8 * MIB).to_string());
+    let plain = run.clone().preload(false).run();
+    plain.assert_success();
+    let n = number(&plain, "runtime allocated ");
+    assert!(n >= 4, "{n} MiB fit in 8 MiB");
+    has_line(&plain, &format!("runtime allocated {n} then 2"));
+    has_line(&plain, &format!("runtime allocated again {n} of {n}"));
+    has_line(&plain, "runtime more than there is 2");
+    let m = number(&plain, "driver allocated ");
+    has_line(&plain, &format!("driver allocated again {m} of {m}"));
+    has_line(&plain, "driver more than there is 2");
+
+    let out = isolate(run).env("ISOLATE_QUARANTINE", "1GiB").run();
+    out.assert_same_as(&plain);
+    let t = isolate_trace(&out);
+    let retries = notes(t, NoteKind::OomRetry);
+    let (n, m) = (n as u64, m as u64);
+    let mut want: Vec<(u64, u64)> = Vec::new(); // (size asked, bytes released)
+    want.extend((0..n).map(|_| (MIB, MIB)));
+    want.push(((n + 1) * MIB, n * MIB));
+    want.extend((0..m).map(|_| (MIB, MIB)));
+    want.push(((m + 1) * MIB, m * MIB));
+    let got: Vec<(u64, u64)> = retries.iter().map(|r| (r.size, r.value)).collect();
+    assert_eq!(got, want, "{retries:#?}");
+    // Every retried allocation is one event, with what the caller got.
+    let huge: Vec<Event> = t
+        .events_by_seq()
+        .into_iter()
+        .filter(|e| e.size > MIB && e.api.kind() == isolate_trace::Kind::Alloc)
+        .collect();
+    assert_eq!(huge.len(), 2, "{huge:?}");
+    assert!(huge.iter().all(|e| e.result == 2), "{huge:?}");
+    let s = stats(t);
+    assert_eq!(s.quarantine_early_releases, 2 * (n + m), "{s:?}");
+    assert_eq!(s.quarantine_releases, 2 * (n + m), "{s:?}");
+    assert_eq!(s.quarantine_peak_bytes, n.max(m) * MIB, "{s:?}");
+    assert!(violations(t).is_empty());
+}
+
+// ------------------------------------------------------------------------------- (5) budget
+
+/// ISOLATE_QUARANTINE=4MiB, 20 × 1 MiB freed: the quarantine never holds much more than its
+/// budget (over it, it releases the oldest down to 80%), and what it released is memory again:
+/// the next 16 allocations get exactly the 16 oldest freed addresses, never the 4 newest (still
+/// held). Without isolation they get all of them back, newest first.
+#[test]
+fn the_quarantine_budget_is_respected() {
+    let plain = quarantine("budget").preload(false).run();
+    plain.assert_success();
+    let index = |out: &Output| -> Vec<i64> {
+        (0..16)
+            .map(|j| number(out, &format!("again {j} index ")))
+            .collect()
+    };
+    assert_eq!(
+        index(&plain),
+        (4..20).rev().collect::<Vec<_>>(),
+        "the stand-in hands back the latest freed address first"
+    );
+    let out = isolate(quarantine("budget"))
+        .env("ISOLATE_QUARANTINE", "4MiB")
+        .run();
+    same_but(&out, &plain, &["ev ", "again "]);
+    let t = isolate_trace(&out);
+    assert_eq!(
+        config(t, "ISOLATE_QUARANTINE"),
+        Some("4194304"),
+        "{:?}",
+        t.header.config
+    );
+    let mut got = index(&out);
+    got.sort();
+    assert_eq!(
+        got,
+        (0..16).collect::<Vec<_>>(),
+        "released addresses reused, held ones not: {}",
+        out.stdout
+    );
+    let s = stats(t);
+    assert!(
+        s.quarantine_peak_bytes <= 4 * MIB + MIB,
+        "peak {} over budget + one allocation: {s:?}",
+        s.quarantine_peak_bytes
+    );
+    assert!(s.quarantine_peak_bytes >= 4 * MIB, "{s:?}");
+    assert!(s.quarantine_releases > 0, "{s:?}");
+    // 20 + 16 frees, at most 4 MiB (4 entries) still held at the end.
+    assert_eq!(s.quarantine_releases, 32, "{s:?}");
+    assert_eq!(s.quarantine_early_releases, 0, "{s:?}");
+    assert!(notes(t, NoteKind::OomRetry).is_empty());
+    assert!(violations(t).is_empty());
+}
+
+// ------------------------------------------------------------------------------- (6) stream
+
+/// A device-to-device copy and a kernel that read X are queued on a stream, then
+/// cudaFreeAsync(X) on it, before any of it ran: the poison goes in stream order, so both
+/// readers see X's data (not the poison) and only afterwards X holds the poison. Nothing ran
+/// before the synchronise, with or without isolation. (`paths.rs`'s
+/// `stream_ordered_reader_sees_data_freed_after_it` does the same with `stream_order.c`.)
+#[test]
+fn a_stream_ordered_free_is_poisoned_in_stream_order() {
+    let plain = quarantine("stream").preload(false).run();
+    plain.assert_success();
+    let out = isolate(quarantine("stream")).run();
+    for o in [&plain, &out] {
+        has_line(o, "before sync: kernel runs 0 y[0] 0x00");
+        has_line(o, "copy into y saw all 0x42 1");
+        has_line(o, "kernel runs 1 saw all 0x42 1");
+    }
+    has_line(&plain, "x after sync bytes: all 0x42");
+    has_line(&out, "x after sync bytes: all 0xff");
+    same_but(&out, &plain, &["x after sync bytes"]);
+    let t = isolate_trace(&out);
+    let f = events_of(t, Api::CudaFreeAsync);
+    assert_eq!(f.len(), 1);
+    assert_ne!(f[0].stream, 0, "{:?}", f[0]);
+    assert!(violations(t).is_empty(), "readers are not writers");
+}
+
+// ------------------------------------------------------------------------ (7) double free
+
+const DOUBLE_SKIP: &[&str] = &["a after double free bytes", "b==a", "ev cuMemFree_v2 "];
+
+/// Double frees in isolate mode return what they return without the preload (runtime, stream
+/// ordered before and after the stream ran, driver, driver stream-ordered on a runtime
+/// allocation), leave the same sticky error, and do not let the memory out of quarantine (A
+/// keeps its poison, B does not get A's address). (`bad_calls.rs`'s
+/// `failed_calls_keep_their_codes_in_isolate_mode` covers `bad_calls.c`'s double frees.)
+#[test]
+fn a_double_free_returns_the_same_code_in_isolate_mode() {
+    let plain = quarantine("double").preload(false).run();
+    plain.assert_success();
+    for line in [
+        "cudaFree twice 1",
+        "cudaFreeAsync twice, queued 1",
+        "cudaFreeAsync twice, ran 1",
+        "cuMemFree_v2 twice 1",
+        "cuMemFreeAsync twice 1",
+        "b==a 1",
+        "a after double free bytes: all 0x11",
+    ] {
+        has_line(&plain, line);
+    }
+    let out = isolate(quarantine("double")).run();
+    has_line(&out, "a after double free bytes: all 0xff");
+    has_line(&out, "b==a 0");
+    // The driver double frees on the thread with a context (the other is the next test's).
+    let drv = |o: &Output| -> Vec<String> {
+        o.lines_starting("ev cuMemFree_v2 ")
+            .into_iter()
+            .filter(|l| !l.ends_with("device=-1"))
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(drv(&out), drv(&plain));
+    same_but(&out, &plain, DOUBLE_SKIP);
+    let t = isolate_trace(&out);
+    assert!(violations(t).is_empty(), "a double free is not a write");
+}
+
+/// A double cuMemFree_v2 from a thread with no current context: the driver says
+/// CUDA_ERROR_INVALID_CONTEXT (201) before it looks at the address; isolate mode must too.
+#[test]
+fn a_double_free_without_a_context_returns_the_same_code_in_isolate_mode() {
+    let plain = quarantine("double").preload(false).run();
+    plain.assert_success();
+    has_line(&plain, "ev cuMemFree_v2 201 ptr=@d device=-1");
+    let out = isolate(quarantine("double")).run();
+    out.assert_success();
+    has_line(&out, "ev cuMemFree_v2 201 ptr=@d device=-1");
+}
