@@ -381,6 +381,14 @@ fn double_free(api: Api, stream: CUstream) -> i32 {
         Api::CudaFreeAsyncPtsz => runtime::FREE_ASYNC_PTSZ
             .get()
             .map(|f| unsafe { f(bogus, stream) }),
+        // The driver too decides the code (no context is reported before a bad address).
+        Api::CuMemFree => driver::MEM_FREE.get().map(|f| unsafe { f(1) }),
+        Api::CuMemFreeAsync => driver::MEM_FREE_ASYNC
+            .get()
+            .map(|f| unsafe { f(1, stream) }),
+        Api::CuMemFreeAsyncPtsz => driver::MEM_FREE_ASYNC_PTSZ
+            .get()
+            .map(|f| unsafe { f(1, stream) }),
         _ => None,
     };
     r.unwrap_or(CUDA_ERROR_INVALID_VALUE)
