@@ -173,6 +173,9 @@ fn format_document_lists_every_api_at_its_index() {
     let doc = include_str!("../../docs/trace-format.md");
     for (i, api) in Api::ALL.iter().enumerate() {
         let row = format!("| {i} | `{}` |", api.name());
-        assert!(doc.contains(&row), "docs/trace-format.md lacks the row {row}");
+        assert!(
+            doc.contains(&row),
+            "docs/trace-format.md lacks the row {row}"
+        );
     }
 }
