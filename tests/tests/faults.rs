@@ -1,0 +1,208 @@
+//! Faults around the program: the trace's file system fills up, and the library is loaded late
+//! (dlopen after CUDA memory was already handed out).
+
+use isolate_tests::{Output, Run, Trace, preload_path};
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+
+// ------------------------------------------------------------------------------------ disk full
+
+/// A tmpfs mounted for the test; unmounted when dropped, also when the test fails.
+struct TmpfsMount {
+    path: PathBuf,
+    // Dropped after `drop` below has unmounted it.
+    _dir: tempfile::TempDir,
+}
+
+impl TmpfsMount {
+    /// Mounts a tmpfs of `size` (as `mount -o size=…` takes it) on a fresh directory; `Err` says
+    /// why not (not root, not permitted here).
+    fn new(size: &str) -> Result<TmpfsMount, String> {
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not running as root".into());
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("isolate-full-")
+            .tempdir()
+            .map_err(|e| format!("temporary directory: {e}"))?;
+        let path = dir.path().to_path_buf();
+        let target = CString::new(path.to_string_lossy().as_bytes()).unwrap();
+        let opts = CString::new(format!("size={size},mode=0755")).unwrap();
+        let rc = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                opts.as_ptr().cast(),
+            )
+        };
+        if rc != 0 {
+            return Err(format!(
+                "mount -t tmpfs -o size={size} tmpfs {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(TmpfsMount { path, _dir: dir })
+    }
+}
+
+impl Drop for TmpfsMount {
+    fn drop(&mut self) {
+        let target = CString::new(self.path.to_string_lossy().as_bytes()).unwrap();
+        if unsafe { libc::umount2(target.as_ptr(), 0) } != 0 {
+            let err = std::io::Error::last_os_error();
+            // Busy (a straggler still has a file open): detach it instead.
+            if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
+                eprintln!("warning: cannot unmount {}: {err}", self.path.display());
+            }
+        }
+    }
+}
+
+fn isolate_lines(out: &Output) -> Vec<&str> {
+    out.stderr
+        .lines()
+        .filter(|l| l.starts_with("isolate:"))
+        .collect()
+}
+
+/// `threads 2 20000` writes about 1.6 MB of trace into a 64 KiB tmpfs: the program runs on
+/// unchanged, one `isolate:` line says the trace is incomplete, and the trace reads cleanly up
+/// to the cut.
+#[test]
+fn disk_full_leaves_the_program_alone_and_the_trace_readable() {
+    let mnt = match TmpfsMount::new("64k") {
+        Ok(m) => m,
+        Err(why) => {
+            eprintln!("SKIPPED disk_full test: {why}");
+            return;
+        }
+    };
+    let run = Run::program("threads")
+        .args(["2", "20000"])
+        .trace(format!("{}/isolate-%p.trace", mnt.path.display()));
+    let plain = run.clone().preload(false).run();
+    let out = run.run();
+    out.assert_same_as(&plain);
+    out.assert_success();
+    assert!(out.stdout.contains("failures 0"), "{}", out.stdout);
+
+    let lines = isolate_lines(&out);
+    assert_eq!(
+        lines.len(),
+        1,
+        "exactly one isolate: line on stderr:\n{}",
+        out.stderr
+    );
+    let path = mnt.path.join(format!("isolate-{}.trace", out.pid));
+    assert!(
+        lines[0].contains(&path.to_string_lossy().into_owned()) && lines[0].contains("incomplete"),
+        "the line names the trace and says it is incomplete: {}",
+        lines[0]
+    );
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert!(
+        (1..=64 * 1024).contains(&size),
+        "the trace filled the file system: {size} bytes"
+    );
+
+    let t = Trace::read(&path);
+    assert!(
+        t.error.is_none(),
+        "the trace does not read up to the cut: {}",
+        t.summary()
+    );
+    assert!(
+        t.truncated_at.is_some() || t.end().is_none(),
+        "a trace cut by a full disk cannot be complete: {}",
+        t.summary()
+    );
+    assert!(!t.is_complete());
+    assert_eq!(t.header.pid, out.pid);
+    // What it holds is a prefix of the run: events in sequence order, from the start.
+    let ev = t.events();
+    assert!(ev.len() > 1000, "only {} events before the cut", ev.len());
+    let mut seqs: Vec<u64> = ev.iter().map(|e| e.seq).collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert_eq!(seqs.len(), ev.len(), "duplicate sequence numbers");
+    eprintln!(
+        "disk full: trace cut at {size} bytes, {} events readable, truncated at {:?}; stderr: {}",
+        ev.len(),
+        t.truncated_at,
+        lines[0]
+    );
+}
+
+// ------------------------------------------------------------------------------------ late load
+
+fn late(mode: Option<&str>, lib: &Path) -> (Output, Output) {
+    let mut run = Run::program("late_dlopen").preload(false);
+    if let Some(m) = mode {
+        run = run.env("ISOLATE_MODE", m);
+    }
+    let plain = run.clone().arg("-").run();
+    let loaded = run.arg(lib.to_string_lossy().into_owned()).run();
+    (plain, loaded)
+}
+
+/// The interposer dlopen()ed after CUDA memory was handed out, RTLD_NOW | RTLD_GLOBAL: nothing
+/// crashes, every return code is that of a run that never loads it, and the memory allocated
+/// before the load is really freed (the stand-in hands the freed address straight back).
+#[test]
+fn late_dlopen_changes_no_result() {
+    let lib = preload_path();
+    for mode in [None, Some("isolate")] {
+        let (plain, loaded) = late(mode, &lib);
+        loaded.assert_same_as(&plain);
+        loaded.assert_success();
+        assert!(
+            loaded.stderr.contains("late_dlopen: loaded "),
+            "{mode:?}: the library did not load: {}",
+            loaded.stderr
+        );
+        assert!(
+            !plain.stderr.contains("loaded"),
+            "{mode:?}: {}",
+            plain.stderr
+        );
+        for want in [
+            "after: found cudaMalloc 1 cudaFree 1 cuGetProcAddress_v2 1",
+            "after: hook cudaFree a 0",
+            "after: hook cudaMalloc a2 0 reuses a 1",
+            "after: cudaFree b 0",
+            "after: cudaMalloc b2 0 reuses b 1",
+            "after: hook cudaFree b2 0",
+            "after: hook cudaFree c 0",
+            "after: cuGetProcAddress(cuMemAlloc) 0 status 0 found 1",
+            "after: late cuMemFree d 0",
+            "after: late cuMemAlloc d2 0 reuses d 1",
+            "after: early cuMemFree e 0",
+            "after: early cuMemAlloc e2 0 reuses e 1",
+            "after: late cuMemFree e2 0",
+        ] {
+            assert!(
+                loaded.stdout.lines().any(|l| l == want),
+                "{mode:?}: no line {want:?}:\n{}",
+                loaded.stdout
+            );
+        }
+        // No stray `isolate:` complaint in log mode (isolate mode says one line on start).
+        let extra: Vec<&str> = isolate_lines(&loaded)
+            .into_iter()
+            .filter(|l| !l.contains("PYTORCH_NO_CUDA_MEMORY_CACHING"))
+            .collect();
+        assert!(extra.is_empty(), "{mode:?}: {extra:?}");
+        // The late library writes one complete trace of the calls that reached its hooks.
+        let t = loaded.only_trace();
+        assert!(t.is_complete(), "{mode:?}: {}", t.summary());
+        let c = t.counts();
+        assert_eq!(c.get("cudaMalloc"), Some(&2), "{mode:?}: {c:?}");
+        assert_eq!(c.get("cudaFree"), Some(&4), "{mode:?}: {c:?}");
+        assert_eq!(c.get("cuMemAlloc_v2"), Some(&1), "{mode:?}: {c:?}");
+        assert_eq!(c.get("cuMemFree_v2"), Some(&3), "{mode:?}: {c:?}");
+        assert!(plain.traces.is_empty());
+    }
+}
