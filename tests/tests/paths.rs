@@ -466,6 +466,8 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
         ("threads", &["4", "200"]),
         ("forker", &["fork"]),
         ("nocuda", &[]),
+        // tests/faults.rs loads the library late; "-" loads nothing (it is preloaded here).
+        ("late_dlopen", &["-"]),
         // tests/isolation.rs; its `oom` scenario needs a small STANDIN_MEM_BYTES (run there).
         ("quarantine", &["reuse"]),
         ("quarantine", &["stale"]),
