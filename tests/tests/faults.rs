@@ -206,3 +206,21 @@ fn late_dlopen_changes_no_result() {
         assert!(plain.traces.is_empty());
     }
 }
+
+// ------------------------------------------------------------------------------------ big header
+
+/// KNOWN BUG (ignored until fixed): the header holds the whole command line, and no frame may
+/// exceed 1 MiB, so a program started with more than about 1 MiB of arguments (Linux allows
+/// 2 MiB) gets a trace that no reader opens: `at byte 12: corrupt frame: length 1080430 exceeds
+/// the limit of 1048576 bytes`. The library should cut argv down to fit.
+#[test]
+#[ignore = "known bug: a command line over 1 MiB makes the header frame too long to read"]
+fn huge_command_line_still_gives_a_readable_trace() {
+    let arg = "a".repeat(120_000);
+    let out = Run::program("rt_basic")
+        .args(std::iter::repeat_n(arg, 9))
+        .run();
+    out.assert_success();
+    let t = out.only_trace();
+    assert!(t.is_complete(), "{}", t.summary());
+}
