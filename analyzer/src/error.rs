@@ -66,10 +66,8 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match &self.kind {
-            ErrorKind::Trace(e) => Some(e),
-            ErrorKind::Io { source, .. } => Some(source),
-            ErrorKind::Invalid(_) => None,
-        }
+        // The Display above already says everything its cause says (file, offset, what):
+        // returning the cause too would make `{:#}` print it twice.
+        None
     }
 }

@@ -253,7 +253,6 @@ fn every_subcommand_on_every_corpus_file() {
 /// `Error` both displays its `TraceError` and returns it as its source (an I/O error comes out
 /// three times: `isolate summary /nonexistent.trace`).
 #[test]
-#[ignore = "known bug: the analyzer's error line repeats the trace error"]
 fn error_line_says_it_once() {
     let tmp = tempfile::tempdir().unwrap();
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/corpus/elf.bin");

@@ -169,16 +169,36 @@ fn env_u32(name: &str) -> Option<u32> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
 
+/// At most this many bytes of one argument, and of the whole command line, go in the header.
+const ARG_MAX_KEPT: usize = 64 << 10;
+const ARGV_BUDGET: usize = 256 << 10;
+
 /// The trace header for this process, now.
 pub fn header(cfg: &Config) -> Header {
     let exe = std::fs::read_link("/proc/self/exe")
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let argv = read_file("/proc/self/cmdline")
-        .split(|&b| b == 0)
-        .filter(|s| !s.is_empty())
-        .map(|s| String::from_utf8_lossy(s).into_owned())
-        .collect();
+    // Every argument kept, empty ones too; long command lines are cut so the header always
+    // fits in one frame (the trace format's limit is 1 MiB).
+    let mut cmdline = read_file("/proc/self/cmdline");
+    if cmdline.last() == Some(&0) {
+        cmdline.pop();
+    }
+    let mut argv: Vec<String> = Vec::new();
+    let mut budget = ARGV_BUDGET;
+    for arg in cmdline.split(|&b| b == 0) {
+        if budget == 0 {
+            argv.push("[… command line cut by isolate]".into());
+            break;
+        }
+        let keep = arg.len().min(ARG_MAX_KEPT).min(budget);
+        let mut a = String::from_utf8_lossy(&arg[..keep]).into_owned();
+        if keep < arg.len() {
+            a.push_str(&format!("[… {} more bytes]", arg.len() - keep));
+        }
+        budget -= keep;
+        argv.push(a);
+    }
     let mut host = [0u8; 256];
     unsafe { libc::gethostname(host.as_mut_ptr().cast(), host.len() - 1) };
     let hostname = String::from_utf8_lossy(&host[..host.iter().position(|&b| b == 0).unwrap_or(0)])

@@ -214,7 +214,6 @@ fn late_dlopen_changes_no_result() {
 /// 2 MiB) gets a trace that no reader opens: `at byte 12: corrupt frame: length 1080430 exceeds
 /// the limit of 1048576 bytes`. The library should cut argv down to fit.
 #[test]
-#[ignore = "known bug: a command line over 1 MiB makes the header frame too long to read"]
 fn huge_command_line_still_gives_a_readable_trace() {
     let arg = "a".repeat(120_000);
     let out = Run::program("rt_basic")

@@ -154,7 +154,15 @@ impl<R: Read> Reader<R> {
     pub fn next_record(&mut self) -> Result<Option<Record>, TraceError> {
         while !self.done {
             let at = self.offset;
-            match self.read_frame()? {
+            let frame = match self.read_frame() {
+                Ok(f) => f,
+                Err(e) => {
+                    // A bad length leaves no way to find the next frame: stop here for good.
+                    self.done = true;
+                    return Err(e);
+                }
+            };
+            match frame {
                 Frame::Eof => self.done = true,
                 Frame::Truncated => {
                     self.truncated_at = Some(at);

@@ -14,8 +14,8 @@ use std::collections::HashMap;
 pub(crate) const CONFIG: bincode::config::Configuration<
     bincode::config::LittleEndian,
     bincode::config::Varint,
-    bincode::config::Limit<{ crate::MAX_FRAME as usize }>,
-> = bincode::config::standard().with_limit::<{ crate::MAX_FRAME as usize }>();
+    bincode::config::Limit<{ 2 * crate::MAX_FRAME as usize }>,
+> = bincode::config::standard().with_limit::<{ 2 * crate::MAX_FRAME as usize }>();
 
 /// An event as stored: deltas against the previous event of the trace.
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]

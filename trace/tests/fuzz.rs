@@ -887,7 +887,6 @@ fn frames_near_the_size_limit() {
 /// more than 1,048,532 bytes with `undecodable record: LimitExceeded` (bincode's limit also
 /// counts more than the frame's bytes).
 #[test]
-#[ignore = "known bug: frames of the last 44 bytes below MAX_FRAME are refused"]
 fn a_frame_of_exactly_max_frame_bytes_reads() {
     let (bytes, _, rec) = one_note(MAX_FRAME as usize);
     let mut r = Reader::new(&bytes[..], None).unwrap();
@@ -899,7 +898,6 @@ fn a_frame_of_exactly_max_frame_bytes_reads() {
 /// the prefix, inside the bad frame, and can return records from there; `FastReader` (and
 /// `Reader` after an undecodable payload) stays at the end.
 #[test]
-#[ignore = "known bug: Reader is not fused after a frame-length error"]
 fn reader_stays_done_after_a_bad_length() {
     let mut bytes = Vec::new();
     Encoder::preamble(&Header::default(), &mut bytes);
