@@ -163,10 +163,6 @@ impl<F: Copy> Real<F> {
         self.ptr.store(p as usize, Ordering::Release);
     }
 
-    pub fn raw(&self) -> usize {
-        self.ptr.load(Ordering::Acquire)
-    }
-
     /// The real function, found on first use. `None` only if the library has no such symbol.
     #[inline]
     pub fn get(&self) -> Option<F> {

@@ -102,6 +102,16 @@ pub static HIGH: AtomicU64 = AtomicU64::new(0);
 static ATEXIT: AtomicBool = AtomicBool::new(false);
 static SAID_PYTORCH: AtomicBool = AtomicBool::new(false);
 
+impl State {
+    /// Takes the oldest entry out of quarantine (queue, index and byte count together).
+    fn pop_oldest(&mut self) -> Option<Entry> {
+        let old = self.queue.pop_front()?;
+        self.held -= old.size;
+        self.index.remove(&old.ptr);
+        Some(old)
+    }
+}
+
 fn state() -> MutexGuard<'static, Option<State>> {
     let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());
     if g.is_none() {
@@ -176,7 +186,7 @@ pub fn alloc(
         // Isolation must never cause an out-of-memory a normal run would not have had.
         let mut released = 0u64;
         while r == CUDA_ERROR_OUT_OF_MEMORY {
-            let n = release_oldest(proto.size.max(1), true);
+            let n = release_oldest(proto.size.max(1));
             if n == 0 {
                 break;
             }
@@ -522,15 +532,12 @@ fn quarantine(entry: Entry) {
             u64::MAX
         };
         while s.held > low_water {
-            let Some(old) = s.queue.pop_front() else {
+            let Some(old) = s.pop_oldest() else {
                 break;
             };
-            s.held -= old.size;
-            s.index.remove(&old.ptr);
             over.push(old);
         }
     }
-    Q_RELEASES.fetch_add(over.len() as u64, Relaxed);
     release_batch(&over, true);
 }
 
@@ -543,26 +550,22 @@ fn quarantine_index_only(entry: Entry) {
 }
 
 /// Releases the oldest entries until at least `need` bytes are free; returns the bytes released.
-fn release_oldest(need: u64, early: bool) -> u64 {
+/// Only for an allocation that ran out of memory, so every release is counted as early.
+fn release_oldest(need: u64) -> u64 {
     let mut taken = Vec::new();
     let mut bytes = 0;
     {
         let mut g = state();
         let s = st!(g);
         while bytes < need {
-            let Some(old) = s.queue.pop_front() else {
+            let Some(old) = s.pop_oldest() else {
                 break;
             };
-            s.held -= old.size;
-            s.index.remove(&old.ptr);
             bytes += old.size;
             taken.push(old);
         }
     }
-    if early {
-        Q_EARLY.fetch_add(taken.len() as u64, Relaxed);
-    }
-    Q_RELEASES.fetch_add(taken.len() as u64, Relaxed);
+    Q_EARLY.fetch_add(taken.len() as u64, Relaxed);
     release_batch(&taken, true);
     bytes
 }
@@ -586,7 +589,6 @@ fn release_inside(ptr: u64, size: u64) {
             }
         }
     }
-    Q_RELEASES.fetch_add(taken.len() as u64, Relaxed);
     release_batch(&taken, true);
 }
 
@@ -595,6 +597,9 @@ fn release_inside(ptr: u64, size: u64) {
 fn release_batch(entries: &[Entry], free: bool) {
     if entries.is_empty() {
         return;
+    }
+    if free {
+        Q_RELEASES.fetch_add(entries.len() as u64, Relaxed);
     }
     let cur = current_ctx();
     let mut ctxs: Vec<usize> = entries.iter().map(|e| e.ctx).collect();
