@@ -23,12 +23,11 @@
 //! assert_eq!(r.next_record().unwrap(), None);
 //! ```
 
-use crate::MAX_FRAME;
 use crate::api::Api;
 use crate::error::{ErrorKind, TraceError};
 use crate::read::Reader;
 use crate::record::{Event, Header, Record};
-use crate::wire::{CONFIG, WireRecord};
+use crate::wire::{CONFIG, FrameLength, WireRecord};
 use std::fs::File;
 use std::io::{ErrorKind as IoKind, Read};
 use std::path::{Path, PathBuf};
@@ -175,10 +174,9 @@ impl<R: Read> FastReader<R> {
         if avail < 5 {
             avail = self.fill(5)?;
         }
-        let mut len: u64 = 0;
-        let mut shift = 0;
+        let mut prefix = FrameLength::default();
         let mut i = 0;
-        loop {
+        let len = loop {
             if i == avail {
                 // The input ended inside the length prefix (or right at a frame boundary).
                 self.offset += i as u64;
@@ -187,30 +185,10 @@ impl<R: Read> FastReader<R> {
             }
             let b = self.buf[self.pos + i];
             i += 1;
-            len |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                break;
+            if let Some(len) = prefix.push(b).map_err(|k| self.err(start, k))? {
+                break len;
             }
-            shift += 7;
-            if shift > 28 {
-                return Err(self.err(
-                    start,
-                    ErrorKind::Corrupt("frame length prefix longer than 5 bytes".into()),
-                ));
-            }
-        }
-        if len > MAX_FRAME {
-            return Err(self.err(
-                start,
-                ErrorKind::FrameTooLong {
-                    len,
-                    max: MAX_FRAME,
-                },
-            ));
-        }
-        if len == 0 {
-            return Err(self.err(start, ErrorKind::Corrupt("empty frame".into())));
-        }
+        };
         let len = len as usize;
         if avail < i + len {
             avail = self.fill(i + len)?;

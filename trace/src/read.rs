@@ -2,8 +2,8 @@
 
 use crate::error::{ErrorKind, TraceError};
 use crate::record::{Header, Record};
-use crate::wire::{CONFIG, Decoder};
-use crate::{FORMAT_VERSION, MAGIC, MAX_FRAME};
+use crate::wire::{CONFIG, Decoder, FrameLength};
+use crate::{FORMAT_VERSION, MAGIC};
 use std::fs::File;
 use std::io::{BufReader, ErrorKind as IoKind, Read};
 use std::path::{Path, PathBuf};
@@ -183,9 +183,8 @@ impl<R: Read> Reader<R> {
 
     fn read_frame(&mut self) -> Result<Frame, TraceError> {
         let start = self.offset;
-        let mut len: u64 = 0;
-        let mut shift = 0;
-        loop {
+        let mut prefix = FrameLength::default();
+        let len = loop {
             let mut b = [0u8; 1];
             let n = read_full(&mut self.inner, &mut b)
                 .map_err(|e| self.err(self.offset, ErrorKind::Io(e)))?;
@@ -197,30 +196,10 @@ impl<R: Read> Reader<R> {
                 });
             }
             self.offset += 1;
-            len |= u64::from(b[0] & 0x7f) << shift;
-            if b[0] & 0x80 == 0 {
-                break;
+            if let Some(len) = prefix.push(b[0]).map_err(|k| self.err(start, k))? {
+                break len;
             }
-            shift += 7;
-            if shift > 28 {
-                return Err(self.err(
-                    start,
-                    ErrorKind::Corrupt("frame length prefix longer than 5 bytes".into()),
-                ));
-            }
-        }
-        if len > MAX_FRAME {
-            return Err(self.err(
-                start,
-                ErrorKind::FrameTooLong {
-                    len,
-                    max: MAX_FRAME,
-                },
-            ));
-        }
-        if len == 0 {
-            return Err(self.err(start, ErrorKind::Corrupt("empty frame".into())));
-        }
+        };
         // `len` is bounded by MAX_FRAME, so a corrupt length cannot make this allocate much.
         self.buf.resize(len as usize, 0);
         let n = read_full(&mut self.inner, &mut self.buf)

@@ -87,6 +87,40 @@ fn push_frame<T: Encode>(out: &mut Vec<u8>, payload: &T) {
     out[start..start + n].copy_from_slice(&prefix[..n]);
 }
 
+/// Decodes a frame's LEB128 length one byte at a time, shared by both readers so they accept
+/// and refuse exactly the same prefixes.
+#[derive(Default)]
+pub(crate) struct FrameLength {
+    len: u64,
+    shift: u32,
+}
+
+impl FrameLength {
+    /// Takes the next prefix byte: `Ok(Some(len))` once the prefix is complete and the length
+    /// valid (1 to `MAX_FRAME`), `Ok(None)` while more bytes are needed.
+    pub(crate) fn push(&mut self, b: u8) -> Result<Option<u64>, crate::ErrorKind> {
+        use crate::{ErrorKind, MAX_FRAME};
+        self.len |= u64::from(b & 0x7f) << self.shift;
+        if b & 0x80 != 0 {
+            self.shift += 7;
+            if self.shift > 28 {
+                return Err(ErrorKind::Corrupt(
+                    "frame length prefix longer than 5 bytes".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        match self.len {
+            0 => Err(ErrorKind::Corrupt("empty frame".into())),
+            len if len > MAX_FRAME => Err(ErrorKind::FrameTooLong {
+                len,
+                max: MAX_FRAME,
+            }),
+            len => Ok(Some(len)),
+        }
+    }
+}
+
 pub(crate) fn leb128(mut v: u32, buf: &mut [u8; 5]) -> usize {
     let mut i = 0;
     loop {
