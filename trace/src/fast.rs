@@ -32,7 +32,7 @@ use std::fs::File;
 use std::io::{ErrorKind as IoKind, Read};
 use std::path::{Path, PathBuf};
 
-/// Block size of the reads; a frame (at most [`MAX_FRAME`] bytes plus its prefix) always fits.
+/// Block size of the reads; a frame (at most [`MAX_FRAME`](crate::MAX_FRAME) bytes plus its prefix) always fits.
 const BLOCK: usize = 1 << 20;
 
 /// Reads a trace record by record, like [`Reader`], only faster.

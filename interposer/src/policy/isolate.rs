@@ -310,38 +310,34 @@ pub fn other(
         Kind::AddressFree => release_inside(proto.ptr, proto.size),
         _ => {}
     }
-    let mut p = if before {
-        Pending::before(proto.api)
-    } else {
-        Pending::after(proto.api)
-    };
-    let seq = p.ev.seq;
-    p.ev = Event { seq, ..proto };
-    let r = call();
-    p.ev.result = r;
-    after(&mut p.ev);
-    if r == CUDA_SUCCESS {
-        match proto.api.kind() {
-            // Only memory this process created is ever held back: a handle imported from a
-            // peer (NCCL) is someone else's memory, never to be poisoned.
-            Kind::Create => {
-                st!(state()).created.insert(p.ev.handle);
-            }
-            Kind::Release => {
-                st!(state()).created.remove(&proto.handle);
-            }
-            Kind::Map => {
-                let mut g = state();
-                let s = st!(g);
-                if s.created.contains(&proto.handle) {
-                    s.mapped.insert(proto.ptr, proto.size);
-                }
-            }
-            _ => {}
+    super::record_other(proto, before, call, |e| {
+        after(e);
+        if e.result == CUDA_SUCCESS {
+            track_mapping(e);
         }
+    })
+}
+
+/// Remembers the physical memory this process made and where it mapped it: only such mappings
+/// are ever held back, since a handle imported from a peer (NCCL) is someone else's memory,
+/// never to be poisoned.
+fn track_mapping(e: &Event) {
+    match e.api.kind() {
+        Kind::Create => {
+            st!(state()).created.insert(e.handle);
+        }
+        Kind::Release => {
+            st!(state()).created.remove(&e.handle);
+        }
+        Kind::Map => {
+            let mut g = state();
+            let s = st!(g);
+            if s.created.contains(&e.handle) {
+                s.mapped.insert(e.ptr, e.size);
+            }
+        }
+        _ => {}
     }
-    p.finish(r);
-    r
 }
 
 /// `cuMemUnmap` in isolate mode: the range stays mapped (poisoned) until it leaves quarantine.

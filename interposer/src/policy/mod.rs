@@ -149,6 +149,16 @@ pub fn other(
     if isolating() {
         return isolate::other(proto, before, call, after);
     }
+    record_other(proto, before, call, after)
+}
+
+/// Records a call that is neither an allocation nor a free, as it is (both modes).
+fn record_other(
+    proto: Event,
+    before: bool,
+    call: impl FnOnce() -> i32,
+    after: impl FnOnce(&mut Event),
+) -> i32 {
     let mut p = if before {
         Pending::before(proto.api)
     } else {
