@@ -252,6 +252,19 @@ impl<W: Write> Observer for Exporter<'_, W> {
                 json!({"ptr":hex(s.ptr),"param_index":s.param_index,"alloc_seq":s.alloc_seq,
                        "free_seq":s.free_seq}),
             ),
+            Record::StaleValue(s) => self.instant(
+                s.ts_ns,
+                s.tid,
+                format!("stale value {}", s.kernel),
+                json!({"ptr":hex(s.ptr),"param_index":s.param_index,"alloc_seq":s.alloc_seq,
+                       "free_seq":s.free_seq,"guarded":true}),
+            ),
+            Record::Note(n) if n.kind == isolate_trace::NoteKind::DeviceFault => self.instant(
+                n.ts_ns,
+                0,
+                format!("device fault {}", n.value),
+                json!({"code":n.value,"clean_until_seq":n.size,"text":n.text}),
+            ),
             Record::Note(n) if n.kind == isolate_trace::NoteKind::Signal => self.instant(
                 n.ts_ns,
                 0,

@@ -61,7 +61,7 @@ pub struct Band {
 pub struct Marker {
     pub ts_ns: u64,
     pub col: usize,
-    /// `failure`, `invalid_free`, `stale_write`, `stale_launch`, `signal`, `oom_retry`.
+    /// `failure`, `invalid_free`, `stale_write`, `stale_launch`, `device_fault`, `signal`, `oom_retry`.
     pub kind: &'static str,
     pub label: String,
 }
@@ -312,6 +312,15 @@ impl Observer for TimelineObs {
                     s.kernel,
                     s.param_index,
                     hex(s.ptr)
+                ),
+            ),
+            Record::Note(n) if n.kind == isolate_trace::NoteKind::DeviceFault => self.mark(
+                n.ts_ns,
+                "device_fault",
+                format!(
+                    "device fault: CUDA error {} ({})",
+                    n.value,
+                    crate::summary::fault_name(n.value)
                 ),
             ),
             Record::Note(n) if n.kind == isolate_trace::NoteKind::Signal => {

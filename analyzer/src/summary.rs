@@ -102,6 +102,22 @@ pub struct StaleLaunchEntry {
     pub alloc_ptr: u64,
     pub alloc_size: u64,
     pub freed_at: FreedAt,
+    /// Guard mode: the pointer led into unmapped memory and a device fault followed (its error
+    /// code); null for a pointer into quarantine (found by the launch check alone).
+    pub fault: Option<u64>,
+}
+
+/// A device fault that a call the library saw returned.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceFault {
+    pub trace: usize,
+    pub seq: u64,
+    pub ts_ns: u64,
+    /// The CUDA error code (700: illegal address, 719: launch failure, …).
+    pub code: u64,
+    /// Launches named as suspects: guarded stale values launched since the last device-wide
+    /// synchronisation seen to succeed (they follow as stale launches with `fault` set).
+    pub suspects: u64,
 }
 
 /// A successful call that gave back something that was not live.
@@ -252,7 +268,14 @@ pub struct Totals {
     pub poison_violation_count: u64,
     pub poison_violations: Vec<PoisonViolation>,
     pub stale_launch_count: u64,
+    /// Kernels that got a pointer into freed memory and used it: a pointer into quarantine,
+    /// or (guard mode) into unmapped memory with a device fault after the launch.
     pub stale_launches: Vec<StaleLaunchEntry>,
+    /// Guard mode: pointers into freed, unmapped memory that kernels received but, as no fault
+    /// followed, never dereferenced (stale fields a kernel ignores). Not errors.
+    pub stale_value_count: u64,
+    pub stale_values: Vec<StaleLaunchEntry>,
+    pub device_faults: Vec<DeviceFault>,
     pub quarantine: Quarantine,
     pub host: HostStats,
     /// Category name → its figures (device, managed, graph, host, registered, reservation,
@@ -320,8 +343,15 @@ pub struct Summarizer {
     violations: Vec<PoisonViolation>,
     stale_count: u64,
     stale: Vec<StaleLaunchEntry>,
+    /// Guarded stale values not (yet) followed by a fault, most recent last, at most
+    /// [`PENDING_CAP`].
+    pending_values: std::collections::VecDeque<StaleLaunchEntry>,
+    value_count: u64,
+    faults: Vec<DeviceFault>,
+    /// Stale-launch records still to come that name the suspects of the last fault.
+    suspects_due: u64,
     quarantine: Quarantine,
-    notes: [u64; 9],
+    notes: [u64; N_NOTES],
     note_releases: u64,
     note_early: u64,
     writer: WriterStats,
@@ -333,7 +363,12 @@ pub struct Summarizer {
     live_end: Live,
 }
 
-const NOTE_NAMES: [&str; 9] = [
+/// Guarded stale values kept waiting for a fault that would make them stale launches.
+const PENDING_CAP: usize = 4096;
+
+const N_NOTES: usize = 11;
+
+const NOTE_NAMES: [&str; N_NOTES] = [
     "info",
     "quarantine_release",
     "quarantine_early_release",
@@ -343,6 +378,8 @@ const NOTE_NAMES: [&str; 9] = [
     "signal",
     "fork",
     "exec",
+    "device_fault",
+    "late_load",
 ];
 
 fn note_index(k: NoteKind) -> usize {
@@ -356,6 +393,8 @@ fn note_index(k: NoteKind) -> usize {
         NoteKind::Signal => 6,
         NoteKind::Fork => 7,
         NoteKind::Exec => 8,
+        NoteKind::DeviceFault => 9,
+        NoteKind::LateLoad => 10,
     }
 }
 
@@ -379,8 +418,12 @@ impl Summarizer {
             violations: Vec::new(),
             stale_count: 0,
             stale: Vec::new(),
+            pending_values: Default::default(),
+            value_count: 0,
+            faults: Vec::new(),
+            suspects_due: 0,
             quarantine: Quarantine::default(),
-            notes: [0; 9],
+            notes: [0; N_NOTES],
             note_releases: 0,
             note_early: 0,
             writer: WriterStats::default(),
@@ -480,6 +523,9 @@ impl Summarizer {
             poison_violations: self.violations,
             stale_launch_count: self.stale_count,
             stale_launches: self.stale,
+            stale_value_count: self.value_count,
+            stale_values: self.pending_values.into_iter().take(LIST_CAP).collect(),
+            device_faults: self.faults,
             quarantine,
             host,
             categories,
@@ -598,28 +644,43 @@ impl Observer for Summarizer {
                 }
             }
             Record::StaleLaunch(s) => {
+                let mut fault = None;
+                if self.suspects_due > 0 {
+                    // A suspect of the fault just before: its stale value was used.
+                    self.suspects_due -= 1;
+                    fault = self.faults.last().map(|f| f.code);
+                    if let Some(at) = self
+                        .pending_values
+                        .iter()
+                        .rposition(|v| v.kernel == s.kernel && v.allocation == s.alloc_seq)
+                    {
+                        self.pending_values.remove(at);
+                        self.value_count -= 1;
+                    }
+                }
                 self.stale_count += 1;
                 if self.stale.len() < LIST_CAP {
-                    self.stale.push(StaleLaunchEntry {
-                        trace: self.trace,
-                        seq: s.seq,
-                        ts_ns: s.ts_ns,
-                        tid: s.tid,
-                        device: s.device,
-                        api: s.api.name().into(),
-                        kernel: s.kernel.clone(),
-                        param_index: s.param_index,
-                        param_offset: s.param_offset,
-                        ptr: s.ptr,
-                        allocation: s.alloc_seq,
-                        alloc_ptr: s.alloc_ptr,
-                        alloc_size: s.alloc_size,
-                        freed_at: FreedAt {
-                            seq: s.free_seq,
-                            ts_ns: s.free_ts_ns,
-                        },
-                    });
+                    self.stale.push(stale_entry(self.trace, s, fault));
                 }
+            }
+            Record::StaleValue(s) => {
+                self.value_count += 1;
+                if self.pending_values.len() == PENDING_CAP {
+                    self.pending_values.pop_front();
+                }
+                self.pending_values
+                    .push_back(stale_entry(self.trace, s, None));
+            }
+            Record::Note(n) if n.kind == NoteKind::DeviceFault => {
+                self.notes[note_index(n.kind)] += 1;
+                self.faults.push(DeviceFault {
+                    trace: self.trace,
+                    seq: n.seq,
+                    ts_ns: n.ts_ns,
+                    code: n.value,
+                    suspects: n.size,
+                });
+                self.suspects_due = n.size;
             }
             Record::Note(n) => {
                 self.notes[note_index(n.kind)] += 1;
@@ -648,6 +709,38 @@ impl Observer for Summarizer {
 
     fn finish(&mut self, _still: &[Node], live: &Live) {
         self.live_end = *live;
+    }
+}
+
+/// The name of a CUDA device-fault error code.
+pub fn fault_name(code: u64) -> &'static str {
+    isolate_trace::device_fault_name(code).unwrap_or("device fault")
+}
+
+fn stale_entry(
+    trace: usize,
+    s: &isolate_trace::StaleLaunch,
+    fault: Option<u64>,
+) -> StaleLaunchEntry {
+    StaleLaunchEntry {
+        trace,
+        seq: s.seq,
+        ts_ns: s.ts_ns,
+        tid: s.tid,
+        device: s.device,
+        api: s.api.name().into(),
+        kernel: s.kernel.clone(),
+        param_index: s.param_index,
+        param_offset: s.param_offset,
+        ptr: s.ptr,
+        allocation: s.alloc_seq,
+        alloc_ptr: s.alloc_ptr,
+        alloc_size: s.alloc_size,
+        freed_at: FreedAt {
+            seq: s.free_seq,
+            ts_ns: s.free_ts_ns,
+        },
+        fault,
     }
 }
 
@@ -715,6 +808,9 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
             .extend(x.poison_violations.iter().cloned());
         t.stale_launch_count += x.stale_launch_count;
         t.stale_launches.extend(x.stale_launches.iter().cloned());
+        t.stale_value_count += x.stale_value_count;
+        t.stale_values.extend(x.stale_values.iter().cloned());
+        t.device_faults.extend(x.device_faults.iter().cloned());
         let q = &mut t.quarantine;
         q.peak_bytes += x.quarantine.peak_bytes;
         q.releases += x.quarantine.releases;
@@ -749,6 +845,8 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
     t.invalid_frees.truncate(LIST_CAP);
     t.poison_violations.truncate(LIST_CAP);
     t.stale_launches.truncate(LIST_CAP);
+    t.stale_values.truncate(LIST_CAP);
+    t.device_faults.truncate(LIST_CAP);
     last.sort_by_key(|e| (e.ts_ns, e.trace, e.seq));
     let skip = last.len().saturating_sub(LAST_EVENTS);
     t.last_events = last.split_off(skip);
@@ -987,7 +1085,31 @@ fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, Dev
                 s.allocation,
                 s.freed_at.seq
             );
+            if let Some(code) = s.fault {
+                let _ = writeln!(
+                    o,
+                    "    (unmapped guard memory; a device fault, error {code}, followed the launch)"
+                );
+            }
         }
+    }
+    for f in t.device_faults.iter().take(10) {
+        let _ = writeln!(
+            o,
+            "FAULT    seq {}: CUDA error {} ({}), {} suspect launch(es) named above",
+            f.seq,
+            f.code,
+            fault_name(f.code),
+            f.suspects
+        );
+    }
+    if t.stale_value_count > 0 {
+        let _ = writeln!(
+            o,
+            "stale values: {} pointers into freed, unmapped guard memory passed to kernels that \
+             never used them (no fault followed; not errors)",
+            t.stale_value_count
+        );
     }
     if !t.complete {
         let _ = writeln!(o, "incomplete: no End record");

@@ -178,6 +178,24 @@ impl Observer for Watch {
                     ),
                 });
             }
+            Record::StaleValue(s)
+                if s.ptr == self.addr
+                    || (s.alloc_ptr <= self.addr
+                        && self.addr < s.alloc_ptr.saturating_add(s.alloc_size)) =>
+            {
+                self.incidents.push(Incident {
+                    kind: "stale_value",
+                    seq: s.seq,
+                    ts_ns: s.ts_ns,
+                    api: s.api.name().into(),
+                    ptr: s.ptr,
+                    detail: format!(
+                        "kernel {} param {} got a pointer into freed, unmapped guard memory \
+                         (alloc seq {}, freed seq {}); harmless unless a device fault followed",
+                        s.kernel, s.param_index, s.alloc_seq, s.free_seq
+                    ),
+                });
+            }
             _ => {}
         }
     }

@@ -2,7 +2,7 @@ mod common;
 
 use common::*;
 use isolate_analyzer::{NoProgress, summary};
-use isolate_trace::{Api, NoteKind, Record, StaleLaunch, Stats, Violation};
+use isolate_trace::{Api, Note, NoteKind, Record, StaleLaunch, Stats, Violation};
 use serde_json::json;
 
 fn summarize(t: &TraceBuilder) -> (tempfile::TempDir, summary::Summary) {
@@ -155,7 +155,7 @@ fn violations_stale_launches_quarantine_json() {
         json!([{"trace":0,"seq":3,"ts_ns":9100000,"tid":1000,"device":0,"api":"cuLaunchKernel",
                 "kernel":"saxpy<float>","param_index":2,"param_offset":16,"ptr":"0x7f0000000008",
                 "allocation":0,"alloc_ptr":"0x7f0000000000","alloc_size":4096,
-                "freed_at":{"seq":1,"ts_ns":1002000}}])
+                "freed_at":{"seq":1,"ts_ns":1002000},"fault":null}])
     );
     assert_eq!(
         v["quarantine"],
@@ -224,4 +224,76 @@ fn json_is_deterministic() {
         !a.stdout.contains(&d.path().display().to_string()),
         "no analysis paths in output"
     );
+}
+
+fn stale(seq: u64, kernel: &str, alloc_seq: u64, ptr: u64) -> StaleLaunch {
+    StaleLaunch {
+        seq,
+        ts_ns: seq * 1000,
+        tid: 1000,
+        device: 0,
+        api: Api::CuLaunchKernel,
+        kernel: kernel.into(),
+        param_index: 1,
+        param_offset: 8,
+        ptr,
+        alloc_ptr: ptr,
+        alloc_size: 4096,
+        alloc_seq,
+        free_seq: alloc_seq + 1,
+        free_ts_ns: 0,
+    }
+}
+
+/// Guard mode: stale values are not stale launches; a device fault turns the suspects the
+/// library names after it (and only those) into stale launches.
+#[test]
+fn guarded_stale_values_become_stale_launches_only_when_a_fault_names_them() {
+    let mut t = TraceBuilder::new();
+    let a = t.malloc(A, 4096);
+    t.free(A);
+    let b = t.malloc(A + (64 << 20), 4096);
+    t.free(A + (64 << 20));
+    t.record(Record::StaleValue(stale(10, "cutlass_align1", a, A)));
+    t.record(Record::StaleValue(stale(
+        11,
+        "use_after_free",
+        b,
+        A + (64 << 20),
+    )));
+    // Clean so far: the JSON says so.
+    let (_d, s) = summarize(&t);
+    assert_eq!(s.stale_launch_count, 0);
+    assert_eq!(s.stale_value_count, 2);
+    assert!(s.device_faults.is_empty());
+    t.record(Record::Note(Note {
+        seq: 12,
+        ts_ns: 12_000,
+        kind: NoteKind::DeviceFault,
+        ptr: 0,
+        size: 1,
+        value: 700,
+        text: "DEVICE FAULT".into(),
+    }));
+    t.record(Record::StaleLaunch(stale(
+        13,
+        "use_after_free",
+        b,
+        A + (64 << 20),
+    )));
+    let (_d, s) = summarize(&t);
+    assert_eq!(s.stale_launch_count, 1);
+    assert_eq!(s.stale_launches[0].kernel, "use_after_free");
+    assert_eq!(s.stale_launches[0].fault, Some(700));
+    assert_eq!(s.stale_value_count, 1);
+    assert_eq!(s.stale_values[0].kernel, "cutlass_align1");
+    assert_eq!(s.device_faults.len(), 1);
+    assert_eq!(
+        (s.device_faults[0].code, s.device_faults[0].suspects),
+        (700, 1)
+    );
+    let text = summary::render_text(&s);
+    assert!(text.contains("STALE LAUNCHES: 1"), "{text}");
+    assert!(text.contains("CUDA error 700 (illegal address)"), "{text}");
+    assert!(text.contains("stale values: 1"), "{text}");
 }

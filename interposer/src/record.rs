@@ -151,7 +151,9 @@ impl Pending {
         if crate::config::get().test_panic {
             panic!("isolate: forced internal error (ISOLATE_TEST_PANIC=1)");
         }
+        let api = self.ev.api;
         crate::writer::submit(Record::Event(self.ev));
+        crate::policy::saw_result(api, result);
     }
 }
 

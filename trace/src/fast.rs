@@ -296,6 +296,7 @@ impl<R: Read> FastReader<R> {
             WireRecord::Note(n) => Record::Note(n),
             WireRecord::Stats(s) => Record::Stats(s),
             WireRecord::End(e) => Record::End(e),
+            WireRecord::StaleValue(s) => Record::StaleValue(s),
         }))
     }
 

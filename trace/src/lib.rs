@@ -36,6 +36,21 @@ pub use wire::Encoder;
 pub const MAGIC: [u8; 8] = *b"ISOTRACE";
 /// The format version this crate writes and the newest it reads.
 pub const FORMAT_VERSION: u32 = 1;
+/// The name of a CUDA error code that means the device faulted (a kernel touched memory it
+/// may not, or died); `None` for every other code. Driver and runtime share these numbers.
+pub fn device_fault_name(code: u64) -> Option<&'static str> {
+    Some(match code {
+        700 => "illegal address",
+        714 => "hardware stack error",
+        715 => "illegal instruction",
+        716 => "misaligned address",
+        717 => "invalid address space",
+        718 => "invalid program counter",
+        719 => "launch failure",
+        _ => return None,
+    })
+}
+
 /// No frame is longer than this; a longer length field means corruption.
 pub const MAX_FRAME: u64 = 1 << 20;
 

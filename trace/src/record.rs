@@ -130,6 +130,13 @@ pub enum NoteKind {
     Fork,
     /// The process is about to `exec` (events after this are in a new trace).
     Exec,
+    /// A call the library saw returned a device fault (`value` = the error code, e.g. 700 for
+    /// an illegal address); `size` = the event number of the last device-wide synchronisation
+    /// seen to succeed before it (launches after that one are the suspects), 0 if none.
+    DeviceFault,
+    /// The library was loaded after CUDA was already in use (`dlopen` late, not `LD_PRELOAD`):
+    /// allocations made before it are not in the trace, so frees of them are not invalid.
+    LateLoad,
 }
 
 /// Something that happened that is not an API call.
@@ -187,4 +194,9 @@ pub enum Record {
     Note(Note),
     Stats(Stats),
     End(End),
+    /// Guard mode: a kernel received a pointer into a freed allocation whose memory is unmapped.
+    /// Any access through it faults, so without a fault after it the value was not used (a
+    /// stale field the kernel ignores); followed by a fault ([`NoteKind::DeviceFault`]) it names
+    /// the kernel that is the likely culprit.
+    StaleValue(StaleLaunch),
 }

@@ -56,6 +56,7 @@ pub(crate) enum WireRecord {
     Note(Note),
     Stats(Stats),
     End(End),
+    StaleValue(StaleLaunch),
 }
 
 /// Delta state shared by the encoder and the decoder.
@@ -197,6 +198,7 @@ impl Encoder {
             Record::Note(n) => WireRecord::Note(n.clone()),
             Record::Stats(s) => WireRecord::Stats(s.clone()),
             Record::End(e) => WireRecord::End(e.clone()),
+            Record::StaleValue(s) => WireRecord::StaleValue(s.clone()),
         };
         push_frame(out, &wire);
     }
@@ -269,6 +271,7 @@ impl Decoder {
             WireRecord::Note(n) => Record::Note(n),
             WireRecord::Stats(s) => Record::Stats(s),
             WireRecord::End(e) => Record::End(e),
+            WireRecord::StaleValue(s) => Record::StaleValue(s),
         }))
     }
 }

@@ -558,10 +558,13 @@ macro_rules! launch {
             let Some(real) = $real.get() else {
                 return MISSING;
             };
-            if policy::check_launches() && !crate::record::nested() {
-                unsafe { policy::launch_check($api, f, params, extra) };
+            if !policy::check_launches() || crate::record::nested() {
+                return unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) };
             }
-            unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) }
+            let found = unsafe { policy::launch_check($api, f, params, extra) };
+            let r = unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) };
+            policy::launched($api, found, r);
+            r
         }
     };
 }
@@ -590,10 +593,13 @@ macro_rules! launch_ex {
             let Some(real) = $real.get() else {
                 return MISSING;
             };
-            if policy::check_launches() && !crate::record::nested() {
-                unsafe { policy::launch_check($api, f, params, extra) };
+            if !policy::check_launches() || crate::record::nested() {
+                return unsafe { real(config, f, params, extra) };
             }
-            unsafe { real(config, f, params, extra) }
+            let found = unsafe { policy::launch_check($api, f, params, extra) };
+            let r = unsafe { real(config, f, params, extra) };
+            policy::launched($api, found, r);
+            r
         }
     };
 }
@@ -628,10 +634,13 @@ macro_rules! launch_coop {
             let Some(real) = $real.get() else {
                 return MISSING;
             };
-            if policy::check_launches() && !crate::record::nested() {
-                unsafe { policy::launch_check($api, f, params, std::ptr::null_mut()) };
+            if !policy::check_launches() || crate::record::nested() {
+                return unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params) };
             }
-            unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params) }
+            let found = unsafe { policy::launch_check($api, f, params, std::ptr::null_mut()) };
+            let r = unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params) };
+            policy::launched($api, found, r);
+            r
         }
     };
 }

@@ -227,9 +227,15 @@ pub fn free(ptr: u64, stream: Option<CUstream>) -> CUresult {
         Some(st) => STREAM_SYNCHRONIZE
             .get()
             .map_or(CUDA_SUCCESS, |f| unsafe { f(st) }),
-        None => CTX_SYNCHRONIZE
-            .get()
-            .map_or(CUDA_SUCCESS, |f| unsafe { f() }),
+        None => CTX_SYNCHRONIZE.get().map_or(CUDA_SUCCESS, |f| {
+            let token = super::launch::sync_begins();
+            let r = unsafe { f() };
+            if r == CUDA_SUCCESS {
+                // Every launch before it ran without a fault: their stale values went unused.
+                super::launch::sync_clean(token);
+            }
+            r
+        }),
     };
     if let (Some(unmap), Some(release)) = (driver::MEM_UNMAP.get(), driver::MEM_RELEASE.get()) {
         unsafe {

@@ -63,6 +63,9 @@ enum Held {
     Allocation,
     /// A virtual-memory range the program unmapped: really unmapped on release.
     Mapping,
+    /// A guard-mode allocation: unmapped at its free, its range reserved for good. Only in the
+    /// index (for the launch check), never released or verified.
+    Guarded,
 }
 
 /// A freed allocation held back.
@@ -79,6 +82,13 @@ pub struct Entry {
     /// Event recorded on the freeing stream after the poison, for stream-ordered frees.
     event: usize,
     held: Held,
+}
+
+impl Entry {
+    /// Guard mode's unmapped memory: any access through a pointer into it faults.
+    pub fn guarded(&self) -> bool {
+        self.held == Held::Guarded
+    }
 }
 
 #[derive(Default)]
@@ -274,7 +284,7 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
             device: record::current_device(),
             ctx: current_ctx(),
             event: 0,
-            held: Held::Allocation,
+            held: Held::Guarded,
         });
         return r;
     }
@@ -644,6 +654,7 @@ fn release_batch(entries: &[Entry], free: bool) {
                             unsafe { f(e.ptr, e.size as usize) };
                         }
                     }
+                    Held::Guarded => {} // never queued
                 }
             }
         }
@@ -832,6 +843,27 @@ pub fn forget_range(ptr: u64, size: u64) {
         .collect();
     for k in inside {
         s.index.remove(&k);
+    }
+}
+
+/// Looks up each word of `words` (all inside [`LOW`], [`HIGH`]) under one lock: `found(i, e)`
+/// for each word `i` inside freed memory `e`.
+pub fn lookup_each(words: &[u64], mut found: impl FnMut(usize, Entry)) {
+    let hits: Vec<(usize, Entry)> = {
+        let g = STATE.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = g.as_ref() else { return };
+        words
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &addr)| {
+                let (_, e) = s.index.range(..=addr).next_back()?;
+                (addr < e.ptr + e.size).then_some((i, *e))
+            })
+            .collect()
+    };
+    // Called without the lock: `found` records and may wait for the writer.
+    for (i, e) in hits {
+        found(i, e);
     }
 }
 

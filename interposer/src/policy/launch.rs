@@ -1,16 +1,24 @@
 //! The stale-pointer check at kernel launch: every 8-byte-aligned word of the parameters is
 //! looked up in the index of freed ranges held in quarantine. Layouts come from
 //! `cuFuncGetParamInfo`, read once per kernel and cached.
+//!
+//! A pointer into quarantine (poisoned, still mapped) is a stale launch at once: nothing else
+//! would notice the kernel using it. A pointer into guard mode's freed memory (unmapped) is only
+//! a *stale value* until the device says otherwise: any access through it faults, so a launch
+//! that is not followed by a fault never used it (CUTLASS kernels, for one, carry such values in
+//! fields they ignore). Those launches are kept as suspects until a device-wide synchronisation
+//! succeeds; when a call returns a device fault first, the suspects are named as the stale
+//! launches that caused it.
 
 use super::isolate;
 use crate::cuda::*;
 use crate::record;
 use crate::resolve::{Lib, Real};
-use isolate_trace::{Api, Record, StaleLaunch};
-use std::collections::{HashMap, HashSet};
+use isolate_trace::{Api, NoteKind, Record, StaleLaunch};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::{CStr, c_void};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 static FUNC_GET_PARAM_INFO: Real<FnFuncGetParamInfo> =
     Real::new(c"cuFuncGetParamInfo", Lib::Driver);
@@ -66,16 +74,150 @@ const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
 pub static CHECKED: AtomicU64 = AtomicU64::new(0);
 pub static HITS: AtomicU64 = AtomicU64::new(0);
 
+/// A pointer into freed memory found in a launch's parameters.
+#[derive(Clone)]
+pub struct Hit {
+    api: Api,
+    f: usize,
+    layout: &'static Layout,
+    index: u32,
+    offset: u32,
+    ptr: u64,
+    e: isolate::Entry,
+    ts: u64,
+    tid: u32,
+    device: i32,
+}
+
+/// Guard-mode hits of one launch, handed back to [`launched`] once the launch is submitted.
+pub struct Guarded(Vec<Hit>);
+
+/// Words looked up under one lock: (value, parameter index, byte offset).
+const BATCH: usize = 64;
+
+struct Words {
+    n: usize,
+    words: [u64; BATCH],
+    at: [(u32, u32); BATCH],
+}
+
+impl Words {
+    fn push(&mut self, word: u64, index: u32, offset: u32, out: &mut Found) {
+        if word < isolate::LOW.load(Relaxed) || word >= isolate::HIGH.load(Relaxed) {
+            return; // below or above everything ever freed: the common case, no lock
+        }
+        self.words[self.n] = word;
+        self.at[self.n] = (index, offset);
+        self.n += 1;
+        if self.n == BATCH {
+            self.flush(out);
+        }
+    }
+
+    fn flush(&mut self, out: &mut Found) {
+        if self.n == 0 {
+            return;
+        }
+        let at = self.at;
+        let words = self.words;
+        isolate::lookup_each(&words[..self.n], |i, e| out.found(at[i], words[i], e));
+        self.n = 0;
+    }
+}
+
+struct Found {
+    api: Api,
+    f: CUfunction,
+    layout: &'static Layout,
+    guarded: Vec<Hit>,
+}
+
+impl Found {
+    fn found(&mut self, (index, offset): (u32, u32), ptr: u64, e: isolate::Entry) {
+        HITS.fetch_add(1, Relaxed);
+        let h = Hit {
+            api: self.api,
+            f: self.f as usize,
+            layout: self.layout,
+            index,
+            offset,
+            ptr,
+            e,
+            ts: record::now_ns(),
+            tid: record::gettid(),
+            device: record::current_device(),
+        };
+        let first = WARNED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashSet::new)
+            .insert((h.f, e.alloc_seq ^ e.ptr));
+        if e.guarded() {
+            if first {
+                crate::writer::submit(Record::StaleValue(h.record(record::next_seq())));
+            }
+            self.guarded.push(h);
+        } else if first {
+            // Recorded and said once per kernel and allocation.
+            record::warn(&format!(
+                "STALE POINTER: kernel {} got 0x{ptr:x} (parameter {index}, byte {offset}), inside \
+                 allocation 0x{:x} ({} bytes) freed at event {}",
+                h.layout.name, e.ptr, e.size, e.free_seq
+            ));
+            crate::writer::submit(Record::StaleLaunch(h.record(record::next_seq())));
+        }
+    }
+}
+
+impl Hit {
+    fn record(&self, seq: u64) -> StaleLaunch {
+        StaleLaunch {
+            seq,
+            ts_ns: self.ts,
+            tid: self.tid,
+            device: self.device,
+            api: self.api,
+            kernel: self.layout.name.clone(),
+            param_index: self.index,
+            param_offset: self.offset,
+            ptr: self.ptr,
+            alloc_ptr: self.e.ptr,
+            alloc_size: self.e.size,
+            alloc_seq: self.e.alloc_seq,
+            free_seq: self.e.free_seq,
+            free_ts_ns: self.e.free_ts,
+        }
+    }
+}
+
+/// Checks a launch's parameters; returns its guard-mode hits, to be handed to [`launched`].
+///
 /// # Safety
 /// `params` and `extra` are a launch's arguments, as the driver reads them.
-pub unsafe fn check(api: Api, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
+pub unsafe fn check(
+    api: Api,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Option<Guarded> {
     CHECKED.fetch_add(1, Relaxed);
     if isolate::HIGH.load(Relaxed) == 0 {
-        return; // nothing freed yet
+        return None; // nothing freed yet
     }
+    let mut words = Words {
+        n: 0,
+        words: [0; BATCH],
+        at: [(0, 0); BATCH],
+    };
     if !params.is_null() {
-        let Some(l) = layout(f) else { return };
-        for (i, &(_off, size)) in l.params.iter().enumerate() {
+        let layout = layout(f)?;
+        let mut out = Found {
+            api,
+            f,
+            layout,
+            guarded: Vec::new(),
+        };
+        for (i, &(off, size)) in layout.params.iter().enumerate() {
             let value = unsafe { *params.add(i) } as *const u8;
             if value.is_null() {
                 continue;
@@ -84,84 +226,161 @@ pub unsafe fn check(api: Api, f: CUfunction, params: *mut *mut c_void, extra: *m
             while at + 8 <= size {
                 let word =
                     unsafe { std::ptr::read_unaligned(value.add(at as usize) as *const u64) };
-                if let Some(e) = isolate::lookup(word) {
-                    hit(api, f, l, i as u32, _off + at, word, e);
-                }
+                words.push(word, i as u32, off + at, &mut out);
                 at += 8;
             }
         }
-    } else if !extra.is_null() {
-        // CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, END
-        let (mut buf, mut size) = (std::ptr::null::<u8>(), 0usize);
-        let mut i = 0;
-        loop {
-            let key = unsafe { *extra.add(i) } as usize;
-            match key {
-                CU_LAUNCH_PARAM_END => break,
-                CU_LAUNCH_PARAM_BUFFER_POINTER => buf = unsafe { *extra.add(i + 1) } as *const u8,
-                CU_LAUNCH_PARAM_BUFFER_SIZE => {
-                    size = unsafe { *(*extra.add(i + 1) as *const usize) }
-                }
-                _ => {}
-            }
-            i += 2;
-            if i > 64 {
-                break;
-            }
+        words.flush(&mut out);
+        return (!out.guarded.is_empty()).then_some(Guarded(out.guarded));
+    }
+    if extra.is_null() {
+        return None;
+    }
+    // CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, END
+    let (mut buf, mut size) = (std::ptr::null::<u8>(), 0usize);
+    let mut i = 0;
+    loop {
+        let key = unsafe { *extra.add(i) } as usize;
+        match key {
+            CU_LAUNCH_PARAM_END => break,
+            CU_LAUNCH_PARAM_BUFFER_POINTER => buf = unsafe { *extra.add(i + 1) } as *const u8,
+            CU_LAUNCH_PARAM_BUFFER_SIZE => size = unsafe { *(*extra.add(i + 1) as *const usize) },
+            _ => {}
         }
-        if buf.is_null() {
-            return;
+        i += 2;
+        if i > 64 {
+            break;
         }
-        let Some(l) = layout(f) else { return };
-        let mut at = 0usize;
-        while at + 8 <= size {
-            let word = unsafe { std::ptr::read_unaligned(buf.add(at) as *const u64) };
-            if let Some(e) = isolate::lookup(word) {
-                let index = l
-                    .params
-                    .iter()
-                    .rposition(|&(o, _)| o as usize <= at)
-                    .unwrap_or(0);
-                hit(api, f, l, index as u32, at as u32, word, e);
+    }
+    if buf.is_null() {
+        return None;
+    }
+    let layout = layout(f)?;
+    let mut out = Found {
+        api,
+        f,
+        layout,
+        guarded: Vec::new(),
+    };
+    let mut at = 0usize;
+    while at + 8 <= size {
+        let word = unsafe { std::ptr::read_unaligned(buf.add(at) as *const u64) };
+        let index = layout
+            .params
+            .iter()
+            .rposition(|&(o, _)| o as usize <= at)
+            .unwrap_or(0);
+        words.push(word, index as u32, at as u32, &mut out);
+        at += 8;
+    }
+    words.flush(&mut out);
+    (!out.guarded.is_empty()).then_some(Guarded(out.guarded))
+}
+
+/// Guard-mode hits of submitted launches not yet covered by a clean device-wide
+/// synchronisation, with the synchronisation generation each was submitted in.
+static SUSPECTS: Mutex<VecDeque<(u64, Hit)>> = Mutex::new(VecDeque::new());
+/// Most suspects kept (the oldest go first; one per kernel and allocation).
+const SUSPECTS_CAP: usize = 256;
+/// Bumped when a device-wide synchronisation begins.
+static SYNC_GEN: AtomicU64 = AtomicU64::new(0);
+/// Set by the first device fault seen: a context that faulted stays faulted.
+static FAULTED: AtomicBool = AtomicBool::new(false);
+
+/// After the real launch returned `r`: its guard-mode hits become suspects, and a fault code
+/// (a sticky error from an earlier kernel) is a device fault.
+pub fn launched(api: Api, guarded: Option<Guarded>, r: CUresult) {
+    if let Some(Guarded(hits)) = guarded {
+        // Read after the submission: a synchronisation that begins later covers this launch.
+        let generation = SYNC_GEN.load(Acquire);
+        let mut s = SUSPECTS.lock().unwrap_or_else(|e| e.into_inner());
+        for h in hits {
+            s.retain(|(_, o)| {
+                !(o.f == h.f && o.e.alloc_seq == h.e.alloc_seq && o.e.ptr == h.e.ptr)
+            });
+            if s.len() == SUSPECTS_CAP {
+                s.pop_front();
             }
-            at += 8;
+            s.push_back((generation, h));
         }
+    }
+    if r != CUDA_SUCCESS {
+        device_fault(api, r);
     }
 }
 
-fn hit(api: Api, f: CUfunction, l: &Layout, index: u32, offset: u32, ptr: u64, e: isolate::Entry) {
-    HITS.fetch_add(1, Relaxed);
-    let first = {
-        let mut g = WARNED.lock().unwrap_or_else(|e| e.into_inner());
-        g.get_or_insert_with(HashSet::new)
-            .insert((f as usize, e.alloc_seq ^ e.ptr))
+/// A device-wide synchronisation is about to begin: pass the token to [`sync_clean`] if it
+/// succeeds.
+pub fn sync_begins() -> u64 {
+    SYNC_GEN.fetch_add(1, AcqRel) + 1
+}
+
+/// The synchronisation of `token` succeeded: every launch submitted before it began ran without
+/// a fault, so its stale values were not used.
+pub fn sync_clean(token: u64) {
+    SUSPECTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|(generation, _)| *generation >= token);
+}
+
+/// A call the library saw returned `r`: if it is a device fault (the first), record it, name
+/// the suspects, and say so on stderr.
+pub fn device_fault(api: Api, r: i32) {
+    let Some(what) = isolate_trace::device_fault_name(r as u64) else {
+        return;
     };
-    if !first {
-        return; // recorded and said once per kernel and allocation
+    if FAULTED.swap(true, AcqRel) {
+        return;
     }
-    {
+    let suspects: Vec<Hit> = SUSPECTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .drain(..)
+        .map(|(_, h)| h)
+        .collect();
+    let mut text = format!(
+        "DEVICE FAULT: CUDA error {r} ({what}) returned by {}",
+        api.name()
+    );
+    if suspects.is_empty() {
+        text.push_str(if crate::config::get().guard {
+            "; no launch since the last clean synchronisation got a pointer into freed guard \
+             memory (an out-of-bounds access, or an address computed inside a kernel)"
+        } else {
+            ""
+        });
+    } else {
+        text.push_str(
+            "; launched since the last clean synchronisation with a pointer into \
+                       freed, unmapped memory:",
+        );
+    }
+    crate::writer::note(
+        NoteKind::DeviceFault,
+        0,
+        suspects.len() as u64,
+        r as u64,
+        text.clone(),
+    );
+    record::warn(&text);
+    for h in &suspects {
         record::warn(&format!(
-            "STALE POINTER: kernel {} got 0x{ptr:x} (parameter {index}, byte {offset}), inside allocation 0x{:x} \
+            "  suspect: kernel {} got 0x{:x} (parameter {}, byte {}), inside allocation 0x{:x} \
              ({} bytes) freed at event {}",
-            l.name, e.ptr, e.size, e.free_seq
+            h.layout.name, h.ptr, h.index, h.offset, h.e.ptr, h.e.size, h.e.free_seq
         ));
+        crate::writer::submit(Record::StaleLaunch(h.record(record::next_seq())));
     }
-    crate::writer::submit(Record::StaleLaunch(StaleLaunch {
-        seq: record::next_seq(),
-        ts_ns: record::now_ns(),
-        tid: record::gettid(),
-        device: record::current_device(),
-        api,
-        kernel: l.name.clone(),
-        param_index: index,
-        param_offset: offset,
-        ptr,
-        alloc_ptr: e.ptr,
-        alloc_size: e.size,
-        alloc_seq: e.alloc_seq,
-        free_seq: e.free_seq,
-        free_ts_ns: e.free_ts,
-    }));
+}
+
+/// In a fork child: the parent's launches are not this process's.
+pub fn after_fork_child() {
+    // try_lock: another thread of the parent may have held it at the fork.
+    if let Ok(mut s) = SUSPECTS.try_lock() {
+        s.clear();
+    }
+    FAULTED.store(false, Release);
 }
 
 /// The note written at exit with the launch-check counters.

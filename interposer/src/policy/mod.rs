@@ -88,6 +88,7 @@ pub fn at_exit() {
 }
 
 pub fn after_fork_child() {
+    launch::after_fork_child();
     if isolating() {
         isolate::after_fork_child();
     }
@@ -176,6 +177,7 @@ fn record_other(
 }
 
 /// Checks a launch's parameters against freed memory (isolate mode only; never fails the launch).
+/// What it returns goes to [`launched`] with the launch's result.
 /// # Safety
 /// The arguments of a launch the driver is about to receive.
 pub unsafe fn launch_check(
@@ -183,8 +185,25 @@ pub unsafe fn launch_check(
     f: CUfunction,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
-) {
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+) -> Option<launch::Guarded> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
         launch::check(api, f, params, extra)
+    }))
+    .unwrap_or(None)
+}
+
+/// After a checked launch returned `r` (never changes it).
+pub fn launched(api: isolate_trace::Api, found: Option<launch::Guarded>, r: CUresult) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        launch::launched(api, found, r)
     }));
+}
+
+/// A recorded call returned `r`: the first device fault is noted (every mode), naming the
+/// launch check's suspects.
+#[inline]
+pub fn saw_result(api: isolate_trace::Api, r: i32) {
+    if r >= 700 && isolate_trace::device_fault_name(r as u64).is_some() {
+        launch::device_fault(api, r);
+    }
 }
