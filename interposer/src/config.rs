@@ -45,6 +45,8 @@ pub struct Config {
     pub check_launch: bool,
     /// Test hook: make recording panic, to prove panics never cross into C.
     pub test_panic: bool,
+    /// Internal test hook: the writer sleeps this long after writing the header.
+    pub test_writer_stall_ms: u64,
     /// Every setting as the trace header records it.
     pub pairs: Vec<(String, String)>,
 }
@@ -69,6 +71,10 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ),
     ("ISOLATE_CHECK_LAUNCH", "on, off"),
     ("ISOLATE_TEST_PANIC", "1 (internal test hook)"),
+    (
+        "ISOLATE_TEST_WRITER_STALL_MS",
+        "milliseconds (internal test hook)",
+    ),
 ];
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -167,7 +173,7 @@ pub fn from_env(
             let known: Vec<&str> = VARIABLES
                 .iter()
                 .map(|(n, _)| *n)
-                .filter(|n| *n != "ISOLATE_TEST_PANIC")
+                .filter(|n| !n.starts_with("ISOLATE_TEST_"))
                 .collect();
             return Err(format!(
                 "{name} is not a setting; the settings are {}",
@@ -225,6 +231,9 @@ pub fn from_env(
         return Err("ISOLATE_GUARD=on needs ISOLATE_MODE=isolate".to_string());
     }
     let test_panic = var("ISOLATE_TEST_PANIC").is_some_and(|v| v == "1");
+    let test_writer_stall_ms = var("ISOLATE_TEST_WRITER_STALL_MS")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let pairs = vec![
         ("ISOLATE_MODE".to_string(), mode.name().to_string()),
         ("ISOLATE_TRACE".to_string(), trace.clone()),
@@ -266,6 +275,7 @@ pub fn from_env(
         guard_underflow,
         check_launch,
         test_panic,
+        test_writer_stall_ms,
         pairs,
     })
 }

@@ -341,6 +341,11 @@ fn writer_main(rx: Receiver<Record>) {
     };
     Encoder::preamble(&header, &mut out.buf);
     out.write_out();
+    if cfg.test_writer_stall_ms > 0 {
+        // Internal test hook: the writer blocked (as in a write(2) to a hung file system) while
+        // the hooks go on; they must not wait for it until the queue is full.
+        std::thread::sleep(Duration::from_millis(cfg.test_writer_stall_ms));
+    }
     let mut enc = Encoder::new();
     let mut last_write = crate::record::now_ns();
     let mut last_stats = last_write;
@@ -446,4 +451,23 @@ pub fn note(kind: NoteKind, ptr: u64, size: u64, value: u64, text: String) {
         value,
         text,
     }));
+}
+
+#[cfg(test)]
+mod tests {
+    /// The writer thread takes no lock of the library: whatever it blocks in (a `write(2)` to a
+    /// hung file system), no hook can be waiting for a lock it holds. Hooks only hand records
+    /// to the queue (`try_send`); `tests/tests/load.rs` shows they go on while the writer is
+    /// blocked. This keeps the rule from being broken by an edit of this file.
+    #[test]
+    fn the_writer_takes_no_lock_of_the_library() {
+        let src = include_str!("writer.rs");
+        let code = &src[..src.find("#[cfg(test)]").unwrap()];
+        for banned in ["Mutex", "RwLock", ".lock(", "policy::", "Condvar"] {
+            assert!(
+                !code.contains(banned),
+                "writer.rs uses {banned}: the writer must not take a lock a hook can wait for"
+            );
+        }
+    }
 }

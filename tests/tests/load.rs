@@ -121,3 +121,65 @@ fn watchdog_kills_a_program_that_never_ends() {
         .timeout(Duration::from_millis(500))
         .run();
 }
+
+fn elapsed_secs(stderr: &str) -> f64 {
+    let line = elapsed_line(stderr);
+    line.strip_prefix("elapsed ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no elapsed line in {stderr}"))
+}
+
+/// Hooks never wait for the writer while there is room in its queue: with the writer blocked
+/// for 3 s (an internal test hook standing for a `write(2)` stuck on a hung file system), 1,600
+/// alloc/free pairs from 4 threads (3,200 events, under the queue's 4,096) finish at full speed;
+/// a hook that took a lock the writer holds, or waited for it, would take the 3 s. With more
+/// events than the queue holds the hooks wait for room (counted as queue waits) and go on when
+/// the writer does; in both cases every event reaches the trace.
+#[test]
+fn hooks_do_not_wait_for_a_blocked_writer() {
+    const STALL_MS: u64 = 3000;
+    let run = |pairs: u64| {
+        Run::program("threads")
+            .args(["4".to_string(), pairs.to_string()])
+            .env("ISOLATE_TEST_WRITER_STALL_MS", STALL_MS.to_string())
+            .timeout(Duration::from_secs(60))
+            .run()
+    };
+    let small = run(400);
+    small.assert_success();
+    let secs = elapsed_secs(&small.stderr);
+    assert!(
+        secs < 1.0,
+        "3,200 events with the writer blocked took {secs:.3} s: a hook waited for the writer"
+    );
+    assert!(
+        small.elapsed >= Duration::from_millis(STALL_MS),
+        "the writer was not blocked ({:?}): the test proves nothing",
+        small.elapsed
+    );
+    let t = small.only_trace();
+    t.assert_complete(EndReason::Exit);
+    let c = t.counts();
+    assert_eq!(c.get("cudaMalloc"), Some(&800), "{c:?}");
+    assert_eq!(c.get("cuMemAlloc_v2"), Some(&800), "{c:?}");
+    assert_eq!(t.end().unwrap().stats.queue_waits, 0);
+
+    let big = run(2_500); // 20,000 events: the queue fills, hooks wait for room
+    big.assert_success();
+    let secs = elapsed_secs(&big.stderr);
+    assert!(
+        secs >= (STALL_MS as f64 / 1000.0) * 0.8,
+        "20,000 events finished in {secs:.3} s while the writer was blocked: were events dropped?"
+    );
+    let t = big.only_trace();
+    t.assert_complete(EndReason::Exit);
+    let c = t.counts();
+    assert_eq!(c.get("cudaMalloc"), Some(&5_000), "{c:?}");
+    assert_eq!(c.get("cuMemFree_v2"), Some(&5_000), "{c:?}");
+    assert!(t.end().unwrap().stats.queue_waits > 0);
+    eprintln!(
+        "writer blocked {STALL_MS} ms: 3,200 events took {:.3} s in the program, 20,000 took {secs:.3} s",
+        elapsed_secs(&small.stderr)
+    );
+}

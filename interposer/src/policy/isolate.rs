@@ -28,6 +28,12 @@ type FnMemcpyHtoD = unsafe extern "C" fn(CUdeviceptr, *const c_void, usize) -> C
 type FnModuleLoadData = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> CUresult;
 type FnModuleGetFunction =
     unsafe extern "C" fn(*mut CUfunction, *mut c_void, *const std::ffi::c_char) -> CUresult;
+type FnModuleGetGlobal = unsafe extern "C" fn(
+    *mut CUdeviceptr,
+    *mut usize,
+    *mut c_void,
+    *const std::ffi::c_char,
+) -> CUresult;
 type FnGetLastError = unsafe extern "C" fn() -> cudaError_t;
 
 static CTX_SYNCHRONIZE: Real<FnCtxSynchronize> = Real::new(c"cuCtxSynchronize", Lib::Driver);
@@ -45,6 +51,7 @@ static MEMCPY_HTOD: Real<FnMemcpyHtoD> = Real::new(c"cuMemcpyHtoD_v2", Lib::Driv
 static MODULE_LOAD_DATA: Real<FnModuleLoadData> = Real::new(c"cuModuleLoadData", Lib::Driver);
 static MODULE_GET_FUNCTION: Real<FnModuleGetFunction> =
     Real::new(c"cuModuleGetFunction", Lib::Driver);
+static MODULE_GET_GLOBAL: Real<FnModuleGetGlobal> = Real::new(c"cuModuleGetGlobal_v2", Lib::Driver);
 static GET_LAST_ERROR: Real<FnGetLastError> = Real::new(c"cudaGetLastError", Lib::Runtime);
 
 /// The verification kernel, JIT-compiled by the driver on first use in each context.
@@ -630,6 +637,12 @@ fn release_batch(entries: &[Entry], free: bool) {
         if let Some(byte) = config::get().poison {
             for chunk in group.chunks(BATCH) {
                 let found = verify_batch_on_device(chunk, byte);
+                let by = if found.is_some() {
+                    &ON_DEVICE
+                } else {
+                    &ON_HOST
+                };
+                by.fetch_add(chunk.len() as u64, Relaxed);
                 for (i, e) in chunk.iter().enumerate() {
                     let r = match &found {
                         Some(v) => Some(v[i]),
@@ -666,6 +679,11 @@ fn release_batch(entries: &[Entry], free: bool) {
 
 /// Entries verified with one result copy.
 const BATCH: usize = 256;
+
+/// Entries verified by the kernel on the device, and by copies to the host (the fallback where
+/// the driver cannot load the kernel): noted at exit.
+static ON_DEVICE: AtomicU64 = AtomicU64::new(0);
+static ON_HOST: AtomicU64 = AtomicU64::new(0);
 
 /// Records a violation (and says so on stderr) when the poison changed.
 fn report(e: &Entry, first: u64, changed: u64) {
@@ -714,7 +732,7 @@ fn kernel_for_current() -> Option<(CUfunction, CUdeviceptr)> {
     let loaded = (|| {
         let load = MODULE_LOAD_DATA.get()?;
         let get = MODULE_GET_FUNCTION.get()?;
-        let alloc = driver::MEM_ALLOC.get()?;
+        let global = MODULE_GET_GLOBAL.get()?;
         let mut module: *mut c_void = std::ptr::null_mut();
         if unsafe { load(&mut module, VERIFY_PTX.as_ptr().cast()) } != CUDA_SUCCESS {
             return None;
@@ -723,8 +741,12 @@ fn kernel_for_current() -> Option<(CUfunction, CUdeviceptr)> {
         if unsafe { get(&mut func, module, c"isolate_verify".as_ptr()) } != CUDA_SUCCESS {
             return None;
         }
-        let mut result: CUdeviceptr = 0;
-        if unsafe { alloc(&mut result, BATCH * 16) } != CUDA_SUCCESS {
+        // The result buffer is the module's own global: no allocation call of ours in a hook.
+        let (mut result, mut bytes): (CUdeviceptr, usize) = (0, 0);
+        if unsafe { global(&mut result, &mut bytes, module, c"isolate_result".as_ptr()) }
+            != CUDA_SUCCESS
+            || bytes < BATCH * 16
+        {
             return None;
         }
         Some(Kernel { func, result })
@@ -827,7 +849,20 @@ pub fn at_exit() {
     };
     release_batch(&entries, false);
     // Only into a trace that exists: a process that never touched CUDA leaves no file.
-    if config::get().check_launch && writer::started() {
+    if !writer::started() {
+        return;
+    }
+    let (device, host) = (ON_DEVICE.load(Relaxed), ON_HOST.load(Relaxed));
+    if device + host > 0 {
+        writer::note(
+            NoteKind::Info,
+            0,
+            device,
+            host,
+            format!("poison verified for {device} allocations on the device, {host} on the host"),
+        );
+    }
+    if config::get().check_launch {
         super::launch::note_at_exit();
     }
 }
