@@ -76,9 +76,16 @@ def main():
                 continue
             notes = j.get("notes")
             kernels = sorted({x.get("kernel") for x in j.get("stale_launches", [])})
-            print(f"{model}: ran={'yes' if res else 'NO'} stale_launches={len(j.get('stale_launches', []))} "
-                  f"kernels={kernels[:5]} notes={notes}")
-
+            print(f"{model}: ran={'yes' if res else 'NO'} stale_launches={j.get('stale_launch_count')} "
+                  f"kernels={kernels[:5]} stale_values={j.get('stale_value_count')} "
+                  f"device_faults={len(j.get('device_faults') or [])} notes={notes}")
+            # Where the unused stale values pointed: offset into the freed allocation, its size,
+            # and how many events before the launch it was freed.
+            for v in (j.get("stale_values") or [])[:12]:
+                off = int(v["ptr"], 16) - int(v["alloc_ptr"], 16)
+                print(f"  stale value: {v['kernel'][:70]} param {v['param_index']} byte {v['param_offset']}: "
+                      f"+{off} into {v['alloc_size']} B (alloc seq {v['allocation']}, freed seq "
+                      f"{v['freed_at']['seq']}, launch seq {v['seq']})")
 
 if __name__ == "__main__":
     main()

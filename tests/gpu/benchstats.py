@@ -27,6 +27,7 @@ class Stats:
     dump_s: float | None = None
     violations: int | None = None  # summed over rounds (None: no trace read)
     stale_launches: int | None = None
+    stale_values: int | None = None  # guard mode: pointers into unmapped memory never used
     traces_complete: bool | None = None
     quarantine_peak: float | None = None
 
@@ -54,6 +55,7 @@ def stats_of(tool: str, model: str, runs: list[Run]) -> Stats:
         if all(x is not None for x in summaries):
             s.violations = sum(common.violation_count(x) for x in summaries)
             s.stale_launches = sum(common.stale_launch_count(x) for x in summaries)
+            s.stale_values = sum(int(x.get("stale_value_count") or 0) for x in summaries)
             s.traces_complete = all(bool(x.get("complete")) for x in summaries)
             s.quarantine_peak = median(((x.get("quarantine") or {}).get("peak_bytes")) for x in summaries)
     snaps = [x.get("snapshot") or {} for x in res]

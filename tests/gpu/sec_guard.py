@@ -47,6 +47,18 @@ def stale_under_guard(suite, section, run) -> dict:
     last = (run.summary or {}).get("last_events")
     section.check("guard: summary shows last_events", bool(last), f"{common.count_of(last)} entries")
     section.log(f"last_events: {last}")
+    # The fault names its kernel: the stale value handed to stale_fill became a stale launch.
+    fault_lines = [l for l in run.stderr.splitlines() if "DEVICE FAULT" in l or "suspect:" in l]
+    section.log("stderr fault lines: " + " | ".join(fault_lines))
+    section.check("guard: stderr says DEVICE FAULT once, with error 700",
+                  sum("DEVICE FAULT" in l for l in fault_lines) == 1 and "700" in "".join(fault_lines),
+                  " | ".join(fault_lines)[:300])
+    section.check("guard: stderr names stale_fill as the suspect",
+                  any("suspect: kernel stale_fill" in l for l in fault_lines), " | ".join(fault_lines)[:300])
+    launches = common.stale_launches(run.summary)
+    faulted = [s for s in launches if "stale_fill" in str(s.get("kernel")) and s.get("fault") == 700]
+    section.check("guard: summary's stale_launches has stale_fill with fault 700", bool(faulted),
+                  f"{launches[:2]}; device_faults {(run.summary or {}).get('device_faults')}"[:300])
     p = r.get("p")
     if not p or not run.traces:
         section.check("isolate who <p> names the allocation", None, "no pointer or no trace")
@@ -128,6 +140,7 @@ def cost(suite, section) -> dict:
                          fmt_ratio(ratio(s.ms, base.ms)), fmt_bytes(s.device_peak), fmt_bytes(s.device_delta),
                          fmt_ratio(ratio(s.device_delta, base.device_delta)),
                          "-" if s.stale_launches is None else s.stale_launches,
+                         "-" if s.stale_values is None else s.stale_values,
                          "-" if s.violations is None else s.violations])
             if s.failed:
                 section.check(f"{model}/{tool}: every benchmark run succeeded", False, "; ".join(s.failed))
@@ -145,7 +158,7 @@ def cost(suite, section) -> dict:
         f"cost of isolation, launch check and guard mode, {suite.warmup}+{suite.steps} steps, "
         f"{suite.bench_rounds_done} interleaved rounds (medians)",
         ["model", "tool", "runs ok", "ms/step", "vs base", "device peak", "above start", "vs base",
-         "stale launches", "violations"],
+         "stale launches", "stale values", "violations"],
         rows,
     )
     return {f"{t}/{m}": vars(s) for (t, m), s in stats.items() if t in tools}
