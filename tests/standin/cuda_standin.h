@@ -34,6 +34,10 @@
  *   launches copy the parameter values at enqueue and call the host function when the stream
  *   runs, on whichever thread drains the stream. cuModuleLoadData accepts any image;
  *   cuModuleGetFunction finds registered kernels by name in any module.
+ * - Device faults: only standin_touch() makes one (an access to memory that is not accessible,
+ *   such as unmapped VMM space); the context then keeps CUDA_ERROR_ILLEGAL_ADDRESS as its sticky
+ *   error, returned by synchronisations, launches, device allocations and frees, copies and sets.
+ *   STANDIN_VA_BYTES limits the address space cuMemAddressReserve may hold (default: none).
  * - Contexts: thread-local. Driver memory/stream calls on a thread without a current context
  *   return CUDA_ERROR_INVALID_CONTEXT (201); the runtime makes the current device's primary
  *   context current on a thread's first runtime call. STANDIN_DEVICES (default 1; 0 makes cuInit
@@ -414,6 +418,13 @@ CUfunction standin_register_kernel(const char *name, standin_kernel_fn fn, unsig
 unsigned long standin_param_info_calls(void);
 /* How many kernels have run (not merely been enqueued) in this process. */
 unsigned long standin_kernels_run(void);
+/* What a kernel's access to [p, p+n) does on a GPU: 1 when all of it is accessible; else 0,
+ * and the context the kernel was launched in (outside a kernel: the calling thread's current
+ * context) faults with the sticky error CUDA_ERROR_ILLEGAL_ADDRESS (see driver.c's top
+ * comment for the calls that return it from then on). Never raises SIGSEGV. */
+int standin_touch(CUdeviceptr p, size_t n);
+/* The address reservations (cuMemAddressReserve) held now; their total size in *bytes. */
+unsigned long standin_reserved(size_t *bytes);
 
 /* Function pointer types for the cuGetProcAddress paths. */
 typedef CUresult (*PFN_cuGetProcAddress_v2)(const char *, void **, int, cuuint64_t,

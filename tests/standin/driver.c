@@ -11,6 +11,27 @@
  *   STANDIN_MEM_BYTES    device memory, shared by all devices (default 1 GiB; K/M/G suffixes)
  *   STANDIN_GRANULARITY  VMM granularity (default 64 KiB; a power of two, at least a page)
  *   STANDIN_SYNC=1       run every stream operation at once instead of in stream order
+ *   STANDIN_VA_BYTES     address space that cuMemAddressReserve may hold at once (default: no
+ *                        limit; K/M/G suffixes): a reservation that would go over it fails
+ *                        with CUDA_ERROR_OUT_OF_MEMORY, as a driver does when the GPU's virtual
+ *                        address space runs out
+ *
+ * Device faults. standin_touch(p, n) is what a kernel's access to [p, p+n) does on a GPU: it
+ * returns 1 when every byte is accessible (checked with process_vm_readv on this process, so
+ * unmapped and PROT_NONE memory, such as reserved or freed VMM space, is found without a
+ * SIGSEGV); otherwise it returns 0 and the context faults: the context the kernel was launched
+ * in (outside a kernel, the calling thread's current context) gets the sticky error
+ * CUDA_ERROR_ILLEGAL_ADDRESS (700). From then on, in that context, cuCtxSynchronize,
+ * cuStreamSynchronize/Query, cuEventSynchronize/Query/Record, kernel launches, device
+ * allocations and frees (cuMemAlloc*, cuMemFree*, cuMemAllocManaged, cuMemAllocPitch) and
+ * copies and sets return 700, and its kernels still queued do not run. The error stays until
+ * the context is destroyed (cuCtxDestroy) or its primary context's last reference is released;
+ * other calls (context queries, VMM, host memory, modules) are unaffected. Nothing else sets
+ * it: without standin_touch the stand-in never faults.
+ *
+ * Other stand-in-only exports (also in the cuGetProcAddress table): standin_register_kernel,
+ * standin_param_info_calls, standin_kernels_run, and standin_reserved (the reservations held
+ * now, and their bytes). See cuda_standin.h.
  *
  * Every exported function is a distinct function (never an alias), and every internal helper
  * is static: exports never call exports, so a preloaded library that overrides driver names
@@ -30,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -65,11 +87,22 @@ struct CUctx_st {
     int primary;
     int alive;
     int refcount;
+    atomic_int fault; /* the sticky error of a device fault (standin_touch), 0 if none */
     struct CUctx_st *next;
 };
 static struct CUctx_st g_primary[MAX_DEVICES];
 static struct CUctx_st *g_contexts; /* cuCtxCreate'd */
 static __thread CUcontext t_ctx;
+/* The context of the kernel running on this thread (NULL outside a kernel). */
+static __thread CUcontext t_kernel_ctx;
+
+static size_t g_va_limit; /* STANDIN_VA_BYTES, 0: no limit */
+static size_t g_va_used;  /* bytes reserved now (under g_lock) */
+
+/* The sticky error of the calling thread's current context (0: none). */
+static CUresult ctx_fault(void) {
+    return t_ctx ? (CUresult)atomic_load(&t_ctx->fault) : CUDA_SUCCESS;
+}
 
 static size_t parse_size(const char *s, size_t dflt) {
     if (!s || !*s)
@@ -389,6 +422,7 @@ static void setup(void) {
         g_gran = gran;
     s = getenv("STANDIN_SYNC");
     g_sync = s && *s && strcmp(s, "0") != 0;
+    g_va_limit = parse_size(getenv("STANDIN_VA_BYTES"), 0);
     for (int i = 0; i < MAX_DEVICES; i++) {
         g_primary[i].device = i;
         g_primary[i].primary = 1;
@@ -442,6 +476,15 @@ __attribute__((constructor)) static void register_fork_handlers(void) {
         NEED_INIT();                                                                           \
         if (!t_ctx)                                                                            \
             return CUDA_ERROR_INVALID_CONTEXT;                                                 \
+    } while (0)
+
+/* NEED_CTX, and the context has not faulted. */
+#define NEED_LIVE_CTX()                                                                        \
+    do {                                                                                       \
+        NEED_CTX();                                                                            \
+        CUresult f_ = ctx_fault();                                                             \
+        if (f_)                                                                                \
+            return f_;                                                                         \
     } while (0)
 
 static int valid_device(CUdevice d) { return d >= 0 && d < g_ndev; }
@@ -532,8 +575,8 @@ static CUresult primary_release(CUdevice dev) {
     if (!valid_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_lock);
-    if (g_primary[dev].refcount > 0)
-        g_primary[dev].refcount--;
+    if (g_primary[dev].refcount > 0 && --g_primary[dev].refcount == 0)
+        atomic_store(&g_primary[dev].fault, 0); /* a reset, as cudaDeviceReset */
     pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }
@@ -687,6 +730,7 @@ struct op {
             standin_kernel_fn fn;
             void *buf;
             void **args;
+            struct CUctx_st *ctx; /* launched in */
         } kern;
         struct {
             uintptr_t addr;
@@ -792,8 +836,15 @@ static void run_op(struct op *o) {
         memmove((void *)o->u.cpy.dst, (const void *)o->u.cpy.src, o->u.cpy.n);
         break;
     case OP_KERNEL: {
-        o->u.kern.fn(o->u.kern.args);
-        atomic_fetch_add(&g_kernels_run, 1);
+        /* A context that faulted runs nothing more. */
+        struct CUctx_st *c = o->u.kern.ctx;
+        if (!c || !atomic_load(&c->fault)) {
+            CUcontext outer = t_kernel_ctx;
+            t_kernel_ctx = c;
+            o->u.kern.fn(o->u.kern.args);
+            t_kernel_ctx = outer;
+            atomic_fetch_add(&g_kernels_run, 1);
+        }
         free(o->u.kern.buf);
         free(o->u.kern.args);
         break;
@@ -981,7 +1032,7 @@ static CUresult stream_sync(CUstream h, int ptsz) {
         drain(s, ~0ull);
     else if (kind == SK_LEGACY)
         drain_all(1);
-    return CUDA_SUCCESS;
+    return ctx_fault();
 }
 
 CUresult cuStreamSynchronize(CUstream hStream) { return stream_sync(hStream, 0); }
@@ -994,7 +1045,7 @@ CUresult cuStreamQuery_ptsz(CUstream hStream) { return stream_sync(hStream, 1); 
 CUresult cuCtxSynchronize(void) {
     NEED_CTX();
     drain_all(0);
-    return CUDA_SUCCESS;
+    return ctx_fault();
 }
 
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
@@ -1019,7 +1070,7 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
 }
 
 static CUresult event_record(CUevent h, CUstream hs, int ptsz) {
-    NEED_CTX();
+    NEED_LIVE_CTX();
     struct CUevent_st *e = find_event(h);
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -1064,7 +1115,7 @@ static CUresult event_complete(CUevent h) {
     if (s)
         drain(s, seq);
     pthread_mutex_unlock(&g_exec);
-    return CUDA_SUCCESS;
+    return ctx_fault();
 }
 
 CUresult cuEventSynchronize(CUevent hEvent) { return event_complete(hEvent); }
@@ -1342,7 +1393,7 @@ static CUresult alloc_locked(uintptr_t *out, size_t req, int kind, struct arena 
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
-    NEED_CTX();
+    NEED_LIVE_CTX();
     if (!dptr || bytesize == 0)
         return CUDA_ERROR_INVALID_VALUE;
     uintptr_t p = 0;
@@ -1356,7 +1407,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
 
 /* The CUDA < 3.2 ABI: 32-bit size and pointer, memory from a low arena below 4 GiB. */
 CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
-    NEED_CTX();
+    NEED_LIVE_CTX();
     if (!dptr || bytesize == 0)
         return CUDA_ERROR_INVALID_VALUE;
     uintptr_t p = 0;
@@ -1374,9 +1425,12 @@ CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
 static CUresult device_free(uintptr_t p) {
     NEED_CTX();
     if (p == 0)
-        return CUDA_SUCCESS;
+        return ctx_fault();
     drain_all(0);
-    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    CUresult r = ctx_fault();
+    if (r)
+        return r;
+    r = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
     struct arena *a = NULL;
     struct block *b = live_block_at(p, &a);
@@ -1395,7 +1449,7 @@ CUresult cuMemFree(CUdeviceptr_v1 dptr) { return device_free((uintptr_t)dptr); }
 
 static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int use_pool,
                             CUstream hs, int ptsz) {
-    NEED_CTX();
+    NEED_LIVE_CTX();
     if (!dptr || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     enum stream_kind kind;
@@ -1440,7 +1494,7 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemo
 
 /* The free is queued on the stream and happens when the stream gets there. */
 static CUresult free_async(CUdeviceptr dptr, CUstream hs, int ptsz) {
-    NEED_CTX();
+    NEED_LIVE_CTX();
     if (dptr == 0)
         return CUDA_SUCCESS;
     enum stream_kind kind;
@@ -1473,7 +1527,7 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
 }
 
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
-    NEED_CTX();
+    NEED_LIVE_CTX();
     if (!dptr || bytesize == 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
@@ -1489,7 +1543,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
 
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
                             size_t Height, unsigned int ElementSizeBytes) {
-    NEED_CTX();
+    NEED_LIVE_CTX();
     if (!dptr || !pPitch || WidthInBytes == 0 || Height == 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)
@@ -1691,9 +1745,20 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
         return CUDA_ERROR_INVALID_VALUE;
     if (alignment < g_gran)
         alignment = g_gran;
+    pthread_mutex_lock(&g_lock);
+    int room = !g_va_limit || size <= g_va_limit - g_va_used;
+    if (room)
+        g_va_used += size;
+    pthread_mutex_unlock(&g_lock);
+    if (!room)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* STANDIN_VA_BYTES */
     struct vreserve *r = calloc(1, sizeof *r);
-    if (!r)
+    if (!r) {
+        pthread_mutex_lock(&g_lock);
+        g_va_used -= size;
+        pthread_mutex_unlock(&g_lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     const int mflags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
     void *got = MAP_FAILED;
     if (addr && addr % alignment == 0) {
@@ -1705,13 +1770,12 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
     }
     if (got == MAP_FAILED) {
         size_t span = size + alignment;
-        if (span < size) {
-            free(r);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        void *raw = mmap(NULL, span, PROT_NONE, mflags, -1, 0);
+        void *raw = span < size ? MAP_FAILED : mmap(NULL, span, PROT_NONE, mflags, -1, 0);
         if (raw == MAP_FAILED) {
             free(r);
+            pthread_mutex_lock(&g_lock);
+            g_va_used -= size;
+            pthread_mutex_unlock(&g_lock);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         uintptr_t lo = (uintptr_t)raw, al = (lo + alignment - 1) & ~(uintptr_t)(alignment - 1);
@@ -1775,6 +1839,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
                 map_drop(m);
         }
         munmap((void *)found->base, found->size);
+        g_va_used -= found->size;
     }
     pthread_mutex_unlock(&g_lock);
     if (!found)
@@ -2035,19 +2100,21 @@ static int ranges_ok(uintptr_t dst, enum side dside, uintptr_t src, enum side ss
 /* Synchronous copies and sets run after everything queued on every stream. */
 static CUresult copy_sync(uintptr_t dst, enum side dside, uintptr_t src, enum side sside,
                           size_t n) {
-    NEED_CTX();
+    NEED_LIVE_CTX();
     if (n == 0)
         return CUDA_SUCCESS;
     if (!dst || !src || !ranges_ok(dst, dside, src, sside, n))
         return CUDA_ERROR_INVALID_VALUE;
     drain_all(0);
+    if (ctx_fault())
+        return ctx_fault();
     memmove((void *)dst, (const void *)src, n);
     return CUDA_SUCCESS;
 }
 
 static CUresult copy_async(uintptr_t dst, enum side dside, uintptr_t src, enum side sside,
                            size_t n, CUstream hs, int ptsz) {
-    NEED_CTX();
+    NEED_LIVE_CTX();
     enum stream_kind kind;
     struct CUstream_st *s;
     CUresult r = resolve_stream(hs, ptsz, &kind, &s);
@@ -2068,12 +2135,14 @@ static CUresult copy_async(uintptr_t dst, enum side dside, uintptr_t src, enum s
 }
 
 static CUresult set_sync(uintptr_t dst, unsigned value, unsigned elem, size_t n) {
-    NEED_CTX();
+    NEED_LIVE_CTX();
     if (n == 0)
         return CUDA_SUCCESS;
     if (!dst || dst % elem || n > SIZE_MAX / elem || !ranges_ok(dst, SIDE_DEVICE, 0, 0, n * elem))
         return CUDA_ERROR_INVALID_VALUE;
     drain_all(0);
+    if (ctx_fault())
+        return ctx_fault();
     struct op o = {.kind = OP_MEMSET, .u.set = {dst, value, elem, n}};
     run_op(&o);
     return CUDA_SUCCESS;
@@ -2081,7 +2150,7 @@ static CUresult set_sync(uintptr_t dst, unsigned value, unsigned elem, size_t n)
 
 static CUresult set_async(uintptr_t dst, unsigned value, unsigned elem, size_t n, CUstream hs,
                           int ptsz) {
-    NEED_CTX();
+    NEED_LIVE_CTX();
     enum stream_kind kind;
     struct CUstream_st *s;
     CUresult r = resolve_stream(hs, ptsz, &kind, &s);
@@ -2244,6 +2313,45 @@ CUfunction standin_register_kernel(const char *name, standin_kernel_fn fn, unsig
 unsigned long standin_param_info_calls(void) { return atomic_load(&g_param_info_calls); }
 unsigned long standin_kernels_run(void) { return atomic_load(&g_kernels_run); }
 
+/* What a kernel's access to [p, p+n) does (see the comment at the top): 1 if it is all
+ * accessible, else 0 and the context faults. */
+int standin_touch(CUdeviceptr p, size_t n) {
+    int ok = p + n >= p && (p != 0 || n == 0);
+    char buf[1 << 12];
+    pid_t self = getpid();
+    for (size_t at = 0; ok && at < n;) {
+        size_t chunk = n - at < sizeof buf ? n - at : sizeof buf;
+        struct iovec local = {buf, chunk};
+        struct iovec remote = {(void *)(uintptr_t)(p + at), chunk};
+        ok = process_vm_readv(self, &local, 1, &remote, 1, 0) == (ssize_t)chunk;
+        at += chunk;
+    }
+    if (!ok) {
+        struct CUctx_st *c = t_kernel_ctx ? t_kernel_ctx : t_ctx;
+        if (c) {
+            int none = 0;
+            atomic_compare_exchange_strong(&c->fault, &none, CUDA_ERROR_ILLEGAL_ADDRESS);
+        }
+    }
+    return ok;
+}
+
+/* The address reservations held now (cuMemAddressReserve'd, not yet freed); their bytes in
+ * *bytes (if not NULL). */
+unsigned long standin_reserved(size_t *bytes) {
+    unsigned long n = 0;
+    size_t total = 0;
+    pthread_mutex_lock(&g_lock);
+    for (struct vreserve *r = g_reserves; r; r = r->next) {
+        n++;
+        total += r->size;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (bytes)
+        *bytes = total;
+    return n;
+}
+
 static struct CUfunc_st *find_func(CUfunction f) {
     struct CUfunc_st *found = NULL;
     pthread_mutex_lock(&g_lock);
@@ -2324,7 +2432,7 @@ static CUresult launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, uns
                        unsigned by, unsigned bz, unsigned shmem, CUstream hs, void **params,
                        void **extra, int ptsz) {
     (void)shmem;
-    NEED_CTX();
+    NEED_LIVE_CTX();
     struct CUfunc_st *f = find_func(hf);
     if (!f)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -2389,6 +2497,7 @@ static CUresult launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, uns
     o->u.kern.fn = f->fn;
     o->u.kern.buf = buf;
     o->u.kern.args = args;
+    o->u.kern.ctx = t_ctx;
     submit(kind, s, o);
     return CUDA_SUCCESS;
 }
@@ -2726,6 +2835,8 @@ static const struct proc g_procs[] = {
     {"standin_register_kernel", 0, F(standin_register_kernel), NULL},
     {"standin_param_info_calls", 0, F(standin_param_info_calls), NULL},
     {"standin_kernels_run", 0, F(standin_kernels_run), NULL},
+    {"standin_touch", 0, F(standin_touch), NULL},
+    {"standin_reserved", 0, F(standin_reserved), NULL},
 };
 
 static CUresult proc_lookup(const char *symbol, void **pfn, int version, cuuint64_t flags,

@@ -61,7 +61,9 @@
     X(eventElapsedTime, "cuEventElapsedTime", cuEventElapsedTime_v2)                           \
     X(registerKernel, "standin_register_kernel", standin_register_kernel)                      \
     X(paramInfoCalls, "standin_param_info_calls", standin_param_info_calls)                    \
-    X(kernelsRun, "standin_kernels_run", standin_kernels_run)
+    X(kernelsRun, "standin_kernels_run", standin_kernels_run)                                  \
+    X(touch, "standin_touch", standin_touch)                                                   \
+    X(reserved, "standin_reserved", standin_reserved)
 
 /* Functions that take a stream: resolved twice, legacy (S[0]) and per-thread (S[1]). */
 #define STREAM_FUNCS(X)                                                                        \
@@ -723,6 +725,21 @@ unsigned long standin_param_info_calls(void) {
 unsigned long standin_kernels_run(void) {
     pthread_once(&g_once, load);
     return g_resolved ? D.kernelsRun() : 0;
+}
+
+int standin_touch(CUdeviceptr p, size_t n) {
+    pthread_once(&g_once, load);
+    return g_resolved ? D.touch(p, n) : 0;
+}
+
+unsigned long standin_reserved(size_t *bytes) {
+    pthread_once(&g_once, load);
+    if (!g_resolved) {
+        if (bytes)
+            *bytes = 0;
+        return 0;
+    }
+    return D.reserved(bytes);
 }
 
 /* ================================================================ driver entry points */

@@ -474,6 +474,14 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
         ("quarantine", &["budget"]),
         ("quarantine", &["stream"]),
         ("quarantine", &["double"]),
+        // tests/guard.rs (guard mode itself is run there).
+        ("guard", &["layout"]),
+        ("guard", &["free"]),
+        ("guard", &["managed"]),
+        ("guard", &["stale"]),
+        ("guard", &["recycle"]),
+        ("guard", &["touch"]),
+        ("guard", &["first"]),
     ];
     let dir = isolate_tests::workspace_root().join("tests/programs");
     for entry in std::fs::read_dir(&dir).unwrap().flatten() {

@@ -6,7 +6,7 @@
 
 use crate::config;
 use crate::cuda::*;
-use crate::hooks::driver;
+use crate::hooks::{driver, runtime};
 use crate::record;
 use crate::resolve::{Lib, Real};
 use crate::writer;
@@ -102,10 +102,19 @@ fn granularity(device: i32) -> Option<u64> {
     Some(g as u64)
 }
 
-/// Makes a guarded allocation of `size` bytes. `Err(code)`: the driver's answer when it failed
-/// for lack of memory; `Ok(None)`: guard mode cannot be used here (fall back to the real call).
-pub fn alloc(size: u64) -> Result<Option<u64>, CUresult> {
-    let device = record::current_device();
+/// Makes a guarded allocation of `size` bytes for `api`. `Err(code)`: the driver's answer when
+/// it failed for lack of memory; `Ok(None)`: guard mode cannot be used here (fall back to the
+/// real call).
+pub fn alloc(api: Api, size: u64) -> Result<Option<u64>, CUresult> {
+    let mut device = record::current_device();
+    if device < 0 && api.is_runtime() {
+        // The program's first CUDA call: the runtime makes its context current on it. Have it
+        // do so now (cudaFree(NULL), its usual way), or this allocation would not be guarded.
+        if let Some(f) = runtime::FREE.get() {
+            unsafe { f(std::ptr::null_mut()) };
+        }
+        device = record::current_device();
+    }
     if device < 0 {
         return Ok(None);
     }
@@ -132,13 +141,18 @@ pub fn alloc(size: u64) -> Result<Option<u64>, CUresult> {
     else {
         return Ok(None);
     };
-    let phys = size.div_ceil(gran) * gran;
     // Unmapped address space on both sides, wider than the guard page itself: pointers a
     // kernel derives past the end (or before the start) of its operands without using them,
     // as CUTLASS's iterators do, then land in this allocation's own gap, not in a neighbour
     // that may have been freed (which the launch check would report).
     let gap = GAP.div_ceil(gran) * gran;
-    let va_size = gap + phys + gap;
+    // A size near u64::MAX has no such layout: the driver answers it (no overflow here).
+    let Some((phys, va_size)) = size
+        .checked_next_multiple_of(gran)
+        .and_then(|phys| Some((phys, phys.checked_add(2 * gap)?)))
+    else {
+        return Ok(None);
+    };
     let mut va: CUdeviceptr = 0;
     let mut r = unsafe { reserve(&mut va, va_size as usize, gran as usize, 0, 0) };
     while r != CUDA_SUCCESS {

@@ -185,15 +185,11 @@ pub fn alloc(
     p.ev = proto;
     let guarded = guard::guardable(proto.api, proto.size) && !out.is_null();
     let mut attempt = || {
-        if guarded {
-            match guard::alloc(proto.size) {
-                Ok(Some(ptr)) => {
-                    out.write(ptr);
-                    return CUDA_SUCCESS;
-                }
-                Err(code) => return code,
-                Ok(None) => {}
-            }
+        // Guard mode cannot make it, or ran out of memory: the real call answers, as in a
+        // normal run (a runtime call also leaves its sticky error, which a code alone cannot).
+        if guarded && let Ok(Some(ptr)) = guard::alloc(proto.api, proto.size) {
+            out.write(ptr);
+            return CUDA_SUCCESS;
         }
         call()
     };
