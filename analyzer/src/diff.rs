@@ -60,18 +60,21 @@ pub struct Profile {
     pub events: u64,
     pub peak_live_bytes: u64,
     pub live_at_end: CountBytes,
-    /// Successful allocations of every memory, as in the summary.
+    /// Device memory allocations (device, managed, physical handles), as in the summary.
     pub allocations: u64,
+    /// Their bytes.
     pub allocated_bytes: u64,
     /// API name → figures.
     pub by_api: BTreeMap<String, ApiProfile>,
-    /// Size class (next power of two) → allocations.
+    /// Size class (next power of two) → device memory allocations.
     pub size_classes: BTreeMap<u64, u64>,
     pub reuse_edges: u64,
     /// Size class of the new occupant → reuse edges.
     pub reuse_by_class: BTreeMap<u64, u64>,
     pub failures: u64,
     pub invalid_frees: u64,
+    /// Frees of allocations made before a late load (not invalid; see the summary).
+    pub frees_of_earlier_allocations: u64,
     pub poison_violations: u64,
     pub stale_launches: u64,
     pub true_aliases: u64,
@@ -149,20 +152,19 @@ pub fn profile(path: &Path, progress: &mut dyn Progress) -> Result<Profile, Erro
     }
     let mut size_classes = BTreeMap::new();
     for ((api, size), n) in &leaks.ordinals {
-        if matches!(
-            api.memory(),
-            isolate_trace::Memory::Device
-                | isolate_trace::Memory::Managed
-                | isolate_trace::Memory::Host
-                | isolate_trace::Memory::Graph
-        ) && api.kind() == isolate_trace::Kind::Alloc
-        {
+        // Device memory, as the summary's `allocations` counts it.
+        let device_alloc = api.kind() == isolate_trace::Kind::Alloc
+            && matches!(
+                api.memory(),
+                isolate_trace::Memory::Device | isolate_trace::Memory::Managed
+            );
+        if device_alloc || api.kind() == isolate_trace::Kind::Create {
             *size_classes.entry(size_class(*size)).or_default() += n;
         }
     }
-    let allocated_bytes = ["device", "managed", "graph", "host"]
+    let allocated_bytes = crate::summary::DEVICE_MEMORY
         .iter()
-        .filter_map(|c| t.categories.get(*c))
+        .filter_map(|c| t.categories.get(c.name()))
         .map(|c| c.bytes_started)
         .sum();
     Ok(Profile {
@@ -178,6 +180,7 @@ pub fn profile(path: &Path, progress: &mut dyn Progress) -> Result<Profile, Erro
         reuse_by_class: counts.reuse_by_class.clone(),
         failures: t.failed.values().sum(),
         invalid_frees: t.invalid_free_count,
+        frees_of_earlier_allocations: t.frees_of_earlier_allocations,
         poison_violations: t.poison_violation_count,
         stale_launches: t.stale_launch_count,
         true_aliases: counts.anomalies.get("true_alias").copied().unwrap_or(0),
@@ -231,6 +234,10 @@ fn figures(p: &Profile) -> BTreeMap<String, u64> {
     put("e allocated_bytes".into(), p.allocated_bytes);
     put("f failures".into(), p.failures);
     put("g invalid_frees".into(), p.invalid_frees);
+    put(
+        "g2 frees_of_earlier_allocations".into(),
+        p.frees_of_earlier_allocations,
+    );
     put("h poison_violations".into(), p.poison_violations);
     put("i stale_launches".into(), p.stale_launches);
     put("j true_aliases".into(), p.true_aliases);

@@ -251,18 +251,26 @@ pub struct Totals {
     pub failed: BTreeMap<String, u64>,
     /// Event records read.
     pub events: u64,
-    /// Successful allocations of every memory (device, managed, graph, host).
+    /// Device memory allocations: successful device and managed allocations and physical
+    /// handles created (`cuMemCreate`), the same things `peak_live_bytes` and `live_at_end`
+    /// count. Pinned host memory is in [`Totals::host`], graph memory, reservations and
+    /// mappings are in [`Totals::categories`].
     pub allocations: u64,
-    /// Successful frees that ended a live allocation.
+    /// Calls that ended one of those (frees, `cuMemRelease`).
     pub frees: u64,
     /// Peak device memory in use: device + managed allocations + physical handles. For several
     /// traces, the sum of their peaks.
     pub peak_live_bytes: u64,
-    /// Device memory still held at the end (device, managed, handles not released).
+    /// Device memory still held at the end: of [`Totals::allocations`], those neither freed nor
+    /// lost (`allocations = frees + lost device memory + live_at_end.count`).
     pub live_at_end: CountBytes,
     pub invalid_free_count: u64,
     /// The first [`LIST_CAP`] invalid frees.
     pub invalid_frees: Vec<InvalidFree>,
+    /// In a trace of a library loaded late (a `late_load` note): successful frees, unmaps,
+    /// releases, … of something the trace never saw allocated (made before the load, or through
+    /// a call bound before it). Not invalid frees.
+    pub frees_of_earlier_allocations: u64,
     /// Live allocations whose start address was handed out again: their free was not seen.
     pub lost: u64,
     pub poison_violation_count: u64,
@@ -338,6 +346,7 @@ pub struct Summarizer {
     devices: Vec<(i32, DeviceStats, u64)>,
     invalid_count: u64,
     invalid: Vec<InvalidFree>,
+    earlier: u64,
     lost: u64,
     violation_count: u64,
     violations: Vec<PoisonViolation>,
@@ -362,6 +371,10 @@ pub struct Summarizer {
     header: Header,
     live_end: Live,
 }
+
+/// What the top-level `allocations`, `frees`, `peak_live_bytes` and `live_at_end` count:
+/// device memory (the categories of [`Category::is_device_memory`]).
+pub const DEVICE_MEMORY: [Category; 3] = [Category::Device, Category::Managed, Category::Handle];
 
 /// Guarded stale values kept waiting for a fault that would make them stale launches.
 const PENDING_CAP: usize = 4096;
@@ -413,6 +426,7 @@ impl Summarizer {
             devices: Vec::new(),
             invalid_count: 0,
             invalid: Vec::new(),
+            earlier: 0,
             lost: 0,
             violation_count: 0,
             violations: Vec::new(),
@@ -480,12 +494,7 @@ impl Summarizer {
                 bytes: self.live_end.bytes(Category::Registered),
             },
         };
-        let allocs = [
-            Category::Device,
-            Category::Managed,
-            Category::Graph,
-            Category::Host,
-        ];
+        let allocs = DEVICE_MEMORY;
         let mut notes = BTreeMap::new();
         for (i, n) in self.notes.iter().enumerate() {
             if *n > 0 {
@@ -518,6 +527,7 @@ impl Summarizer {
             },
             invalid_free_count: self.invalid_count,
             invalid_frees: self.invalid,
+            frees_of_earlier_allocations: self.earlier,
             lost: self.lost,
             poison_violation_count: self.violation_count,
             poison_violations: self.violations,
@@ -619,6 +629,10 @@ impl Observer for Summarizer {
                 handle: e.handle,
             });
         }
+    }
+
+    fn earlier(&mut self, _inv: &Invalid, _live: &Live) {
+        self.earlier += 1;
     }
 
     fn other(&mut self, rec: &Record, _live: &Live) {
@@ -802,6 +816,7 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
         t.live_at_end.add(x.live_at_end);
         t.invalid_free_count += x.invalid_free_count;
         t.invalid_frees.extend(x.invalid_frees.iter().cloned());
+        t.frees_of_earlier_allocations += x.frees_of_earlier_allocations;
         t.lost += x.lost;
         t.poison_violation_count += x.poison_violation_count;
         t.poison_violations
@@ -936,6 +951,23 @@ fn shell_words(argv: &[String]) -> String {
         .join(" ")
 }
 
+/// `6 device, 17 VMM handles`: what a device-memory figure is made of, when it is made of more
+/// than one category.
+fn device_memory_parts(t: &Totals, figure: impl Fn(&CategoryStats) -> u64) -> Option<String> {
+    let parts: Vec<String> = DEVICE_MEMORY
+        .iter()
+        .filter_map(|c| {
+            let n = figure(t.categories.get(c.name())?);
+            let what = match c {
+                Category::Handle => "VMM handles",
+                c => c.name(),
+            };
+            (n > 0).then(|| format!("{n} {what}"))
+        })
+        .collect();
+    (parts.len() > 1).then(|| parts.join(", "))
+}
+
 fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, DeviceStats>>) {
     let calls: u64 = t.calls.values().sum();
     let failed: u64 = t.failed.values().sum();
@@ -950,17 +982,20 @@ fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, Dev
     }
     let _ = writeln!(
         o,
-        "memory   {} allocations, {} frees; peak {} of device memory",
+        "memory   {} allocations{}, {} frees; peak {} of device memory",
         t.allocations,
+        device_memory_parts(t, |c| c.started).map_or(String::new(), |p| format!(" ({p})")),
         t.frees,
         human_bytes(t.peak_live_bytes)
     );
     if t.live_at_end.count > 0 {
         let _ = writeln!(
             o,
-            "LEAK?    {} device allocations ({}) still held at the end",
+            "LEAK?    {} device allocations ({}) still held at the end{}",
             t.live_at_end.count,
-            human_bytes(t.live_at_end.bytes)
+            human_bytes(t.live_at_end.bytes),
+            device_memory_parts(t, |c| c.live_at_end.count)
+                .map_or(String::new(), |p| format!(": {p}"))
         );
     } else {
         let _ = writeln!(o, "         no device memory held at the end");
@@ -1025,6 +1060,14 @@ fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, Dev
                 f.tid
             );
         }
+    }
+    if t.notes.contains_key("late_load") {
+        let _ = writeln!(
+            o,
+            "late     loaded after CUDA was in use (dlopen, not LD_PRELOAD): memory allocated \
+             before is not in the trace; {} frees of such memory, not counted as invalid",
+            t.frees_of_earlier_allocations
+        );
     }
     if t.lost > 0 {
         let _ = writeln!(

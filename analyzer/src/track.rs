@@ -17,13 +17,18 @@
 //!   mappings (an unmap ends every mapping that starts inside its range).
 //! - An allocation handed out at the start of a node that is still live means the trace missed
 //!   that node's free: the old node ends as [`EndHow::Lost`] (just before the new one starts).
+//! - A trace with a [`NoteKind::LateLoad`] note was written by a library loaded after CUDA was
+//!   already in use: memory allocated before the load is not in it. There, a call that gives back
+//!   an address (or handle) that never started a node in this trace is a free of an *earlier
+//!   allocation* ([`Observer::earlier`]), not an invalid free; giving back one that was seen and
+//!   is no longer live (a double free) is still invalid.
 //!
 //! [`Live`] counts bytes per [`Category`]; device memory in use is device + managed + physical
 //! handles ([`Live::device_bytes`]). Reservations and mappings are address space, not memory.
 
-use isolate_trace::{Api, Event, Header, Kind, Memory, Record};
-use rustc_hash::FxHashMap;
-use std::collections::BTreeMap;
+use isolate_trace::{Api, Event, Header, Kind, Memory, NoteKind, Record};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What a node is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -235,6 +240,10 @@ pub trait Observer {
     fn started(&mut self, node: &Node, live: &Live) {}
     fn ended(&mut self, node: &Node, end: &Ended, live: &Live) {}
     fn invalid(&mut self, inv: &Invalid, live: &Live) {}
+    /// In a trace of a library loaded late ([`NoteKind::LateLoad`]): a successful call gave back
+    /// something this trace never saw start, most likely allocated before the library was
+    /// loaded. Not an invalid free; [`Observer::invalid`] is not called for it.
+    fn earlier(&mut self, inv: &Invalid, live: &Live) {}
     /// Every record that is not an event.
     fn other(&mut self, rec: &Record, live: &Live) {}
     /// Once at the end of the trace, with every node still live, in start order.
@@ -264,6 +273,10 @@ impl<A: Observer, B: Observer> Observer for (A, B) {
         self.0.invalid(i, live);
         self.1.invalid(i, live);
     }
+    fn earlier(&mut self, i: &Invalid, live: &Live) {
+        self.0.earlier(i, live);
+        self.1.earlier(i, live);
+    }
     fn other(&mut self, r: &Record, live: &Live) {
         self.0.other(r, live);
         self.1.other(r, live);
@@ -290,6 +303,9 @@ impl<O: Observer + ?Sized> Observer for &mut O {
     fn invalid(&mut self, i: &Invalid, live: &Live) {
         (**self).invalid(i, live);
     }
+    fn earlier(&mut self, i: &Invalid, live: &Live) {
+        (**self).earlier(i, live);
+    }
     fn other(&mut self, r: &Record, live: &Live) {
         (**self).other(r, live);
     }
@@ -313,6 +329,63 @@ pub struct Tracker {
     mappings: BTreeMap<u64, Node>,
     live: Live,
     scratch: Vec<u64>,
+    /// Set by a [`NoteKind::LateLoad`] note: from then on, what every node started at is kept
+    /// in `seen`, to tell frees of earlier allocations from double frees.
+    late: Option<Box<Seen>>,
+}
+
+/// Where nodes started, in a trace of a library loaded late (it grows with the distinct
+/// addresses of the trace, so it is only kept for such traces).
+#[derive(Default)]
+struct Seen {
+    /// Device, managed and graph memory (a free looks in both maps).
+    dev: FxHashSet<u64>,
+    host: FxHashSet<u64>,
+    registered: FxHashSet<u64>,
+    reservations: FxHashSet<u64>,
+    handles: FxHashSet<u64>,
+    /// Ordered: an unmap covers a range.
+    mappings: BTreeSet<u64>,
+}
+
+impl Seen {
+    fn add(&mut self, n: &Node) {
+        match n.category {
+            Category::Device | Category::Managed | Category::Graph => {
+                self.dev.insert(n.ptr);
+            }
+            Category::Host => {
+                self.host.insert(n.ptr);
+            }
+            Category::Registered => {
+                self.registered.insert(n.ptr);
+            }
+            Category::Reservation => {
+                self.reservations.insert(n.ptr);
+            }
+            Category::Handle => {
+                self.handles.insert(n.handle);
+            }
+            Category::Mapping => {
+                self.mappings.insert(n.ptr);
+            }
+        }
+    }
+
+    /// True when what `ev` gives back started a node of this trace at some point.
+    fn has(&self, kind: InvalidKind, ev: &Event) -> bool {
+        match kind {
+            InvalidKind::Free if ev.api.memory() == Memory::Host => self.host.contains(&ev.ptr),
+            InvalidKind::Free => self.dev.contains(&ev.ptr),
+            InvalidKind::AddressFree => self.reservations.contains(&ev.ptr),
+            InvalidKind::Release => self.handles.contains(&ev.handle),
+            InvalidKind::Unregister => self.registered.contains(&ev.ptr),
+            InvalidKind::Unmap => {
+                let stop = ev.ptr.saturating_add(ev.size.max(1));
+                self.mappings.range(ev.ptr..stop).next().is_some()
+            }
+        }
+    }
 }
 
 impl Tracker {
@@ -329,12 +402,46 @@ impl Tracker {
         self.handles.get(&handle)
     }
 
+    /// True once the trace said the library was loaded late ([`NoteKind::LateLoad`]).
+    pub fn late_load(&self) -> bool {
+        self.late.is_some()
+    }
+
     /// Feeds one record through the model.
     #[inline]
     pub fn record<O: Observer>(&mut self, rec: &Record, obs: &mut O) {
         match rec {
             Record::Event(ev) => self.event(ev, obs),
+            Record::Note(n) if n.kind == NoteKind::LateLoad => {
+                self.begin_late();
+                obs.other(rec, &self.live);
+            }
             other => obs.other(other, &self.live),
+        }
+    }
+
+    /// The library was loaded late. The note is the trace's first record, but another thread's
+    /// first events may come before it: what is live by then counts as seen.
+    #[cold]
+    fn begin_late(&mut self) {
+        if self.late.is_some() {
+            return;
+        }
+        let mut seen = Box::<Seen>::default();
+        for n in self.still_live() {
+            seen.add(&n);
+        }
+        self.late = Some(seen);
+    }
+
+    /// Tells `obs` that `ev` gave back something that was not live: an invalid free, or, in a
+    /// trace of a late load, maybe a free of an allocation made before it.
+    #[inline]
+    fn not_live<O: Observer>(&self, kind: InvalidKind, ev: &Event, obs: &mut O) {
+        let inv = Invalid { kind, event: *ev };
+        match &self.late {
+            Some(seen) if !seen.has(kind, ev) => obs.earlier(&inv, &self.live),
+            _ => obs.invalid(&inv, &self.live),
         }
     }
 
@@ -463,13 +570,7 @@ impl Tracker {
                     .extend(self.mappings.range(ev.ptr..stop).map(|(&k, _)| k));
                 if self.scratch.is_empty() {
                     obs.event(ev, &self.live);
-                    obs.invalid(
-                        &Invalid {
-                            kind: InvalidKind::Unmap,
-                            event: *ev,
-                        },
-                        &self.live,
-                    );
+                    self.not_live(InvalidKind::Unmap, ev, obs);
                     return;
                 }
                 let mut gone = Vec::with_capacity(self.scratch.len());
@@ -499,6 +600,9 @@ impl Tracker {
         self.live.add(&n);
         if let Some(o) = &old {
             self.live.sub(o);
+        }
+        if let Some(seen) = &mut self.late {
+            seen.add(&n);
         }
         obs.event(ev, &self.live);
         // The old node ends first, so that no observer ever sees two live nodes at one key.
@@ -540,7 +644,7 @@ impl Tracker {
             }
             None => {
                 obs.event(ev, &self.live);
-                obs.invalid(&Invalid { kind, event: *ev }, &self.live);
+                self.not_live(kind, ev, obs);
             }
         }
     }

@@ -205,6 +205,26 @@ fn check_summary(name: &str, s: &Value) {
     assert_eq!(s["truncated"], Value::Null, "{name}");
     assert_eq!(s["lost"], 0, "{name}");
     assert_eq!(header(s)["format_version"], 1, "{name}");
+    // `allocations`, `frees` and `live_at_end` count the same things (device memory: device,
+    // managed, physical handles), so with nothing lost what was held at the end is the rest.
+    let n = |v: &Value| {
+        v.as_u64()
+            .unwrap_or_else(|| panic!("{name}: {v} is not a count"))
+    };
+    assert_eq!(
+        n(&s["allocations"]),
+        n(&s["frees"]) + n(&s["live_at_end"]["count"]),
+        "{name}: allocations = frees + live_at_end.count"
+    );
+    let held: u64 = ["device", "managed", "handle"]
+        .iter()
+        .map(|c| n(&s["categories"][c]["live_at_end"]["count"]))
+        .sum();
+    assert_eq!(
+        n(&s["live_at_end"]["count"]),
+        held,
+        "{name}: live_at_end by category"
+    );
     let violations = array(s, "poison_violations");
     let launches = array(s, "stale_launches");
     let mode = header(s)["mode"].as_str().unwrap();
@@ -274,6 +294,12 @@ fn check_summary(name: &str, s: &Value) {
             );
             assert_eq!(failed(s, "cuMemCreate"), 1, "PyTorch's fabric-handle probe");
             assert_eq!(s["events"], 61);
+            // cuBLAS's 6 cuMemAlloc_v2 and the 17 physical handles of the expandable segments,
+            // all still held; the pinned host buffer is under `host`.
+            assert_eq!(s["allocations"], 23);
+            assert_eq!(s["live_at_end"]["count"], 23);
+            assert_eq!(s["categories"]["handle"]["live_at_end"]["count"], 17);
+            assert_eq!(s["host"]["live_at_end"]["count"], 1);
         }
         "static_log" => {
             assert_calls(

@@ -60,6 +60,11 @@ fn host_and_graph_memory_kept_apart() {
         "host and graph memory are not device peak"
     );
     assert_eq!(s.live_at_end.bytes, 100);
+    assert_eq!(
+        (s.allocations, s.frees, s.live_at_end.count),
+        (1, 0, 1),
+        "device memory only: host and graph memory have their own figures"
+    );
     assert_eq!(s.host.allocations, 2);
     assert_eq!(s.host.frees, 1);
     assert_eq!(s.host.peak_live_bytes, (1 << 30) + 4096);
@@ -87,8 +92,13 @@ fn vmm_handles_count_reservations_do_not() {
     t.vmm(Api::CuMemUnmap, r + 64 * MIB, MIB, 0, 0); // nothing mapped there
     let (_d, s) = summarize(&t);
     assert_eq!(s.peak_live_bytes, 6 * MIB);
+    // `allocations`, `frees` and `live_at_end` count the same things: device memory, here the
+    // physical handles (reservations and mappings are address space, under `categories`).
+    assert_eq!((s.allocations, s.frees), (2, 1));
     assert_eq!(s.live_at_end.count, 1);
     assert_eq!(s.live_at_end.bytes, 4 * MIB);
+    assert_eq!(s.categories["handle"].live_at_end.count, 1);
+    assert_eq!(s.categories["reservation"].live_at_end.count, 1);
     assert_eq!(s.categories["reservation"].live_at_end.bytes, 1 << 30);
     assert_eq!(s.categories["mapping"].live_at_end.count, 1);
     let kinds: Vec<&str> = s.invalid_frees.iter().map(|f| f.kind.as_str()).collect();
@@ -296,4 +306,108 @@ fn guarded_stale_values_become_stale_launches_only_when_a_fault_names_them() {
     assert!(text.contains("STALE LAUNCHES: 1"), "{text}");
     assert!(text.contains("CUDA error 700 (illegal address)"), "{text}");
     assert!(text.contains("stale values: 1"), "{text}");
+}
+
+/// The calls of a process that dlopen()ed the library late: first seven frees (and the like) of
+/// memory allocated before the load, each giving back something the trace never saw start, then
+/// calls on memory it saw.
+fn late_load_calls(t: &mut TraceBuilder) {
+    let r = 0x6000_0000_0000;
+    t.free(0x7e00_0000_0000); // 0: device memory from before the load
+    t.call(Api::CuMemFree, 0x7e00_0010_0000, 0); // 1: the same through the driver
+    t.call(Api::CudaFreeHost, 0x5000_0000, 0); // 2: pinned host memory
+    t.call(Api::CudaHostUnregister, 0x9000, 0); // 3: a registration
+    t.vmm(Api::CuMemUnmap, r, 2 * MIB, 0, 0); // 4: a mapping
+    t.vmm(Api::CuMemRelease, 0, 0, 0x11, 0); // 5: a physical handle
+    t.vmm(Api::CuMemAddressFree, r, 1 << 30, 0, 0); // 6: a reservation
+    t.malloc(A, MIB); // 7
+    t.free(A); // 8: fine
+    t.free(A); // 9: a double free of what the trace saw: still invalid
+    t.vmm(Api::CuMemCreate, 0, 2 * MIB, 0x22, 0); // 10
+    t.vmm(Api::CuMemRelease, 0, 0, 0x22, 0); // 11: fine
+    t.vmm(Api::CuMemRelease, 0, 0, 0x22, 0); // 12: released twice: invalid
+    t.end(Stats::default());
+}
+
+/// A trace with a LateLoad note: frees, unmaps, releases, … of what the trace never saw
+/// allocated are frees of earlier allocations, not invalid frees; double frees of what it saw
+/// still are. Without the note every one of them is an invalid free. Graph and check agree.
+#[test]
+fn late_load_frees_of_earlier_allocations_are_not_invalid() {
+    let d = tempfile::tempdir().unwrap();
+    let mut late = TraceBuilder::new();
+    late.note(NoteKind::LateLoad, 0);
+    late_load_calls(&mut late);
+    let mut preloaded = TraceBuilder::new();
+    late_load_calls(&mut preloaded);
+    let pl = late.write(d.path(), "late.trace");
+    let pp = preloaded.write(d.path(), "preloaded.trace");
+
+    let s = summary::summarize(&[&pl], &mut NoProgress).unwrap();
+    assert_eq!(s.frees_of_earlier_allocations, 7);
+    assert_eq!(s.invalid_free_count, 2);
+    let seqs: Vec<u64> = s.invalid_frees.iter().map(|f| f.seq).collect();
+    assert_eq!(seqs, [9, 12]);
+    assert_eq!(s.notes["late_load"], 1);
+    assert_eq!((s.allocations, s.frees), (2, 2));
+    let text = summary::render_text(&s);
+    assert!(
+        text.contains("7 frees of such memory, not counted as invalid"),
+        "{text}"
+    );
+    assert!(text.contains("INVALID  2 frees"), "{text}");
+
+    let s = summary::summarize(&[&pp], &mut NoProgress).unwrap();
+    assert_eq!(s.frees_of_earlier_allocations, 0);
+    assert_eq!(s.invalid_free_count, 9);
+    assert!(!summary::render_text(&s).contains("late     "));
+
+    // Both together: the figures add up, each trace keeps its own.
+    let s = summary::summarize(&[&pl, &pp], &mut NoProgress).unwrap();
+    assert_eq!(s.frees_of_earlier_allocations, 7);
+    assert_eq!(s.invalid_free_count, 11);
+    assert_eq!(s.traces[1].totals.frees_of_earlier_allocations, 0);
+
+    // The graph's invalid_free anomalies are the summary's invalid frees.
+    let g = isolate_analyzer::graph::graph(&[&pl], Default::default(), &mut NoProgress).unwrap();
+    let invalid: Vec<_> = g
+        .anomalies
+        .iter()
+        .filter(|a| a.kind() == "invalid_free")
+        .collect();
+    assert_eq!(invalid.len(), 2, "{invalid:?}");
+
+    // `check --no-violations` counts only the two real ones.
+    let o = isolate(
+        d.path(),
+        &[
+            "check",
+            "late.trace",
+            "--baseline",
+            "late.trace",
+            "--no-violations",
+        ],
+    );
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert_eq!(o.stdout.trim(), "violations found: 2 invalid frees");
+    let o = isolate(d.path(), &["summary", "--json", "late.trace"]);
+    let v = o.json();
+    assert_eq!(v["frees_of_earlier_allocations"], 7);
+    assert_eq!(v["traces"][0]["frees_of_earlier_allocations"], 7);
+}
+
+/// The note may come after another thread's first events (it is submitted when the trace
+/// starts): what is live by then counts as seen, so its double free is still invalid.
+#[test]
+fn late_load_note_after_the_first_events() {
+    let mut t = TraceBuilder::new();
+    t.malloc(A, MIB); // 0
+    t.note(NoteKind::LateLoad, 0);
+    t.free(A); // 1
+    t.free(A); // 2: double free
+    t.free(A + 64 * MIB); // 3: never seen
+    let (_d, s) = summarize(&t);
+    assert_eq!(s.invalid_free_count, 1);
+    assert_eq!(s.invalid_frees[0].seq, 2);
+    assert_eq!(s.frees_of_earlier_allocations, 1);
 }

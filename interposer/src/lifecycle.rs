@@ -6,14 +6,70 @@ use isolate_trace::EndReason;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::time::Duration;
 
-/// Runs before `main`: only reads the settings and registers the fork handler.
+/// Runs before `main`: reads the settings, registers the fork handler, and notices a late load.
 #[ctor::ctor]
 unsafe fn init() {
+    if cuda_in_use() {
+        LATE_LOAD.store(true, Release);
+    }
     let cfg = crate::config::get();
     if cfg.mode == crate::config::Mode::Isolate {
         crate::policy::before_main();
     }
     unsafe { libc::pthread_atfork(None, None, Some(child_after_fork)) };
+}
+
+/// Set by the constructor when CUDA was already in use: the library was `dlopen`ed late.
+static LATE_LOAD: AtomicBool = AtomicBool::new(false);
+
+/// True when this library was loaded after CUDA was already in use (a late `dlopen`, not
+/// `LD_PRELOAD`): what was allocated before is not in the trace.
+pub fn loaded_late() -> bool {
+    LATE_LOAD.load(Acquire)
+}
+
+/// Was the driver already initialised when the constructor ran? With `LD_PRELOAD` the
+/// constructor runs before `main`, before any CUDA call (a program linked against `libcuda` or
+/// `libcudart` has them loaded by then, but not initialised). The driver is asked only when it is
+/// loaded already (`RTLD_NOLOAD`: this never loads it), and only `cuCtxGetCurrent`, which
+/// answers `CUDA_ERROR_NOT_INITIALIZED` before `cuInit` and changes nothing.
+fn cuda_in_use() -> bool {
+    let h = unsafe {
+        libc::dlopen(
+            c"libcuda.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        )
+    };
+    if h.is_null() {
+        return false;
+    }
+    let f = crate::resolve::dlsym_in(h, c"cuCtxGetCurrent");
+    let in_use = !f.is_null() && {
+        type CtxGetCurrent =
+            unsafe extern "C" fn(*mut crate::cuda::CUcontext) -> crate::cuda::CUresult;
+        // SAFETY: the driver's cuCtxGetCurrent has this signature.
+        let get: CtxGetCurrent = unsafe { std::mem::transmute(f) };
+        let mut ctx: crate::cuda::CUcontext = std::ptr::null_mut();
+        let r = unsafe { get(&mut ctx) };
+        r != crate::cuda::CUDA_ERROR_NOT_INITIALIZED
+    };
+    unsafe { libc::dlclose(h) };
+    in_use
+}
+
+/// Called by the writer right after a trace starts: a late load says so first thing.
+pub fn note_late_load() {
+    if loaded_late() {
+        writer::note(
+            isolate_trace::NoteKind::LateLoad,
+            0,
+            0,
+            0,
+            "libisolate.so was loaded after CUDA was already in use (dlopen, not LD_PRELOAD): \
+             allocations made before it are not in this trace"
+                .into(),
+        );
+    }
 }
 
 /// Library destructor: runs after `atexit` handlers and thread-local destructors of `exit()`.

@@ -156,6 +156,7 @@ fn start() {
             crate::lifecycle::install_signal_handlers();
             // The writer may have closed already (trace file could not be created): keep that.
             let _ = STATE.compare_exchange(STARTING, RUNNING, AcqRel, Acquire);
+            crate::lifecycle::note_late_load(); // first in the queue, before the first event
         }
         Err(e) => {
             crate::record::warn(&format!(

@@ -2,6 +2,8 @@
 //! (dlopen after CUDA memory was already handed out).
 
 use isolate_tests::{Output, Run, Trace, preload_path};
+use isolate_trace::{NoteKind, Record};
+use serde_json::Value;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
@@ -138,6 +140,32 @@ fn disk_full_leaves_the_program_alone_and_the_trace_readable() {
 
 // ------------------------------------------------------------------------------------ late load
 
+/// The LateLoad notes of a trace, and where the first one is among its records.
+fn late_notes(t: &Trace) -> (usize, Option<usize>) {
+    let is_late = |r: &Record| matches!(r, Record::Note(n) if n.kind == NoteKind::LateLoad);
+    (
+        t.records.iter().filter(|r| is_late(r)).count(),
+        t.records.iter().position(is_late),
+    )
+}
+
+/// `isolate summary --json TRACE` (the analyzer is built beside `libisolate.so`), parsed.
+fn summary_json(t: &Trace) -> Value {
+    let bin = preload_path().with_file_name("isolate");
+    let out = std::process::Command::new(&bin)
+        .args(["summary", "--json"])
+        .arg(&t.path)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()));
+    assert!(
+        out.status.success(),
+        "isolate summary --json {}: {}",
+        t.path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("summary JSON")
+}
+
 fn late(mode: Option<&str>, lib: &Path) -> (Output, Output) {
     let mut run = Run::program("late_dlopen").preload(false);
     if let Some(m) = mode {
@@ -204,6 +232,52 @@ fn late_dlopen_changes_no_result() {
         assert_eq!(c.get("cuMemAlloc_v2"), Some(&1), "{mode:?}: {c:?}");
         assert_eq!(c.get("cuMemFree_v2"), Some(&3), "{mode:?}: {c:?}");
         assert!(plain.traces.is_empty());
+
+        // It says it was loaded late, once, as its first record.
+        assert_eq!(late_notes(t), (1, Some(0)), "{mode:?}: {:?}", t.records);
+        // So the frees of memory it never saw allocated are not invalid frees. The trace sees
+        // four successful frees of such memory: `a` and `d` (allocated before the load), `b2`
+        // (allocated through the program's PLT entry, bound before the load) and `e2` (through
+        // the driver pointer fetched before the load). The two second frees failed, and failed
+        // calls change nothing.
+        let s = summary_json(t);
+        assert_eq!(
+            s["invalid_free_count"], 0,
+            "{mode:?}: {}",
+            s["invalid_frees"]
+        );
+        assert_eq!(s["frees_of_earlier_allocations"], 4, "{mode:?}");
+        assert_eq!(s["notes"]["late_load"], 1, "{mode:?}");
+        // What it saw allocated: a2, c (hooks), d2 (late resolver); c was freed through it.
+        assert_eq!((&s["allocations"], &s["frees"]), (&3.into(), &1.into()));
+    }
+}
+
+/// With LD_PRELOAD there is no LateLoad note, also for programs that have the driver or the
+/// runtime loaded (linked) before the library's constructor runs: they are loaded, not in use.
+/// And the same calls as in the late run are all seen, so nothing is a free of an earlier
+/// allocation.
+#[test]
+fn preloaded_is_not_a_late_load() {
+    for (prog, args) in [
+        ("late_dlopen", &["-"][..]),
+        ("drv_linked", &[][..]),
+        ("rt_basic", &[][..]),
+    ] {
+        let out = Run::program(prog).args(args.iter().copied()).run();
+        out.assert_success();
+        let t = out.only_trace();
+        assert_eq!(late_notes(t), (0, None), "{prog}");
+        let s = summary_json(t);
+        assert_eq!(s["frees_of_earlier_allocations"], 0, "{prog}");
+        assert!(
+            s["notes"].get("late_load").is_none(),
+            "{prog}: {}",
+            s["notes"]
+        );
+        if prog == "late_dlopen" {
+            assert_eq!(s["invalid_free_count"], 0, "{}", s["invalid_frees"]);
+        }
     }
 }
 

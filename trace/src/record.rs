@@ -130,12 +130,14 @@ pub enum NoteKind {
     Fork,
     /// The process is about to `exec` (events after this are in a new trace).
     Exec,
-    /// A call the library saw returned a device fault (`value` = the error code, e.g. 700 for
-    /// an illegal address); `size` = the event number of the last device-wide synchronisation
-    /// seen to succeed before it (launches after that one are the suspects), 0 if none.
+    /// A call the library saw returned a device fault, the first of the process (`value` = the
+    /// error code, e.g. 700 for an illegal address); `size` = the number of suspect launches
+    /// (launched since the last clean synchronisation with a pointer into freed, unmapped
+    /// memory), named by that many [`Record::StaleLaunch`] records right after the note.
     DeviceFault,
     /// The library was loaded after CUDA was already in use (`dlopen` late, not `LD_PRELOAD`):
     /// allocations made before it are not in the trace, so frees of them are not invalid.
+    /// Written when the trace starts, normally as its first record.
     LateLoad,
 }
 
