@@ -41,8 +41,14 @@ struct State {
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
 
-/// Unmapped address space kept on each side of a guarded allocation.
-const GAP: u64 = 32 << 20;
+/// Unmapped address space kept on each side of a guarded allocation (rounded up to the
+/// granularity: one 2 MiB granule on an H200). 32 MiB was tried, to keep pointers a kernel
+/// derives past its operands out of freed neighbours; measured on the H200 it did not remove the
+/// launch check's reports (their real cause: pairs of 32-bit integers in CUTLASS's `Params`, such
+/// as (4096, 32), that read as addresses in the low range where the driver placed those 66 MiB
+/// reservations; now reported as stale *values*, see `launch.rs`) and it made guard-mode training
+/// slower, so one granule it is.
+const GAP: u64 = 2 << 20;
 
 fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
     let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());
@@ -141,10 +147,8 @@ pub fn alloc(api: Api, size: u64) -> Result<Option<u64>, CUresult> {
     else {
         return Ok(None);
     };
-    // Unmapped address space on both sides, wider than the guard page itself: pointers a
-    // kernel derives past the end (or before the start) of its operands without using them,
-    // as CUTLASS's iterators do, then land in this allocation's own gap, not in a neighbour
-    // that may have been freed (which the launch check would report).
+    // Unmapped address space on both sides: an access just past the end (or, left-aligned,
+    // just before the start) faults instead of reaching a neighbour.
     let gap = GAP.div_ceil(gran) * gran;
     // A size near u64::MAX has no such layout: the driver answers it (no overflow here).
     let Some((phys, va_size)) = size
