@@ -897,14 +897,3 @@ pub fn lookup_each(words: &[u64], mut found: impl FnMut(usize, Entry)) {
         found(i, e);
     }
 }
-
-/// The quarantined allocation that covers `addr`, if any (for the launch check).
-pub fn lookup(addr: u64) -> Option<Entry> {
-    if addr < LOW.load(Relaxed) || addr >= HIGH.load(Relaxed) {
-        return None;
-    }
-    let g = STATE.lock().unwrap_or_else(|e| e.into_inner());
-    let s = g.as_ref()?;
-    let (_, e) = s.index.range(..=addr).next_back()?;
-    (addr < e.ptr + e.size).then_some(*e)
-}
