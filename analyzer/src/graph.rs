@@ -16,7 +16,8 @@
 //!   (a true alias: two addresses for the same memory); also listed as an anomaly.
 //!
 //! Anomalies: `overlap` (two live allocations overlap), `invalid_free`, `never_freed`,
-//! `true_alias`, `stale_launch` and `poison_violation` (tied to the freed node they hit).
+//! `true_alias`, `stale_launch`, `stale_value` and `poison_violation` (tied to the freed node
+//! they hit).
 //!
 //! Nodes are handed to a [`GraphSink`] when they end (never-freed ones at the end of their trace,
 //! in start order), so the graph of a long trace never has to be held whole; edges and anomalies
@@ -200,14 +201,27 @@ pub enum Anomaly {
         #[serde(serialize_with = "ser_hex")]
         ptr: u64,
     },
-    /// A freed node's poison changed while it sat in quarantine.
+    /// A freed node's poison changed while it sat in quarantine (a stale write).
     PoisonViolation {
         node: Option<u64>,
         trace: usize,
         seq: u64,
+        /// The freed allocation's base address.
         #[serde(serialize_with = "ser_hex")]
         ptr: u64,
+        /// Offset from `ptr` of the first byte that lost its poison.
+        first_offset: u64,
         changed_bytes: u64,
+    },
+    /// Guard mode: a kernel was launched with a pointer into a freed, unmapped node. Harmless
+    /// unless a device fault follows (then a `stale_launch` names the same kernel).
+    StaleValue {
+        node: Option<u64>,
+        trace: usize,
+        seq: u64,
+        kernel: String,
+        #[serde(serialize_with = "ser_hex")]
+        ptr: u64,
     },
 }
 
@@ -221,6 +235,7 @@ impl Anomaly {
             Anomaly::TrueAlias { .. } => "true_alias",
             Anomaly::StaleLaunch { .. } => "stale_launch",
             Anomaly::PoisonViolation { .. } => "poison_violation",
+            Anomaly::StaleValue { .. } => "stale_value",
         }
     }
 
@@ -230,9 +245,9 @@ impl Anomaly {
             Anomaly::Overlap { nodes, .. } | Anomaly::TrueAlias { nodes, .. } => nodes.to_vec(),
             Anomaly::InvalidFree { after, .. } => after.iter().copied().collect(),
             Anomaly::NeverFreed { node, .. } => vec![*node],
-            Anomaly::StaleLaunch { node, .. } | Anomaly::PoisonViolation { node, .. } => {
-                node.iter().copied().collect()
-            }
+            Anomaly::StaleLaunch { node, .. }
+            | Anomaly::StaleValue { node, .. }
+            | Anomaly::PoisonViolation { node, .. } => node.iter().copied().collect(),
         }
     }
 }
@@ -877,7 +892,18 @@ impl<S: GraphSink> Observer for GraphBuilder<'_, S> {
                     trace: self.trace,
                     seq: v.seq,
                     ptr: v.ptr,
+                    first_offset: v.first_offset,
                     changed_bytes: v.changed_bytes,
+                });
+            }
+            Record::StaleValue(s) => {
+                let node = self.freed_owner(s.ptr).map(|p| p.id);
+                self.anomalies.push(Anomaly::StaleValue {
+                    node,
+                    trace: self.trace,
+                    seq: s.seq,
+                    kernel: s.kernel.clone(),
+                    ptr: s.ptr,
                 });
             }
             _ => {}
@@ -1068,9 +1094,17 @@ impl<W: Write> GraphSink for JsonSink<W> {
 
 /// Writes the graph in Graphviz DOT while it is built. All text from the trace is escaped
 /// ([`escape_dot`]).
+///
+/// Node ids: `n<id>` for the graph's nodes (ids are unique over all traces of the graph) and
+/// `a<k>` for the k-th anomaly (counting from 0 in the order of the JSON output's `anomalies`,
+/// `never_freed` included although it has no note of its own: its node is drawn filled red and
+/// labelled "live at end"). Every other anomaly gets a note node of its own, with a dotted edge
+/// to each node it names, so two findings on one allocation are two notes.
 pub struct DotSink<W: Write> {
     out: W,
     started: bool,
+    /// Anomalies seen so far: the next one is `a<anomalies>`.
+    anomalies: u64,
 }
 
 impl<W: Write> DotSink<W> {
@@ -1078,6 +1112,7 @@ impl<W: Write> DotSink<W> {
         DotSink {
             out,
             started: false,
+            anomalies: 0,
         }
     }
 
@@ -1098,13 +1133,125 @@ impl<W: Write> DotSink<W> {
     }
 }
 
+/// Lines of a DOT label: each escaped, joined with DOT's `\n`.
+fn dot_lines(lines: &[String]) -> String {
+    lines
+        .iter()
+        .map(|l| escape_dot(l))
+        .collect::<Vec<_>>()
+        .join("\\n")
+}
+
+/// The nodes an anomaly's note points at, its label lines and its colour; `None` for
+/// `never_freed`, which the node's own style shows.
+fn dot_note(a: &Anomaly) -> Option<(Vec<u64>, Vec<String>, &'static str)> {
+    let trace_seq = |trace: &usize, seq: &u64| format!("trace {trace} seq {seq}");
+    Some(match a {
+        Anomaly::NeverFreed { .. } => return None,
+        Anomaly::Overlap {
+            nodes,
+            overlap_bytes,
+        } => (
+            nodes.to_vec(),
+            vec![format!("OVERLAP {}", human_bytes(*overlap_bytes))],
+            "red",
+        ),
+        Anomaly::TrueAlias {
+            nodes,
+            handle,
+            overlap_bytes,
+        } => (
+            nodes.to_vec(),
+            vec![
+                "TRUE ALIAS".to_owned(),
+                format!("{} of handle {}", human_bytes(*overlap_bytes), hex(*handle)),
+            ],
+            "red",
+        ),
+        Anomaly::InvalidFree {
+            trace,
+            what,
+            seq,
+            api,
+            ptr,
+            after,
+            double_free,
+            ..
+        } => (
+            after.iter().copied().collect(),
+            vec![
+                format!(
+                    "{} {api}",
+                    if *double_free {
+                        "double free"
+                    } else {
+                        "invalid free"
+                    }
+                ),
+                format!("{what} {}", hex(*ptr)),
+                trace_seq(trace, seq),
+            ],
+            "red",
+        ),
+        Anomaly::StaleLaunch {
+            node,
+            trace,
+            seq,
+            kernel,
+            ptr,
+        } => (
+            node.iter().copied().collect(),
+            vec![
+                format!("stale launch: {kernel}"),
+                format!("ptr {}", hex(*ptr)),
+                trace_seq(trace, seq),
+            ],
+            "red",
+        ),
+        Anomaly::StaleValue {
+            node,
+            trace,
+            seq,
+            kernel,
+            ptr,
+        } => (
+            node.iter().copied().collect(),
+            vec![
+                format!("stale value: {kernel}"),
+                format!("ptr {} (unused unless a fault followed)", hex(*ptr)),
+                trace_seq(trace, seq),
+            ],
+            "orange",
+        ),
+        Anomaly::PoisonViolation {
+            node,
+            trace,
+            seq,
+            ptr,
+            first_offset,
+            changed_bytes,
+        } => (
+            node.iter().copied().collect(),
+            vec![
+                format!(
+                    "stale write at offset {first_offset} ({})",
+                    hex(ptr.saturating_add(*first_offset))
+                ),
+                format!("{} changed", human_bytes(*changed_bytes)),
+                trace_seq(trace, seq),
+            ],
+            "red",
+        ),
+    })
+}
+
 impl<W: Write> GraphSink for DotSink<W> {
     fn node(&mut self, n: &GraphNode) -> std::io::Result<()> {
         self.start()?;
         let life = match (n.free_seq, n.lost) {
             (_, true) => format!("seq {}..lost", n.alloc_seq),
             (Some(f), _) => format!("seq {}..{}", n.alloc_seq, f),
-            (None, _) => format!("seq {}..(live)", n.alloc_seq),
+            (None, _) => format!("seq {}..(live at end)", n.alloc_seq),
         };
         let label = format!(
             "#{} {}\\n{} {}\\n{}\\ndev {} tid {}",
@@ -1158,51 +1305,18 @@ impl<W: Write> GraphSink for DotSink<W> {
 
     fn anomaly(&mut self, a: &Anomaly) -> std::io::Result<()> {
         self.start()?;
-        let (nodes, text) = match a {
-            Anomaly::Overlap {
-                nodes,
-                overlap_bytes,
-            } => (nodes.to_vec(), format!("OVERLAP {overlap_bytes} B")),
-            Anomaly::TrueAlias { nodes, .. } => (nodes.to_vec(), "TRUE ALIAS".to_owned()),
-            Anomaly::StaleLaunch {
-                node: Some(n),
-                kernel,
-                ..
-            } => (vec![*n], format!("stale launch: {kernel}")),
-            Anomaly::PoisonViolation { node: Some(n), .. } => (vec![*n], "stale write".to_owned()),
-            Anomaly::InvalidFree {
-                after: Some(n),
-                api,
-                double_free,
-                ..
-            } => (
-                vec![*n],
-                format!(
-                    "{} {api}",
-                    if *double_free {
-                        "double free"
-                    } else {
-                        "invalid free"
-                    }
-                ),
-            ),
-            _ => return Ok(()),
+        let id = self.anomalies;
+        self.anomalies += 1;
+        let Some((nodes, lines, color)) = dot_note(a) else {
+            return Ok(());
         };
-        let id = format!(
-            "a{}",
-            nodes
-                .iter()
-                .map(|n| n.to_string())
-                .collect::<Vec<_>>()
-                .join("_")
-        );
         writeln!(
             self.out,
-            "  {id} [shape=note, color=red, label=\"{}\"];",
-            escape_dot(&text)
+            "  a{id} [shape=note, color={color}, label=\"{}\"];",
+            dot_lines(&lines)
         )?;
         for n in nodes {
-            writeln!(self.out, "  {id} -> n{n} [color=red, style=dotted];")?;
+            writeln!(self.out, "  a{id} -> n{n} [color={color}, style=dotted];")?;
         }
         Ok(())
     }

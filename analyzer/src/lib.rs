@@ -31,6 +31,7 @@ pub mod diff;
 mod error;
 pub mod export;
 pub mod graph;
+pub mod order;
 pub mod report;
 pub mod run;
 mod source;

@@ -1,6 +1,7 @@
 //! Opening traces and driving an [`Observer`] over them.
 
 use crate::Error;
+use crate::order::{Order, Reorder};
 use crate::track::{Observer, Tracker};
 use isolate_trace::{FastReader, Header, Record};
 use std::path::{Path, PathBuf};
@@ -31,6 +32,8 @@ pub struct TraceInfo {
     pub truncated_at: Option<u64>,
     /// The End record, when the trace has one.
     pub end: Option<isolate_trace::End>,
+    /// How far the file's order was from sequence order (the analyses saw sequence order).
+    pub order: Order,
 }
 
 impl TraceInfo {
@@ -89,13 +92,16 @@ fn drive(
     sink.header(r.header());
     let mut end = None;
     let mut n = 0u32;
+    // Analyses see records in sequence order, whatever the file's order (see `order`).
+    let mut reorder = Reorder::new();
+    let mut emit = |rec: &Record| sink.record(rec);
     let result = loop {
         match r.next_record() {
             Ok(Some(rec)) => {
                 if let Record::End(e) = &rec {
                     end = Some(e.clone());
                 }
-                sink.record(&rec);
+                reorder.push(rec, &mut emit);
                 n += 1;
                 if n == PROGRESS_EVERY {
                     n = 0;
@@ -106,6 +112,9 @@ fn drive(
             Err(e) => break Err(e),
         }
     };
+    // What was held back goes on even when the file ends badly: the error is reported with
+    // everything before it analysed.
+    reorder.finish(&mut emit);
     progress.end();
     result?;
     Ok(TraceInfo {
@@ -116,6 +125,7 @@ fn drive(
         bytes: r.offset(),
         truncated_at: r.truncated_at(),
         end,
+        order: reorder.order,
     })
 }
 

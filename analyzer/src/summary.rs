@@ -135,6 +135,35 @@ pub struct InvalidFree {
     pub ptr: u64,
     #[serde(serialize_with = "ser_hex")]
     pub handle: u64,
+    /// What the call returned: a refused free (non-zero) is listed too.
+    pub result: i32,
+    /// True when what it gave back had already been given back (a double free); `first_free`
+    /// names that earlier call and `allocated` the call that made it.
+    pub double_free: bool,
+    pub first_free: Option<CallRef>,
+    pub allocated: Option<CallRef>,
+}
+
+/// One call of a trace, as findings name it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CallRef {
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub tid: u32,
+    pub api: String,
+}
+
+/// How the trace's file order compared with sequence order (analyses use sequence order).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Sequence {
+    /// Records that were not in sequence order in the file (normal with several threads).
+    pub reordered: u64,
+    /// Sequence numbers never seen: a thread took one and never recorded its call (it was
+    /// inside a call when the process ended or died). Nothing is inferred from a gap.
+    pub gaps: u64,
+    /// Records that arrived too far out of order to be put back in place (more than the
+    /// reordering window); findings about them may be off.
+    pub late: u64,
 }
 
 /// One recent event, for the moments before a fault.
@@ -265,11 +294,14 @@ pub struct Totals {
     /// lost (`allocations = frees + lost device memory + live_at_end.count`).
     pub live_at_end: CountBytes,
     pub invalid_free_count: u64,
+    /// Of those, frees of something already freed (double frees).
+    pub double_free_count: u64,
     /// The first [`LIST_CAP`] invalid frees.
     pub invalid_frees: Vec<InvalidFree>,
-    /// In a trace of a library loaded late (a `late_load` note): successful frees, unmaps,
-    /// releases, … of something the trace never saw allocated (made before the load, or through
-    /// a call bound before it). Not invalid frees.
+    /// Frees, unmaps, releases, … that the driver accepted, of something the trace never saw
+    /// allocated: made before a late load (a `late_load` note), through a call bound before
+    /// it, or through an entry point that is not recorded (the CUDA 3.1 `cuMemAlloc` ABI). The
+    /// driver's success says the memory was live: not invalid frees.
     pub frees_of_earlier_allocations: u64,
     /// Live allocations whose start address was handed out again: their free was not seen.
     pub lost: u64,
@@ -298,6 +330,7 @@ pub struct Totals {
     pub truncated: Option<u64>,
     /// True when every trace ends with an End record.
     pub complete: bool,
+    pub sequence: Sequence,
 }
 
 /// One trace's summary.
@@ -345,6 +378,7 @@ pub struct Summarizer {
     cats: [CategoryStats; 8],
     devices: Vec<(i32, DeviceStats, u64)>,
     invalid_count: u64,
+    double_count: u64,
     invalid: Vec<InvalidFree>,
     earlier: u64,
     lost: u64,
@@ -425,6 +459,7 @@ impl Summarizer {
             cats: Default::default(),
             devices: Vec::new(),
             invalid_count: 0,
+            double_count: 0,
             invalid: Vec::new(),
             earlier: 0,
             lost: 0,
@@ -526,6 +561,7 @@ impl Summarizer {
                 bytes: self.live_end.device_bytes(),
             },
             invalid_free_count: self.invalid_count,
+            double_free_count: self.double_count,
             invalid_frees: self.invalid,
             frees_of_earlier_allocations: self.earlier,
             lost: self.lost,
@@ -544,6 +580,11 @@ impl Summarizer {
             last_events: last,
             truncated: info.truncated_at,
             complete: info.complete(),
+            sequence: Sequence {
+                reordered: info.order.reordered,
+                gaps: info.order.gaps,
+                late: info.order.late,
+            },
         };
         TraceSummary {
             file: info.file.clone(),
@@ -615,6 +656,9 @@ impl Observer for Summarizer {
 
     fn invalid(&mut self, inv: &Invalid, _live: &Live) {
         self.invalid_count += 1;
+        if inv.is_double() {
+            self.double_count += 1;
+        }
         if self.invalid.len() < LIST_CAP {
             let e = &inv.event;
             self.invalid.push(InvalidFree {
@@ -627,6 +671,20 @@ impl Observer for Summarizer {
                 api: e.api.name().into(),
                 ptr: e.ptr,
                 handle: e.handle,
+                result: e.result,
+                double_free: inv.is_double(),
+                first_free: inv.previous.map(|(_, f)| CallRef {
+                    seq: f.seq,
+                    ts_ns: f.ts_ns,
+                    tid: f.tid,
+                    api: f.api.name().into(),
+                }),
+                allocated: inv.previous.map(|(n, _)| CallRef {
+                    seq: n.seq,
+                    ts_ns: n.ts_ns,
+                    tid: n.tid,
+                    api: n.api.name().into(),
+                }),
             });
         }
     }
@@ -815,6 +873,10 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
         t.peak_live_bytes += x.peak_live_bytes;
         t.live_at_end.add(x.live_at_end);
         t.invalid_free_count += x.invalid_free_count;
+        t.double_free_count += x.double_free_count;
+        t.sequence.reordered += x.sequence.reordered;
+        t.sequence.gaps += x.sequence.gaps;
+        t.sequence.late += x.sequence.late;
         t.invalid_frees.extend(x.invalid_frees.iter().cloned());
         t.frees_of_earlier_allocations += x.frees_of_earlier_allocations;
         t.lost += x.lost;
@@ -1045,27 +1107,72 @@ fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, Dev
         );
     }
     if t.invalid_free_count > 0 {
+        let doubles = match t.double_free_count {
+            0 => String::new(),
+            n => format!(" ({n} double free{})", if n == 1 { "" } else { "s" }),
+        };
         let _ = writeln!(
             o,
-            "INVALID  {} frees of memory that was not live:",
+            "INVALID  {} frees of memory that was not live{doubles}:",
             t.invalid_free_count
         );
         for f in t.invalid_frees.iter().take(10) {
-            let _ = writeln!(
+            let what = if f.kind == "release" {
+                format!("handle {}", hex(f.handle))
+            } else {
+                hex(f.ptr)
+            };
+            let refused = match f.result {
+                0 => String::new(),
+                r => format!(", refused with error {r}"),
+            };
+            let _ = write!(
                 o,
-                "  seq {} {} {} (tid {})",
-                f.seq,
-                f.api,
-                hex(f.ptr),
-                f.tid
+                "  seq {} {} {what} (tid {}{refused})",
+                f.seq, f.api, f.tid
             );
+            match (&f.first_free, &f.allocated) {
+                (Some(first), Some(a)) => {
+                    let _ = writeln!(
+                        o,
+                        ": DOUBLE FREE, first freed at seq {} by {} (tid {}), allocated at seq {} \
+                         by {} (tid {})",
+                        first.seq, first.api, first.tid, a.seq, a.api, a.tid
+                    );
+                }
+                _ => {
+                    let _ = writeln!(o, ": nothing live starts there");
+                }
+            }
         }
+    }
+    let sq = &t.sequence;
+    if sq.gaps > 0 || sq.late > 0 {
+        let _ = writeln!(
+            o,
+            "order    {} sequence numbers never recorded (calls in flight when the process \
+             ended), {} records too far out of order to put back{}",
+            sq.gaps,
+            sq.late,
+            if sq.late > 0 {
+                ": findings about them may be off"
+            } else {
+                ""
+            }
+        );
     }
     if t.notes.contains_key("late_load") {
         let _ = writeln!(
             o,
             "late     loaded after CUDA was in use (dlopen, not LD_PRELOAD): memory allocated \
              before is not in the trace; {} frees of such memory, not counted as invalid",
+            t.frees_of_earlier_allocations
+        );
+    } else if t.frees_of_earlier_allocations > 0 {
+        let _ = writeln!(
+            o,
+            "unseen   {} frees the driver accepted of memory the trace never saw allocated (an \
+             entry point isolate does not record); not counted as invalid",
             t.frees_of_earlier_allocations
         );
     }

@@ -9,9 +9,16 @@
 //! - A successful `Alloc`-kind call with a non-null pointer starts a node; a successful
 //!   `Free`-kind call ends the node that *starts* at `ptr` (host frees look among host memory,
 //!   every other free among device, managed and graph memory).
-//!   A free of a pointer that is not live is an invalid free; freeing null is a no-op. Graph
-//!   memory nodes are kept apart from other device memory (graphs may share addresses).
-//! - Failed calls (result ≠ 0) change nothing.
+//!   Freeing null is a no-op. Graph memory nodes are kept apart from other device memory
+//!   (graphs may share addresses).
+//! - Failed calls (result ≠ 0) change nothing; but a failed free (unregister, address free,
+//!   release) of something that is not live is still the program's bug.
+//! - Giving back something that is not live is an **invalid free** when the driver refused it,
+//!   or when the trace saw it given back before (a **double free**, named with the first free
+//!   and the allocation, from the last [`FREED_KEPT`] frees). A call the driver *accepted* for
+//!   something the trace never saw start is a free of memory allocated where the trace could
+//!   not see it (before a late load, or through an entry point that is not recorded, such as
+//!   the CUDA 3.1 `cuMemAlloc` ABI): reported apart ([`Observer::earlier`]), never as invalid.
 //! - `cuMemAddressReserve`/`cuMemAddressFree` start and end reservations (keyed by address),
 //!   `cuMemCreate`/`cuMemRelease` physical handles (keyed by handle), `cuMemMap`/`cuMemUnmap`
 //!   mappings (an unmap ends every mapping that starts inside its range).
@@ -175,11 +182,66 @@ impl InvalidKind {
     }
 }
 
-/// A successful call that gave back something that was not live.
+/// A call that gave back something that was not live (whatever it returned: a free the driver
+/// refused is still the program's bug).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Invalid {
     pub kind: InvalidKind,
     pub event: Event,
+    /// A double free: what was given back had been given back before, by this call (and the
+    /// node it ended). `None` when it never was live in this trace, or its free is older than
+    /// the last [`FREED_KEPT`] frees.
+    pub previous: Option<(Node, Ended)>,
+}
+
+impl Invalid {
+    pub fn is_double(&self) -> bool {
+        self.previous.is_some()
+    }
+}
+
+/// How many recent frees are remembered to name the first free of a double free.
+pub const FREED_KEPT: usize = 1 << 15;
+
+/// The last [`FREED_KEPT`] frees, by what they gave back: a later call that gives the same back
+/// while it is not live again is a double free, and names this one. Bounded: the oldest go.
+#[derive(Default)]
+struct Freed {
+    by_key: FxHashMap<FreedKey, (Node, Ended)>,
+    /// Keys in the order they were freed, with the free's number (an entry whose key was
+    /// freed again since is skipped when it comes out).
+    order: std::collections::VecDeque<(FreedKey, u64)>,
+}
+
+/// What a free gives back: the kind of call and the address (or handle). Host memory has its
+/// own addresses, apart from device memory's.
+type FreedKey = (InvalidKind, bool, u64);
+
+impl Freed {
+    fn key(kind: InvalidKind, ev_ptr: u64, ev_handle: u64, memory: Memory) -> FreedKey {
+        match kind {
+            InvalidKind::Release => (kind, false, ev_handle),
+            _ => (kind, memory == Memory::Host, ev_ptr),
+        }
+    }
+
+    fn insert(&mut self, key: FreedKey, n: Node, e: Ended) {
+        self.by_key.insert(key, (n, e));
+        self.order.push_back((key, e.seq));
+        while self.order.len() > FREED_KEPT {
+            let Some((k, seq)) = self.order.pop_front() else {
+                break;
+            };
+            if self.by_key.get(&k).is_some_and(|(_, e)| e.seq == seq) {
+                self.by_key.remove(&k);
+            }
+        }
+    }
+
+    /// Something started again at `key`: frees of it from now on are of the new node.
+    fn forget(&mut self, key: FreedKey) {
+        self.by_key.remove(&key);
+    }
 }
 
 /// Live bytes and counts per category after an event.
@@ -240,9 +302,10 @@ pub trait Observer {
     fn started(&mut self, node: &Node, live: &Live) {}
     fn ended(&mut self, node: &Node, end: &Ended, live: &Live) {}
     fn invalid(&mut self, inv: &Invalid, live: &Live) {}
-    /// In a trace of a library loaded late ([`NoteKind::LateLoad`]): a successful call gave back
-    /// something this trace never saw start, most likely allocated before the library was
-    /// loaded. Not an invalid free; [`Observer::invalid`] is not called for it.
+    /// A successful call gave back something this trace never saw start: memory allocated
+    /// before the library was loaded ([`NoteKind::LateLoad`]), or through an entry point that is
+    /// not recorded. The driver accepted it, so it was live: not an invalid free, and
+    /// [`Observer::invalid`] is not called for it.
     fn earlier(&mut self, inv: &Invalid, live: &Live) {}
     /// Every record that is not an event.
     fn other(&mut self, rec: &Record, live: &Live) {}
@@ -329,6 +392,8 @@ pub struct Tracker {
     mappings: BTreeMap<u64, Node>,
     live: Live,
     scratch: Vec<u64>,
+    /// Recent frees, to name the first free of a double free.
+    freed: Freed,
     /// Set by a [`NoteKind::LateLoad`] note: from then on, what every node started at is kept
     /// in `seen`, to tell frees of earlier allocations from double frees.
     late: Option<Box<Seen>>,
@@ -436,12 +501,58 @@ impl Tracker {
 
     /// Tells `obs` that `ev` gave back something that was not live: an invalid free, or, in a
     /// trace of a late load, maybe a free of an allocation made before it.
+    /// `ev` gave back something that is not live. It is an invalid free when the driver refused
+    /// it, or when the trace saw it given back before (a double free: named with that free);
+    /// a call the driver *accepted* for something this trace never saw start gave back memory
+    /// allocated where the trace could not see it (before a late load, or through an entry point
+    /// that is not recorded, such as the CUDA 3.1 `cuMemAlloc` ABI): not the program's bug.
     #[inline]
     fn not_live<O: Observer>(&self, kind: InvalidKind, ev: &Event, obs: &mut O) {
-        let inv = Invalid { kind, event: *ev };
-        match &self.late {
-            Some(seen) if !seen.has(kind, ev) => obs.earlier(&inv, &self.live),
-            _ => obs.invalid(&inv, &self.live),
+        let key = Freed::key(kind, ev.ptr, ev.handle, ev.api.memory());
+        let previous = match kind {
+            InvalidKind::Unmap => None,
+            _ => self.freed.by_key.get(&key).copied(),
+        };
+        let inv = Invalid {
+            kind,
+            event: *ev,
+            previous,
+        };
+        let seen_before =
+            previous.is_some() || self.late.as_ref().is_some_and(|seen| seen.has(kind, ev));
+        if ev.ok() && !seen_before {
+            obs.earlier(&inv, &self.live)
+        } else {
+            obs.invalid(&inv, &self.live)
+        }
+    }
+
+    /// A call that failed: it changed nothing, but one that gives back something that is not
+    /// live is the program's bug all the same (a double free the driver refused).
+    #[inline]
+    fn failed<O: Observer>(&self, kind: Kind, ev: &Event, obs: &mut O) {
+        obs.event(ev, &self.live);
+        let invalid = match kind {
+            Kind::Free if ev.ptr != 0 => {
+                let live = match ev.api.memory() {
+                    Memory::Host => self.host.contains_key(&ev.ptr),
+                    _ => self.dev.contains_key(&ev.ptr) || self.graph.contains_key(&ev.ptr),
+                };
+                (!live).then_some(InvalidKind::Free)
+            }
+            Kind::Unregister if ev.ptr != 0 => {
+                (!self.registered.contains_key(&ev.ptr)).then_some(InvalidKind::Unregister)
+            }
+            Kind::AddressFree if ev.ptr != 0 => {
+                (!self.reservations.contains_key(&ev.ptr)).then_some(InvalidKind::AddressFree)
+            }
+            Kind::Release if ev.handle != 0 => {
+                (!self.handles.contains_key(&ev.handle)).then_some(InvalidKind::Release)
+            }
+            _ => None,
+        };
+        if let Some(k) = invalid {
+            self.not_live(k, ev, obs);
         }
     }
 
@@ -470,8 +581,12 @@ impl Tracker {
     #[inline]
     pub fn event<O: Observer>(&mut self, ev: &Event, obs: &mut O) {
         let kind = ev.api.kind();
-        if !ev.ok() || kind == Kind::Launch || kind == Kind::SetAccess {
+        if kind == Kind::Launch || kind == Kind::SetAccess {
             obs.event(ev, &self.live);
+            return;
+        }
+        if !ev.ok() {
+            self.failed(kind, ev, obs);
             return;
         }
         let end = |how| Ended {
@@ -604,6 +719,10 @@ impl Tracker {
         if let Some(seen) = &mut self.late {
             seen.add(&n);
         }
+        if let Some(k) = free_kind(n.category) {
+            self.freed
+                .forget(Freed::key(k, n.ptr, n.handle, n.api.memory()));
+        }
         obs.event(ev, &self.live);
         // The old node ends first, so that no observer ever sees two live nodes at one key.
         if let Some(o) = old {
@@ -640,6 +759,8 @@ impl Tracker {
                     how: EndHow::Freed,
                     by: None,
                 };
+                self.freed
+                    .insert(Freed::key(kind, ev.ptr, ev.handle, ev.api.memory()), n, e);
                 obs.ended(&n, &e, &self.live);
             }
             None => {
@@ -670,5 +791,18 @@ impl Tracker {
     pub fn finish<O: Observer>(&mut self, obs: &mut O) {
         let v = self.still_live();
         obs.finish(&v, &self.live);
+    }
+}
+
+/// The kind of call that gives back a node of category `c` (for double-free bookkeeping).
+fn free_kind(c: Category) -> Option<InvalidKind> {
+    match c {
+        Category::Device | Category::Managed | Category::Graph | Category::Host => {
+            Some(InvalidKind::Free)
+        }
+        Category::Registered => Some(InvalidKind::Unregister),
+        Category::Reservation => Some(InvalidKind::AddressFree),
+        Category::Handle => Some(InvalidKind::Release),
+        Category::Mapping => None,
     }
 }

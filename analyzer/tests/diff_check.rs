@@ -189,7 +189,7 @@ fn violations_fail_the_check() {
     let d = tempfile::tempdir().unwrap();
     run(A, false, false).write(d.path(), "base.trace");
     let mut t = run(A, false, false);
-    t.free(A + 999); // invalid free
+    t.free_refused(A + 999, 1); // invalid free (the driver refused it)
     t.write(d.path(), "new.trace");
     let o = isolate(
         d.path(),

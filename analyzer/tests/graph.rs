@@ -3,7 +3,8 @@ mod common;
 use common::*;
 use isolate_analyzer::NoProgress;
 use isolate_analyzer::graph::{self, Anomaly, EdgeKind, Filter};
-use isolate_trace::{Api, Record, StaleLaunch};
+use isolate_trace::{Api, Record, StaleLaunch, Violation};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// (from, to, kind, overlap, gap)
 type E = (u64, u64, &'static str, u64, Option<u64>);
@@ -361,4 +362,223 @@ fn lost_frees_and_shared_graph_addresses() {
     let s = isolate_analyzer::summary::summarize(&[&p], &mut NoProgress).unwrap();
     assert_eq!(s.lost, 1);
     assert_eq!(s.live_at_end.bytes, 4096);
+}
+
+/// One freed allocation at `base` that three findings name: a stale launch of `kernel`, a
+/// guard-mode stale value of `kernel_value`, and a stale write at byte `offset`. Then a stale
+/// launch into memory the trace never saw (a finding attached to no node).
+fn three_findings_on_one_allocation(
+    t: &mut TraceBuilder,
+    base: u64,
+    kernel: &str,
+    kernel_value: &str,
+    offset: u64,
+) {
+    let alloc = t.malloc(base, 4096);
+    let free = t.free(base);
+    let stale = |seq: u64, kernel: &str| StaleLaunch {
+        seq,
+        kernel: kernel.into(),
+        ptr: base + 256,
+        alloc_ptr: base,
+        alloc_size: 4096,
+        alloc_seq: alloc,
+        free_seq: free,
+        ..StaleLaunch::default()
+    };
+    t.record(Record::StaleLaunch(stale(t.seq, kernel)));
+    t.seq += 1;
+    t.record(Record::StaleValue(stale(t.seq, kernel_value)));
+    t.seq += 1;
+    t.record(Record::Violation(Violation {
+        seq: t.seq,
+        ptr: base,
+        size: 4096,
+        first_offset: offset,
+        changed_bytes: 8,
+        alloc_seq: alloc,
+        free_seq: free,
+        free_api: Api::CudaFree,
+        ..Violation::default()
+    }));
+    t.seq += 1;
+    t.record(Record::StaleLaunch(StaleLaunch {
+        seq: t.seq,
+        kernel: format!("{kernel}_nowhere"),
+        ptr: 0x1000,
+        ..StaleLaunch::default()
+    }));
+    t.seq += 1;
+}
+
+/// A DOT file as declarations and edges (one statement a line, as `DotSink` writes them):
+/// node id → its attribute text, and (from, to) of each edge.
+struct Dot {
+    nodes: BTreeMap<String, String>,
+    edges: Vec<(String, String)>,
+}
+
+fn parse_dot(dot: &str) -> Dot {
+    let mut nodes = BTreeMap::new();
+    let mut edges = Vec::new();
+    let is_id = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    for line in dot.lines() {
+        let line = line.trim();
+        if let Some((lhs, attrs)) = line.split_once(" [") {
+            if let Some((from, to)) = lhs.split_once(" -> ") {
+                assert!(is_id(from) && is_id(to), "edge {line:?}");
+                edges.push((from.to_owned(), to.to_owned()));
+            } else if !matches!(lhs, "graph" | "node" | "edge") {
+                assert!(is_id(lhs), "declaration {line:?}");
+                let old = nodes.insert(lhs.to_owned(), attrs.to_owned());
+                assert!(old.is_none(), "node id {lhs} declared twice:\n{dot}");
+            }
+        }
+    }
+    Dot { nodes, edges }
+}
+
+/// Issue 12: two findings on one allocation shared the note id `a<node>`, so the second hid the
+/// first. Every note now has an id of its own, over all traces of the graph.
+#[test]
+fn dot_keeps_every_finding_on_one_allocation() {
+    let d = tempfile::tempdir().unwrap();
+    let mut a = TraceBuilder::with_header(header(1, &["a"]));
+    three_findings_on_one_allocation(&mut a, A, "stale_fill", "guarded_gemm", 0x1c0);
+    a.malloc(A + 8192, 64); // never freed
+    a.write(d.path(), "a.trace");
+    let mut b = TraceBuilder::with_header(header(2, &["b"]));
+    three_findings_on_one_allocation(&mut b, A, "other_fill", "other_gemm", 0x2c0);
+    b.write(d.path(), "b.trace");
+
+    for files in [&["a.trace"][..], &["a.trace", "b.trace"][..]] {
+        let mut args = vec!["graph", "--format", "dot"];
+        args.extend(files);
+        let o = isolate(d.path(), &args);
+        assert_eq!(o.code, 0, "{}", o.stderr);
+        let dot = parse_dot(&o.stdout);
+        for (from, to) in &dot.edges {
+            assert!(
+                dot.nodes.contains_key(from) && dot.nodes.contains_key(to),
+                "edge {from} -> {to} joins an undeclared node:\n{}",
+                o.stdout
+            );
+        }
+        // The JSON of the same graph: every anomaly but never_freed is a note a<k>, k its
+        // index there, pointing at the nodes it names.
+        let mut args = vec!["graph", "--format", "json"];
+        args.extend(files);
+        let j = isolate(d.path(), &args).json();
+        let anomalies = j["anomalies"].as_array().unwrap();
+        let nodes = j["nodes"].as_array().unwrap();
+        let mut notes = 0;
+        for (k, an) in anomalies.iter().enumerate() {
+            let id = format!("a{k}");
+            if an["kind"] == "never_freed" {
+                assert!(!dot.nodes.contains_key(&id));
+                let n = format!("n{}", an["node"]);
+                assert!(dot.nodes[&n].contains("live at end"), "{}", dot.nodes[&n]);
+                continue;
+            }
+            notes += 1;
+            let label = &dot.nodes[&id];
+            let pointed: BTreeSet<String> = dot
+                .edges
+                .iter()
+                .filter(|e| e.0 == id)
+                .map(|e| e.1.clone())
+                .collect();
+            let named: BTreeSet<String> = an["node"]
+                .as_u64()
+                .into_iter()
+                .map(|n| format!("n{n}"))
+                .collect();
+            assert_eq!(pointed, named, "{an} as {label}");
+            if let Some(kernel) = an["kernel"].as_str() {
+                assert!(label.contains(kernel), "{an} as {label}");
+            }
+        }
+        let per_trace = 4; // launch, value, write, launch into nowhere
+        assert_eq!(notes, per_trace * files.len(), "{}", o.stdout);
+        assert_eq!(dot.nodes.len(), notes + nodes.len(), "{}", o.stdout);
+
+        // The findings of trace a, all on its node 0, and its stale launch into nowhere.
+        let on_n0: Vec<&String> = dot
+            .edges
+            .iter()
+            .filter(|e| e.1 == "n0")
+            .map(|e| &dot.nodes[&e.0])
+            .collect();
+        assert_eq!(on_n0.len(), 3, "{on_n0:?}");
+        let has = |labels: &[&String], s: &str| labels.iter().any(|l| l.contains(s));
+        assert!(has(&on_n0, "stale launch: stale_fill"), "{on_n0:?}");
+        assert!(has(&on_n0, "stale value: guarded_gemm"), "{on_n0:?}");
+        assert!(
+            has(&on_n0, "stale write at offset 448 (0x7f00000001c0)"),
+            "{on_n0:?}"
+        );
+        let all: Vec<&String> = dot.nodes.values().collect();
+        assert!(has(&all, "stale launch: stale_fill_nowhere"), "{all:?}");
+        if files.len() == 2 {
+            assert!(has(&all, "stale launch: other_fill\\nptr"), "{all:?}");
+            assert!(has(&all, "stale value: other_gemm"), "{all:?}");
+            assert!(has(&all, "stale write at offset 704"), "{all:?}");
+            assert!(has(&all, "stale launch: other_fill_nowhere"), "{all:?}");
+        }
+    }
+}
+
+/// The JSON keeps each of those findings with what the DOT shows of it.
+#[test]
+fn json_keeps_every_finding_on_one_allocation() {
+    let d = tempfile::tempdir().unwrap();
+    let mut t = TraceBuilder::new();
+    three_findings_on_one_allocation(&mut t, A, "stale_fill", "guarded_gemm", 0x1c0);
+    let p = t.write(d.path(), "t.trace");
+    let g = graph::graph(&[&p], Filter::default(), &mut NoProgress).unwrap();
+    assert_eq!(
+        g.anomalies,
+        vec![
+            Anomaly::StaleLaunch {
+                node: Some(0),
+                trace: 0,
+                seq: 2,
+                kernel: "stale_fill".into(),
+                ptr: A + 256
+            },
+            Anomaly::StaleValue {
+                node: Some(0),
+                trace: 0,
+                seq: 3,
+                kernel: "guarded_gemm".into(),
+                ptr: A + 256
+            },
+            Anomaly::PoisonViolation {
+                node: Some(0),
+                trace: 0,
+                seq: 4,
+                ptr: A,
+                first_offset: 0x1c0,
+                changed_bytes: 8
+            },
+            Anomaly::StaleLaunch {
+                node: None,
+                trace: 0,
+                seq: 5,
+                kernel: "stale_fill_nowhere".into(),
+                ptr: 0x1000
+            },
+        ]
+    );
+    let v = isolate(d.path(), &["graph", "t.trace"]).json();
+    assert_eq!(v["anomalies"][1]["kind"], "stale_value");
+    assert_eq!(v["anomalies"][2]["first_offset"], 0x1c0);
+    // An address filter keeps the findings on the nodes it keeps.
+    let f = Filter {
+        address: Some(A + 8),
+        ..Filter::default()
+    };
+    let g = graph::graph(&[&p], f, &mut NoProgress).unwrap();
+    let kinds: Vec<&str> = g.anomalies.iter().map(|a| a.kind()).collect();
+    assert_eq!(kinds, ["stale_launch", "stale_value", "poison_violation"]);
 }

@@ -18,26 +18,50 @@ fn live_at_end_peak_and_invalid_frees() {
     t.malloc(A, MIB); // 0
     t.malloc(A + MIB, 2 * MIB); // 1
     t.free(A); // 2
-    t.free(A); // 3: double free
-    t.free(A + MIB + 16); // 4: free into the middle
+    t.free_refused(A, 1); // 3: double free, refused by the driver
+    t.free_refused(A + MIB + 16, 1); // 4: free into the middle, refused
     t.free(0); // 5: cudaFree(NULL) is fine
     t.fail(Api::CudaMalloc, 1 << 40, 2); // 6
     t.call(Api::CudaMallocManaged, 0x8000_0000, 4096); // 7
+    t.free(0x9000_0000); // 8: accepted, but never seen allocated (an unrecorded entry point)
     t.end(Stats::default());
     let (_d, s) = summarize(&t);
-    assert_eq!(s.events, 8);
+    assert_eq!(s.events, 9);
     assert_eq!(s.calls["cudaMalloc"], 3);
-    assert_eq!(s.calls["cudaFree"], 4);
+    assert_eq!(s.calls["cudaFree"], 5);
     assert_eq!(s.failed["cudaMalloc"], 1);
-    assert_eq!(s.failed.len(), 1);
+    assert_eq!(s.failed["cudaFree"], 2);
+    assert_eq!(s.failed.len(), 2);
+    assert_eq!(s.frees_of_earlier_allocations, 1, "seq 8 is not invalid");
     assert_eq!(s.allocations, 3);
     assert_eq!(s.frees, 1);
     assert_eq!(s.peak_live_bytes, 3 * MIB);
     assert_eq!(s.live_at_end.count, 2);
     assert_eq!(s.live_at_end.bytes, 2 * MIB + 4096);
     assert_eq!(s.invalid_free_count, 2);
+    assert_eq!(s.double_free_count, 1);
     let seqs: Vec<u64> = s.invalid_frees.iter().map(|f| f.seq).collect();
     assert_eq!(seqs, [3, 4]);
+    // The double free names the first free and the allocation; the other is not a double.
+    let d = &s.invalid_frees[0];
+    assert!(d.double_free);
+    assert_eq!(d.result, 1);
+    assert_eq!(d.first_free.as_ref().map(|f| f.seq), Some(2));
+    assert_eq!(d.allocated.as_ref().map(|a| a.seq), Some(0));
+    assert!(!s.invalid_frees[1].double_free);
+    assert_eq!(s.invalid_frees[1].first_free, None);
+    let text = summary::render_text(&s);
+    assert!(
+        text.contains("INVALID  2 frees of memory that was not live (1 double free):"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "seq 3 cudaFree 0x7f0000000000 (tid 1000, refused with error 1): DOUBLE FREE, first \
+             freed at seq 2 by cudaFree (tid 1000), allocated at seq 0 by cudaMalloc (tid 1000)"
+        ),
+        "{text}"
+    );
     assert!(s.complete);
     assert_eq!(s.truncated, None);
     assert_eq!(s.traces[0].end_reason.as_deref(), Some("exit"));
@@ -88,8 +112,9 @@ fn vmm_handles_count_reservations_do_not() {
     t.vmm(Api::CuMemSetAccess, r, 6 * MIB, 0, 0);
     t.vmm(Api::CuMemUnmap, r, 2 * MIB, 0, 0);
     t.vmm(Api::CuMemRelease, 0, 0, 0x11, 0);
-    t.vmm(Api::CuMemRelease, 0, 0, 0x99, 0); // never created
-    t.vmm(Api::CuMemUnmap, r + 64 * MIB, MIB, 0, 0); // nothing mapped there
+    t.vmm_refused(Api::CuMemRelease, 0, 0, 0x99, 1); // never created: refused
+    t.vmm(Api::CuMemRelease, 0, 0, 0x11, 0); // released twice: a double free
+    t.vmm(Api::CuMemUnmap, r + 64 * MIB, MIB, 0, 0); // nothing mapped there, accepted
     let (_d, s) = summarize(&t);
     assert_eq!(s.peak_live_bytes, 6 * MIB);
     // `allocations`, `frees` and `live_at_end` count the same things: device memory, here the
@@ -102,7 +127,14 @@ fn vmm_handles_count_reservations_do_not() {
     assert_eq!(s.categories["reservation"].live_at_end.bytes, 1 << 30);
     assert_eq!(s.categories["mapping"].live_at_end.count, 1);
     let kinds: Vec<&str> = s.invalid_frees.iter().map(|f| f.kind.as_str()).collect();
-    assert_eq!(kinds, ["release", "unmap"]);
+    assert_eq!(kinds, ["release", "release"]);
+    assert_eq!(s.double_free_count, 1);
+    assert_eq!(
+        s.invalid_frees[1].first_free.as_ref().map(|f| f.seq),
+        Some(7)
+    );
+    // An unmap the driver accepted where the trace saw nothing mapped: not the program's bug.
+    assert_eq!(s.frees_of_earlier_allocations, 1);
 }
 
 #[test]
@@ -331,7 +363,8 @@ fn late_load_calls(t: &mut TraceBuilder) {
 
 /// A trace with a LateLoad note: frees, unmaps, releases, … of what the trace never saw
 /// allocated are frees of earlier allocations, not invalid frees; double frees of what it saw
-/// still are. Without the note every one of them is an invalid free. Graph and check agree.
+/// still are. Without the note the same: the driver accepted them, so the memory was live (it
+/// was allocated through something the trace does not record). Graph and check agree.
 #[test]
 fn late_load_frees_of_earlier_allocations_are_not_invalid() {
     let d = tempfile::tempdir().unwrap();
@@ -358,15 +391,21 @@ fn late_load_frees_of_earlier_allocations_are_not_invalid() {
     assert!(text.contains("INVALID  2 frees"), "{text}");
 
     let s = summary::summarize(&[&pp], &mut NoProgress).unwrap();
-    assert_eq!(s.frees_of_earlier_allocations, 0);
-    assert_eq!(s.invalid_free_count, 9);
-    assert!(!summary::render_text(&s).contains("late     "));
+    assert_eq!(s.frees_of_earlier_allocations, 7);
+    assert_eq!(s.invalid_free_count, 2);
+    assert_eq!(s.double_free_count, 2);
+    let text = summary::render_text(&s);
+    assert!(!text.contains("late     "), "{text}");
+    assert!(
+        text.contains("unseen   7 frees the driver accepted of memory the trace never saw"),
+        "{text}"
+    );
 
     // Both together: the figures add up, each trace keeps its own.
     let s = summary::summarize(&[&pl, &pp], &mut NoProgress).unwrap();
-    assert_eq!(s.frees_of_earlier_allocations, 7);
-    assert_eq!(s.invalid_free_count, 11);
-    assert_eq!(s.traces[1].totals.frees_of_earlier_allocations, 0);
+    assert_eq!(s.frees_of_earlier_allocations, 14);
+    assert_eq!(s.invalid_free_count, 4);
+    assert_eq!(s.traces[1].totals.frees_of_earlier_allocations, 7);
 
     // The graph's invalid_free anomalies are the summary's invalid frees.
     let g = isolate_analyzer::graph::graph(&[&pl], Default::default(), &mut NoProgress).unwrap();

@@ -1,5 +1,5 @@
 //! Finding the real functions: the real `dlsym`, the driver library, the runtime library, and
-//! the table that maps an exact driver export name to the hook we hand out in its place.
+//! the tables that map an exact export name to the hook we hand out in its place.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::marker::PhantomData;
@@ -166,17 +166,43 @@ impl<F: Copy> Real<F> {
     /// The real function, found on first use. `None` only if the library has no such symbol.
     #[inline]
     pub fn get(&self) -> Option<F> {
-        let mut p = self.ptr.load(Ordering::Acquire);
+        let p = self.addr();
         if p == 0 {
-            p = self.lookup();
-            if p == 0 {
-                return None;
-            }
-            self.ptr.store(p, Ordering::Release);
+            return None;
         }
         debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<usize>());
         // SAFETY: F is the function-pointer type of this symbol.
         Some(unsafe { std::mem::transmute_copy::<usize, F>(&p) })
+    }
+
+    /// True when the real function is `p`: the one already known or found now (as by
+    /// [`Real::get`]), or `p` itself, stored, when none can be found. Never replaces a
+    /// different one: that one belongs to another copy of the library, whose users it serves.
+    pub fn adopt(&self, p: *mut c_void) -> bool {
+        let cur = self.addr();
+        if cur != 0 {
+            return cur == p as usize;
+        }
+        match self
+            .ptr
+            .compare_exchange(0, p as usize, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(cur) => cur == p as usize,
+        }
+    }
+
+    #[inline]
+    fn addr(&self) -> usize {
+        let mut p = self.ptr.load(Ordering::Acquire);
+        if p == 0 {
+            p = self.lookup();
+            if p == 0 {
+                return 0;
+            }
+            self.ptr.store(p, Ordering::Release);
+        }
+        p
     }
 
     #[cold]
@@ -212,11 +238,13 @@ impl<F: Copy> Real<F> {
     }
 }
 
-/// One driver export we hook: its exact name, the hook we hand out, where the real one goes.
+/// One export we hook: its exact name, the hook we hand out, where the real one goes, and
+/// whether a pointer is (or, none being known, becomes) the real one: [`Real::adopt`].
 pub struct Hooked {
     pub name: &'static CStr,
     pub hook: *const c_void,
     pub store: fn(*mut c_void),
+    pub adopt: fn(*mut c_void) -> bool,
 }
 
 // SAFETY: the table is immutable.

@@ -77,6 +77,17 @@ pub fn program_path(name: &str) -> PathBuf {
 /// `libisolate.so` of the profile this test binary was built with:
 /// `target/<profile>/libisolate.so`, found beside the test binary's `deps/` directory, else
 /// under `CARGO_MANIFEST_DIR/../target/<profile>`.
+/// The analyzer binary (`isolate`), built beside `libisolate.so`.
+pub fn analyzer_path() -> PathBuf {
+    let bin = preload_path().with_file_name("isolate");
+    assert!(
+        bin.is_file(),
+        "{} not found: run `cargo build --workspace` first",
+        bin.display()
+    );
+    bin
+}
+
 pub fn preload_path() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     // target/<profile>/deps/<test binary>
@@ -754,6 +765,70 @@ impl Trace {
                 _ => None,
             })
             .collect()
+    }
+
+    /// `isolate summary --json` of this trace, parsed (the analyzer built beside the library).
+    pub fn analyzer_summary(&self) -> serde_json::Value {
+        let out = Command::new(analyzer_path())
+            .args(["summary", "--json"])
+            .arg(&self.path)
+            .output()
+            .expect("running the analyzer");
+        assert!(
+            out.status.success(),
+            "isolate summary --json {} failed: {}",
+            self.path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout)))
+    }
+
+    /// The analyzer finds nothing wrong with a correct program's trace: no invalid or double
+    /// free, no lost allocation, no sequence number out of reach. Returns the summary.
+    pub fn assert_no_false_findings(&self) -> serde_json::Value {
+        let s = self.analyzer_summary();
+        for field in ["invalid_free_count", "double_free_count", "lost"] {
+            assert_eq!(
+                s[field].as_u64(),
+                Some(0),
+                "{field} in the summary of a correct program's trace {}: {:#}",
+                self.path.display(),
+                s[if field == "lost" {
+                    "lost"
+                } else {
+                    "invalid_frees"
+                }]
+            );
+        }
+        assert_eq!(
+            s["sequence"]["late"].as_u64(),
+            Some(0),
+            "records too far out of order in {}",
+            self.path.display()
+        );
+        s
+    }
+
+    /// Records (with a sequence number) that come after a higher number in the file: how far
+    /// the file's order is from sequence order.
+    pub fn out_of_order(&self) -> usize {
+        let mut max = None::<u64>;
+        let mut n = 0;
+        for r in &self.records {
+            let seq = match r {
+                Record::Event(e) => e.seq,
+                Record::Note(x) => x.seq,
+                Record::Violation(v) => v.seq,
+                Record::StaleLaunch(s) | Record::StaleValue(s) => s.seq,
+                _ => continue,
+            };
+            if max.is_some_and(|m| seq < m) {
+                n += 1;
+            }
+            max = max.max(Some(seq));
+        }
+        n
     }
 
     /// The events, by sequence number.

@@ -197,33 +197,9 @@ fn stale_values(t: &Trace) -> Vec<StaleLaunch> {
         .collect()
 }
 
-/// The analyzer (`isolate`, built beside `libisolate.so`).
-fn analyzer() -> PathBuf {
-    let lib = isolate_tests::preload_path();
-    let bin = lib.with_file_name("isolate");
-    assert!(
-        bin.is_file(),
-        "{} not found: run `cargo build --workspace` first",
-        bin.display()
-    );
-    bin
-}
-
 /// `isolate summary --json TRACE`, parsed.
 fn summary(t: &Trace) -> Value {
-    let out = Command::new(analyzer())
-        .args(["summary", "--json"])
-        .arg(&t.path)
-        .output()
-        .expect("running the analyzer");
-    assert!(
-        out.status.success(),
-        "isolate summary --json {} failed: {}",
-        t.path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout)))
+    t.analyzer_summary()
 }
 
 fn hex(v: u64) -> Value {

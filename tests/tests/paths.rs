@@ -77,6 +77,41 @@ fn rt_basic_one_runtime_event_per_call() {
     has_line(&both.traced, "cudaMemcpy D2H 0 round_trip 1");
 }
 
+/// The runtime fetched with `dlsym` on its handle (ctypes, cffi, JIT runtimes): each call is one
+/// event under its runtime name, in log and in isolate mode, with the results of a run without
+/// the preload. A second copy of the runtime keeps its own functions (seen at the driver only),
+/// and the first copy's hooks still call the first copy.
+#[test]
+fn rt_dlsym_runtime_by_handle() {
+    let both = traced(Run::program("rt_dlsym"));
+    let iso = Run::program("rt_dlsym")
+        .env("ISOLATE_MODE", "isolate")
+        .run();
+    iso.assert_same_as(&both.plain);
+    for out in [&both.traced, &iso] {
+        let t = out.only_trace();
+        t.assert_complete(EndReason::Exit);
+        out.assert_trace_matches(t, None);
+        let c = t.counts();
+        assert_eq!(c.get("cudaMalloc"), Some(&4), "{c:?}");
+        assert_eq!(c.get("cudaFree"), Some(&3), "{c:?}");
+        for api in [
+            "cudaMallocHost",
+            "cudaFreeHost",
+            "cudaMallocAsync",
+            "cudaFreeAsync",
+        ] {
+            assert_eq!(c.get(api), Some(&1), "{api} in {c:?}");
+        }
+        // Only the second copy's two calls are seen at the driver.
+        assert_eq!(c.get("cuMemAlloc_v2"), Some(&1), "{c:?}");
+        assert_eq!(c.get("cuMemFree_v2"), Some(&1), "{c:?}");
+        assert_eq!(t.events().len(), 13, "{c:?}");
+        has_line(out, "last error: first copy 1 second copy 0");
+        has_line(out, "second copy loaded 1 distinct 1");
+    }
+}
+
 #[test]
 fn drv_static_resolver_path() {
     let both = traced(Run::program("drv_static"));
@@ -454,6 +489,7 @@ fn launch_bench_runs_under_the_launch_check() {
 fn every_program_prints_the_same_with_and_without_the_preload() {
     let runs: &[(&str, &[&str])] = &[
         ("rt_basic", &[]),
+        ("rt_dlsym", &[]),
         ("drv_static", &[]),
         ("drv_linked", &[]),
         ("rt_vmm", &[]),
@@ -521,6 +557,7 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
 fn every_program_prints_the_same_in_isolate_mode() {
     let runs: &[(&str, &[&str])] = &[
         ("rt_basic", &[]),
+        ("rt_dlsym", &[]),
         ("drv_static", &[]),
         ("drv_linked", &[]),
         ("rt_vmm", &[]),
@@ -538,11 +575,43 @@ fn every_program_prints_the_same_in_isolate_mode() {
         for t in &out.traces {
             assert!(t.is_complete(), "{program}: {}", t.summary());
             assert_eq!(t.header.mode, "isolate");
+            assert_findings(program, t);
+        }
+        for t in &plain_log(program, args).traces {
+            assert_findings(program, t);
         }
         if *program != "threads" && out.traces.len() == 1 {
             out.assert_trace_matches(&out.traces[0], None);
         }
     }
+}
+
+/// What the analyzer finds in these programs' traces: nothing, but for the one bad call that
+/// drv_linked makes on purpose (a second `cuMemHostUnregister`, refused by the driver: a double
+/// free). drv_static frees an allocation of the CUDA 3.1 ABI, which is not recorded: the driver
+/// accepted it, so it is a free of an unseen allocation, not an invalid free.
+fn assert_findings(program: &str, t: &isolate_tests::Trace) {
+    if program != "drv_linked" {
+        let s = t.assert_no_false_findings();
+        let unseen = if program == "drv_static" { 1 } else { 0 };
+        assert_eq!(s["frees_of_earlier_allocations"], unseen, "{program}");
+        return;
+    }
+    let s = t.analyzer_summary();
+    assert_eq!(s["invalid_free_count"], 1, "{program}: {s:#}");
+    assert_eq!(s["double_free_count"], 1, "{program}: {s:#}");
+    let f = &s["invalid_frees"][0];
+    assert_eq!(f["api"], "cuMemHostUnregister", "{f:#}");
+    assert_ne!(f["result"], 0, "{f:#}");
+    assert_eq!(f["first_free"]["api"], "cuMemHostUnregister", "{f:#}");
+    assert_eq!(s["lost"], 0, "{program}");
+}
+
+/// The program under the preload in log mode.
+fn plain_log(program: &str, args: &[&str]) -> isolate_tests::Output {
+    let out = Run::program(program).args(args.iter().copied()).run();
+    assert!(!out.traces.is_empty(), "{program}: no trace in log mode");
+    out
 }
 
 /// Isolate mode too: the launch check's note at exit must not create a trace for a process that

@@ -202,3 +202,19 @@ pub enum Record {
     /// the kernel that is the likely culprit.
     StaleValue(StaleLaunch),
 }
+
+impl Record {
+    /// The record's sequence number: every record but [`Record::Stats`] and [`Record::End`]
+    /// takes one from the same process-wide counter as the events, so sorting by it gives the
+    /// order in which things happened. The file's order is only roughly that (threads hand
+    /// their records to the writer in whatever order they get there).
+    pub fn seq(&self) -> Option<u64> {
+        match self {
+            Record::Event(e) => Some(e.seq),
+            Record::Violation(v) => Some(v.seq),
+            Record::StaleLaunch(s) | Record::StaleValue(s) => Some(s.seq),
+            Record::Note(n) => Some(n.seq),
+            Record::Stats(_) | Record::End(_) => None,
+        }
+    }
+}

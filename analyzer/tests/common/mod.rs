@@ -85,6 +85,16 @@ impl TraceBuilder {
         self.call(Api::CudaFree, ptr, 0)
     }
 
+    /// A free the driver refused with `result` (as it refuses a double free or a bad address).
+    pub fn free_refused(&mut self, ptr: u64, result: i32) -> u64 {
+        self.event(Event {
+            api: Api::CudaFree,
+            ptr,
+            result,
+            ..Event::default()
+        })
+    }
+
     /// A call that failed with `result`.
     pub fn fail(&mut self, api: Api, size: u64, result: i32) -> u64 {
         self.event(Event {
@@ -102,6 +112,18 @@ impl TraceBuilder {
             size,
             handle,
             offset,
+            ..Event::default()
+        })
+    }
+
+    /// A VMM call the driver refused with `result`.
+    pub fn vmm_refused(&mut self, api: Api, ptr: u64, size: u64, handle: u64, result: i32) -> u64 {
+        self.event(Event {
+            api,
+            ptr,
+            size,
+            handle,
+            result,
             ..Event::default()
         })
     }

@@ -39,8 +39,10 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
 }
 
 /// Returns our resolver when `symbol` is `cuGetProcAddress` or `cuGetProcAddress_v2` and the
-/// lookup would have found the driver's; null (meaning: let the real `dlsym` answer) otherwise.
-/// Also makes sure the real `dlsym` is known before the stub jumps to it.
+/// lookup would have found the driver's, our hook for a hooked driver or runtime function looked
+/// up in a real handle (not `RTLD_DEFAULT`/`RTLD_NEXT`) that has it; null (meaning: let the real
+/// `dlsym` answer) otherwise. Also makes sure the real `dlsym` is known before the stub jumps to
+/// it.
 extern "C" fn dlsym_intercept(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     if resolve::real_dlsym().is_none() || symbol.is_null() {
         return std::ptr::null_mut();
@@ -89,6 +91,9 @@ extern "C" fn dlsym_intercept(handle: *mut c_void, symbol: *const c_char) -> *mu
     if special {
         return std::ptr::null_mut();
     }
+    if name.to_bytes().starts_with(b"cuda") {
+        return runtime_hook(handle, name);
+    }
     let Some(h) = crate::hooks::HOOKED.iter().find(|h| h.name == name) else {
         return std::ptr::null_mut();
     };
@@ -100,6 +105,21 @@ extern "C" fn dlsym_intercept(handle: *mut c_void, symbol: *const c_char) -> *mu
         return std::ptr::null_mut();
     }
     (h.store)(p);
+    h.hook as *mut c_void
+}
+
+/// A hooked runtime function fetched by name from a runtime's handle (ctypes, cffi, JIT
+/// runtimes): our hook when the handle's function is the one the hook calls (found now if not
+/// yet, or this one when none can be found); null, so that the real `dlsym` answers, when it is
+/// another copy of the runtime, whose users keep their own, or a name we do not hook.
+fn runtime_hook(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    let Some(h) = crate::hooks::RUNTIME_HOOKED.iter().find(|h| h.name == name) else {
+        return std::ptr::null_mut();
+    };
+    let p = resolve::dlsym_in(handle, name);
+    if p.is_null() || resolve::is_ours(p) || !(h.adopt)(p) {
+        return std::ptr::null_mut();
+    }
     h.hook as *mut c_void
 }
 

@@ -44,13 +44,14 @@ pub(crate) fn call(slot: &Cell<Option<i32>>, f: impl FnOnce() -> i32) -> i32 {
 }
 
 macro_rules! hooked {
-    ($( $real:path => $hook:ident ),* $(,)?) => {
-        /// Every driver export we hand out a hook for, by the export's exact name.
-        pub static HOOKED: &[Hooked] = &[
+    ($(#[$doc:meta])* $table:ident { $( $real:path => $hook:path ),* $(,)? }) => {
+        $(#[$doc])*
+        pub static $table: &[Hooked] = &[
             $( Hooked {
                 name: $real.name,
                 hook: $hook as *const std::ffi::c_void,
                 store: |p| $real.store(p),
+                adopt: |p| $real.adopt(p),
             }, )*
         ];
     };
@@ -60,38 +61,70 @@ use dl::{cuGetProcAddress, cuGetProcAddress_v2};
 use driver::*;
 
 hooked! {
-    dl::REAL_GET_PROC_ADDRESS_V2 => cuGetProcAddress_v2,
-    dl::REAL_GET_PROC_ADDRESS => cuGetProcAddress,
-    MEM_ALLOC => cuMemAlloc_v2,
-    MEM_FREE => cuMemFree_v2,
-    MEM_ALLOC_ASYNC => cuMemAllocAsync,
-    MEM_ALLOC_ASYNC_PTSZ => cuMemAllocAsync_ptsz,
-    MEM_FREE_ASYNC => cuMemFreeAsync,
-    MEM_FREE_ASYNC_PTSZ => cuMemFreeAsync_ptsz,
-    MEM_ALLOC_FROM_POOL_ASYNC => cuMemAllocFromPoolAsync,
-    MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => cuMemAllocFromPoolAsync_ptsz,
-    MEM_ALLOC_MANAGED => cuMemAllocManaged,
-    MEM_ALLOC_PITCH => cuMemAllocPitch_v2,
-    MEM_ALLOC_HOST => cuMemAllocHost_v2,
-    MEM_HOST_ALLOC => cuMemHostAlloc,
-    MEM_FREE_HOST => cuMemFreeHost,
-    MEM_HOST_REGISTER => cuMemHostRegister_v2,
-    MEM_HOST_UNREGISTER => cuMemHostUnregister,
-    MEM_ADDRESS_RESERVE => cuMemAddressReserve,
-    MEM_ADDRESS_FREE => cuMemAddressFree,
-    MEM_CREATE => cuMemCreate,
-    MEM_RELEASE => cuMemRelease,
-    MEM_MAP => cuMemMap,
-    MEM_UNMAP => cuMemUnmap,
-    MEM_SET_ACCESS => cuMemSetAccess,
-    GRAPH_ADD_MEM_ALLOC_NODE => cuGraphAddMemAllocNode,
-    GRAPH_ADD_MEM_FREE_NODE => cuGraphAddMemFreeNode,
-    LAUNCH_KERNEL => cuLaunchKernel,
-    LAUNCH_KERNEL_PTSZ => cuLaunchKernel_ptsz,
-    LAUNCH_KERNEL_EX => cuLaunchKernelEx,
-    LAUNCH_KERNEL_EX_PTSZ => cuLaunchKernelEx_ptsz,
-    LAUNCH_COOPERATIVE_KERNEL => cuLaunchCooperativeKernel,
-    LAUNCH_COOPERATIVE_KERNEL_PTSZ => cuLaunchCooperativeKernel_ptsz,
+    /// Every driver export we hand out a hook for, by the export's exact name.
+    HOOKED {
+        dl::REAL_GET_PROC_ADDRESS_V2 => cuGetProcAddress_v2,
+        dl::REAL_GET_PROC_ADDRESS => cuGetProcAddress,
+        MEM_ALLOC => cuMemAlloc_v2,
+        MEM_FREE => cuMemFree_v2,
+        MEM_ALLOC_ASYNC => cuMemAllocAsync,
+        MEM_ALLOC_ASYNC_PTSZ => cuMemAllocAsync_ptsz,
+        MEM_FREE_ASYNC => cuMemFreeAsync,
+        MEM_FREE_ASYNC_PTSZ => cuMemFreeAsync_ptsz,
+        MEM_ALLOC_FROM_POOL_ASYNC => cuMemAllocFromPoolAsync,
+        MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => cuMemAllocFromPoolAsync_ptsz,
+        MEM_ALLOC_MANAGED => cuMemAllocManaged,
+        MEM_ALLOC_PITCH => cuMemAllocPitch_v2,
+        MEM_ALLOC_HOST => cuMemAllocHost_v2,
+        MEM_HOST_ALLOC => cuMemHostAlloc,
+        MEM_FREE_HOST => cuMemFreeHost,
+        MEM_HOST_REGISTER => cuMemHostRegister_v2,
+        MEM_HOST_UNREGISTER => cuMemHostUnregister,
+        MEM_ADDRESS_RESERVE => cuMemAddressReserve,
+        MEM_ADDRESS_FREE => cuMemAddressFree,
+        MEM_CREATE => cuMemCreate,
+        MEM_RELEASE => cuMemRelease,
+        MEM_MAP => cuMemMap,
+        MEM_UNMAP => cuMemUnmap,
+        MEM_SET_ACCESS => cuMemSetAccess,
+        GRAPH_ADD_MEM_ALLOC_NODE => cuGraphAddMemAllocNode,
+        GRAPH_ADD_MEM_FREE_NODE => cuGraphAddMemFreeNode,
+        LAUNCH_KERNEL => cuLaunchKernel,
+        LAUNCH_KERNEL_PTSZ => cuLaunchKernel_ptsz,
+        LAUNCH_KERNEL_EX => cuLaunchKernelEx,
+        LAUNCH_KERNEL_EX_PTSZ => cuLaunchKernelEx_ptsz,
+        LAUNCH_COOPERATIVE_KERNEL => cuLaunchCooperativeKernel,
+        LAUNCH_COOPERATIVE_KERNEL_PTSZ => cuLaunchCooperativeKernel_ptsz,
+    }
+}
+
+hooked! {
+    /// Every runtime export we hook, by its exact name: handed out by the `dlsym` override for
+    /// a lookup in a runtime's handle (ctypes, cffi, JIT runtimes) when the handle's function
+    /// is the one the hook calls.
+    RUNTIME_HOOKED {
+        runtime::MALLOC => runtime::cudaMalloc,
+        runtime::FREE => runtime::cudaFree,
+        runtime::MALLOC_ASYNC => runtime::cudaMallocAsync,
+        runtime::MALLOC_ASYNC_PTSZ => runtime::cudaMallocAsync_ptsz,
+        runtime::FREE_ASYNC => runtime::cudaFreeAsync,
+        runtime::FREE_ASYNC_PTSZ => runtime::cudaFreeAsync_ptsz,
+        runtime::MALLOC_FROM_POOL_ASYNC => runtime::cudaMallocFromPoolAsync,
+        runtime::MALLOC_FROM_POOL_ASYNC_PTSZ => runtime::cudaMallocFromPoolAsync_ptsz,
+        runtime::MALLOC_MANAGED => runtime::cudaMallocManaged,
+        runtime::MALLOC_PITCH => runtime::cudaMallocPitch,
+        runtime::MALLOC_3D => runtime::cudaMalloc3D,
+        runtime::MALLOC_HOST => runtime::cudaMallocHost,
+        runtime::HOST_ALLOC => runtime::cudaHostAlloc,
+        runtime::FREE_HOST => runtime::cudaFreeHost,
+        runtime::HOST_REGISTER => runtime::cudaHostRegister,
+        runtime::HOST_UNREGISTER => runtime::cudaHostUnregister,
+        runtime::GET_DRIVER_ENTRY_POINT => runtime::cudaGetDriverEntryPoint,
+        runtime::GET_DRIVER_ENTRY_POINT_PTSZ => runtime::cudaGetDriverEntryPoint_ptsz,
+        runtime::GET_DRIVER_ENTRY_POINT_BY_VERSION => runtime::cudaGetDriverEntryPointByVersion,
+        runtime::GET_DRIVER_ENTRY_POINT_BY_VERSION_PTSZ =>
+            runtime::cudaGetDriverEntryPointByVersion_ptsz,
+    }
 }
 
 /// True for the launch hooks, which are handed out only when the launch check is on.

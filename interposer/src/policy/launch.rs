@@ -33,13 +33,21 @@ struct Layout {
 static LAYOUTS: Mutex<Option<HashMap<usize, &'static Layout>>> = Mutex::new(None);
 static WARNED: Mutex<Option<HashSet<(usize, u64)>>> = Mutex::new(None);
 
+/// The layout of kernel `f`, cached by handle. A handle can be reused: a module unloaded and
+/// another loaded (XLA's autotuning does this all the time) may give a new kernel the address
+/// of an old `CUfunction`. Reading parameters with the old kernel's layout walks past the new
+/// kernel's parameter array (a crash in the host process, seen with JAX), so every use checks
+/// that the cached layout still fits: the parameter count (one past the last fails) and the
+/// last parameter's place and size. Two driver look-ups, no allocation.
 fn layout(f: CUfunction) -> Option<&'static Layout> {
+    let info = FUNC_GET_PARAM_INFO.get()?;
     let mut g = LAYOUTS.lock().unwrap_or_else(|e| e.into_inner());
     let map = g.get_or_insert_with(HashMap::new);
-    if let Some(l) = map.get(&(f as usize)) {
+    if let Some(l) = map.get(&(f as usize))
+        && still_fits(info, f, l)
+    {
         return Some(*l);
     }
-    let info = FUNC_GET_PARAM_INFO.get()?;
     let mut params = Vec::new();
     for i in 0..4096 {
         let (mut off, mut size) = (0usize, 0usize);
@@ -59,10 +67,27 @@ fn layout(f: CUfunction) -> Option<&'static Layout> {
                 .collect();
         }
     }
-    // Leaked on purpose: kernels live as long as their module, layouts are small.
+    // Leaked on purpose: kernels live as long as their module, layouts are small, and a hit
+    // may still name a replaced one.
     let l: &'static Layout = Box::leak(Box::new(Layout { params, name }));
     map.insert(f as usize, l);
     Some(l)
+}
+
+/// True when kernel `f` still has layout `l`'s parameter count and last parameter.
+fn still_fits(info: FnFuncGetParamInfo, f: CUfunction, l: &Layout) -> bool {
+    let (mut off, mut size) = (0usize, 0usize);
+    let n = l.params.len();
+    if unsafe { info(f, n, &mut off, &mut size) } == CUDA_SUCCESS {
+        return false; // more parameters than the layout has
+    }
+    match l.params.last() {
+        None => true,
+        Some(&(o, sz)) => {
+            let r = unsafe { info(f, n - 1, &mut off, &mut size) };
+            r == CUDA_SUCCESS && off == o as usize && size == sz as usize
+        }
+    }
 }
 
 const CU_LAUNCH_PARAM_END: usize = 0;
