@@ -76,6 +76,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--keep-autotune", action="store_true", help="leave XLA_FLAGS as it is")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="parameter and activation type (bfloat16 matmuls make XLA autotune "
+                         "Triton GEMMs: modules compiled, loaded and unloaded at start)")
     args = ap.parse_args()
 
     t0 = time.monotonic()
@@ -103,14 +106,15 @@ def main() -> int:
         return 3
 
     width, layers, batch = args.width, args.layers, args.batch
+    dt = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
     key = jax.random.PRNGKey(args.seed)
     k_params, k_teacher, k_data = jax.random.split(key, 3)
 
     def init(k):
         params = []
         for kk in jax.random.split(k, layers):
-            w = jax.random.normal(kk, (width, width), jnp.float32) / np.sqrt(width)
-            params.append((w, jnp.zeros((width,), jnp.float32)))
+            w = (jax.random.normal(kk, (width, width), jnp.float32) / np.sqrt(width)).astype(dt)
+            params.append((w, jnp.zeros((width,), dt)))
         return params
 
     params = init(k_params)
@@ -124,11 +128,12 @@ def main() -> int:
         return x
 
     def loss_fn(params, x, y):
-        return jnp.mean((forward(params, x) - y) ** 2)
+        return jnp.mean((forward(params, x).astype(jnp.float32) - y.astype(jnp.float32)) ** 2)
 
     def step(params, i):
         x = jax.random.normal(jax.random.fold_in(k_data, i), (batch, width), jnp.float32)
-        y = jnp.tanh(x @ teacher)
+        y = jnp.tanh(x @ teacher).astype(dt)
+        x = x.astype(dt)
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
         params = jax.tree_util.tree_map(lambda p, g: p - args.lr * g, params, grads)
         return params, loss

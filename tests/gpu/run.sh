@@ -15,6 +15,9 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 usage() { echo "usage: bash tests/gpu/run.sh {log|isolate|guard|compare|all}..." >&2; exit 2; }
+# `trust`: the trace-trust check, run on its own (it is not a suite.py section; see README.md):
+#   bash tests/gpu/run.sh trust [ROUNDS]   is   bash tests/gpu/trust.sh [ROUNDS]
+if [ "${1:-}" = trust ]; then shift; exec bash "$here/trust.sh" "$@"; fi
 [ $# -ge 1 ] || usage
 for s in "$@"; do
     case $s in log|isolate|guard|compare|all) ;; *) echo "unknown section: $s" >&2; usage ;; esac

@@ -30,6 +30,9 @@
  * it: without standin_touch the stand-in never faults.
  *
  * Other stand-in-only exports (also in the cuGetProcAddress table): standin_register_kernel,
+ * standin_reregister_kernel (another kernel under an existing handle, as a driver reuses a
+ * CUfunction's address after a module unload; not in cuda_standin.h nor forwarded by the
+ * runtime: programs reach it with dlsym on libcuda),
  * standin_param_info_calls, standin_kernels_run, and standin_reserved (the reservations held
  * now, and their bytes). See cuda_standin.h.
  *
@@ -2266,26 +2269,28 @@ struct CUmod_st {
 
 static struct CUfunc_st *g_funcs;
 
-CUfunction standin_register_kernel(const char *name, standin_kernel_fn fn, unsigned nparams,
-                                   const size_t *offsets, const size_t *sizes) {
-    if (!name || !fn)
-        return NULL;
-    struct CUfunc_st *f = calloc(1, sizeof *f);
-    if (!f)
-        return NULL;
-    f->fn = fn;
-    f->name = strdup(name);
-    f->nparams = nparams;
-    f->offsets = calloc(nparams ? nparams : 1, sizeof(size_t));
-    f->sizes = calloc(nparams ? nparams : 1, sizeof(size_t));
-    if (!f->name || !f->offsets || !f->sizes) {
-        free(f->name);
-        free(f->offsets);
-        free(f->sizes);
-        free(f);
-        return NULL;
+static struct CUfunc_st *find_func(CUfunction f) {
+    struct CUfunc_st *found = NULL;
+    pthread_mutex_lock(&g_lock);
+    for (struct CUfunc_st *x = g_funcs; x; x = x->next)
+        if (x == f)
+            found = x;
+    pthread_mutex_unlock(&g_lock);
+    return found;
+}
+
+/* Fills f's parameter layout (offsets, sizes, bufsize) from standin_register_kernel's
+ * arguments; 0 when out of memory (f's layout fields are then untouched). */
+static int make_layout(struct CUfunc_st *f, unsigned nparams, const size_t *offsets,
+                       const size_t *sizes) {
+    size_t *o = calloc(nparams ? nparams : 1, sizeof(size_t));
+    size_t *z = calloc(nparams ? nparams : 1, sizeof(size_t));
+    if (!o || !z) {
+        free(o);
+        free(z);
+        return 0;
     }
-    size_t at = 0;
+    size_t at = 0, bufsize = 0;
     for (unsigned i = 0; i < nparams; i++) {
         size_t sz = sizes ? sizes[i] : 8;
         size_t off;
@@ -2297,17 +2302,73 @@ CUfunction standin_register_kernel(const char *name, standin_kernel_fn fn, unsig
                 al <<= 1;
             off = (at + al - 1) & ~(al - 1);
         }
-        f->sizes[i] = sz;
-        f->offsets[i] = off;
+        z[i] = sz;
+        o[i] = off;
         at = off + sz;
-        if (at > f->bufsize)
-            f->bufsize = at;
+        if (at > bufsize)
+            bufsize = at;
+    }
+    f->nparams = nparams;
+    f->offsets = o;
+    f->sizes = z;
+    f->bufsize = bufsize;
+    return 1;
+}
+
+CUfunction standin_register_kernel(const char *name, standin_kernel_fn fn, unsigned nparams,
+                                   const size_t *offsets, const size_t *sizes) {
+    if (!name || !fn)
+        return NULL;
+    struct CUfunc_st *f = calloc(1, sizeof *f);
+    if (!f)
+        return NULL;
+    f->fn = fn;
+    f->name = strdup(name);
+    if (!f->name || !make_layout(f, nparams, offsets, sizes)) {
+        free(f->name);
+        free(f);
+        return NULL;
     }
     pthread_mutex_lock(&g_lock);
     f->next = g_funcs;
     g_funcs = f;
     pthread_mutex_unlock(&g_lock);
     return f;
+}
+
+/* Makes the registered kernel f another kernel, under the same handle: a new name, host
+ * function and parameter layout (arguments as standin_register_kernel's). This is a real
+ * driver reusing a CUfunction's address for a kernel of a module loaded after the old one's
+ * was unloaded. Launches already queued keep what they were given; f must not be in use on
+ * another thread meanwhile. Returns f, or NULL (f unchanged) when f is not a registered kernel,
+ * name or fn is NULL, or memory runs out. */
+CUfunction standin_reregister_kernel(CUfunction f, const char *name, standin_kernel_fn fn,
+                                     unsigned nparams, const size_t *offsets,
+                                     const size_t *sizes) {
+    if (!name || !fn)
+        return NULL;
+    struct CUfunc_st *old = find_func(f);
+    if (!old)
+        return NULL;
+    struct CUfunc_st next = {.fn = fn, .name = strdup(name)};
+    if (!next.name || !make_layout(&next, nparams, offsets, sizes)) {
+        free(next.name);
+        return NULL;
+    }
+    pthread_mutex_lock(&g_lock);
+    char *old_name = old->name;
+    size_t *old_offsets = old->offsets, *old_sizes = old->sizes;
+    old->fn = next.fn;
+    old->name = next.name;
+    old->nparams = next.nparams;
+    old->offsets = next.offsets;
+    old->sizes = next.sizes;
+    old->bufsize = next.bufsize;
+    pthread_mutex_unlock(&g_lock);
+    free(old_name);
+    free(old_offsets);
+    free(old_sizes);
+    return old;
 }
 
 unsigned long standin_param_info_calls(void) { return atomic_load(&g_param_info_calls); }
@@ -2350,16 +2411,6 @@ unsigned long standin_reserved(size_t *bytes) {
     if (bytes)
         *bytes = total;
     return n;
-}
-
-static struct CUfunc_st *find_func(CUfunction f) {
-    struct CUfunc_st *found = NULL;
-    pthread_mutex_lock(&g_lock);
-    for (struct CUfunc_st *x = g_funcs; x; x = x->next)
-        if (x == f)
-            found = x;
-    pthread_mutex_unlock(&g_lock);
-    return found;
 }
 
 CUresult cuModuleLoadData(CUmodule *module, const void *image) {
@@ -2833,6 +2884,7 @@ static const struct proc g_procs[] = {
 
     /* stand-in only, so that a runtime can reach them without a dlsym */
     {"standin_register_kernel", 0, F(standin_register_kernel), NULL},
+    {"standin_reregister_kernel", 0, F(standin_reregister_kernel), NULL},
     {"standin_param_info_calls", 0, F(standin_param_info_calls), NULL},
     {"standin_kernels_run", 0, F(standin_kernels_run), NULL},
     {"standin_touch", 0, F(standin_touch), NULL},

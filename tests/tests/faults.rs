@@ -238,14 +238,21 @@ fn late_dlopen_changes_no_result() {
         // So the frees of memory it never saw allocated are not invalid frees. The trace sees
         // four successful frees of such memory: `a` and `d` (allocated before the load), `b2`
         // (allocated through the program's PLT entry, bound before the load) and `e2` (through
-        // the driver pointer fetched before the load). The two second frees failed, and failed
-        // calls change nothing.
+        // the driver pointer fetched before the load). The program's two second frees, which
+        // the driver refused, are its bugs all the same: `c` again is a double free of what the
+        // trace saw (named with its first free), `e2` again a refused free of memory that is
+        // not live.
         let s = summary_json(t);
         assert_eq!(
-            s["invalid_free_count"], 0,
+            s["invalid_free_count"], 2,
             "{mode:?}: {}",
             s["invalid_frees"]
         );
+        let f = &s["invalid_frees"];
+        assert_eq!(f[0]["double_free"], true, "{mode:?}: {f}");
+        assert_eq!(f[0]["first_free"]["api"], "cudaFree", "{mode:?}: {f}");
+        assert_eq!(f[1]["api"], "cuMemFree_v2", "{mode:?}: {f}");
+        assert_ne!(f[1]["result"], 0, "{mode:?}: {f}");
         assert_eq!(s["frees_of_earlier_allocations"], 4, "{mode:?}");
         assert_eq!(s["notes"]["late_load"], 1, "{mode:?}");
         // What it saw allocated: a2, c (hooks), d2 (late resolver); c was freed through it.
@@ -256,7 +263,7 @@ fn late_dlopen_changes_no_result() {
 /// With LD_PRELOAD there is no LateLoad note, also for programs that have the driver or the
 /// runtime loaded (linked) before the library's constructor runs: they are loaded, not in use.
 /// And the same calls as in the late run are all seen, so nothing is a free of an earlier
-/// allocation.
+/// allocation (but for one of an entry point that is not recorded).
 #[test]
 fn preloaded_is_not_a_late_load() {
     for (prog, args) in [
@@ -269,14 +276,19 @@ fn preloaded_is_not_a_late_load() {
         let t = out.only_trace();
         assert_eq!(late_notes(t), (0, None), "{prog}");
         let s = summary_json(t);
-        assert_eq!(s["frees_of_earlier_allocations"], 0, "{prog}");
+        // drv_linked frees an allocation of the CUDA 3.1 ABI, which is not recorded: a free the
+        // driver accepted of memory the trace never saw (not invalid), late load or not.
+        let unseen = if prog == "drv_linked" { 1 } else { 0 };
+        assert_eq!(s["frees_of_earlier_allocations"], unseen, "{prog}");
         assert!(
             s["notes"].get("late_load").is_none(),
             "{prog}: {}",
             s["notes"]
         );
         if prog == "late_dlopen" {
-            assert_eq!(s["invalid_free_count"], 0, "{}", s["invalid_frees"]);
+            // Its two deliberate double frees, both seen whole here, both named as such.
+            assert_eq!(s["invalid_free_count"], 2, "{}", s["invalid_frees"]);
+            assert_eq!(s["double_free_count"], 2, "{}", s["invalid_frees"]);
         }
     }
 }

@@ -18,8 +18,6 @@ use isolate_tests::{Output, Run, Trace};
 use isolate_trace::{Api, EndReason, Note, NoteKind, Record, StaleLaunch};
 use serde_json::Value;
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::Command;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;

@@ -315,16 +315,93 @@ fn launches_in_isolate_mode_report_the_freed_pointer_once_per_kernel() {
         7,
         "the live pointer and the integer are no reports"
     );
-    // Layouts are asked once per kernel (3 parameters + the failing 4th, or 2 + 1), not per launch.
+    // Every launch comes after the free of A, so every one is checked. A kernel's layout is
+    // read at its first launch (3 parameters + the failing 4th, or 2 + 1); each later launch
+    // checks the cached layout still fits (a handle can be reused): the failing look-up one
+    // past the last parameter, and the last one. 107 launches of 7 kernels: 100 later ones.
     let calls = isolate_tests::number_after(&out.stdout, "standin_param_info_calls").unwrap();
     eprintln!("cuFuncGetParamInfo calls for 107 launches of 7 kernels: {calls}");
-    assert!(calls <= 5 * 4 + 2 * 3, "{calls} layout queries");
+    assert_eq!(
+        calls,
+        5 * (3 + 1) + 2 * (2 + 1) + (107 - 7) * 2,
+        "{calls} layout queries"
+    );
     assert_eq!(
         out.stderr.matches("STALE POINTER").count(),
         7,
         "{}",
         out.stderr
     );
+}
+
+/// A kernel handle reused for another kernel (a module unloaded and another loaded, as XLA's
+/// autotuning does): the launch check finds that its cached layout no longer fits and reads
+/// the new kernel's one parameter only. The old layout would read past a parameter array that
+/// ends where an inaccessible page begins (a SIGSEGV in the program). Each kernel is named in
+/// its own report.
+#[test]
+fn launch_check_survives_a_reused_kernel_handle() {
+    let plain = Run::program("launch_reuse").preload(false).run();
+    plain.assert_success();
+    // The launch check is on by default in isolate mode.
+    let out = Run::program("launch_reuse")
+        .env("ISOLATE_MODE", "isolate")
+        .run();
+    out.assert_success();
+    out.assert_same_as(&plain);
+    has_line(&out, "reuse_one runs 2 saw B+8 1 saw A+128 1");
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    out.assert_trace_matches(t, None);
+    let mallocs: Vec<_> = t
+        .events_by_seq()
+        .into_iter()
+        .filter(|e| e.api == Api::CudaMalloc)
+        .collect();
+    let (a, b) = (mallocs[0], mallocs[1]);
+    let mut stale: Vec<_> = t
+        .records
+        .iter()
+        .filter_map(|r| match r {
+            Record::StaleLaunch(s) => Some(s.clone()),
+            _ => None,
+        })
+        .collect();
+    stale.sort_by_key(|s| s.seq);
+    let got: Vec<_> = stale
+        .iter()
+        .map(|s| {
+            (
+                s.kernel.as_str(),
+                s.param_index,
+                s.param_offset,
+                s.ptr,
+                s.alloc_ptr,
+            )
+        })
+        .collect();
+    // The freed A through the new layout is reported again, under the new kernel's name: the
+    // check reports once per kernel (told apart by layout, not by handle) and allocation.
+    assert_eq!(
+        got,
+        [
+            ("reuse_four", 2, 16, a.ptr + 64, a.ptr),
+            ("reuse_one", 0, 0, b.ptr + 8, b.ptr),
+            ("reuse_one", 0, 0, a.ptr + 128, a.ptr),
+        ],
+        "{stale:#?}"
+    );
+    assert_eq!(
+        out.stderr.matches("STALE POINTER").count(),
+        3,
+        "{}",
+        out.stderr
+    );
+    // reuse_four's layout: 4 parameters + the failing 5th. Then reuse_one's first launch finds
+    // it stale (no 5th, but no 4th either: 2) and reads the new one (1 + the failing 2nd: 2);
+    // its second launch checks the new one still fits (2).
+    let calls = isolate_tests::number_after(&out.stderr, "standin_param_info_calls").unwrap();
+    assert_eq!(calls, (4 + 1) + (2 + 2) + 2, "{}", out.stderr);
 }
 
 #[test]
@@ -496,6 +573,7 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
         ("bad_calls", &[]),
         ("dlsym_next", &[]),
         ("launch", &[]),
+        ("launch_reuse", &[]),
         ("stale_write", &[]),
         ("stream_order", &[]),
         ("oom", &[]),

@@ -103,7 +103,6 @@ pub static HITS: AtomicU64 = AtomicU64::new(0);
 #[derive(Clone)]
 pub struct Hit {
     api: Api,
-    f: usize,
     layout: &'static Layout,
     index: u32,
     offset: u32,
@@ -112,6 +111,14 @@ pub struct Hit {
     ts: u64,
     tid: u32,
     device: i32,
+}
+
+impl Hit {
+    /// The kernel, told apart by its layout: a handle reused for another kernel (after a module
+    /// unload) gets a new layout, so its reports are not taken for the old kernel's.
+    fn kernel(&self) -> usize {
+        self.layout as *const Layout as usize
+    }
 }
 
 /// Guard-mode hits of one launch, handed back to [`launched`] once the launch is submitted.
@@ -152,7 +159,6 @@ impl Words {
 
 struct Found {
     api: Api,
-    f: CUfunction,
     layout: &'static Layout,
     guarded: Vec<Hit>,
 }
@@ -162,7 +168,6 @@ impl Found {
         HITS.fetch_add(1, Relaxed);
         let h = Hit {
             api: self.api,
-            f: self.f as usize,
             layout: self.layout,
             index,
             offset,
@@ -176,7 +181,7 @@ impl Found {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert_with(HashSet::new)
-            .insert((h.f, e.alloc_seq ^ e.ptr));
+            .insert((h.kernel(), e.alloc_seq ^ e.ptr));
         if e.guarded() {
             if first {
                 crate::writer::submit(Record::StaleValue(h.record(record::next_seq())));
@@ -238,7 +243,6 @@ pub unsafe fn check(
         let layout = layout(f)?;
         let mut out = Found {
             api,
-            f,
             layout,
             guarded: Vec::new(),
         };
@@ -283,7 +287,6 @@ pub unsafe fn check(
     let layout = layout(f)?;
     let mut out = Found {
         api,
-        f,
         layout,
         guarded: Vec::new(),
     };
@@ -321,7 +324,7 @@ pub fn launched(api: Api, guarded: Option<Guarded>, r: CUresult) {
         let mut s = SUSPECTS.lock().unwrap_or_else(|e| e.into_inner());
         for h in hits {
             s.retain(|(_, o)| {
-                !(o.f == h.f && o.e.alloc_seq == h.e.alloc_seq && o.e.ptr == h.e.ptr)
+                !(o.kernel() == h.kernel() && o.e.alloc_seq == h.e.alloc_seq && o.e.ptr == h.e.ptr)
             });
             if s.len() == SUSPECTS_CAP {
                 s.pop_front();
