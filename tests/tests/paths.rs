@@ -570,6 +570,7 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
         ("drv_static", &[]),
         ("drv_linked", &[]),
         ("rt_vmm", &[]),
+        ("vmm_remap", &[]),
         ("bad_calls", &[]),
         ("dlsym_next", &[]),
         ("launch", &[]),
@@ -639,6 +640,9 @@ fn every_program_prints_the_same_in_isolate_mode() {
         ("drv_static", &[]),
         ("drv_linked", &[]),
         ("rt_vmm", &[]),
+        // Mapping again into a range isolate mode holds back, and reserving a freed reservation's
+        // address again (JAX's platform allocator): cuMemMap returned 1 here before the fix.
+        ("vmm_remap", &[]),
         ("stream_order", &[]),
         ("threads", &["4", "200"]),
         ("forker", &["fork"]),
@@ -658,7 +662,7 @@ fn every_program_prints_the_same_in_isolate_mode() {
         for t in &plain_log(program, args).traces {
             assert_findings(program, t);
         }
-        if *program != "threads" && out.traces.len() == 1 {
+        if !matches!(*program, "threads" | "vmm_remap") && out.traces.len() == 1 {
             out.assert_trace_matches(&out.traces[0], None);
         }
     }

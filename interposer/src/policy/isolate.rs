@@ -320,7 +320,9 @@ pub fn other(
 ) -> i32 {
     match proto.api.kind() {
         Kind::Unmap => return unmap(proto, call),
-        Kind::AddressFree => release_inside(proto.ptr, proto.size),
+        // The program sees what it would without isolation: a range it unmapped (held back here,
+        // still mapped) is really unmapped before it frees the reservation or maps into it again.
+        Kind::AddressFree | Kind::Map => release_inside(proto.ptr, proto.size),
         _ => {}
     }
     super::record_other(proto, before, call, |e| {
@@ -579,18 +581,24 @@ fn release_oldest(need: u64) -> u64 {
     bytes
 }
 
-/// Before a reserved range is freed, the mappings held inside it are released first.
+/// Before a reserved range is freed or mapped again, the held entries that overlap it are
+/// released (verified, then really unmapped or freed) first. Guard mode's entries are never
+/// held bytes: they stay in the index.
 fn release_inside(ptr: u64, size: u64) {
+    let end = ptr.saturating_add(size.max(1));
     let mut taken = Vec::new();
     {
         let mut g = state();
         let s = st!(g);
-        let inside: Vec<u64> = s
+        let overlapping: Vec<u64> = s
             .index
-            .range(ptr..ptr.saturating_add(size))
+            .range(..end)
+            .rev()
+            .take_while(|(_, e)| e.ptr.saturating_add(e.size) > ptr || e.ptr >= ptr)
+            .filter(|(_, e)| e.ptr.saturating_add(e.size) > ptr && e.held != Held::Guarded)
             .map(|(k, _)| *k)
             .collect();
-        for k in inside {
+        for k in overlapping {
             if let Some(e) = s.index.remove(&k) {
                 s.held -= e.size;
                 s.queue.retain(|q| q.ptr != k);

@@ -1,0 +1,116 @@
+// link: cudart
+/* Address-space calls on ranges that isolate mode holds back (an unmapped range stays mapped,
+ * poisoned, in quarantine): map into the same range again without freeing the reservation
+ * (PyTorch's expandable segments growing back), and free the reservation, reserve the same
+ * address again and map there (XLA's platform allocator, seen under JAX). Every call must return
+ * what it returns without isolate mode, and the memory must work. */
+#include "common.h"
+
+typedef CUresult (*PFN_granularity)(size_t *, const CUmemAllocationProp *,
+                                    CUmemAllocationGranularity_flags);
+typedef CUresult (*PFN_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*PFN_addressFree)(CUdeviceptr, size_t);
+typedef CUresult (*PFN_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                               unsigned long long);
+typedef CUresult (*PFN_memRelease)(CUmemGenericAllocationHandle);
+typedef CUresult (*PFN_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                            unsigned long long);
+typedef CUresult (*PFN_unmap)(CUdeviceptr, size_t);
+typedef CUresult (*PFN_setAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+
+static void *entry(const char *name) {
+    void *p = NULL;
+    enum cudaDriverEntryPointQueryResult st = 99;
+    cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &st);
+    if (!p) {
+        say("missing %s", name);
+        exit(1);
+    }
+    return p;
+}
+
+static PFN_create create;
+static PFN_map map;
+static PFN_setAccess setAccess;
+static size_t gran;
+
+/* Creates a handle of `size`, maps it at `at`, makes it read-write, fills it with `byte` and
+ * reads it back; prints each result. */
+static CUmemGenericAllocationHandle map_fill(const char *what, CUdeviceptr at, size_t size,
+                                             unsigned char byte) {
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    CUmemGenericAllocationHandle h = 0;
+    int rc = create(&h, size, &prop, 0);
+    say("%s: cuMemCreate %d", what, rc);
+    rc = map(at, size, 0, h, 0);
+    say("%s: cuMemMap %d", what, rc);
+    CUmemAccessDesc acc;
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = 0;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    rc = setAccess(at, size, &acc, 1);
+    say("%s: cuMemSetAccess %d", what, rc);
+    rc = cudaMemset((void *)(uintptr_t)at, byte, size);
+    unsigned char back[64];
+    int rc2 = cudaMemcpy(back, (void *)(uintptr_t)(at + size - sizeof back), sizeof back,
+                         cudaMemcpyDeviceToHost);
+    int ok = 1;
+    for (size_t i = 0; i < sizeof back; i++)
+        ok &= back[i] == byte;
+    say("%s: memset %d copy %d holds 0x%02x %d", what, rc, rc2, byte, ok);
+    return h;
+}
+
+int main(void) {
+    setup();
+    int rc = cudaFree(NULL);
+    say("cudaFree(NULL) %d", rc);
+    PFN_granularity granularity = (PFN_granularity)entry("cuMemGetAllocationGranularity");
+    PFN_reserve reserve = (PFN_reserve)entry("cuMemAddressReserve");
+    PFN_addressFree addressFree = (PFN_addressFree)entry("cuMemAddressFree");
+    PFN_memRelease memRelease = (PFN_memRelease)entry("cuMemRelease");
+    PFN_unmap unmap = (PFN_unmap)entry("cuMemUnmap");
+    create = (PFN_create)entry("cuMemCreate");
+    map = (PFN_map)entry("cuMemMap");
+    setAccess = (PFN_setAccess)entry("cuMemSetAccess");
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    rc = granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    say("granularity %d", rc);
+
+    /* 1. Unmap, then map into the same range again (the reservation kept). */
+    CUdeviceptr r = 0;
+    rc = reserve(&r, 4 * gran, 0, 0, 0);
+    say("reserve %d", rc);
+    CUmemGenericAllocationHandle h1 = map_fill("first", r, 2 * gran, 0x11);
+    say("unmap first %d", unmap(r, 2 * gran));
+    say("release first %d", memRelease(h1));
+    CUmemGenericAllocationHandle h2 = map_fill("again", r, 2 * gran, 0x22);
+    /* a sub-range of what was unmapped: the second half of the first mapping, mapped anew */
+    say("unmap again %d", unmap(r, 2 * gran));
+    say("release again %d", memRelease(h2));
+    CUmemGenericAllocationHandle h3 = map_fill("half", r + gran, gran, 0x33);
+    say("unmap half %d", unmap(r + gran, gran));
+    say("release half %d", memRelease(h3));
+
+    /* 2. Unmap, release, free the reservation, reserve the same address again, map there. */
+    CUmemGenericAllocationHandle h4 = map_fill("before free", r, 4 * gran, 0x44);
+    say("unmap before free %d", unmap(r, 4 * gran));
+    say("release before free %d", memRelease(h4));
+    say("address free %d", addressFree(r, 4 * gran));
+    CUdeviceptr r2 = 0;
+    rc = reserve(&r2, 4 * gran, 0, r, 0);
+    say("reserve again %d same address %d", rc, r2 == r);
+    CUmemGenericAllocationHandle h5 = map_fill("after free", r2, 4 * gran, 0x55);
+    say("unmap after free %d", unmap(r2, 4 * gran));
+    say("release after free %d", memRelease(h5));
+    say("address free again %d", addressFree(r2, 4 * gran));
+    say("done");
+    return 0;
+}
