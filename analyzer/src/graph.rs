@@ -1199,30 +1199,28 @@ fn dot_note(a: &Anomaly) -> Option<(Vec<u64>, Vec<String>, &'static str)> {
             seq,
             kernel,
             ptr,
-        } => (
-            node.iter().copied().collect(),
-            vec![
-                format!("stale launch: {kernel}"),
-                format!("ptr {}", hex(*ptr)),
-                trace_seq(trace, seq),
-            ],
-            "red",
-        ),
-        Anomaly::StaleValue {
+        }
+        | Anomaly::StaleValue {
             node,
             trace,
             seq,
             kernel,
             ptr,
-        } => (
-            node.iter().copied().collect(),
-            vec![
-                format!("stale value: {kernel}"),
-                format!("ptr {} (unused unless a fault followed)", hex(*ptr)),
-                trace_seq(trace, seq),
-            ],
-            "orange",
-        ),
+        } => {
+            let (what, note, color) = match a {
+                Anomaly::StaleLaunch { .. } => ("launch", "", "red"),
+                _ => ("value", " (unused unless a fault followed)", "orange"),
+            };
+            (
+                node.iter().copied().collect(),
+                vec![
+                    format!("stale {what}: {kernel}"),
+                    format!("ptr {}{note}", hex(*ptr)),
+                    trace_seq(trace, seq),
+                ],
+                color,
+            )
+        }
         Anomaly::PoisonViolation {
             node,
             trace,

@@ -499,8 +499,6 @@ impl Tracker {
         self.late = Some(seen);
     }
 
-    /// Tells `obs` that `ev` gave back something that was not live: an invalid free, or, in a
-    /// trace of a late load, maybe a free of an allocation made before it.
     /// `ev` gave back something that is not live. It is an invalid free when the driver refused
     /// it, or when the trace saw it given back before (a double free: named with that free);
     /// a call the driver *accepted* for something this trace never saw start gave back memory

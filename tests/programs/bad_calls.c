@@ -15,14 +15,6 @@ typedef CUresult (*PFN_freeAsync)(CUdeviceptr, CUstream);
 typedef CUresult (*PFN_pitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
 typedef CUresult (*PFN_hostAlloc)(void **, size_t, unsigned);
 typedef CUresult (*PFN_freeHost)(void *);
-typedef CUresult (*PFN_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
-                               unsigned long long);
-typedef CUresult (*PFN_memRelease)(CUmemGenericAllocationHandle);
-typedef CUresult (*PFN_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
-                            unsigned long long);
-typedef CUresult (*PFN_unmap)(CUdeviceptr, size_t);
-typedef CUresult (*PFN_addressFree)(CUdeviceptr, size_t);
-typedef CUresult (*PFN_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
 
 static PFN_alloc memAlloc;
 static PFN_free memFree;

@@ -123,6 +123,45 @@ MAYBE_UNUSED static void *drv_sym(const char *name, int version, unsigned long l
 
 #define DRV(var, type, name, version, flags) type var = (type)drv_sym(name, version, flags)
 
+/* ---------------------------------------------------------------- the runtime's entry points */
+
+/* The virtual memory API's function types, for pointers fetched by name. */
+typedef CUresult (*PFN_granularity)(size_t *, const CUmemAllocationProp *,
+                                    CUmemAllocationGranularity_flags);
+typedef CUresult (*PFN_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*PFN_addressFree)(CUdeviceptr, size_t);
+typedef CUresult (*PFN_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                               unsigned long long);
+typedef CUresult (*PFN_memRelease)(CUmemGenericAllocationHandle);
+typedef CUresult (*PFN_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                            unsigned long long);
+typedef CUresult (*PFN_unmap)(CUdeviceptr, size_t);
+typedef CUresult (*PFN_setAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+
+/* A driver function through the runtime (cudaGetDriverEntryPointByVersion at 12000, FLAGS);
+ * prints what it got and exits when it got nothing. `inline`, so that programs that do not
+ * link the runtime never reference it. */
+MAYBE_UNUSED static inline void *rt_entry(const char *name, unsigned long long flags) {
+    void *p = NULL;
+    enum cudaDriverEntryPointQueryResult st = 99;
+    int rc = cudaGetDriverEntryPointByVersion(name, &p, 12000, flags, &st);
+    say("cudaGetDriverEntryPointByVersion(%s,%llu) %d status=%d found=%d", name, flags, rc, st,
+        p != NULL);
+    if (!p)
+        exit(1);
+    return p;
+}
+
+/* The stand-in driver the runtime loaded (loaded here if it did not), for its stand-in-only
+ * exports (standin_register_kernel, …). */
+MAYBE_UNUSED static inline void *standin_driver(void) {
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    say("libcuda loaded by the runtime %d", drv != NULL);
+    if (!drv)
+        drv = dlopen("libcuda.so.1", RTLD_NOW);
+    return drv;
+}
+
 /* The directory the program lives in (for shared libraries built beside it). */
 MAYBE_UNUSED static void exe_dir(char *out, size_t n) {
     ssize_t len = readlink("/proc/self/exe", out, n - 1);

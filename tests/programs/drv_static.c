@@ -25,17 +25,6 @@ typedef CUresult (*PFN_hostUnregister)(void *);
 typedef CUresult (*PFN_streamCreate)(CUstream *, unsigned);
 typedef CUresult (*PFN_streamSync)(CUstream);
 typedef CUresult (*PFN_streamDestroy)(CUstream);
-typedef CUresult (*PFN_granularity)(size_t *, const CUmemAllocationProp *,
-                                    CUmemAllocationGranularity_flags);
-typedef CUresult (*PFN_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-typedef CUresult (*PFN_addressFree)(CUdeviceptr, size_t);
-typedef CUresult (*PFN_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
-                               unsigned long long);
-typedef CUresult (*PFN_memRelease)(CUmemGenericAllocationHandle);
-typedef CUresult (*PFN_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
-                            unsigned long long);
-typedef CUresult (*PFN_unmap)(CUdeviceptr, size_t);
-typedef CUresult (*PFN_setAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
 typedef CUresult (*PFN_memsetD8)(CUdeviceptr, unsigned char, size_t);
 typedef CUresult (*PFN_dtoh)(void *, CUdeviceptr, size_t);
 typedef CUresult (*PFN_graphCreate)(CUgraph *, unsigned);

@@ -52,33 +52,19 @@ static void k_struct(void **params) {
     n_struct_runs++;
 }
 
-static void *entry(const char *name, unsigned long long flags) {
-    void *p = NULL;
-    enum cudaDriverEntryPointQueryResult st = 99;
-    int rc = cudaGetDriverEntryPointByVersion(name, &p, 12000, flags, &st);
-    say("cudaGetDriverEntryPointByVersion(%s,%llu) %d status=%d found=%d", name, flags, rc, st,
-        p != NULL);
-    if (!p)
-        exit(1);
-    return p;
-}
-
 int main(void) {
     setup();
     int rc = cudaFree(NULL);
     ev("cudaFree", rc, "ptr=0");
-    void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    say("libcuda loaded by the runtime %d", drv != NULL);
-    if (!drv)
-        drv = dlopen("libcuda.so.1", RTLD_NOW);
+    void *drv = standin_driver();
     PFN_register reg = (PFN_register)dlsym(drv, "standin_register_kernel");
     PFN_count info_calls = (PFN_count)dlsym(drv, "standin_param_info_calls");
     if (!reg || !info_calls)
         return 1;
-    PFN_launch launch = (PFN_launch)entry("cuLaunchKernel", cudaEnableDefault);
-    PFN_launch launchPt = (PFN_launch)entry("cuLaunchKernel", cudaEnablePerThreadDefaultStream);
-    PFN_launchEx launchEx = (PFN_launchEx)entry("cuLaunchKernelEx", cudaEnableDefault);
-    PFN_launchCoop launchCoop = (PFN_launchCoop)entry("cuLaunchCooperativeKernel", cudaEnableDefault);
+    PFN_launch launch = (PFN_launch)rt_entry("cuLaunchKernel", cudaEnableDefault);
+    PFN_launch launchPt = (PFN_launch)rt_entry("cuLaunchKernel", cudaEnablePerThreadDefaultStream);
+    PFN_launchEx launchEx = (PFN_launchEx)rt_entry("cuLaunchKernelEx", cudaEnableDefault);
+    PFN_launchCoop launchCoop = (PFN_launchCoop)rt_entry("cuLaunchCooperativeKernel", cudaEnableDefault);
 
     /* One kernel per launch path: the launch check reports a stale pointer once per kernel
      * and allocation, so each path gets its own report. */

@@ -52,23 +52,13 @@ int main(void) {
     setup();
     int rc = cudaFree(NULL);
     ev("cudaFree", rc, "ptr=0");
-    void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    say("libcuda loaded by the runtime %d", drv != NULL);
-    if (!drv)
-        drv = dlopen("libcuda.so.1", RTLD_NOW);
+    void *drv = standin_driver();
     PFN_register reg = (PFN_register)dlsym(drv, "standin_register_kernel");
     PFN_reregister rereg = (PFN_reregister)dlsym(drv, "standin_reregister_kernel");
     PFN_count info_calls = (PFN_count)dlsym(drv, "standin_param_info_calls");
     if (!reg || !rereg || !info_calls)
         return 1;
-    void *p = NULL;
-    enum cudaDriverEntryPointQueryResult st = 99;
-    rc = cudaGetDriverEntryPointByVersion("cuLaunchKernel", &p, 12000, cudaEnableDefault, &st);
-    say("cudaGetDriverEntryPointByVersion(cuLaunchKernel) %d status=%d found=%d", rc, st,
-        p != NULL);
-    if (!p)
-        return 1;
-    PFN_launch launch = (PFN_launch)p;
+    PFN_launch launch = (PFN_launch)rt_entry("cuLaunchKernel", cudaEnableDefault);
 
     size_t off4[] = {0, 8, 16, 24}, sz4[] = {8, 8, 8, 8};
     CUfunction k = reg("reuse_four", k_four, 4, off4, sz4);

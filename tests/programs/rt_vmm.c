@@ -3,18 +3,6 @@
  * cudaGetDriverEntryPointByVersion(..., 12000, ...). */
 #include "common.h"
 
-typedef CUresult (*PFN_granularity)(size_t *, const CUmemAllocationProp *,
-                                    CUmemAllocationGranularity_flags);
-typedef CUresult (*PFN_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-typedef CUresult (*PFN_addressFree)(CUdeviceptr, size_t);
-typedef CUresult (*PFN_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
-                               unsigned long long);
-typedef CUresult (*PFN_memRelease)(CUmemGenericAllocationHandle);
-typedef CUresult (*PFN_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
-                            unsigned long long);
-typedef CUresult (*PFN_unmap)(CUdeviceptr, size_t);
-typedef CUresult (*PFN_setAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-
 static void *entry(const char *name) {
     void *p = NULL;
     enum cudaDriverEntryPointQueryResult st = 99;

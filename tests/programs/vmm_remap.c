@@ -6,29 +6,6 @@
  * what it returns without isolate mode, and the memory must work. */
 #include "common.h"
 
-typedef CUresult (*PFN_granularity)(size_t *, const CUmemAllocationProp *,
-                                    CUmemAllocationGranularity_flags);
-typedef CUresult (*PFN_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-typedef CUresult (*PFN_addressFree)(CUdeviceptr, size_t);
-typedef CUresult (*PFN_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
-                               unsigned long long);
-typedef CUresult (*PFN_memRelease)(CUmemGenericAllocationHandle);
-typedef CUresult (*PFN_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
-                            unsigned long long);
-typedef CUresult (*PFN_unmap)(CUdeviceptr, size_t);
-typedef CUresult (*PFN_setAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-
-static void *entry(const char *name) {
-    void *p = NULL;
-    enum cudaDriverEntryPointQueryResult st = 99;
-    cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &st);
-    if (!p) {
-        say("missing %s", name);
-        exit(1);
-    }
-    return p;
-}
-
 static PFN_create create;
 static PFN_map map;
 static PFN_setAccess setAccess;
@@ -69,14 +46,15 @@ int main(void) {
     setup();
     int rc = cudaFree(NULL);
     say("cudaFree(NULL) %d", rc);
-    PFN_granularity granularity = (PFN_granularity)entry("cuMemGetAllocationGranularity");
-    PFN_reserve reserve = (PFN_reserve)entry("cuMemAddressReserve");
-    PFN_addressFree addressFree = (PFN_addressFree)entry("cuMemAddressFree");
-    PFN_memRelease memRelease = (PFN_memRelease)entry("cuMemRelease");
-    PFN_unmap unmap = (PFN_unmap)entry("cuMemUnmap");
-    create = (PFN_create)entry("cuMemCreate");
-    map = (PFN_map)entry("cuMemMap");
-    setAccess = (PFN_setAccess)entry("cuMemSetAccess");
+    PFN_granularity granularity =
+        (PFN_granularity)rt_entry("cuMemGetAllocationGranularity", cudaEnableDefault);
+    PFN_reserve reserve = (PFN_reserve)rt_entry("cuMemAddressReserve", cudaEnableDefault);
+    PFN_addressFree addressFree = (PFN_addressFree)rt_entry("cuMemAddressFree", cudaEnableDefault);
+    PFN_memRelease memRelease = (PFN_memRelease)rt_entry("cuMemRelease", cudaEnableDefault);
+    PFN_unmap unmap = (PFN_unmap)rt_entry("cuMemUnmap", cudaEnableDefault);
+    create = (PFN_create)rt_entry("cuMemCreate", cudaEnableDefault);
+    map = (PFN_map)rt_entry("cuMemMap", cudaEnableDefault);
+    setAccess = (PFN_setAccess)rt_entry("cuMemSetAccess", cudaEnableDefault);
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;

@@ -18,7 +18,7 @@
 //! (see `tests/programs/common.h`); [`Expected`] parses them and [`check_events`] holds a
 //! trace's events against them.
 
-use isolate_trace::{End, EndReason, Event, Header, Reader, Record};
+use isolate_trace::{End, EndReason, Event, Header, Reader, Record, StaleLaunch, Violation};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -815,20 +815,46 @@ impl Trace {
     pub fn out_of_order(&self) -> usize {
         let mut max = None::<u64>;
         let mut n = 0;
-        for r in &self.records {
-            let seq = match r {
-                Record::Event(e) => e.seq,
-                Record::Note(x) => x.seq,
-                Record::Violation(v) => v.seq,
-                Record::StaleLaunch(s) | Record::StaleValue(s) => s.seq,
-                _ => continue,
-            };
+        for seq in self.records.iter().filter_map(Record::seq) {
             if max.is_some_and(|m| seq < m) {
                 n += 1;
             }
             max = max.max(Some(seq));
         }
         n
+    }
+
+    /// The stale-write records, in file order.
+    pub fn violations(&self) -> Vec<Violation> {
+        self.records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Violation(v) => Some(v.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The stale-launch records, in file order.
+    pub fn stale_launches(&self) -> Vec<StaleLaunch> {
+        self.records
+            .iter()
+            .filter_map(|r| match r {
+                Record::StaleLaunch(s) => Some(s.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Guard mode's stale-value records, in file order.
+    pub fn stale_values(&self) -> Vec<StaleLaunch> {
+        self.records
+            .iter()
+            .filter_map(|r| match r {
+                Record::StaleValue(s) => Some(s.clone()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The events, by sequence number.

@@ -3,7 +3,6 @@
 
 use isolate_tests::{Output, Run, Trace, preload_path};
 use isolate_trace::{NoteKind, Record};
-use serde_json::Value;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
@@ -149,23 +148,6 @@ fn late_notes(t: &Trace) -> (usize, Option<usize>) {
     )
 }
 
-/// `isolate summary --json TRACE` (the analyzer is built beside `libisolate.so`), parsed.
-fn summary_json(t: &Trace) -> Value {
-    let bin = preload_path().with_file_name("isolate");
-    let out = std::process::Command::new(&bin)
-        .args(["summary", "--json"])
-        .arg(&t.path)
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()));
-    assert!(
-        out.status.success(),
-        "isolate summary --json {}: {}",
-        t.path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("summary JSON")
-}
-
 fn late(mode: Option<&str>, lib: &Path) -> (Output, Output) {
     let mut run = Run::program("late_dlopen").preload(false);
     if let Some(m) = mode {
@@ -242,7 +224,7 @@ fn late_dlopen_changes_no_result() {
         // the driver refused, are its bugs all the same: `c` again is a double free of what the
         // trace saw (named with its first free), `e2` again a refused free of memory that is
         // not live.
-        let s = summary_json(t);
+        let s = t.analyzer_summary();
         assert_eq!(
             s["invalid_free_count"], 2,
             "{mode:?}: {}",
@@ -275,7 +257,7 @@ fn preloaded_is_not_a_late_load() {
         out.assert_success();
         let t = out.only_trace();
         assert_eq!(late_notes(t), (0, None), "{prog}");
-        let s = summary_json(t);
+        let s = t.analyzer_summary();
         // drv_linked frees an allocation of the CUDA 3.1 ABI, which is not recorded: a free the
         // driver accepted of memory the trace never saw (not invalid), late load or not.
         let unseen = if prog == "drv_linked" { 1 } else { 0 };

@@ -15,7 +15,7 @@
 //! every other line must not.
 
 use isolate_tests::{Output, Run, Trace};
-use isolate_trace::{Api, EndReason, Note, NoteKind, Record, StaleLaunch};
+use isolate_trace::{Api, EndReason, Note, NoteKind, Record};
 use serde_json::Value;
 use std::collections::HashMap;
 
@@ -173,31 +173,6 @@ fn notes(t: &Trace, kind: NoteKind) -> Vec<Note> {
             _ => None,
         })
         .collect()
-}
-
-fn stale_launches(t: &Trace) -> Vec<StaleLaunch> {
-    t.records
-        .iter()
-        .filter_map(|r| match r {
-            Record::StaleLaunch(s) => Some(s.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn stale_values(t: &Trace) -> Vec<StaleLaunch> {
-    t.records
-        .iter()
-        .filter_map(|r| match r {
-            Record::StaleValue(s) => Some(s.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-/// `isolate summary --json TRACE`, parsed.
-fn summary(t: &Trace) -> Value {
-    t.analyzer_summary()
 }
 
 fn hex(v: u64) -> Value {
@@ -609,14 +584,14 @@ fn a_stale_value_becomes_a_stale_launch_only_when_a_fault_follows() {
     );
 
     // The records: both launches were stale values; k_use became the stale launch of the fault.
-    let values = stale_values(t);
+    let values = t.stale_values();
     let kernels: Vec<&str> = values.iter().map(|v| v.kernel.as_str()).collect();
     assert_eq!(kernels, ["k_ignore", "k_use"], "{values:#?}");
     assert_eq!(
         (values[0].param_index, values[0].param_offset, values[0].ptr),
         (0, 8, a.ptr)
     );
-    let launches = stale_launches(t);
+    let launches = t.stale_launches();
     assert_eq!(launches.len(), 1, "{launches:#?}");
     let l = &launches[0];
     assert_eq!(l.kernel, "k_use");
@@ -627,7 +602,7 @@ fn a_stale_value_becomes_a_stale_launch_only_when_a_fault_follows() {
     assert_eq!(df.len(), 1, "{df:#?}");
     assert_eq!((df[0].value, df[0].size), (700, 1), "{:?}", df[0]);
 
-    let s = summary(t);
+    let s = t.analyzer_summary();
     assert_eq!(s["stale_launch_count"], 1, "{s:#}");
     assert_eq!(s["stale_launches"][0]["kernel"], "k_use");
     assert_eq!(s["stale_launches"][0]["fault"], 700);
@@ -664,7 +639,7 @@ fn without_a_clean_synchronisation_every_launch_since_is_a_suspect() {
     );
     let df = notes(t, NoteKind::DeviceFault);
     assert_eq!((df.len(), df[0].size), (1, 2), "{df:#?}");
-    let s = summary(t);
+    let s = t.analyzer_summary();
     assert_eq!(s["stale_launch_count"], 2, "{s:#}");
     for l in s["stale_launches"].as_array().unwrap() {
         assert_eq!(l["fault"], 700, "{s:#}");
@@ -693,9 +668,9 @@ fn without_guard_both_launches_are_stale_pointers_at_once() {
         "{}",
         out.stderr
     );
-    assert!(stale_values(t).is_empty());
+    assert!(t.stale_values().is_empty());
     assert!(notes(t, NoteKind::DeviceFault).is_empty());
-    let s = summary(t);
+    let s = t.analyzer_summary();
     assert_eq!(s["stale_launch_count"], 2, "{s:#}");
     for l in s["stale_launches"].as_array().unwrap() {
         assert_eq!(l["fault"], Value::Null, "{s:#}");
@@ -714,8 +689,8 @@ fn without_guard_both_launches_are_stale_pointers_at_once() {
         "{}",
         log.stderr
     );
-    assert!(stale_values(t).is_empty() && stale_launches(t).is_empty());
-    let s = summary(t);
+    assert!(t.stale_values().is_empty() && t.stale_launches().is_empty());
+    let s = t.analyzer_summary();
     assert_eq!(s["stale_launch_count"], 0, "{s:#}");
     assert_eq!(s["stale_value_count"], 0, "{s:#}");
 }

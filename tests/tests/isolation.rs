@@ -14,7 +14,7 @@
 //!   and leave the same sticky error in isolate mode as without the preload).
 
 use isolate_tests::{Output, Run, Trace};
-use isolate_trace::{Api, EndReason, Event, Note, NoteKind, Record, Stats, Violation};
+use isolate_trace::{Api, EndReason, Event, Note, NoteKind, Record, Stats};
 
 const MIB: u64 = 1 << 20;
 
@@ -73,16 +73,6 @@ fn isolate_trace(out: &Output) -> &Trace {
     assert_eq!(t.header.mode, "isolate");
     out.assert_trace_matches(t, None);
     t
-}
-
-fn violations(t: &Trace) -> Vec<Violation> {
-    t.records
-        .iter()
-        .filter_map(|r| match r {
-            Record::Violation(v) => Some(v.clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 fn notes(t: &Trace, kind: NoteKind) -> Vec<Note> {
@@ -150,7 +140,7 @@ fn a_freed_address_is_not_reused_while_quarantined() {
         b.ptr >= a.ptr + a.size || b.ptr + b.size <= a.ptr,
         "{a:?} {b:?}"
     );
-    assert!(violations(t).is_empty());
+    assert!(t.violations().is_empty());
 }
 
 // ------------------------------------------------------------------------------ (2) poison
@@ -185,7 +175,7 @@ fn freed_bytes_hold_the_poison() {
             "{poison:?}: {:?}",
             t.header.config
         );
-        assert!(violations(t).is_empty(), "{poison:?}");
+        assert!(t.violations().is_empty(), "{poison:?}");
     }
 }
 
@@ -204,7 +194,7 @@ fn a_stale_write_is_reported_to_the_byte() {
     let log = quarantine("stale").run();
     log.assert_same_as(&plain);
     assert!(
-        violations(log.only_trace()).is_empty(),
+        log.only_trace().violations().is_empty(),
         "log mode checks nothing"
     );
     assert!(!log.stderr.contains("STALE WRITE"), "{}", log.stderr);
@@ -218,7 +208,7 @@ fn a_stale_write_is_reported_to_the_byte() {
     let (alloc, free) = (ev[0], ev[1]);
     assert_eq!((alloc.api, free.api), (Api::CudaMalloc, Api::CudaFree));
     assert_eq!(free.ptr, alloc.ptr);
-    let v = violations(t);
+    let v = t.violations();
     assert_eq!(v.len(), 1, "only A was written after its free: {v:#?}");
     let v = &v[0];
     assert_eq!(v.ptr, alloc.ptr, "{v:?}");
@@ -254,7 +244,7 @@ fn a_stale_write_is_reported_to_the_byte() {
         .env("ISOLATE_POISON", "off")
         .run();
     has_line(&off, "b==a changed 0");
-    assert!(violations(isolate_trace(&off)).is_empty());
+    assert!(isolate_trace(&off).violations().is_empty());
     assert!(!off.stderr.contains("STALE WRITE"), "{}", off.stderr);
 }
 
@@ -304,7 +294,7 @@ fn out_of_memory_releases_quarantine_and_retries() {
     assert_eq!(s.quarantine_early_releases, 2 * (n + m), "{s:?}");
     assert_eq!(s.quarantine_releases, 2 * (n + m), "{s:?}");
     assert_eq!(s.quarantine_peak_bytes, n.max(m) * MIB, "{s:?}");
-    assert!(violations(t).is_empty());
+    assert!(t.violations().is_empty());
 }
 
 // ------------------------------------------------------------------------------- (5) budget
@@ -358,7 +348,7 @@ fn the_quarantine_budget_is_respected() {
     assert_eq!(s.quarantine_releases, 32, "{s:?}");
     assert_eq!(s.quarantine_early_releases, 0, "{s:?}");
     assert!(notes(t, NoteKind::OomRetry).is_empty());
-    assert!(violations(t).is_empty());
+    assert!(t.violations().is_empty());
 }
 
 // ------------------------------------------------------------------------------- (6) stream
@@ -385,7 +375,7 @@ fn a_stream_ordered_free_is_poisoned_in_stream_order() {
     let f = events_of(t, Api::CudaFreeAsync);
     assert_eq!(f.len(), 1);
     assert_ne!(f[0].stream, 0, "{:?}", f[0]);
-    assert!(violations(t).is_empty(), "readers are not writers");
+    assert!(t.violations().is_empty(), "readers are not writers");
 }
 
 // ------------------------------------------------------------------------ (7) double free
@@ -426,7 +416,7 @@ fn a_double_free_returns_the_same_code_in_isolate_mode() {
     assert_eq!(drv(&out), drv(&plain));
     same_but(&out, &plain, DOUBLE_SKIP);
     let t = isolate_trace(&out);
-    assert!(violations(t).is_empty(), "a double free is not a write");
+    assert!(t.violations().is_empty(), "a double free is not a write");
 }
 
 /// A double cuMemFree_v2 from a thread with no current context: the driver says

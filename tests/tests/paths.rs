@@ -263,14 +263,7 @@ fn launches_in_isolate_mode_report_the_freed_pointer_once_per_kernel() {
     assert_eq!(strip(&out.stdout), strip(&plain.stdout));
     let t = out.only_trace();
     t.assert_complete(EndReason::Exit);
-    let stale: Vec<_> = t
-        .records
-        .iter()
-        .filter_map(|r| match r {
-            Record::StaleLaunch(s) => Some(s.clone()),
-            _ => None,
-        })
-        .collect();
+    let stale: Vec<_> = t.stale_launches();
     let a = t
         .events_by_seq()
         .into_iter()
@@ -359,14 +352,7 @@ fn launch_check_survives_a_reused_kernel_handle() {
         .filter(|e| e.api == Api::CudaMalloc)
         .collect();
     let (a, b) = (mallocs[0], mallocs[1]);
-    let mut stale: Vec<_> = t
-        .records
-        .iter()
-        .filter_map(|r| match r {
-            Record::StaleLaunch(s) => Some(s.clone()),
-            _ => None,
-        })
-        .collect();
+    let mut stale: Vec<_> = t.stale_launches();
     stale.sort_by_key(|s| s.seq);
     let got: Vec<_> = stale
         .iter()
@@ -423,14 +409,7 @@ fn stale_write_is_caught_in_isolate_mode() {
     t.assert_complete(EndReason::Exit);
     out.assert_trace_matches(t, None);
     let a = t.events_by_seq()[0];
-    let v: Vec<_> = t
-        .records
-        .iter()
-        .filter_map(|r| match r {
-            Record::Violation(v) => Some(v.clone()),
-            _ => None,
-        })
-        .collect();
+    let v: Vec<_> = t.violations();
     assert_eq!(v.len(), 1, "{v:#?}");
     assert_eq!(
         (v[0].ptr, v[0].first_offset, v[0].changed_bytes),

@@ -322,7 +322,7 @@ pub fn other(
         Kind::Unmap => return unmap(proto, call),
         // The program sees what it would without isolation: a range it unmapped (held back here,
         // still mapped) is really unmapped before it frees the reservation or maps into it again.
-        Kind::AddressFree | Kind::Map => release_inside(proto.ptr, proto.size),
+        Kind::AddressFree | Kind::Map => release_overlapping(proto.ptr, proto.size),
         _ => {}
     }
     super::record_other(proto, before, call, |e| {
@@ -584,18 +584,20 @@ fn release_oldest(need: u64) -> u64 {
 /// Before a reserved range is freed or mapped again, the held entries that overlap it are
 /// released (verified, then really unmapped or freed) first. Guard mode's entries are never
 /// held bytes: they stay in the index.
-fn release_inside(ptr: u64, size: u64) {
+fn release_overlapping(ptr: u64, size: u64) {
     let end = ptr.saturating_add(size.max(1));
     let mut taken = Vec::new();
     {
         let mut g = state();
         let s = st!(g);
+        // Freed ranges never overlap one another: going down from `end`, the first that ends
+        // at or below `ptr` is the last to look at.
         let overlapping: Vec<u64> = s
             .index
             .range(..end)
             .rev()
-            .take_while(|(_, e)| e.ptr.saturating_add(e.size) > ptr || e.ptr >= ptr)
-            .filter(|(_, e)| e.ptr.saturating_add(e.size) > ptr && e.held != Held::Guarded)
+            .take_while(|(_, e)| e.ptr.saturating_add(e.size) > ptr)
+            .filter(|(_, e)| e.held != Held::Guarded)
             .map(|(k, _)| *k)
             .collect();
         for k in overlapping {
