@@ -1,7 +1,9 @@
 //! Builds, with the system `cc`, the stand-in CUDA driver and runtime (`standin/`) and every
 //! test program (`programs/*.c`) into `OUT_DIR`:
 //!
-//! - `OUT_DIR/standin/libcuda.so.1` (+ `libcuda.so`) and `libcudart.so.13` (+ `libcudart.so`);
+//! - `OUT_DIR/standin/libcuda.so.1` (+ `libcuda.so`), from every `standin/driver_*.c` (one file
+//!   per API area, sharing `standin/driver_internal.h`), and `libcudart.so.13` (+ `libcudart.so`),
+//!   from `standin/runtime.c`;
 //! - `OUT_DIR/standin/selfcheck`, the stand-ins' own check (`standin/selfcheck.c`: exit status
 //!   0 when every check passed; identical stdout with and without the interposer preloaded);
 //! - `OUT_DIR/bin/<stem>` for each `programs/<stem>.c`, linked as its first-line directive says:
@@ -58,6 +60,7 @@ fn main() {
     }
 
     println!("cargo:rerun-if-changed=build.rs");
+    // A folder: cargo checks every file in it (the driver's files, the header, runtime.c, ...).
     println!("cargo:rerun-if-changed={}", standin_src.display());
     println!("cargo:rerun-if-changed={}", programs_src.display());
     println!("cargo:rustc-env=STANDIN_DIR={}", standin.display());
@@ -65,14 +68,14 @@ fn main() {
 
     let include = format!("-I{}", standin_src.display());
     build_lib(
-        &standin_src.join("driver.c"),
+        &driver_sources(&standin_src),
         &standin,
         "libcuda.so.1",
         "libcuda.so",
         &[&include],
     );
     build_lib(
-        &standin_src.join("runtime.c"),
+        &[standin_src.join("runtime.c")],
         &standin,
         "libcudart.so.13",
         "libcudart.so",
@@ -101,7 +104,30 @@ fn main() {
     }
 }
 
-fn build_lib(src: &Path, dir: &Path, file: &str, link: &str, extra: &[&str]) {
+/// The stand-in driver's sources: `standin/driver_*.c`, in name order.
+fn driver_sources(standin_src: &Path) -> Vec<PathBuf> {
+    let entries = fs::read_dir(standin_src)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", standin_src.display()));
+    let mut srcs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "c")
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("driver_"))
+        })
+        .collect();
+    srcs.sort();
+    assert!(
+        !srcs.is_empty(),
+        "no driver_*.c in {}",
+        standin_src.display()
+    );
+    srcs
+}
+
+/// Compiles `srcs` into the shared library `dir/file`, with the symlink `dir/link` to it.
+fn build_lib(srcs: &[PathBuf], dir: &Path, file: &str, link: &str, extra: &[&str]) {
     let target = dir.join(file);
     let mut args: Vec<String> = LIB_FLAGS.iter().map(|s| s.to_string()).collect();
     args.push(format!("-Wl,-soname,{file}"));
@@ -113,14 +139,14 @@ fn build_lib(src: &Path, dir: &Path, file: &str, link: &str, extra: &[&str]) {
     );
     args.push("-o".into());
     args.push(target.display().to_string());
-    args.push(src.display().to_string());
+    args.extend(srcs.iter().map(|src| src.display().to_string()));
     args.extend(
         extra
             .iter()
             .filter(|a| !a.starts_with("-I"))
             .map(|s| s.to_string()),
     );
-    compile(src, &args);
+    compile(&target, &args);
     let link_path = dir.join(link);
     let _ = fs::remove_file(&link_path);
     std::os::unix::fs::symlink(file, &link_path)

@@ -3,7 +3,7 @@
  * use: real type layouts, real enum values, real exported names (no `#define cuMemAlloc
  * cuMemAlloc_v2` games: every name here is the exported symbol itself).
  *
- * How the stand-ins (driver.c = libcuda.so.1, runtime.c = libcudart.so.13) behave:
+ * How the stand-ins (driver_*.c = libcuda.so.1, runtime.c = libcudart.so.13) behave:
  *
  * - Device memory is host memory: a device address can be read and written directly. Plain,
  *   async, managed, pitched and graph allocations come from one arena (STANDIN_MEM_BYTES,
@@ -420,8 +420,8 @@ unsigned long standin_param_info_calls(void);
 unsigned long standin_kernels_run(void);
 /* What a kernel's access to [p, p+n) does on a GPU: 1 when all of it is accessible; else 0,
  * and the context the kernel was launched in (outside a kernel: the calling thread's current
- * context) faults with the sticky error CUDA_ERROR_ILLEGAL_ADDRESS (see driver.c's top
- * comment for the calls that return it from then on). Never raises SIGSEGV. */
+ * context) faults with the sticky error CUDA_ERROR_ILLEGAL_ADDRESS (see the top comment of
+ * driver_internal.h for the calls that return it from then on). Never raises SIGSEGV. */
 int standin_touch(CUdeviceptr p, size_t n);
 /* The address reservations (cuMemAddressReserve) held now; their total size in *bytes. */
 unsigned long standin_reserved(size_t *bytes);

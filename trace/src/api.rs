@@ -41,6 +41,9 @@ pub enum Memory {
     Virtual,
     /// A graph memory node: allocated when the graph runs.
     Graph,
+    /// Device memory another process allocated and shares with this one (CUDA IPC): opened
+    /// and closed here, never this process's to free or to poison.
+    Shared,
     None,
 }
 
@@ -124,6 +127,10 @@ apis! {
     CuLaunchKernelExPtsz = "cuLaunchKernelEx_ptsz", Launch, None;
     CuLaunchCooperativeKernel = "cuLaunchCooperativeKernel", Launch, None;
     CuLaunchCooperativeKernelPtsz = "cuLaunchCooperativeKernel_ptsz", Launch, None;
+    CuIpcOpenMemHandle = "cuIpcOpenMemHandle_v2", Alloc, Shared;
+    CuIpcCloseMemHandle = "cuIpcCloseMemHandle", Free, Shared;
+    CudaIpcOpenMemHandle = "cudaIpcOpenMemHandle", Alloc, Shared;
+    CudaIpcCloseMemHandle = "cudaIpcCloseMemHandle", Free, Shared;
 }
 
 impl Api {

@@ -1,14 +1,13 @@
-//! `dlsym`, the driver's resolver `cuGetProcAddress`, and the process-life exports
-//! (`_exit`, `exec*`).
+//! `dlsym`: hands out our resolver and our hooks for lookups by name.
+//!
+//! Layer: hooks. Uses the policies, the base, and the tables of [`super::driver`] and
+//! [`super::runtime`].
 
-use crate::cuda::*;
-use crate::resolve::{self, Lib, REAL_DLSYM, Real};
-use std::ffi::{CStr, c_char, c_int, c_void};
-
-pub static REAL_GET_PROC_ADDRESS_V2: Real<FnGetProcAddressV2> =
-    Real::new(c"cuGetProcAddress_v2", Lib::Driver);
-pub static REAL_GET_PROC_ADDRESS: Real<FnGetProcAddressV1> =
-    Real::new(c"cuGetProcAddress", Lib::Driver);
+use super::driver::{HOOKED, cuGetProcAddress, cuGetProcAddress_v2};
+use super::runtime::RUNTIME_HOOKED;
+use crate::base::real::{GET_PROC_ADDRESS, GET_PROC_ADDRESS_V2};
+use crate::base::resolve::{self, REAL_DLSYM};
+use std::ffi::{CStr, c_char, c_void};
 
 /// `dlsym`, as a tail-jump stub. glibc's `dlsym` decides `RTLD_NEXT` by its caller's return
 /// address; a wrapper that called it would make every `RTLD_NEXT` lookup relative to *this*
@@ -62,11 +61,11 @@ extern "C" fn dlsym_intercept(handle: *mut c_void, symbol: *const c_char) -> *mu
         let (ours, real): (*mut c_void, &dyn Fn(*mut c_void)) = if name.to_bytes().ends_with(b"_v2")
         {
             (cuGetProcAddress_v2 as *mut c_void, &|p| {
-                REAL_GET_PROC_ADDRESS_V2.store(p)
+                GET_PROC_ADDRESS_V2.store(p)
             })
         } else {
             (cuGetProcAddress as *mut c_void, &|p| {
-                REAL_GET_PROC_ADDRESS.store(p)
+                GET_PROC_ADDRESS.store(p)
             })
         };
         if special {
@@ -94,10 +93,10 @@ extern "C" fn dlsym_intercept(handle: *mut c_void, symbol: *const c_char) -> *mu
     if name.to_bytes().starts_with(b"cuda") {
         return runtime_hook(handle, name);
     }
-    let Some(h) = crate::hooks::HOOKED.iter().find(|h| h.name == name) else {
+    let Some(h) = HOOKED.iter().find(|h| h.name == name) else {
         return std::ptr::null_mut();
     };
-    if crate::hooks::is_launch(h) && !crate::policy::check_launches() {
+    if super::shape::is_launch(h) && !crate::policy::check_launches() {
         return std::ptr::null_mut();
     }
     let p = resolve::dlsym_in(handle, name);
@@ -113,7 +112,7 @@ extern "C" fn dlsym_intercept(handle: *mut c_void, symbol: *const c_char) -> *mu
 /// yet, or this one when none can be found); null, so that the real `dlsym` answers, when it is
 /// another copy of the runtime, whose users keep their own, or a name we do not hook.
 fn runtime_hook(handle: *mut c_void, name: &CStr) -> *mut c_void {
-    let Some(h) = crate::hooks::RUNTIME_HOOKED.iter().find(|h| h.name == name) else {
+    let Some(h) = RUNTIME_HOOKED.iter().find(|h| h.name == name) else {
         return std::ptr::null_mut();
     };
     let p = resolve::dlsym_in(handle, name);
@@ -121,219 +120,4 @@ fn runtime_hook(handle: *mut c_void, name: &CStr) -> *mut c_void {
         return std::ptr::null_mut();
     }
     h.hook as *mut c_void
-}
-
-/// Resolves through the real `cuGetProcAddress_v2`, then hands back our hook for exports we
-/// hook (decided by the exact export the driver returned) and the real pointer for the rest.
-///
-/// # Safety
-/// Same contract as the driver's `cuGetProcAddress_v2`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress_v2(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cuda_version: c_int,
-    flags: u64,
-    status: *mut c_int,
-) -> CUresult {
-    let Some(real) = REAL_GET_PROC_ADDRESS_V2.get() else {
-        return CUDA_ERROR_NOT_FOUND;
-    };
-    let r = unsafe { real(symbol, pfn, cuda_version, flags, status) };
-    if r == CUDA_SUCCESS && !pfn.is_null() && crate::policy::intercepting() {
-        unsafe { *pfn = resolve::substitute(*pfn) };
-    }
-    r
-}
-
-/// The pre-12.0 resolver ABI (no status out-parameter).
-///
-/// # Safety
-/// Same contract as the driver's `cuGetProcAddress`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cuda_version: c_int,
-    flags: u64,
-) -> CUresult {
-    let Some(real) = REAL_GET_PROC_ADDRESS.get() else {
-        return CUDA_ERROR_NOT_FOUND;
-    };
-    let r = unsafe { real(symbol, pfn, cuda_version, flags) };
-    if r == CUDA_SUCCESS && !pfn.is_null() && crate::policy::intercepting() {
-        unsafe { *pfn = resolve::substitute(*pfn) };
-    }
-    r
-}
-
-type ExitFn = unsafe extern "C" fn(c_int) -> !;
-static REAL_EXIT: Real<ExitFn> = Real::new(c"_exit", Lib::Runtime);
-static REAL_EXIT2: Real<ExitFn> = Real::new(c"_Exit", Lib::Runtime);
-
-/// `_exit`: no destructors will run, so the trace is closed here first.
-///
-/// # Safety
-/// Same contract as `_exit(2)`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn _exit(status: c_int) -> ! {
-    crate::lifecycle::before_underscore_exit();
-    match REAL_EXIT.get() {
-        Some(f) => unsafe { f(status) },
-        None => unsafe {
-            libc::syscall(libc::SYS_exit_group, status);
-            std::process::abort()
-        },
-    }
-}
-
-/// `_Exit`, same as `_exit`.
-///
-/// # Safety
-/// Same contract as `_Exit(3)`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
-    crate::lifecycle::before_underscore_exit();
-    match REAL_EXIT2.get() {
-        Some(f) => unsafe { f(status) },
-        None => unsafe {
-            libc::syscall(libc::SYS_exit_group, status);
-            std::process::abort()
-        },
-    }
-}
-
-type ExecveFn =
-    unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
-type ExecvFn = unsafe extern "C" fn(*const c_char, *const *const c_char) -> c_int;
-static REAL_EXECVE: Real<ExecveFn> = Real::new(c"execve", Lib::Runtime);
-static REAL_EXECVPE: Real<ExecveFn> = Real::new(c"execvpe", Lib::Runtime);
-static REAL_EXECV: Real<ExecvFn> = Real::new(c"execv", Lib::Runtime);
-static REAL_EXECVP: Real<ExecvFn> = Real::new(c"execvp", Lib::Runtime);
-
-macro_rules! exec_hook {
-    ($name:ident, $real:ident, ($($a:ident: $t:ty),*)) => {
-        /// Closes the trace (with an end record saying `exec`) before the process is replaced.
-        ///
-        /// # Safety
-        /// Same contract as the libc function of this name.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
-            crate::lifecycle::before_exec();
-            match $real.get() {
-                Some(f) => unsafe { f($($a),*) },
-                None => {
-                    unsafe { *libc::__errno_location() = libc::ENOSYS };
-                    -1
-                }
-            }
-        }
-    };
-}
-
-exec_hook!(execve, REAL_EXECVE, (path: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
-exec_hook!(execvpe, REAL_EXECVPE, (file: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
-exec_hook!(execv, REAL_EXECV, (path: *const c_char, argv: *const *const c_char));
-exec_hook!(execvp, REAL_EXECVP, (file: *const c_char, argv: *const *const c_char));
-
-// The variadic forms (`execl`, `execlp`, `execle`): glibc implements them without going through
-// the PLT, so hooking the vector forms alone would miss them, and Rust cannot define variadic
-// functions. Each is a stub that lays the five register arguments after `path` out in memory
-// next to the stack arguments and calls a collector, which builds `argv` and calls our hook.
-
-macro_rules! variadic_exec {
-    ($name:ident, $collect:ident) => {
-        /// Builds `argv` from the arguments and calls the vector form (our hook).
-        ///
-        /// # Safety
-        /// Same contract as the libc function of this name.
-        #[unsafe(naked)]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name() -> c_int {
-            core::arch::naked_asm!(
-                "push rbp",
-                "mov rbp, rsp",
-                "push r9",
-                "push r8",
-                "push rcx",
-                "push rdx",
-                "push rsi",
-                "mov rsi, rsp",
-                "lea rdx, [rbp + 16]",
-                "sub rsp, 8",
-                "call {collect}",
-                "leave",
-                "ret",
-                collect = sym $collect,
-            )
-        }
-    };
-}
-
-variadic_exec!(execl, collect_execl);
-variadic_exec!(execlp, collect_execlp);
-variadic_exec!(execle, collect_execle);
-
-const MAX_ARGS: usize = 1 << 16;
-
-/// Reads the argument list (five from registers, the rest from the stack) up to its NULL;
-/// returns it with the terminating NULL, and the word after it (`envp` for `execle`).
-unsafe fn args(
-    regs: *const *const c_char,
-    stack: *const *const c_char,
-) -> Option<(Vec<*const c_char>, *const c_char)> {
-    let at = |i: usize| unsafe {
-        if i < 5 {
-            *regs.add(i)
-        } else {
-            *stack.add(i - 5)
-        }
-    };
-    let mut v = Vec::new();
-    for i in 0..MAX_ARGS {
-        let a = at(i);
-        v.push(a);
-        if a.is_null() {
-            return Some((v, at(i + 1)));
-        }
-    }
-    None
-}
-
-fn e2big() -> c_int {
-    unsafe { *libc::__errno_location() = libc::E2BIG };
-    -1
-}
-
-extern "C" fn collect_execl(
-    path: *const c_char,
-    regs: *const *const c_char,
-    stack: *const *const c_char,
-) -> c_int {
-    match unsafe { args(regs, stack) } {
-        Some((argv, _)) => unsafe { execv(path, argv.as_ptr()) },
-        None => e2big(),
-    }
-}
-
-extern "C" fn collect_execlp(
-    file: *const c_char,
-    regs: *const *const c_char,
-    stack: *const *const c_char,
-) -> c_int {
-    match unsafe { args(regs, stack) } {
-        Some((argv, _)) => unsafe { execvp(file, argv.as_ptr()) },
-        None => e2big(),
-    }
-}
-
-extern "C" fn collect_execle(
-    path: *const c_char,
-    regs: *const *const c_char,
-    stack: *const *const c_char,
-) -> c_int {
-    match unsafe { args(regs, stack) } {
-        Some((argv, envp)) => unsafe { execve(path, argv.as_ptr(), envp as *const *const c_char) },
-        None => e2big(),
-    }
 }

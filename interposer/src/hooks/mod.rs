@@ -1,133 +1,108 @@
-//! The exported entry points. Each hook is thin: enter the per-thread guard, call the policy
-//! (which calls the real function), return exactly what the real function returned. Nothing
-//! here decides anything; `crate::policy` does.
+//! The exported entry points, declared once each. A hook is thin: enter the per-thread guard,
+//! call the policy (which calls the real function), return exactly what the real function
+//! returned. Nothing here decides anything; the policies do.
+//!
+//! One [`hooks!`] line declares a hook: the export (its name and C parameters), the real
+//! function it stands for (declared in [`crate::base::real`]), and its body in brackets —
+//! - `[Api, kind, |e| fill]` (optionally `, then |e| after`): a recorded call; `kind` is a
+//!   [`crate::policy::Call`], `fill` puts the arguments in the event, `after` what only the
+//!   result tells;
+//! - `[launch Api, f, params, extra]`: a kernel launch, checked when the launch check is on;
+//! - `[resolver pfn]`: a resolver whose answer in `pfn` is swapped for our hook.
+//!
+//! The line also adds the hook to its table, by which the resolvers and `dlsym` hand hooks out.
+//! What the bodies share is in [`shape`].
+//!
+//! Layer: hooks, the top. Uses every layer below (policies, process life, recording, base).
 
-pub mod dl;
-pub mod driver;
-pub mod runtime;
-
-use crate::record::Inside;
-use crate::resolve::Hooked;
-use std::cell::Cell;
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
-/// Runs `body` under the guard, or `passthrough` when recording is off or this call is nested
-/// inside another hook. `body` gets a slot where the real call's result is put as soon as it is
-/// known, so that even if recording panicked the caller gets that exact result.
-#[inline(always)]
-pub(crate) fn run(
-    body: impl FnOnce(&Cell<Option<i32>>) -> i32,
-    passthrough: impl FnOnce() -> i32,
-) -> i32 {
-    if !crate::policy::intercepting() {
-        return passthrough();
-    }
-    let Some(_inside) = Inside::enter() else {
-        return passthrough();
+/// The body of one hook; see the module comment for the three forms.
+macro_rules! body {
+    ($real:ident, ($($a:ident),*), [$api:ident, $kind:expr, |$e:ident| $fill:expr $(, then |$e2:ident| $after:expr)?]) => {
+        $crate::hooks::shape::run(
+            isolate_trace::Api::$api,
+            |slot| {
+                #[allow(unused_mut)]
+                let mut $e = $crate::hooks::shape::proto(isolate_trace::Api::$api);
+                #[allow(clippy::no_effect, clippy::unused_unit)]
+                $fill;
+                $crate::policy::call(
+                    $kind,
+                    $e,
+                    || $crate::hooks::shape::call(slot, || unsafe { $real($($a),*) }),
+                    |_e: &mut isolate_trace::Event| { $( let $e2 = _e; $after; )? },
+                )
+            },
+            || unsafe { $real($($a),*) },
+        )
     };
-    let slot = Cell::new(None);
-    match catch_unwind(AssertUnwindSafe(|| body(&slot))) {
-        Ok(r) => r,
-        Err(_) => match slot.get() {
-            Some(r) => r,
-            None => passthrough(),
-        },
-    }
+    ($real:ident, ($($a:ident),*), [launch $api:ident, $f:ident, $params:ident, $extra:expr]) => {{
+        if !$crate::policy::check_launches() || $crate::record::thread::nested() {
+            return unsafe { $real($($a),*) };
+        }
+        let found = unsafe { $crate::policy::launch_check(isolate_trace::Api::$api, $f, $params, $extra) };
+        let r = unsafe { $real($($a),*) };
+        $crate::policy::launched(isolate_trace::Api::$api, found, r);
+        r
+    }};
+    ($real:ident, ($($a:ident),*), [resolver $pfn:ident]) => {{
+        let r = unsafe { $real($($a),*) };
+        if r == 0 && !$pfn.is_null() && $crate::policy::intercepting() {
+            unsafe { *$pfn = $crate::hooks::driver::substitute(*$pfn) };
+        }
+        r
+    }};
 }
 
-/// Calls the real function and puts its result in the slot.
-#[inline(always)]
-pub(crate) fn call(slot: &Cell<Option<i32>>, f: impl FnOnce() -> i32) -> i32 {
-    let r = f();
-    slot.set(Some(r));
-    r
-}
+/// Declares hooks and their table: see the module comment.
+macro_rules! hooks {
+    (
+        $(#[$tdoc:meta])* static $table:ident: $ret:ty = missing $missing:expr;
+        $( $(#[$doc:meta])* $name:ident($($a:ident: $t:ty),* $(,)?) = $real:ident $body:tt; )*
+    ) => {
+        $(
+            $(#[$doc])*
+            ///
+            /// # Safety
+            /// Same contract as the CUDA function of this name.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "C" fn $name($($a: $t),*) -> $ret {
+                let Some(real) = $crate::base::real::$real.get() else {
+                    return $missing;
+                };
+                body!(real, ($($a),*), $body)
+            }
+        )*
 
-macro_rules! hooked {
-    ($(#[$doc:meta])* $table:ident { $( $real:path => $hook:path ),* $(,)? }) => {
-        $(#[$doc])*
-        pub static $table: &[Hooked] = &[
-            $( Hooked {
-                name: $real.name,
-                hook: $hook as *const std::ffi::c_void,
-                store: |p| $real.store(p),
-                adopt: |p| $real.adopt(p),
+        $(#[$tdoc])*
+        pub static $table: &[$crate::hooks::shape::Hooked] = &[
+            $( $crate::hooks::shape::Hooked {
+                name: $crate::base::real::$real.name,
+                export: stringify!($name),
+                hook: $name as *const std::ffi::c_void,
+                store: |p| $crate::base::real::$real.store(p),
+                adopt: |p| $crate::base::real::$real.adopt(p),
             }, )*
         ];
     };
 }
 
-use dl::{cuGetProcAddress, cuGetProcAddress_v2};
-use driver::*;
+pub mod dl;
+pub mod driver;
+pub mod process;
+pub mod runtime;
+pub mod shape;
 
-hooked! {
-    /// Every driver export we hand out a hook for, by the export's exact name.
-    HOOKED {
-        dl::REAL_GET_PROC_ADDRESS_V2 => cuGetProcAddress_v2,
-        dl::REAL_GET_PROC_ADDRESS => cuGetProcAddress,
-        MEM_ALLOC => cuMemAlloc_v2,
-        MEM_FREE => cuMemFree_v2,
-        MEM_ALLOC_ASYNC => cuMemAllocAsync,
-        MEM_ALLOC_ASYNC_PTSZ => cuMemAllocAsync_ptsz,
-        MEM_FREE_ASYNC => cuMemFreeAsync,
-        MEM_FREE_ASYNC_PTSZ => cuMemFreeAsync_ptsz,
-        MEM_ALLOC_FROM_POOL_ASYNC => cuMemAllocFromPoolAsync,
-        MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => cuMemAllocFromPoolAsync_ptsz,
-        MEM_ALLOC_MANAGED => cuMemAllocManaged,
-        MEM_ALLOC_PITCH => cuMemAllocPitch_v2,
-        MEM_ALLOC_HOST => cuMemAllocHost_v2,
-        MEM_HOST_ALLOC => cuMemHostAlloc,
-        MEM_FREE_HOST => cuMemFreeHost,
-        MEM_HOST_REGISTER => cuMemHostRegister_v2,
-        MEM_HOST_UNREGISTER => cuMemHostUnregister,
-        MEM_ADDRESS_RESERVE => cuMemAddressReserve,
-        MEM_ADDRESS_FREE => cuMemAddressFree,
-        MEM_CREATE => cuMemCreate,
-        MEM_RELEASE => cuMemRelease,
-        MEM_MAP => cuMemMap,
-        MEM_UNMAP => cuMemUnmap,
-        MEM_SET_ACCESS => cuMemSetAccess,
-        GRAPH_ADD_MEM_ALLOC_NODE => cuGraphAddMemAllocNode,
-        GRAPH_ADD_MEM_FREE_NODE => cuGraphAddMemFreeNode,
-        LAUNCH_KERNEL => cuLaunchKernel,
-        LAUNCH_KERNEL_PTSZ => cuLaunchKernel_ptsz,
-        LAUNCH_KERNEL_EX => cuLaunchKernelEx,
-        LAUNCH_KERNEL_EX_PTSZ => cuLaunchKernelEx_ptsz,
-        LAUNCH_COOPERATIVE_KERNEL => cuLaunchCooperativeKernel,
-        LAUNCH_COOPERATIVE_KERNEL_PTSZ => cuLaunchCooperativeKernel_ptsz,
+#[cfg(test)]
+mod tests {
+    /// Each hook is exported under the name of the real function it stands for: a table row
+    /// that pairs a hook with another function's real pointer would call the wrong function.
+    #[test]
+    fn every_hook_stands_for_the_real_function_of_its_name() {
+        for h in super::driver::HOOKED
+            .iter()
+            .chain(super::runtime::RUNTIME_HOOKED)
+        {
+            assert_eq!(h.name.to_str().unwrap(), h.export);
+        }
     }
-}
-
-hooked! {
-    /// Every runtime export we hook, by its exact name: handed out by the `dlsym` override for
-    /// a lookup in a runtime's handle (ctypes, cffi, JIT runtimes) when the handle's function
-    /// is the one the hook calls.
-    RUNTIME_HOOKED {
-        runtime::MALLOC => runtime::cudaMalloc,
-        runtime::FREE => runtime::cudaFree,
-        runtime::MALLOC_ASYNC => runtime::cudaMallocAsync,
-        runtime::MALLOC_ASYNC_PTSZ => runtime::cudaMallocAsync_ptsz,
-        runtime::FREE_ASYNC => runtime::cudaFreeAsync,
-        runtime::FREE_ASYNC_PTSZ => runtime::cudaFreeAsync_ptsz,
-        runtime::MALLOC_FROM_POOL_ASYNC => runtime::cudaMallocFromPoolAsync,
-        runtime::MALLOC_FROM_POOL_ASYNC_PTSZ => runtime::cudaMallocFromPoolAsync_ptsz,
-        runtime::MALLOC_MANAGED => runtime::cudaMallocManaged,
-        runtime::MALLOC_PITCH => runtime::cudaMallocPitch,
-        runtime::MALLOC_3D => runtime::cudaMalloc3D,
-        runtime::MALLOC_HOST => runtime::cudaMallocHost,
-        runtime::HOST_ALLOC => runtime::cudaHostAlloc,
-        runtime::FREE_HOST => runtime::cudaFreeHost,
-        runtime::HOST_REGISTER => runtime::cudaHostRegister,
-        runtime::HOST_UNREGISTER => runtime::cudaHostUnregister,
-        runtime::GET_DRIVER_ENTRY_POINT => runtime::cudaGetDriverEntryPoint,
-        runtime::GET_DRIVER_ENTRY_POINT_PTSZ => runtime::cudaGetDriverEntryPoint_ptsz,
-        runtime::GET_DRIVER_ENTRY_POINT_BY_VERSION => runtime::cudaGetDriverEntryPointByVersion,
-        runtime::GET_DRIVER_ENTRY_POINT_BY_VERSION_PTSZ =>
-            runtime::cudaGetDriverEntryPointByVersion_ptsz,
-    }
-}
-
-/// True for the launch hooks, which are handed out only when the launch check is on.
-pub fn is_launch(h: &Hooked) -> bool {
-    h.name.to_bytes().starts_with(b"cuLaunch")
 }

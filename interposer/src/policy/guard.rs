@@ -3,22 +3,16 @@
 //! `ISOLATE_GUARD_SIDE=start`, its start follows one). On free the physical memory is unmapped
 //! and released but the address range stays reserved and is never handed out again, so a later
 //! access through a stale pointer faults instead of corrupting another allocation.
+//!
+//! Layer: policies. Uses the base, recording and [`super::sync`].
 
-use crate::config;
-use crate::cuda::*;
-use crate::hooks::{driver, runtime};
-use crate::record;
-use crate::resolve::{Lib, Real};
-use crate::writer;
+use crate::base::config;
+use crate::base::cuda::*;
+use crate::base::real::{self, *};
+use crate::base::sys::ForkLock;
+use crate::record::event;
 use isolate_trace::{Api, NoteKind};
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
-
-type FnGranularity = unsafe extern "C" fn(*mut usize, *const CUmemAllocationProp, i32) -> CUresult;
-static GRANULARITY: Real<FnGranularity> = Real::new(c"cuMemGetAllocationGranularity", Lib::Driver);
-static STREAM_SYNCHRONIZE: Real<FnStreamSynchronize> =
-    Real::new(c"cuStreamSynchronize", Lib::Driver);
-static CTX_SYNCHRONIZE: Real<FnCtxSynchronize> = Real::new(c"cuCtxSynchronize", Lib::Driver);
 
 /// One guarded allocation.
 #[derive(Clone, Copy)]
@@ -39,7 +33,7 @@ struct State {
     granularity: HashMap<i32, u64>,
 }
 
-static STATE: Mutex<Option<State>> = Mutex::new(None);
+static STATE: ForkLock<Option<State>> = ForkLock::new(None);
 
 /// Unmapped address space kept on each side of a guarded allocation (rounded up to the
 /// granularity: one 2 MiB granule on an H200). 32 MiB was tried, to keep pointers a kernel
@@ -51,7 +45,7 @@ static STATE: Mutex<Option<State>> = Mutex::new(None);
 const GAP: u64 = 2 << 20;
 
 fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
-    let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = STATE.lock();
     f(g.get_or_insert_with(State::default))
 }
 
@@ -97,7 +91,7 @@ fn granularity(device: i32) -> Option<u64> {
     if let Some(g) = with(|s| s.granularity.get(&device).copied()) {
         return Some(g);
     }
-    let f = GRANULARITY.get()?;
+    let f = MEM_GET_ALLOCATION_GRANULARITY.get()?;
     let p = prop(device);
     let mut g = 0usize;
     // CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0
@@ -111,15 +105,21 @@ fn granularity(device: i32) -> Option<u64> {
 /// Makes a guarded allocation of `size` bytes for `api`. `Err(code)`: the driver's answer when
 /// it failed for lack of memory; `Ok(None)`: guard mode cannot be used here (fall back to the
 /// real call).
-pub fn alloc(api: Api, size: u64) -> Result<Option<u64>, CUresult> {
-    let mut device = record::current_device();
+/// `recycled` is told of each old reservation handed back to the driver (its addresses may be
+/// handed out again).
+pub fn alloc(
+    api: Api,
+    size: u64,
+    mut recycled: impl FnMut(u64, u64),
+) -> Result<Option<u64>, CUresult> {
+    let mut device = event::current_device();
     if device < 0 && api.is_runtime() {
         // The program's first CUDA call: the runtime makes its context current on it. Have it
         // do so now (cudaFree(NULL), its usual way), or this allocation would not be guarded.
-        if let Some(f) = runtime::FREE.get() {
+        if let Some(f) = real::FREE.get() {
             unsafe { f(std::ptr::null_mut()) };
         }
-        device = record::current_device();
+        device = event::current_device();
     }
     if device < 0 {
         return Ok(None);
@@ -136,13 +136,13 @@ pub fn alloc(api: Api, size: u64) -> Result<Option<u64>, CUresult> {
         Some(unmap),
         Some(free_va),
     ) = (
-        driver::MEM_ADDRESS_RESERVE.get(),
-        driver::MEM_CREATE.get(),
-        driver::MEM_MAP.get(),
-        driver::MEM_SET_ACCESS.get(),
-        driver::MEM_RELEASE.get(),
-        driver::MEM_UNMAP.get(),
-        driver::MEM_ADDRESS_FREE.get(),
+        real::MEM_ADDRESS_RESERVE.get(),
+        real::MEM_CREATE.get(),
+        real::MEM_MAP.get(),
+        real::MEM_SET_ACCESS.get(),
+        real::MEM_RELEASE.get(),
+        real::MEM_UNMAP.get(),
+        real::MEM_ADDRESS_FREE.get(),
     )
     else {
         return Ok(None);
@@ -166,8 +166,8 @@ pub fn alloc(api: Api, size: u64) -> Result<Option<u64>, CUresult> {
         };
         unsafe { free_va(old, old_size as usize) };
         // Its addresses may be handed out again now: no longer "freed memory" to the launch check.
-        super::isolate::forget_range(old, old_size);
-        writer::note(
+        recycled(old, old_size);
+        event::note(
             NoteKind::GuardRecycle,
             old,
             old_size,
@@ -246,16 +246,16 @@ pub fn free(ptr: u64, stream: Option<CUstream>) -> CUresult {
             .get()
             .map_or(CUDA_SUCCESS, |f| unsafe { f(st) }),
         None => CTX_SYNCHRONIZE.get().map_or(CUDA_SUCCESS, |f| {
-            let token = super::launch::sync_begins();
+            let token = super::sync::begins();
             let r = unsafe { f() };
             if r == CUDA_SUCCESS {
                 // Every launch before it ran without a fault: their stale values went unused.
-                super::launch::sync_clean(token);
+                super::sync::clean(token);
             }
             r
         }),
     };
-    if let (Some(unmap), Some(release)) = (driver::MEM_UNMAP.get(), driver::MEM_RELEASE.get()) {
+    if let (Some(unmap), Some(release)) = (real::MEM_UNMAP.get(), real::MEM_RELEASE.get()) {
         unsafe {
             unmap(g.map_at, g.phys as usize);
             release(g.handle);
@@ -263,4 +263,10 @@ pub fn free(ptr: u64, stream: Option<CUstream>) -> CUresult {
     }
     with(|s| s.retired.push_back((g.va, g.va_size)));
     r
+}
+
+/// In a fork child: the parent's guarded memory is not the child's, and another thread of the
+/// parent may have held the lock at the fork.
+pub fn after_fork_child() {
+    STATE.reset_in_child(None);
 }

@@ -3,56 +3,23 @@
 //! really freed only when the quarantine is over its budget (oldest first) or an allocation runs
 //! out of memory. When an allocation leaves quarantine, and for all of them at exit, the poison
 //! is checked on the device: a changed byte is a write through a stale pointer.
+//!
+//! Layer: policies. Uses the base, recording, [`super::log`] and [`super::guard`].
 
-use super::{Out, guard};
-use crate::config::{self, Budget};
-use crate::cuda::*;
-use crate::hooks::{driver, runtime};
-use crate::record::{self, Pending};
-use crate::resolve::{Lib, Real};
-use crate::writer::{self, Q_EARLY, Q_PEAK, Q_RELEASES};
+use super::{guard, log};
+use crate::base::config::{self, Budget};
+use crate::base::cuda::*;
+use crate::base::real::{self, *};
+use crate::base::sys::{ForkLock, ForkLockGuard};
+use crate::base::sys::{now_ns, warn};
+use crate::record::event::{self, Pending};
+use crate::record::thread::Inside;
+use crate::record::writer;
+use crate::record::writer::{Q_EARLY, Q_PEAK, Q_RELEASES};
 use isolate_trace::{Api, Event, Kind, Memory, NoteKind, Record, Violation};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
-use std::sync::{Mutex, MutexGuard};
-
-type FnEventCreate = unsafe extern "C" fn(*mut *mut c_void, u32) -> CUresult;
-type FnEvent = unsafe extern "C" fn(*mut c_void) -> CUresult;
-type FnEventRecord = unsafe extern "C" fn(*mut c_void, CUstream) -> CUresult;
-type FnCtxGet = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
-type FnCtxSet = unsafe extern "C" fn(CUcontext) -> CUresult;
-type FnDeviceTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
-type FnMemcpyDtoH = unsafe extern "C" fn(*mut c_void, CUdeviceptr, usize) -> CUresult;
-type FnMemcpyHtoD = unsafe extern "C" fn(CUdeviceptr, *const c_void, usize) -> CUresult;
-type FnModuleLoadData = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> CUresult;
-type FnModuleGetFunction =
-    unsafe extern "C" fn(*mut CUfunction, *mut c_void, *const std::ffi::c_char) -> CUresult;
-type FnModuleGetGlobal = unsafe extern "C" fn(
-    *mut CUdeviceptr,
-    *mut usize,
-    *mut c_void,
-    *const std::ffi::c_char,
-) -> CUresult;
-type FnGetLastError = unsafe extern "C" fn() -> cudaError_t;
-
-static CTX_SYNCHRONIZE: Real<FnCtxSynchronize> = Real::new(c"cuCtxSynchronize", Lib::Driver);
-static MEMSET_D8: Real<FnMemsetD8> = Real::new(c"cuMemsetD8_v2", Lib::Driver);
-static MEMSET_D8_ASYNC: Real<FnMemsetD8Async> = Real::new(c"cuMemsetD8Async", Lib::Driver);
-static EVENT_CREATE: Real<FnEventCreate> = Real::new(c"cuEventCreate", Lib::Driver);
-static EVENT_RECORD: Real<FnEventRecord> = Real::new(c"cuEventRecord", Lib::Driver);
-static EVENT_SYNCHRONIZE: Real<FnEvent> = Real::new(c"cuEventSynchronize", Lib::Driver);
-static EVENT_DESTROY: Real<FnEvent> = Real::new(c"cuEventDestroy_v2", Lib::Driver);
-static CTX_GET_CURRENT: Real<FnCtxGet> = Real::new(c"cuCtxGetCurrent", Lib::Driver);
-static CTX_SET_CURRENT: Real<FnCtxSet> = Real::new(c"cuCtxSetCurrent", Lib::Driver);
-static DEVICE_TOTAL_MEM: Real<FnDeviceTotalMem> = Real::new(c"cuDeviceTotalMem_v2", Lib::Driver);
-static MEMCPY_DTOH: Real<FnMemcpyDtoH> = Real::new(c"cuMemcpyDtoH_v2", Lib::Driver);
-static MEMCPY_HTOD: Real<FnMemcpyHtoD> = Real::new(c"cuMemcpyHtoD_v2", Lib::Driver);
-static MODULE_LOAD_DATA: Real<FnModuleLoadData> = Real::new(c"cuModuleLoadData", Lib::Driver);
-static MODULE_GET_FUNCTION: Real<FnModuleGetFunction> =
-    Real::new(c"cuModuleGetFunction", Lib::Driver);
-static MODULE_GET_GLOBAL: Real<FnModuleGetGlobal> = Real::new(c"cuModuleGetGlobal_v2", Lib::Driver);
-static GET_LAST_ERROR: Real<FnGetLastError> = Real::new(c"cudaGetLastError", Lib::Runtime);
 
 /// The verification kernel, JIT-compiled by the driver on first use in each context.
 static VERIFY_PTX: &str = concat!(include_str!("verify.ptx"), "\0");
@@ -112,7 +79,7 @@ struct State {
     created: std::collections::HashSet<u64>,
 }
 
-static STATE: Mutex<Option<State>> = Mutex::new(None);
+static STATE: ForkLock<Option<State>> = ForkLock::new(None);
 /// Lowest start and highest end ever quarantined: a cheap first test for the launch check.
 pub static LOW: AtomicU64 = AtomicU64::new(u64::MAX);
 pub static HIGH: AtomicU64 = AtomicU64::new(0);
@@ -129,8 +96,8 @@ impl State {
     }
 }
 
-fn state() -> MutexGuard<'static, Option<State>> {
-    let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());
+fn state() -> ForkLockGuard<'static, Option<State>> {
+    let mut g = STATE.lock();
     if g.is_none() {
         *g = Some(State::default());
     }
@@ -149,19 +116,18 @@ pub fn before_main() {
     if std::env::var_os("PYTORCH_NO_CUDA_MEMORY_CACHING").is_none() {
         unsafe { libc::setenv(c"PYTORCH_NO_CUDA_MEMORY_CACHING".as_ptr(), c"1".as_ptr(), 1) };
         if !SAID_PYTORCH.swap(true, Relaxed) {
-            record::warn(
+            warn(
                 "isolate mode: set PYTORCH_NO_CUDA_MEMORY_CACHING=1 (PyTorch's caching allocator off)",
             );
         }
     }
 }
 
+/// In a fork child: the parent's CUDA memory is not the child's to manage, and another thread
+/// of the parent may have held these locks at the fork.
 pub fn after_fork_child() {
-    // The parent's CUDA memory is not the child's to manage.
-    let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(s) = g.take() {
-        std::mem::forget(s);
-    }
+    STATE.reset_in_child(None);
+    KERNELS.reset_in_child(Vec::new());
 }
 
 fn quarantinable(api: Api) -> bool {
@@ -187,7 +153,7 @@ pub fn alloc(
     let mut attempt = || {
         // Guard mode cannot make it, or ran out of memory: the real call answers, as in a
         // normal run (a runtime call also leaves its sticky error, which a code alone cannot).
-        if guarded && let Ok(Some(ptr)) = guard::alloc(proto.api, proto.size) {
+        if guarded && let Ok(Some(ptr)) = guard::alloc(proto.api, proto.size, forget_range) {
             out.write(ptr);
             return CUDA_SUCCESS;
         }
@@ -207,7 +173,7 @@ pub fn alloc(
             r = attempt();
         }
         if released > 0 {
-            writer::note(
+            event::note(
                 NoteKind::OomRetry,
                 0,
                 proto.size,
@@ -228,7 +194,7 @@ pub fn alloc(
             r = first; // exactly the code a normal run gets
         }
     }
-    p.ev.seq = record::next_seq();
+    p.ev.seq = event::next_seq();
     p.ev.result = r;
     if r == CUDA_SUCCESS {
         p.ev.ptr = out.read();
@@ -277,33 +243,11 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         let r = guard::free(proto.ptr, ordered.then_some(proto.stream as CUstream));
         p.finish(r);
         // The range stays reserved and unmapped for good: listed so launches into it are named.
-        quarantine_index_only(Entry {
-            ptr: proto.ptr,
-            size: live.size,
-            alloc_seq: live.seq,
-            free_seq: seq,
-            free_ts: record::now_ns(),
-            free_api: proto.api,
-            device: record::current_device(),
-            ctx: current_ctx(),
-            event: 0,
-            held: Held::Guarded,
-        });
+        quarantine_index_only(freed(&proto, live, seq, Held::Guarded));
         return r;
     }
     let r = poison(proto.ptr, live.size, ordered, proto.stream as CUstream);
-    let mut entry = Entry {
-        ptr: proto.ptr,
-        size: live.size,
-        alloc_seq: live.seq,
-        free_seq: seq,
-        free_ts: record::now_ns(),
-        free_api: proto.api,
-        device: record::current_device(),
-        ctx: current_ctx(),
-        event: 0,
-        held: Held::Allocation,
-    };
+    let mut entry = freed(&proto, live, seq, Held::Allocation);
     if ordered {
         entry.event = record_event(proto.stream as CUstream);
     }
@@ -312,10 +256,27 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     r
 }
 
+/// The quarantine entry of the allocation `live` (a mapping: no allocation event) that the
+/// free `proto` (event `seq`) gave back.
+fn freed(proto: &Event, live: Live, seq: u64, held: Held) -> Entry {
+    Entry {
+        ptr: proto.ptr,
+        size: live.size,
+        alloc_seq: live.seq,
+        free_seq: seq,
+        free_ts: now_ns(),
+        free_api: proto.api,
+        device: event::current_device(),
+        ctx: current_ctx(),
+        event: 0,
+        held,
+    }
+}
+
 pub fn other(
     proto: Event,
     before: bool,
-    call: impl FnOnce() -> i32,
+    call: impl FnMut() -> i32,
     after: impl FnOnce(&mut Event),
 ) -> i32 {
     match proto.api.kind() {
@@ -325,7 +286,7 @@ pub fn other(
         Kind::AddressFree | Kind::Map => release_overlapping(proto.ptr, proto.size),
         _ => {}
     }
-    super::record_other(proto, before, call, |e| {
+    log::other(proto, before, call, |e| {
         after(e);
         if e.result == CUDA_SUCCESS {
             track_mapping(e);
@@ -375,18 +336,11 @@ fn unmap(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         return r;
     }
     p.finish(CUDA_SUCCESS);
-    quarantine(Entry {
-        ptr: proto.ptr,
+    let mapping = Live {
         size: proto.size,
-        alloc_seq: u64::MAX,
-        free_seq: seq,
-        free_ts: record::now_ns(),
-        free_api: proto.api,
-        device: record::current_device(),
-        ctx: current_ctx(),
-        event: 0,
-        held: Held::Mapping,
-    });
+        seq: u64::MAX,
+    };
+    quarantine(freed(&proto, mapping, seq, Held::Mapping));
     CUDA_SUCCESS
 }
 
@@ -395,19 +349,15 @@ fn unmap(proto: Event, call: impl FnOnce() -> i32) -> i32 {
 fn double_free(api: Api, stream: CUstream) -> i32 {
     let bogus = std::ptr::dangling_mut::<c_void>(); // address 1: never allocated
     let r = match api {
-        Api::CudaFree => runtime::FREE.get().map(|f| unsafe { f(bogus) }),
-        Api::CudaFreeAsync => runtime::FREE_ASYNC
-            .get()
-            .map(|f| unsafe { f(bogus, stream) }),
-        Api::CudaFreeAsyncPtsz => runtime::FREE_ASYNC_PTSZ
+        Api::CudaFree => real::FREE.get().map(|f| unsafe { f(bogus) }),
+        Api::CudaFreeAsync => real::FREE_ASYNC.get().map(|f| unsafe { f(bogus, stream) }),
+        Api::CudaFreeAsyncPtsz => real::FREE_ASYNC_PTSZ
             .get()
             .map(|f| unsafe { f(bogus, stream) }),
         // The driver too decides the code (no context is reported before a bad address).
-        Api::CuMemFree => driver::MEM_FREE.get().map(|f| unsafe { f(1) }),
-        Api::CuMemFreeAsync => driver::MEM_FREE_ASYNC
-            .get()
-            .map(|f| unsafe { f(1, stream) }),
-        Api::CuMemFreeAsyncPtsz => driver::MEM_FREE_ASYNC_PTSZ
+        Api::CuMemFree => real::MEM_FREE.get().map(|f| unsafe { f(1) }),
+        Api::CuMemFreeAsync => real::MEM_FREE_ASYNC.get().map(|f| unsafe { f(1, stream) }),
+        Api::CuMemFreeAsyncPtsz => real::MEM_FREE_ASYNC_PTSZ
             .get()
             .map(|f| unsafe { f(1, stream) }),
         _ => None,
@@ -664,12 +614,12 @@ fn release_batch(entries: &[Entry], free: bool) {
             for e in &group {
                 match e.held {
                     Held::Allocation => {
-                        if let Some(f) = driver::MEM_FREE.get() {
+                        if let Some(f) = real::MEM_FREE.get() {
                             unsafe { f(e.ptr) };
                         }
                     }
                     Held::Mapping => {
-                        if let Some(f) = driver::MEM_UNMAP.get() {
+                        if let Some(f) = real::MEM_UNMAP.get() {
                             unsafe { f(e.ptr, e.size as usize) };
                         }
                     }
@@ -697,8 +647,8 @@ fn report(e: &Entry, first: u64, changed: u64) {
         return;
     }
     let v = Violation {
-        seq: record::next_seq(),
-        ts_ns: record::now_ns(),
+        seq: event::next_seq(),
+        ts_ns: now_ns(),
         device: e.device,
         ptr: e.ptr,
         size: e.size,
@@ -709,7 +659,7 @@ fn report(e: &Entry, first: u64, changed: u64) {
         free_ts_ns: e.free_ts,
         free_api: e.free_api,
     };
-    record::warn(&format!(
+    warn(&format!(
         "STALE WRITE: {changed} byte(s) of freed allocation 0x{:x} ({} bytes, freed by {} at event {}) changed \
          after the free; first at offset {first}",
         e.ptr, e.size, e.free_api, e.free_seq
@@ -725,13 +675,13 @@ struct Kernel {
 // SAFETY: CUDA handles are usable from any thread.
 unsafe impl Send for Kernel {}
 
-static KERNELS: Mutex<Vec<(usize, Option<Kernel>)>> = Mutex::new(Vec::new());
+static KERNELS: ForkLock<Vec<(usize, Option<Kernel>)>> = ForkLock::new(Vec::new());
 
 /// The verification kernel of the current context, loaded on first use (`None` if the driver
 /// cannot load it, e.g. the CI stand-in: then the host path is used).
 fn kernel_for_current() -> Option<(CUfunction, CUdeviceptr)> {
     let ctx = current_ctx();
-    let mut g = KERNELS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = KERNELS.lock();
     if let Some((_, k)) = g.iter().find(|(c, _)| *c == ctx) {
         return k.as_ref().map(|k| (k.func, k.result));
     }
@@ -766,7 +716,7 @@ fn kernel_for_current() -> Option<(CUfunction, CUdeviceptr)> {
 /// launched, then one copy back.
 fn verify_batch_on_device(entries: &[&Entry], byte: u8) -> Option<Vec<(u64, u64)>> {
     let (func, result) = kernel_for_current()?;
-    let launch = driver::LAUNCH_KERNEL.get()?;
+    let launch = real::LAUNCH_KERNEL.get()?;
     let htod = MEMCPY_HTOD.get()?;
     let dtoh = MEMCPY_DTOH.get()?;
     let n = entries.len().min(BATCH);
@@ -840,7 +790,7 @@ fn verify_on_host(ptr: u64, size: u64, byte: u8) -> Option<(u64, u64)> {
 }
 
 extern "C" fn verify_all_at_exit() {
-    let _inside = record::Inside::enter();
+    let _inside = Inside::enter();
     let _ = std::panic::catch_unwind(at_exit);
 }
 
@@ -860,16 +810,13 @@ pub fn at_exit() {
     }
     let (device, host) = (ON_DEVICE.load(Relaxed), ON_HOST.load(Relaxed));
     if device + host > 0 {
-        writer::note(
+        event::note(
             NoteKind::Info,
             0,
             device,
             host,
             format!("poison verified for {device} allocations on the device, {host} on the host"),
         );
-    }
-    if config::get().check_launch {
-        super::launch::note_at_exit();
     }
 }
 
@@ -891,7 +838,7 @@ pub fn forget_range(ptr: u64, size: u64) {
 /// for each word `i` inside freed memory `e`.
 pub fn lookup_each(words: &[u64], mut found: impl FnMut(usize, Entry)) {
     let hits: Vec<(usize, Entry)> = {
-        let g = STATE.lock().unwrap_or_else(|e| e.into_inner());
+        let g = STATE.lock();
         let Some(s) = g.as_ref() else { return };
         words
             .iter()

@@ -9,20 +9,20 @@
 //! fields they ignore). Those launches are kept as suspects until a device-wide synchronisation
 //! succeeds; when a call returns a device fault first, the suspects are named as the stale
 //! launches that caused it.
+//!
+//! Layer: policies. Uses the base, recording, [`super::isolate`] (its quarantine index) and
+//! [`super::sync`].
 
-use super::isolate;
-use crate::cuda::*;
-use crate::record;
-use crate::resolve::{Lib, Real};
+use super::{isolate, sync};
+use crate::base::cuda::*;
+use crate::base::real::*;
+use crate::base::sys::ForkLock;
+use crate::base::sys::{gettid, now_ns, warn};
+use crate::record::{event, writer};
 use isolate_trace::{Api, NoteKind, Record, StaleLaunch};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::{CStr, c_void};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
-
-static FUNC_GET_PARAM_INFO: Real<FnFuncGetParamInfo> =
-    Real::new(c"cuFuncGetParamInfo", Lib::Driver);
-static FUNC_GET_NAME: Real<FnFuncGetName> = Real::new(c"cuFuncGetName", Lib::Driver);
 
 /// A kernel's parameters: (offset, size) of each, and its name.
 struct Layout {
@@ -30,8 +30,8 @@ struct Layout {
     name: String,
 }
 
-static LAYOUTS: Mutex<Option<HashMap<usize, &'static Layout>>> = Mutex::new(None);
-static WARNED: Mutex<Option<HashSet<(usize, u64)>>> = Mutex::new(None);
+static LAYOUTS: ForkLock<Option<HashMap<usize, &'static Layout>>> = ForkLock::new(None);
+static WARNED: ForkLock<Option<HashSet<(usize, u64)>>> = ForkLock::new(None);
 
 /// The layout of kernel `f`, cached by handle. A handle can be reused: a module unloaded and
 /// another loaded (XLA's autotuning does this all the time) may give a new kernel the address
@@ -41,7 +41,7 @@ static WARNED: Mutex<Option<HashSet<(usize, u64)>>> = Mutex::new(None);
 /// last parameter's place and size. Two driver look-ups, no allocation.
 fn layout(f: CUfunction) -> Option<&'static Layout> {
     let info = FUNC_GET_PARAM_INFO.get()?;
-    let mut g = LAYOUTS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = LAYOUTS.lock();
     let map = g.get_or_insert_with(HashMap::new);
     if let Some(l) = map.get(&(f as usize))
         && still_fits(info, f, l)
@@ -75,7 +75,11 @@ fn layout(f: CUfunction) -> Option<&'static Layout> {
 }
 
 /// True when kernel `f` still has layout `l`'s parameter count and last parameter.
-fn still_fits(info: FnFuncGetParamInfo, f: CUfunction, l: &Layout) -> bool {
+fn still_fits(
+    info: unsafe extern "C" fn(CUfunction, usize, *mut usize, *mut usize) -> CUresult,
+    f: CUfunction,
+    l: &Layout,
+) -> bool {
     let (mut off, mut size) = (0usize, 0usize);
     let n = l.params.len();
     if unsafe { info(f, n, &mut off, &mut size) } == CUDA_SUCCESS {
@@ -173,28 +177,27 @@ impl Found {
             offset,
             ptr,
             e,
-            ts: record::now_ns(),
-            tid: record::gettid(),
-            device: record::current_device(),
+            ts: now_ns(),
+            tid: gettid(),
+            device: event::current_device(),
         };
         let first = WARNED
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .get_or_insert_with(HashSet::new)
             .insert((h.kernel(), e.alloc_seq ^ e.ptr));
         if e.guarded() {
             if first {
-                crate::writer::submit(Record::StaleValue(h.record(record::next_seq())));
+                writer::submit(Record::StaleValue(h.record(event::next_seq())));
             }
             self.guarded.push(h);
         } else if first {
             // Recorded and said once per kernel and allocation.
-            record::warn(&format!(
+            warn(&format!(
                 "STALE POINTER: kernel {} got 0x{ptr:x} (parameter {index}, byte {offset}), inside \
                  allocation 0x{:x} ({} bytes) freed at event {}",
                 h.layout.name, e.ptr, e.size, e.free_seq
             ));
-            crate::writer::submit(Record::StaleLaunch(h.record(record::next_seq())));
+            writer::submit(Record::StaleLaunch(h.record(event::next_seq())));
         }
     }
 }
@@ -307,11 +310,9 @@ pub unsafe fn check(
 
 /// Guard-mode hits of submitted launches not yet covered by a clean device-wide
 /// synchronisation, with the synchronisation generation each was submitted in.
-static SUSPECTS: Mutex<VecDeque<(u64, Hit)>> = Mutex::new(VecDeque::new());
+static SUSPECTS: ForkLock<VecDeque<(u64, Hit)>> = ForkLock::new(VecDeque::new());
 /// Most suspects kept (the oldest go first; one per kernel and allocation).
 const SUSPECTS_CAP: usize = 256;
-/// Bumped when a device-wide synchronisation begins.
-static SYNC_GEN: AtomicU64 = AtomicU64::new(0);
 /// Set by the first device fault seen: a context that faulted stays faulted.
 static FAULTED: AtomicBool = AtomicBool::new(false);
 
@@ -320,8 +321,9 @@ static FAULTED: AtomicBool = AtomicBool::new(false);
 pub fn launched(api: Api, guarded: Option<Guarded>, r: CUresult) {
     if let Some(Guarded(hits)) = guarded {
         // Read after the submission: a synchronisation that begins later covers this launch.
-        let generation = SYNC_GEN.load(Acquire);
-        let mut s = SUSPECTS.lock().unwrap_or_else(|e| e.into_inner());
+        let generation = sync::generation();
+        let mut s = SUSPECTS.lock();
+        forget_covered(&mut s);
         for h in hits {
             s.retain(|(_, o)| {
                 !(o.kernel() == h.kernel() && o.e.alloc_seq == h.e.alloc_seq && o.e.ptr == h.e.ptr)
@@ -337,19 +339,11 @@ pub fn launched(api: Api, guarded: Option<Guarded>, r: CUresult) {
     }
 }
 
-/// A device-wide synchronisation is about to begin: pass the token to [`sync_clean`] if it
-/// succeeds.
-pub fn sync_begins() -> u64 {
-    SYNC_GEN.fetch_add(1, AcqRel) + 1
-}
-
-/// The synchronisation of `token` succeeded: every launch submitted before it began ran without
-/// a fault, so its stale values were not used.
-pub fn sync_clean(token: u64) {
-    SUSPECTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain(|(generation, _)| *generation >= token);
+/// Drops the suspects a clean device-wide synchronisation covered: every launch submitted
+/// before it began ran without a fault, so its stale values were not used.
+fn forget_covered(s: &mut VecDeque<(u64, Hit)>) {
+    let clean = sync::clean_up_to();
+    s.retain(|(generation, _)| *generation >= clean);
 }
 
 /// A call the library saw returned `r`: if it is a device fault (the first), record it, name
@@ -361,18 +355,17 @@ pub fn device_fault(api: Api, r: i32) {
     if FAULTED.swap(true, AcqRel) {
         return;
     }
-    let suspects: Vec<Hit> = SUSPECTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .drain(..)
-        .map(|(_, h)| h)
-        .collect();
+    let suspects: Vec<Hit> = {
+        let mut s = SUSPECTS.lock();
+        forget_covered(&mut s);
+        s.drain(..).map(|(_, h)| h).collect()
+    };
     let mut text = format!(
         "DEVICE FAULT: CUDA error {r} ({what}) returned by {}",
         api.name()
     );
     if suspects.is_empty() {
-        text.push_str(if crate::config::get().guard {
+        text.push_str(if crate::base::config::get().guard {
             "; no launch since the last clean synchronisation got a pointer into freed guard \
              memory (an out-of-bounds access, or an address computed inside a kernel)"
         } else {
@@ -384,42 +377,38 @@ pub fn device_fault(api: Api, r: i32) {
                        freed, unmapped memory:",
         );
     }
-    crate::writer::note(
+    event::note(
         NoteKind::DeviceFault,
         0,
         suspects.len() as u64,
         r as u64,
         text.clone(),
     );
-    record::warn(&text);
+    warn(&text);
     for h in &suspects {
-        record::warn(&format!(
+        warn(&format!(
             "  suspect: kernel {} got 0x{:x} (parameter {}, byte {}), inside allocation 0x{:x} \
              ({} bytes) freed at event {}",
             h.layout.name, h.ptr, h.index, h.offset, h.e.ptr, h.e.size, h.e.free_seq
         ));
-        crate::writer::submit(Record::StaleLaunch(h.record(record::next_seq())));
+        writer::submit(Record::StaleLaunch(h.record(event::next_seq())));
     }
 }
 
 /// In a fork child: the parent's launches are not this process's.
 pub fn after_fork_child() {
-    // try_lock: another thread of the parent may have held it at the fork.
-    if let Ok(mut s) = SUSPECTS.try_lock() {
-        s.clear();
-    }
+    // Another thread of the parent may have held these locks at the fork.
+    SUSPECTS.reset_in_child(VecDeque::new());
+    LAYOUTS.reset_in_child(None);
+    WARNED.reset_in_child(None);
     FAULTED.store(false, Release);
 }
 
 /// The note written at exit with the launch-check counters.
 pub fn note_at_exit() {
     let checked = CHECKED.load(Relaxed);
-    let kernels = LAYOUTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_ref()
-        .map_or(0, |m| m.len());
-    crate::writer::note(
+    let kernels = LAYOUTS.lock().as_ref().map_or(0, |m| m.len());
+    event::note(
         isolate_trace::NoteKind::Info,
         0,
         HITS.load(Relaxed),

@@ -1,60 +1,57 @@
 //! What happens around each real call: in log mode, record it; in isolate mode, also keep freed
-//! memory out of circulation (see [`isolate`]). Hooks call only these functions.
+//! memory out of circulation (see [`isolate`]). Hooks call only the functions of this file.
+//!
+//! Layer: policies. [`log`], [`guard`], [`isolate`] and [`launch`] stand side by side (isolate
+//! mode records as log mode does and uses guard mode's allocator; the launch check looks freed
+//! memory up in isolate mode's quarantine); each uses only the base and recording, and none
+//! uses this file.
 
 pub mod guard;
 pub mod isolate;
 pub mod launch;
+pub mod log;
+pub mod sync;
 
-use crate::config::{self, Mode};
-use crate::cuda::*;
-use crate::record::Pending;
+use crate::base::config::{self, Mode};
+use crate::base::cuda::*;
 use isolate_trace::Event;
 use std::ffi::c_void;
 
-/// Where an allocation call writes the address it hands out.
+/// What kind of call a hook stands for: how its event is numbered, and what isolation does.
 #[derive(Clone, Copy)]
-pub enum Out {
-    /// `CUdeviceptr *` (driver).
-    Device(*mut CUdeviceptr),
-    /// `void **` of device memory (runtime).
-    DevicePtr(*mut *mut c_void),
-    /// `void **` of host memory.
-    Host(*mut *mut c_void),
-    /// `cudaPitchedPtr *` (`cudaMalloc3D`).
-    Pitched(*mut cudaPitchedPtr),
+pub enum Call {
+    /// Hands out memory and writes its address to `Out`: numbered when it returns.
+    Alloc(Out),
+    /// Gives back the allocation at the event's `ptr`: numbered before the real call.
+    Free,
+    /// Anything else that hands something out (a reservation, a handle, a mapping).
+    Returns,
+    /// Anything else that gives something back (unmap, release, unregister).
+    Releases,
 }
 
-impl Out {
-    /// The address the call wrote, 0 for a null out-pointer.
-    pub fn read(self) -> u64 {
-        unsafe {
-            match self {
-                Out::Device(p) if !p.is_null() => *p,
-                Out::DevicePtr(p) | Out::Host(p) if !p.is_null() => *p as u64,
-                Out::Pitched(p) if !p.is_null() => (*p).ptr as u64,
-                _ => 0,
-            }
-        }
+/// The one entry point of the hooks: runs `call` (the real function) under the policy of the
+/// mode, records the event `proto` (completed by `after` once the result is known), and
+/// returns exactly what the real function returned (except where isolation is the point).
+#[inline]
+pub fn call(
+    kind: Call,
+    proto: Event,
+    call: impl FnMut() -> i32,
+    after: impl FnOnce(&mut Event),
+) -> i32 {
+    if isolating() {
+        return match kind {
+            Call::Alloc(out) => isolate::alloc(proto, out, call, after),
+            Call::Free => isolate::free(proto, call),
+            Call::Returns => isolate::other(proto, false, call, after),
+            Call::Releases => isolate::other(proto, true, call, after),
+        };
     }
-
-    /// Writes the address (guard mode makes the allocation itself).
-    pub fn write(self, ptr: u64) {
-        unsafe {
-            match self {
-                Out::Device(p) if !p.is_null() => *p = ptr,
-                Out::DevicePtr(p) | Out::Host(p) if !p.is_null() => *p = ptr as *mut c_void,
-                Out::Pitched(p) if !p.is_null() => (*p).ptr = ptr as *mut c_void,
-                _ => {}
-            }
-        }
-    }
-
-    pub fn is_null(self) -> bool {
-        match self {
-            Out::Device(p) => p.is_null(),
-            Out::DevicePtr(p) | Out::Host(p) => p.is_null(),
-            Out::Pitched(p) => p.is_null(),
-        }
+    match kind {
+        Call::Alloc(out) => log::alloc(proto, out, call, after),
+        Call::Free | Call::Releases => log::other(proto, true, call, after),
+        Call::Returns => log::other(proto, false, call, after),
     }
 }
 
@@ -84,96 +81,18 @@ pub fn before_main() {
 pub fn at_exit() {
     if isolating() {
         isolate::at_exit();
+        if check_launches() && crate::record::writer::started() {
+            launch::note_at_exit();
+        }
     }
 }
 
+/// In a fork child (the fork handlers ran): every policy starts over; no lock another thread
+/// of the parent held is waited for.
 pub fn after_fork_child() {
     launch::after_fork_child();
-    if isolating() {
-        isolate::after_fork_child();
-    }
-}
-
-/// An allocation: `call` makes the real one (it may be called again after an out-of-memory in
-/// isolate mode), `after` adds what only the result tells (pitch).
-#[inline]
-pub fn alloc(
-    proto: Event,
-    out: Out,
-    call: impl FnMut() -> i32,
-    after: impl FnOnce(&mut Event),
-) -> i32 {
-    if isolating() {
-        return isolate::alloc(proto, out, call, after);
-    }
-    let mut call = call;
-    let mut p = Pending::after(proto.api);
-    p.ev = Event {
-        seq: p.ev.seq,
-        ..proto
-    };
-    let r = call();
-    p.ev.result = r;
-    if r == CUDA_SUCCESS {
-        p.ev.ptr = out.read();
-    }
-    after(&mut p.ev);
-    p.finish(r);
-    r
-}
-
-/// A free of the allocation at `proto.ptr`.
-#[inline]
-pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
-    if isolating() {
-        return isolate::free(proto, call);
-    }
-    let mut p = Pending::before(proto.api);
-    p.ev = Event {
-        seq: p.ev.seq,
-        ..proto
-    };
-    let r = call();
-    p.finish(r);
-    r
-}
-
-/// Any other call: recorded as it is. `before`: take the sequence number before the real call
-/// (calls that give something back).
-#[inline]
-pub fn other(
-    proto: Event,
-    before: bool,
-    call: impl FnOnce() -> i32,
-    after: impl FnOnce(&mut Event),
-) -> i32 {
-    if isolating() {
-        return isolate::other(proto, before, call, after);
-    }
-    record_other(proto, before, call, after)
-}
-
-/// Records a call that is neither an allocation nor a free, as it is (both modes).
-fn record_other(
-    proto: Event,
-    before: bool,
-    call: impl FnOnce() -> i32,
-    after: impl FnOnce(&mut Event),
-) -> i32 {
-    let mut p = if before {
-        Pending::before(proto.api)
-    } else {
-        Pending::after(proto.api)
-    };
-    p.ev = Event {
-        seq: p.ev.seq,
-        ..proto
-    };
-    let r = call();
-    p.ev.result = r;
-    after(&mut p.ev);
-    p.finish(r);
-    r
+    guard::after_fork_child();
+    isolate::after_fork_child();
 }
 
 /// Checks a launch's parameters against freed memory (isolate mode only; never fails the launch).

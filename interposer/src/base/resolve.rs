@@ -1,14 +1,15 @@
-//! Finding the real functions: the real `dlsym`, the driver library, the runtime library, and
-//! the tables that map an exact export name to the hook we hand out in its place.
+//! Finding functions: the real `dlsym`, the driver library, the runtime library, whether a
+//! pointer is ours, and which export a pointer is. [`super::real`] looks its functions up here.
+//!
+//! Layer: base. Uses nothing of this crate.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
 /// The real `dlsym` (glibc's), found with `dlvsym` so that our own override is never in the way.
-/// Read by the `dlsym` stub in [`crate::hooks::dl`] as a plain machine word.
+/// Read by the `dlsym` stub (the hooks' `dl` module) as a plain machine word.
 pub static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
 
 pub fn real_dlsym() -> Option<DlsymFn> {
@@ -101,7 +102,7 @@ static LIBCUDART: AtomicUsize = AtomicUsize::new(0);
 
 /// A handle on the CUDA runtime library already loaded in the process. PyTorch loads it as a
 /// dependency of an extension module opened `RTLD_LOCAL`, so `RTLD_NEXT` alone does not see it.
-fn libcudart() -> *mut c_void {
+pub fn libcudart() -> *mut c_void {
     let h = LIBCUDART.load(Ordering::Acquire);
     if h != 0 {
         return h as *mut c_void;
@@ -130,143 +131,6 @@ fn libcudart() -> *mut c_void {
     found
 }
 
-/// Where a [`Real`] is looked up when nothing has stored it yet.
-#[derive(Clone, Copy)]
-pub enum Lib {
-    Driver,
-    Runtime,
-}
-
-/// The real function behind one of our hooks (or one we only call), resolved once.
-pub struct Real<F> {
-    pub name: &'static CStr,
-    lib: Lib,
-    ptr: AtomicUsize,
-    _f: PhantomData<F>,
-}
-
-// SAFETY: only an atomic word is shared.
-unsafe impl<F> Sync for Real<F> {}
-
-impl<F: Copy> Real<F> {
-    pub const fn new(name: &'static CStr, lib: Lib) -> Self {
-        Self {
-            name,
-            lib,
-            ptr: AtomicUsize::new(0),
-            _f: PhantomData,
-        }
-    }
-
-    /// Records the real function the driver's resolver handed out for this export.
-    pub fn store(&self, p: *mut c_void) {
-        self.ptr.store(p as usize, Ordering::Release);
-    }
-
-    /// The real function, found on first use. `None` only if the library has no such symbol.
-    #[inline]
-    pub fn get(&self) -> Option<F> {
-        let p = self.addr();
-        if p == 0 {
-            return None;
-        }
-        debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<usize>());
-        // SAFETY: F is the function-pointer type of this symbol.
-        Some(unsafe { std::mem::transmute_copy::<usize, F>(&p) })
-    }
-
-    /// True when the real function is `p`: the one already known or found now (as by
-    /// [`Real::get`]), or `p` itself, stored, when none can be found. Never replaces a
-    /// different one: that one belongs to another copy of the library, whose users it serves.
-    pub fn adopt(&self, p: *mut c_void) -> bool {
-        let cur = self.addr();
-        if cur != 0 {
-            return cur == p as usize;
-        }
-        match self
-            .ptr
-            .compare_exchange(0, p as usize, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => true,
-            Err(cur) => cur == p as usize,
-        }
-    }
-
-    #[inline]
-    fn addr(&self) -> usize {
-        let mut p = self.ptr.load(Ordering::Acquire);
-        if p == 0 {
-            p = self.lookup();
-            if p == 0 {
-                return 0;
-            }
-            self.ptr.store(p, Ordering::Release);
-        }
-        p
-    }
-
-    #[cold]
-    fn lookup(&self) -> usize {
-        let p = match self.lib {
-            Lib::Driver => {
-                let h = libcuda();
-                if h.is_null() {
-                    std::ptr::null_mut()
-                } else {
-                    dlsym_in(h, self.name)
-                }
-            }
-            Lib::Runtime => {
-                let p = dlsym_in(libc::RTLD_NEXT, self.name);
-                if !p.is_null() && !is_ours(p) {
-                    p
-                } else {
-                    let h = libcudart();
-                    if h.is_null() {
-                        std::ptr::null_mut()
-                    } else {
-                        dlsym_in(h, self.name)
-                    }
-                }
-            }
-        };
-        if p.is_null() || is_ours(p) {
-            0
-        } else {
-            p as usize
-        }
-    }
-}
-
-/// One export we hook: its exact name, the hook we hand out, where the real one goes, and
-/// whether a pointer is (or, none being known, becomes) the real one: [`Real::adopt`].
-pub struct Hooked {
-    pub name: &'static CStr,
-    pub hook: *const c_void,
-    pub store: fn(*mut c_void),
-    pub adopt: fn(*mut c_void) -> bool,
-}
-
-// SAFETY: the table is immutable.
-unsafe impl Sync for Hooked {}
-
-/// Given what the real resolver (`cuGetProcAddress`, `cudaGetDriverEntryPoint*`) handed back,
-/// returns what the caller should get: our hook for an export we know (the real one stored),
-/// else the pointer unchanged.
-pub fn substitute(p: *mut c_void) -> *mut c_void {
-    if p.is_null() || is_ours(p) {
-        return p;
-    }
-    let Some(name) = export_name(p) else { return p };
-    match crate::hooks::HOOKED.iter().find(|h| h.name == name) {
-        Some(h) if !crate::hooks::is_launch(h) || crate::policy::check_launches() => {
-            (h.store)(p);
-            h.hook as *mut c_void
-        }
-        _ => p,
-    }
-}
-
 /// The driver library if it is loaded already (never loads it).
 pub fn libcuda_loaded() -> *mut c_void {
     let h = LIBCUDA.load(Ordering::Acquire);
@@ -279,4 +143,26 @@ pub fn libcuda_loaded() -> *mut c_void {
             libc::RTLD_LAZY | libc::RTLD_NOLOAD,
         )
     }
+}
+
+/// True when another copy of this library (another path, same exports) comes before this one
+/// in the process's symbol order: the program's calls reach that copy, and this one must stand
+/// down rather than record (and in isolate mode, hold memory) a second time. A copy is an
+/// object that defines both the driver's resolver and `execve`, which no CUDA library does.
+pub fn another_copy_first() -> bool {
+    let p = dlsym_in(libc::RTLD_DEFAULT, c"cuGetProcAddress_v2");
+    if p.is_null() || is_ours(p) {
+        return false;
+    }
+    let Some(info) = dladdr(p) else { return false };
+    if info.dli_fname.is_null() {
+        return false;
+    }
+    let h = unsafe { libc::dlopen(info.dli_fname, libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if h.is_null() {
+        return false;
+    }
+    let q = dlsym_in(h, c"execve");
+    unsafe { libc::dlclose(h) };
+    !q.is_null() && matches!(dladdr(q), Some(i) if i.dli_fbase == info.dli_fbase)
 }

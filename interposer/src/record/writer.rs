@@ -3,11 +3,17 @@
 //!
 //! Hooks never do I/O and never block on a lock: they `try_send`, and only when the queue is
 //! full do they wait (with a backoff, counted in the trace). The writer owns the file.
+//!
+//! Layer: recording. Uses the base, [`super::header`] and [`super::thread`].
 
-use crate::config::{self, Mode};
+use super::{header, thread};
+use crate::base::config::{self, Mode};
+use crate::base::sys::{gettid, now_ns, warn};
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
-use isolate_trace::{Encoder, End, EndReason, Header, Note, NoteKind, Record, Stats};
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering::*};
+use isolate_trace::{Encoder, End, EndReason, Header, Record, Stats};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering::*,
+};
 use std::time::Duration;
 
 const UNINIT: u8 = 0;
@@ -38,9 +44,30 @@ static FLUSH_END: AtomicU8 = AtomicU8::new(0);
 static FLUSH_SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// The pid that owns the current trace, and the writer's thread id.
 static OWNER_PID: AtomicU32 = AtomicU32::new(0);
+/// Set by the first thread that ends the trace (exit, a fatal signal, exec); others that end it
+/// at the same time wait for [`ENDED`], set by the writer once the end record is written.
+static ENDING: AtomicBool = AtomicBool::new(false);
+static ENDED: AtomicBool = AtomicBool::new(false);
 static WRITER_TID: AtomicU32 = AtomicU32::new(0);
 
 const QUEUE: usize = 4096;
+
+/// Called when a trace starts (by the layer above, which registers it): before the trace
+/// accepts events, and again right after, while the queue is still empty.
+static ON_START: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+
+/// When [`on_start`]'s function is called.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Started {
+    Before,
+    After,
+}
+
+/// Registers what runs when a trace starts (process life: the signal handlers, the late-load
+/// note). The recorder calls up only through this.
+pub fn on_start(f: fn(Started)) {
+    ON_START.store(f as *mut (), Release);
+}
 
 struct Session {
     tx: Sender<Record>,
@@ -92,7 +119,7 @@ pub fn submit(rec: Record) {
             Err(TrySendError::Full(r)) => {
                 rec = r;
                 if waited_since == 0 {
-                    waited_since = crate::record::now_ns();
+                    waited_since = now_ns();
                     QUEUE_WAITS.fetch_add(1, Relaxed);
                 }
                 spins += 1;
@@ -114,10 +141,7 @@ pub fn submit(rec: Record) {
         }
     }
     if waited_since != 0 {
-        QUEUE_WAIT_NS.fetch_add(
-            crate::record::now_ns().saturating_sub(waited_since),
-            Relaxed,
-        );
+        QUEUE_WAIT_NS.fetch_add(now_ns().saturating_sub(waited_since), Relaxed);
     }
 }
 
@@ -153,13 +177,21 @@ fn start() {
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     match spawned {
         Ok(_) => {
-            crate::lifecycle::install_signal_handlers();
+            let on_start = ON_START.load(Acquire);
+            if !on_start.is_null() {
+                // SAFETY: only `on_start` stores here, and it stores a `fn()`.
+                let f: fn(Started) = unsafe { std::mem::transmute(on_start) };
+                f(Started::Before);
+            }
             // The writer may have closed already (trace file could not be created): keep that.
             let _ = STATE.compare_exchange(STARTING, RUNNING, AcqRel, Acquire);
-            crate::lifecycle::note_late_load(); // first in the queue, before the first event
+            if !on_start.is_null() {
+                let f: fn(Started) = unsafe { std::mem::transmute(on_start) };
+                f(Started::After); // what it submits is first in the queue
+            }
         }
         Err(e) => {
-            crate::record::warn(&format!(
+            warn(&format!(
                 "cannot start the trace writer thread: {e}; recording disabled"
             ));
             STATE.store(CLOSED, Release);
@@ -170,11 +202,18 @@ fn start() {
 /// Asks the writer to write out everything accepted so far and waits (at most `timeout`).
 /// Async-signal-safe: atomics and `nanosleep` only.
 pub fn flush(end: Option<EndReason>, timeout: Duration) -> bool {
-    if STATE.load(Acquire) != RUNNING || OWNER_PID.load(Acquire) != std::process::id() {
+    if OWNER_PID.load(Acquire) != std::process::id() || gettid() == WRITER_TID.load(Relaxed) {
         return false;
     }
-    if crate::record::gettid() == WRITER_TID.load(Relaxed) {
+    let deadline = now_ns() + timeout.as_nanos() as u64;
+    if end.is_some() && ENDING.load(Acquire) {
+        return wait_ended(deadline); // another thread is ending it: the process dies after
+    }
+    if STATE.load(Acquire) != RUNNING {
         return false;
+    }
+    if end.is_some() && ENDING.swap(true, AcqRel) {
+        return wait_ended(deadline);
     }
     let (code, sig) = match end {
         None => (0, 0),
@@ -190,9 +229,23 @@ pub fn flush(end: Option<EndReason>, timeout: Duration) -> bool {
     FLUSH_END.store(code, Release);
     FLUSH_TARGET.store(ACCEPTED.load(Acquire), Release);
     let generation = FLUSH_GEN.fetch_add(1, AcqRel) + 1;
-    let deadline = crate::record::now_ns() + timeout.as_nanos() as u64;
     while FLUSH_DONE.load(Acquire) < generation {
-        if crate::record::now_ns() > deadline {
+        if now_ns() > deadline {
+            return false;
+        }
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 200_000,
+        };
+        unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+    }
+    true
+}
+
+/// Waits until the writer has written the end record (at most until `deadline`).
+fn wait_ended(deadline: u64) -> bool {
+    while !ENDED.load(Acquire) {
+        if now_ns() > deadline {
             return false;
         }
         let ts = libc::timespec {
@@ -216,7 +269,8 @@ pub fn after_fork_child() {
     QUEUE_WAIT_NS.store(0, Relaxed);
     OWNER_PID.store(0, Release);
     WRITER_TID.store(0, Release);
-    crate::record::reset_after_fork();
+    ENDING.store(false, Release);
+    ENDED.store(false, Release);
     let was = STATE.load(Acquire);
     // A process that had recording switched off keeps it off.
     if was != CLOSED || config::get().mode != Mode::Off {
@@ -226,7 +280,7 @@ pub fn after_fork_child() {
 
 fn stats() -> Stats {
     Stats {
-        ts_ns: crate::record::now_ns(),
+        ts_ns: now_ns(),
         events: ACCEPTED.load(Relaxed),
         queue_waits: QUEUE_WAITS.load(Relaxed),
         queue_wait_ns: QUEUE_WAIT_NS.load(Relaxed),
@@ -238,14 +292,79 @@ fn stats() -> Stats {
 
 struct Out {
     fd: i32,
+    /// The file's identity (device, inode): the descriptor is written to only while it is
+    /// still this file.
+    id: (u64, u64),
     path: String,
     buf: Vec<u8>,
     written: u64,
     failed: bool,
 }
 
+/// The identity of the file open at `fd`.
+fn identity(fd: i32) -> Option<(u64, u64)> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// Moves our descriptor up out of the way of the small numbers programs reuse and `dup2` onto.
+fn out_of_the_way(fd: i32) -> i32 {
+    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 1000) };
+    if high < 0 {
+        return fd;
+    }
+    unsafe { libc::close(fd) };
+    high
+}
+
 impl Out {
+    fn close(&mut self) {
+        if !self.failed && identity(self.fd) == Some(self.id) {
+            unsafe { libc::close(self.fd) };
+        }
+        self.failed = true;
+    }
+
+    /// True when the descriptor is still the trace file. A program may close every descriptor
+    /// it did not open itself (daemons, `close_range`) and open its own files under the same
+    /// number: then the trace file is opened again by its path (the same file, checked), or
+    /// given up, never written into the program's file.
+    fn still_ours(&mut self) -> bool {
+        if identity(self.fd) == Some(self.id) {
+            return true;
+        }
+        let reopened = std::ffi::CString::new(self.path.clone())
+            .ok()
+            .map(|c| unsafe {
+                libc::open(
+                    c.as_ptr(),
+                    libc::O_WRONLY | libc::O_APPEND | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                )
+            })
+            .unwrap_or(-1);
+        if reopened >= 0 && identity(reopened) == Some(self.id) {
+            self.fd = out_of_the_way(reopened);
+            warn(&format!(
+                "the program closed or replaced the trace's descriptor; trace {} opened again",
+                self.path
+            ));
+            return true;
+        }
+        if reopened >= 0 {
+            unsafe { libc::close(reopened) };
+        }
+        warn(&format!(
+            "the program closed the trace's descriptor and trace {} cannot be opened again; \
+             the trace is incomplete from byte {} on (the program goes on unchanged)",
+            self.path, self.written
+        ));
+        false
+    }
+
     fn write_out(&mut self) {
+        if !self.failed && !self.buf.is_empty() && !self.still_ours() {
+            self.failed = true;
+        }
         if self.failed {
             self.buf.clear();
             return;
@@ -265,7 +384,7 @@ impl Out {
                     continue;
                 }
                 self.failed = true;
-                crate::record::warn(&format!(
+                warn(&format!(
                     "writing trace {} failed at byte {}: {err}; the trace is incomplete from there on \
                      (the program goes on unchanged)",
                     self.path,
@@ -304,7 +423,7 @@ fn open_trace(pattern: &str, header: &Header) -> Result<(i32, String), String> {
             )
         };
         if fd >= 0 {
-            return Ok((fd, path));
+            return Ok((out_of_the_way(fd), path));
         }
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EEXIST) {
@@ -317,14 +436,14 @@ fn open_trace(pattern: &str, header: &Header) -> Result<(i32, String), String> {
 }
 
 fn writer_main(rx: Receiver<Record>) {
-    WRITER_TID.store(crate::record::gettid(), Release);
-    crate::record::mark_internal_thread();
+    WRITER_TID.store(gettid(), Release);
+    thread::mark_internal_thread();
     let cfg = config::get();
-    let header = crate::record::header(cfg);
+    let header = header::header(cfg);
     let (fd, path) = match open_trace(&cfg.trace, &header) {
         Ok(x) => x,
         Err(msg) => {
-            crate::record::warn(&format!(
+            warn(&format!(
                 "{msg}; recording disabled (the program goes on unchanged)"
             ));
             STATE.store(CLOSED, Release);
@@ -335,6 +454,7 @@ fn writer_main(rx: Receiver<Record>) {
     };
     let mut out = Out {
         fd,
+        id: identity(fd).unwrap_or_default(),
         path,
         buf: Vec::with_capacity(1 << 20),
         written: 0,
@@ -348,7 +468,7 @@ fn writer_main(rx: Receiver<Record>) {
         std::thread::sleep(Duration::from_millis(cfg.test_writer_stall_ms));
     }
     let mut enc = Encoder::new();
-    let mut last_write = crate::record::now_ns();
+    let mut last_write = now_ns();
     let mut last_stats = last_write;
     const TICK: Duration = Duration::from_millis(10);
     loop {
@@ -363,7 +483,7 @@ fn writer_main(rx: Receiver<Record>) {
                 if n % 1024 == 0 {
                     RECEIVED.fetch_add(1024, AcqRel);
                     n = 0;
-                    let now = crate::record::now_ns();
+                    let now = now_ns();
                     if out.buf.len() >= 256 << 10 || now - last_write >= 50_000_000 {
                         out.write_out();
                         last_write = now;
@@ -372,7 +492,7 @@ fn writer_main(rx: Receiver<Record>) {
             }
             RECEIVED.fetch_add(n, AcqRel);
         }
-        let now = crate::record::now_ns();
+        let now = now_ns();
         if now - last_stats >= 2_000_000_000 {
             enc.encode(&Record::Stats(stats()), &mut out.buf);
             last_stats = now;
@@ -385,8 +505,8 @@ fn writer_main(rx: Receiver<Record>) {
         let generation = FLUSH_GEN.load(Acquire);
         if generation > FLUSH_DONE.load(Acquire) {
             let target = FLUSH_TARGET.load(Acquire);
-            let deadline = crate::record::now_ns() + 1_000_000_000;
-            while RECEIVED.load(Acquire) < target && crate::record::now_ns() < deadline {
+            let deadline = now_ns() + 1_000_000_000;
+            while RECEIVED.load(Acquire) < target && now_ns() < deadline {
                 if let Ok(rec) = rx.recv_timeout(Duration::from_millis(1)) {
                     enc.encode(&rec, &mut out.buf);
                     RECEIVED.fetch_add(1, AcqRel);
@@ -406,7 +526,7 @@ fn writer_main(rx: Receiver<Record>) {
             if let Some(reason) = end {
                 enc.encode(
                     &Record::End(End {
-                        ts_ns: crate::record::now_ns(),
+                        ts_ns: now_ns(),
                         reason,
                         stats: stats(),
                     }),
@@ -414,10 +534,13 @@ fn writer_main(rx: Receiver<Record>) {
                 );
             }
             out.write_out();
-            last_write = crate::record::now_ns();
+            last_write = now_ns();
+            if end.is_some() {
+                out.close();
+                ENDED.store(true, Release);
+            }
             FLUSH_DONE.store(generation, Release);
             if end.is_some() {
-                unsafe { libc::close(out.fd) };
                 drain_forever(rx);
                 return;
             }
@@ -438,20 +561,6 @@ fn drain_forever(rx: Receiver<Record>) {
         }
         FLUSH_DONE.store(FLUSH_GEN.load(Acquire), Release);
     }
-}
-
-/// A note from the library itself (quarantine, OOM retries, …).
-pub fn note(kind: NoteKind, ptr: u64, size: u64, value: u64, text: String) {
-    let seq = crate::record::next_seq();
-    submit(Record::Note(Note {
-        seq,
-        ts_ns: crate::record::now_ns(),
-        kind,
-        ptr,
-        size,
-        value,
-        text,
-    }));
 }
 
 #[cfg(test)]

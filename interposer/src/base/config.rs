@@ -3,6 +3,8 @@
 //! A malformed value stops the program with one line naming the variable, the value and what is
 //! accepted, and exit status 2: a debugging tool that silently records nothing is worse than one
 //! that refuses to start.
+//!
+//! Layer: base. Uses nothing of this crate.
 
 use std::sync::OnceLock;
 
@@ -78,9 +80,27 @@ pub const VARIABLES: &[(&str, &str)] = &[
 ];
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
+/// The settings of a copy of the library that stands down: mode `off`.
+static OFF: OnceLock<Config> = OnceLock::new();
+static STOOD_DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on this copy of the library is `ISOLATE_MODE=off`: another copy, first in the
+/// process's symbol order, records this process.
+pub fn stand_down() {
+    STOOD_DOWN.store(true, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// The settings; parsed on first use (normally from the constructor, before `main`).
 pub fn get() -> &'static Config {
+    if STOOD_DOWN.load(std::sync::atomic::Ordering::Relaxed) {
+        return OFF.get_or_init(|| {
+            let env = |k: &str| match k {
+                "ISOLATE_MODE" => Some("off".to_string()),
+                _ => std::env::var(k).ok(),
+            };
+            from_env(env, std::env::vars().map(|(k, _)| k)).unwrap_or_else(|msg| die(&msg))
+        });
+    }
     CONFIG.get_or_init(|| {
         match from_env(|k| std::env::var(k).ok(), std::env::vars().map(|(k, _)| k)) {
             Ok(c) => c,

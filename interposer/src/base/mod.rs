@@ -1,0 +1,9 @@
+//! The base layer: CUDA types, every real function the library calls and how it is found, the
+//! settings, and thin OS helpers. Nothing here knows about recording, policies, hooks or process
+//! life.
+
+pub mod config;
+pub mod cuda;
+pub mod real;
+pub mod resolve;
+pub mod sys;

@@ -1,0 +1,152 @@
+//! The ways out of a process: `exit`, `_exit`, `exec`, fatal signals, and `fork`.
+//! Each one flushes what was accepted before the process goes (or is replaced).
+//!
+//! Layer: process life. Called from the hooks (`_exit`, `exec`) and the constructor; uses the
+//! policies, recording and the base. [`signals`] is the fatal-signal wrapper.
+//!
+//! What the process owns: the library's state (the trace, the quarantine) belongs to the process
+//! that made it, recorded here as the owner pid. A `vfork` child (or any `clone` that shares the
+//! memory without the fork handlers running) has another pid and shares that state: whatever it
+//! does on its way out (`_exit`, `exec`) leaves the state alone.
+
+pub mod signals;
+
+use crate::base::{config, resolve, sys};
+use crate::record::writer::{self, Started};
+use crate::record::{event, thread};
+use isolate_trace::EndReason;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
+use std::time::Duration;
+
+/// Runs before `main`: stands down if another copy of the library came first, reads the
+/// settings, registers the fork handlers, and notices a late load.
+#[ctor::ctor]
+unsafe fn init() {
+    OWNER.store(unsafe { libc::getpid() } as u32, Release);
+    if resolve::another_copy_first() {
+        config::stand_down();
+        sys::warn(
+            "another copy of libisolate.so is loaded first (LD_PRELOAD names two): \
+             this one stands down",
+        );
+        return;
+    }
+    if cuda_in_use() {
+        LATE_LOAD.store(true, Release);
+    }
+    let cfg = config::get();
+    if cfg.mode == config::Mode::Isolate {
+        crate::policy::before_main();
+    }
+    writer::on_start(trace_started);
+    unsafe { libc::pthread_atfork(None, None, Some(child_after_fork)) };
+}
+
+/// The pid whose state this is (see the module comment).
+static OWNER: AtomicU32 = AtomicU32::new(0);
+
+/// True in the process that owns the library's state; false in a `vfork` child, which shares
+/// the parent's memory.
+pub fn owns_state() -> bool {
+    let owner = OWNER.load(Acquire);
+    owner == 0 || owner == unsafe { libc::getpid() } as u32
+}
+
+/// When the writer starts a trace: the signal handlers go in first; the late-load note is the
+/// first record in the trace.
+fn trace_started(when: Started) {
+    match when {
+        Started::Before => signals::install(),
+        Started::After => note_late_load(),
+    }
+}
+
+/// Set by the constructor when CUDA was already in use: the library was `dlopen`ed late.
+static LATE_LOAD: AtomicBool = AtomicBool::new(false);
+
+/// True when this library was loaded after CUDA was already in use (a late `dlopen`, not
+/// `LD_PRELOAD`): what was allocated before is not in the trace.
+pub fn loaded_late() -> bool {
+    LATE_LOAD.load(Acquire)
+}
+
+/// Was the driver already initialised when the constructor ran? With `LD_PRELOAD` the
+/// constructor runs before `main`, before any CUDA call (a program linked against `libcuda` or
+/// `libcudart` has them loaded by then, but not initialised). The driver is asked only when it is
+/// loaded already (`RTLD_NOLOAD`: this never loads it), and only `cuCtxGetCurrent`, which
+/// answers `CUDA_ERROR_NOT_INITIALIZED` before `cuInit` and changes nothing.
+fn cuda_in_use() -> bool {
+    let h = unsafe {
+        libc::dlopen(
+            c"libcuda.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        )
+    };
+    if h.is_null() {
+        return false;
+    }
+    let f = resolve::dlsym_in(h, c"cuCtxGetCurrent");
+    let in_use = !f.is_null() && {
+        type CtxGetCurrent =
+            unsafe extern "C" fn(*mut crate::base::cuda::CUcontext) -> crate::base::cuda::CUresult;
+        // SAFETY: the driver's cuCtxGetCurrent has this signature.
+        let get: CtxGetCurrent = unsafe { std::mem::transmute(f) };
+        let mut ctx: crate::base::cuda::CUcontext = std::ptr::null_mut();
+        let r = unsafe { get(&mut ctx) };
+        r != crate::base::cuda::CUDA_ERROR_NOT_INITIALIZED
+    };
+    unsafe { libc::dlclose(h) };
+    in_use
+}
+
+/// Right after a trace starts: a late load says so first thing.
+fn note_late_load() {
+    if loaded_late() {
+        event::note(
+            isolate_trace::NoteKind::LateLoad,
+            0,
+            0,
+            0,
+            "libisolate.so was loaded after CUDA was already in use (dlopen, not LD_PRELOAD): \
+             allocations made before it are not in this trace"
+                .into(),
+        );
+    }
+}
+
+/// Library destructor: runs after `atexit` handlers and thread-local destructors of `exit()`.
+#[ctor::dtor]
+unsafe fn fini() {
+    at_exit();
+}
+
+pub fn at_exit() {
+    if !owns_state() {
+        return;
+    }
+    let _inside = thread::Inside::enter();
+    crate::policy::at_exit();
+    writer::flush(Some(EndReason::Exit), Duration::from_secs(5));
+}
+
+extern "C" fn child_after_fork() {
+    OWNER.store(unsafe { libc::getpid() } as u32, Release);
+    sys::forget_tid();
+    writer::after_fork_child();
+    event::after_fork_child();
+    crate::policy::after_fork_child();
+}
+
+/// Before the process is replaced by `exec`: everything written, an end record saying so.
+pub fn before_exec() {
+    if !owns_state() {
+        return; // a vfork child's exec replaces the child, not the parent whose trace it is
+    }
+    let _inside = thread::Inside::enter();
+    writer::flush(Some(EndReason::Exec), Duration::from_secs(2));
+}
+
+/// Before `_exit`: atexit handlers and destructors will not run, so close the trace here.
+pub fn before_underscore_exit() {
+    at_exit();
+}

@@ -1,0 +1,186 @@
+//! The fatal-signal wrapper. For each signal that ends a process by default, installed when the
+//! first trace starts (a process that never touches CUDA keeps its own), in place of the
+//! program's action, and behaving exactly as that action would:
+//!
+//! - the program's handler keeps its own flags (`SA_RESTART` or not, `SA_NODEFER`,
+//!   `SA_ONSTACK`), mask and one-shot reset (`SA_RESETHAND`, done here so that the second
+//!   delivery, which kills, still writes the trace's end first); it is called at once, with no
+//!   flush in the way: a handler that returns (a garbage collector's write barrier takes a
+//!   `SIGSEGV` per page) costs microseconds;
+//! - when the signal kills (default action, or a handler that set the default back and lets the
+//!   signal come again, as Python's faulthandler does), everything accepted is written with an
+//!   end record first, and the signal is raised again with its default action, whatever its
+//!   `si_code` (a terminal's Ctrl-C is sent by the kernel, `SI_KERNEL`), so the process dies of
+//!   it as it would have;
+//! - several threads dying at once: the first writes the end, the others wait for it.
+//!
+//! A program that installs its own action after ours replaces ours: its signals are its own.
+//!
+//! Layer: process life. Uses recording and the base.
+
+use crate::base::sys;
+use crate::record::writer;
+use isolate_trace::EndReason;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::*};
+use std::time::Duration;
+
+/// Signals that end a process by default.
+const FATAL: &[i32] = &[
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGABRT,
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGILL,
+    libc::SIGPIPE,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGALRM,
+    libc::SIGXCPU,
+    libc::SIGXFSZ,
+    libc::SIGSYS,
+    libc::SIGTRAP,
+];
+
+const NSIG: usize = 65;
+
+/// The program's action for each signal, as it was when ours went in.
+struct Saved(UnsafeCell<[libc::sigaction; NSIG]>);
+// SAFETY: written only by `install` before the wrapper for that signal is installed (the
+// `INSTALLED` flag lets one thread in), read only afterwards.
+unsafe impl Sync for Saved {}
+static OLD: Saved = Saved(UnsafeCell::new(unsafe { std::mem::zeroed() }));
+
+/// Per signal: 0 not ours, 1 ours (the program's action in `OLD`), 2 ours, one-shot already
+/// used (acts as the default action now).
+static STATE: [AtomicU8; NSIG] = [const { AtomicU8::new(0) }; NSIG];
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+const SA_SIGINFO: usize = libc::SA_SIGINFO as usize;
+/// The flags of the program's action that we keep on ours.
+const KEPT: i32 = libc::SA_RESTART | libc::SA_NODEFER | libc::SA_ONSTACK;
+
+fn old(sig: i32) -> &'static libc::sigaction {
+    // SAFETY: see `Saved`.
+    unsafe { &(*OLD.0.get())[sig as usize] }
+}
+
+/// Installs the wrapper for every fatal signal whose action is not "ignore".
+pub fn install() {
+    if INSTALLED.swap(true, AcqRel) {
+        return;
+    }
+    for &sig in FATAL {
+        unsafe {
+            let mut prev: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut prev) != 0 {
+                continue;
+            }
+            if prev.sa_sigaction == libc::SIG_IGN {
+                continue; // the program asked to ignore it: leave that alone
+            }
+            (*OLD.0.get())[sig as usize] = prev;
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_signal as *const () as usize;
+            if prev.sa_sigaction == libc::SIG_DFL {
+                // The signal kills: nothing else runs during the flush.
+                act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
+                libc::sigfillset(&mut act.sa_mask);
+            } else {
+                act.sa_flags = libc::SA_SIGINFO | (prev.sa_flags & KEPT);
+                act.sa_mask = prev.sa_mask;
+            }
+            STATE[sig as usize].store(1, Release);
+            if libc::sigaction(sig, &act, std::ptr::null_mut()) != 0 {
+                STATE[sig as usize].store(0, Release);
+            }
+        }
+    }
+}
+
+extern "C" fn on_signal(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let errno = unsafe { *libc::__errno_location() };
+    let prev = old(sig);
+    let mut state = STATE[sig as usize].load(Acquire);
+    if state == 1 && prev.sa_flags & libc::SA_RESETHAND != 0 {
+        // One shot: this delivery goes to the handler, the next one is the default action.
+        STATE[sig as usize].store(2, Release);
+        state = 1;
+    }
+    if state != 1 || prev.sa_sigaction == libc::SIG_DFL {
+        dies(sig);
+    } else {
+        if sig == libc::SIGABRT {
+            // `abort()` raises again with the default action if the handler returns.
+            writer::flush(None, Duration::from_secs(2));
+        }
+        let f = prev.sa_sigaction;
+        unsafe {
+            if prev.sa_flags as usize & SA_SIGINFO != 0 {
+                let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
+                    std::mem::transmute(f);
+                f(sig, info, ctx);
+            } else {
+                let f: extern "C" fn(i32) = std::mem::transmute(f);
+                f(sig);
+            }
+        }
+        if comes_back_to_kill(sig, info) {
+            writer::flush(Some(EndReason::Signal(sig)), Duration::from_secs(2));
+        }
+    }
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// The signal kills the process: write everything and the end record, then raise it again
+/// with the default action. It is blocked while this handler runs, so it is delivered, and
+/// kills, as the handler returns (a fault's instruction is never run again).
+fn dies(sig: i32) {
+    writer::flush(Some(EndReason::Signal(sig)), Duration::from_secs(2));
+    unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut act.sa_mask);
+        libc::sigaction(sig, &act, std::ptr::null_mut());
+        libc::syscall(
+            libc::SYS_tgkill,
+            libc::getpid(),
+            sys::gettid() as libc::pid_t,
+            sig,
+        );
+        // Delivered at once if this handler was installed with SA_NODEFER.
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// After the program's handler returned: will the signal kill the process now? It will when
+/// the handler set the default action back and the signal is pending again (raised by the
+/// handler) or is a fault that the returning instruction raises again.
+fn comes_back_to_kill(sig: i32, info: *mut libc::siginfo_t) -> bool {
+    unsafe {
+        let mut cur: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(sig, std::ptr::null(), &mut cur) != 0
+            || cur.sa_sigaction != libc::SIG_DFL
+        {
+            return false;
+        }
+        let mut pending: libc::sigset_t = std::mem::zeroed();
+        libc::sigpending(&mut pending);
+        if libc::sigismember(&pending, sig) == 1 {
+            return true;
+        }
+        let fault = matches!(
+            sig,
+            libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL | libc::SIGTRAP
+        );
+        // A fault the kernel raised (si_code > 0) comes back when the instruction runs again.
+        fault && !info.is_null() && (*info).si_code > 0
+    }
+}

@@ -1,0 +1,102 @@
+//! Events: sequence numbers, timing, the device, and handing the finished event to the writer.
+//!
+//! Layer: recording. Uses the base and [`super::writer`].
+
+use super::writer;
+use crate::base::config;
+use crate::base::cuda::*;
+use crate::base::real::CTX_GET_DEVICE;
+use crate::base::sys::{gettid, now_ns};
+use isolate_trace::{Api, Event, Note, NoteKind, Record};
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+#[inline]
+pub fn next_seq() -> u64 {
+    SEQ.fetch_add(1, Relaxed)
+}
+
+/// In a fork child: its trace starts again at 0.
+pub fn after_fork_child() {
+    SEQ.store(0, Relaxed);
+}
+
+/// Device ordinal of the calling thread's current context, -1 if none.
+#[inline]
+pub fn current_device() -> i32 {
+    let Some(f) = CTX_GET_DEVICE.get() else {
+        return -1;
+    };
+    let mut d: CUdevice = -1;
+    if unsafe { f(&mut d) } == CUDA_SUCCESS {
+        d
+    } else {
+        -1
+    }
+}
+
+/// An event under construction: the sequence number and start time are taken when it is made.
+pub struct Pending {
+    pub ev: Event,
+    t0: u64,
+}
+
+impl Pending {
+    /// For calls that give memory back: the sequence number is taken *before* the real call,
+    /// so no allocation that gets the same address can be ordered before this free.
+    #[inline]
+    pub fn before(api: Api) -> Pending {
+        let mut p = Pending::after(api);
+        p.ev.seq = next_seq();
+        p
+    }
+
+    /// For calls that hand memory out: the sequence number is taken when the call returns.
+    #[inline]
+    pub fn after(api: Api) -> Pending {
+        Pending {
+            ev: Event {
+                seq: u64::MAX,
+                api,
+                device: -1,
+                ..Event::default()
+            },
+            t0: now_ns(),
+        }
+    }
+
+    /// Stamps the result and timing and hands the event to the writer.
+    #[inline]
+    pub fn finish(mut self, result: i32) {
+        let t1 = now_ns();
+        if self.ev.seq == u64::MAX {
+            self.ev.seq = next_seq();
+        }
+        self.ev.result = result;
+        self.ev.ts_ns = t1;
+        self.ev.duration_ns = t1.saturating_sub(self.t0);
+        self.ev.tid = gettid();
+        if self.ev.device < 0 {
+            self.ev.device = current_device();
+        }
+        if config::get().test_panic {
+            panic!("isolate: forced internal error (ISOLATE_TEST_PANIC=1)");
+        }
+        writer::submit(Record::Event(self.ev));
+    }
+}
+
+/// A note from the library itself (quarantine, OOM retries, …).
+pub fn note(kind: NoteKind, ptr: u64, size: u64, value: u64, text: String) {
+    let seq = next_seq();
+    writer::submit(Record::Note(Note {
+        seq,
+        ts_ns: now_ns(),
+        kind,
+        ptr,
+        size,
+        value,
+        text,
+    }));
+}

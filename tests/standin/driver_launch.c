@@ -1,0 +1,355 @@
+/*
+ * The stand-in driver (see driver_internal.h): kernels (standin_register_kernel and
+ * standin_reregister_kernel), modules, functions (cuModuleGetFunction, cuFuncGetParamInfo,
+ * cuFuncGetName), launches, the stand-in counters and standin_touch (device faults).
+ */
+#define _GNU_SOURCE
+#include "driver_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+/* ================================================================ kernels */
+
+struct CUfunc_st {
+    standin_kernel_fn fn;
+    char *name;
+    unsigned nparams;
+    size_t *offsets, *sizes;
+    size_t bufsize;
+    struct CUfunc_st *next;
+};
+
+struct CUmod_st {
+    int alive;
+};
+
+static atomic_ulong g_param_info_calls;
+atomic_ulong g_kernels_run;
+
+static struct CUfunc_st *g_funcs;
+
+static struct CUfunc_st *find_func(CUfunction f) {
+    struct CUfunc_st *found = NULL;
+    pthread_mutex_lock(&g_lock);
+    for (struct CUfunc_st *x = g_funcs; x; x = x->next)
+        if (x == f)
+            found = x;
+    pthread_mutex_unlock(&g_lock);
+    return found;
+}
+
+/* Fills f's parameter layout (offsets, sizes, bufsize) from standin_register_kernel's
+ * arguments; 0 when out of memory (f's layout fields are then untouched). */
+static int make_layout(struct CUfunc_st *f, unsigned nparams, const size_t *offsets,
+                       const size_t *sizes) {
+    size_t *o = calloc(nparams ? nparams : 1, sizeof(size_t));
+    size_t *z = calloc(nparams ? nparams : 1, sizeof(size_t));
+    if (!o || !z) {
+        free(o);
+        free(z);
+        return 0;
+    }
+    size_t at = 0, bufsize = 0;
+    for (unsigned i = 0; i < nparams; i++) {
+        size_t sz = sizes ? sizes[i] : 8;
+        size_t off;
+        if (offsets) {
+            off = offsets[i];
+        } else {
+            size_t al = 1;
+            while (al < sz && al < 8)
+                al <<= 1;
+            off = (at + al - 1) & ~(al - 1);
+        }
+        z[i] = sz;
+        o[i] = off;
+        at = off + sz;
+        if (at > bufsize)
+            bufsize = at;
+    }
+    f->nparams = nparams;
+    f->offsets = o;
+    f->sizes = z;
+    f->bufsize = bufsize;
+    return 1;
+}
+
+CUfunction standin_register_kernel(const char *name, standin_kernel_fn fn, unsigned nparams,
+                                   const size_t *offsets, const size_t *sizes) {
+    if (!name || !fn)
+        return NULL;
+    struct CUfunc_st *f = calloc(1, sizeof *f);
+    if (!f)
+        return NULL;
+    f->fn = fn;
+    f->name = strdup(name);
+    if (!f->name || !make_layout(f, nparams, offsets, sizes)) {
+        free(f->name);
+        free(f);
+        return NULL;
+    }
+    pthread_mutex_lock(&g_lock);
+    f->next = g_funcs;
+    g_funcs = f;
+    pthread_mutex_unlock(&g_lock);
+    return f;
+}
+
+/* Makes the registered kernel f another kernel, under the same handle: a new name, host
+ * function and parameter layout (arguments as standin_register_kernel's). This is a real
+ * driver reusing a CUfunction's address for a kernel of a module loaded after the old one's
+ * was unloaded. Launches already queued keep what they were given; f must not be in use on
+ * another thread meanwhile. Returns f, or NULL (f unchanged) when f is not a registered kernel,
+ * name or fn is NULL, or memory runs out. */
+CUfunction standin_reregister_kernel(CUfunction f, const char *name, standin_kernel_fn fn,
+                                     unsigned nparams, const size_t *offsets,
+                                     const size_t *sizes) {
+    if (!name || !fn)
+        return NULL;
+    struct CUfunc_st *old = find_func(f);
+    if (!old)
+        return NULL;
+    struct CUfunc_st next = {.fn = fn, .name = strdup(name)};
+    if (!next.name || !make_layout(&next, nparams, offsets, sizes)) {
+        free(next.name);
+        return NULL;
+    }
+    pthread_mutex_lock(&g_lock);
+    char *old_name = old->name;
+    size_t *old_offsets = old->offsets, *old_sizes = old->sizes;
+    old->fn = next.fn;
+    old->name = next.name;
+    old->nparams = next.nparams;
+    old->offsets = next.offsets;
+    old->sizes = next.sizes;
+    old->bufsize = next.bufsize;
+    pthread_mutex_unlock(&g_lock);
+    free(old_name);
+    free(old_offsets);
+    free(old_sizes);
+    return old;
+}
+
+unsigned long standin_param_info_calls(void) { return atomic_load(&g_param_info_calls); }
+unsigned long standin_kernels_run(void) { return atomic_load(&g_kernels_run); }
+
+/* What a kernel's access to [p, p+n) does (see the comment at the top): 1 if it is all
+ * accessible, else 0 and the context faults. */
+int standin_touch(CUdeviceptr p, size_t n) {
+    int ok = p + n >= p && (p != 0 || n == 0);
+    char buf[1 << 12];
+    pid_t self = getpid();
+    for (size_t at = 0; ok && at < n;) {
+        size_t chunk = n - at < sizeof buf ? n - at : sizeof buf;
+        struct iovec local = {buf, chunk};
+        struct iovec remote = {(void *)(uintptr_t)(p + at), chunk};
+        ok = process_vm_readv(self, &local, 1, &remote, 1, 0) == (ssize_t)chunk;
+        at += chunk;
+    }
+    if (!ok) {
+        struct CUctx_st *c = t_kernel_ctx ? t_kernel_ctx : t_ctx;
+        if (c) {
+            int none = 0;
+            atomic_compare_exchange_strong(&c->fault, &none, CUDA_ERROR_ILLEGAL_ADDRESS);
+        }
+    }
+    return ok;
+}
+
+CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    NEED_CTX();
+    if (!module || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUmod_st *m = calloc(1, sizeof *m);
+    if (!m)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    m->alive = 1;
+    *module = m;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleUnload(CUmodule hmod) {
+    NEED_CTX();
+    if (!hmod)
+        return CUDA_ERROR_INVALID_HANDLE;
+    free(hmod);
+    return CUDA_SUCCESS;
+}
+
+/* Any module (even NULL) holds every registered kernel, found by name. */
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+    (void)hmod;
+    NEED_CTX();
+    if (!hfunc || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUfunc_st *found = NULL;
+    pthread_mutex_lock(&g_lock);
+    for (struct CUfunc_st *x = g_funcs; x && !found; x = x->next)
+        if (strcmp(x->name, name) == 0)
+            found = x;
+    pthread_mutex_unlock(&g_lock);
+    if (!found)
+        return CUDA_ERROR_NOT_FOUND;
+    *hfunc = found;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
+                            size_t *paramSize) {
+    atomic_fetch_add(&g_param_info_calls, 1);
+    NEED_INIT();
+    struct CUfunc_st *f = find_func(func);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (paramIndex >= f->nparams)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (paramOffset)
+        *paramOffset = f->offsets[paramIndex];
+    if (paramSize)
+        *paramSize = f->sizes[paramIndex];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
+    NEED_INIT();
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUfunc_st *f = find_func(hfunc);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *name = f->name;
+    return CUDA_SUCCESS;
+}
+
+/* Queues a launch; the parameter values are copied now, as CUDA does. */
+static CUresult launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                       unsigned by, unsigned bz, unsigned shmem, CUstream hs, void **params,
+                       void **extra, int ptsz) {
+    (void)shmem;
+    NEED_LIVE_CTX();
+    struct CUfunc_st *f = find_func(hf);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!gx || !gy || !gz || !bx || !by || !bz)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((unsigned long long)bx * by * bz > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    enum stream_kind kind;
+    struct CUstream_st *s;
+    CUresult r = resolve_stream(hs, ptsz, &kind, &s);
+    if (r)
+        return r;
+    const void *xbuf = NULL;
+    size_t xsize = 0;
+    int have_xsize = 0;
+    if (extra) {
+        for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+            if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) {
+                xbuf = extra[i + 1];
+            } else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) {
+                if (!extra[i + 1])
+                    return CUDA_ERROR_INVALID_VALUE;
+                xsize = *(size_t *)extra[i + 1];
+                have_xsize = 1;
+            } else {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+        }
+        if (!xbuf || !have_xsize)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (params && extra)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (f->nparams && !params && !extra)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (extra && xsize < f->bufsize)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct op *o = new_op(OP_KERNEL);
+    void *buf = malloc(f->bufsize ? f->bufsize : 1);
+    void **args = calloc(f->nparams ? f->nparams : 1, sizeof(void *));
+    if (!o || !buf || !args) {
+        free(o);
+        free(buf);
+        free(args);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (extra)
+        memcpy(buf, xbuf, f->bufsize);
+    for (unsigned i = 0; i < f->nparams; i++) {
+        char *slot = (char *)buf + f->offsets[i];
+        if (params) {
+            if (!params[i]) {
+                free(o);
+                free(buf);
+                free(args);
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            memcpy(slot, params[i], f->sizes[i]);
+        }
+        args[i] = slot;
+    }
+    o->u.kern.fn = f->fn;
+    o->u.kern.buf = buf;
+    o->u.kern.args = args;
+    o->u.kern.ctx = t_ctx;
+    submit(kind, s, o);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                        unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                        unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                        void **kernelParams, void **extra) {
+    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                  sharedMemBytes, hStream, kernelParams, extra, 0);
+}
+
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                             unsigned int gridDimZ, unsigned int blockDimX,
+                             unsigned int blockDimY, unsigned int blockDimZ,
+                             unsigned int sharedMemBytes, CUstream hStream, void **kernelParams,
+                             void **extra) {
+    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                  sharedMemBytes, hStream, kernelParams, extra, 1);
+}
+
+static CUresult launch_ex(const CUlaunchConfig *c, CUfunction f, void **params, void **extra,
+                          int ptsz) {
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (c->numAttrs && !c->attrs)
+        return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY,
+                  c->blockDimZ, c->sharedMemBytes, c->hStream, params, extra, ptsz);
+}
+
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                          void **extra) {
+    return launch_ex(config, f, kernelParams, extra, 0);
+}
+
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                               void **extra) {
+    return launch_ex(config, f, kernelParams, extra, 1);
+}
+
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                   unsigned int gridDimZ, unsigned int blockDimX,
+                                   unsigned int blockDimY, unsigned int blockDimZ,
+                                   unsigned int sharedMemBytes, CUstream hStream,
+                                   void **kernelParams) {
+    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                  sharedMemBytes, hStream, kernelParams, NULL, 0);
+}
+
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                                        unsigned int gridDimY, unsigned int gridDimZ,
+                                        unsigned int blockDimX, unsigned int blockDimY,
+                                        unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                        CUstream hStream, void **kernelParams) {
+    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                  sharedMemBytes, hStream, kernelParams, NULL, 1);
+}
