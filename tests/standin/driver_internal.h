@@ -139,7 +139,7 @@ HIDDEN int valid_device(CUdevice d);
 
 /* ================================================================ driver_arena.c */
 
-enum alloc_kind { K_PLAIN, K_ASYNC, K_MANAGED, K_PITCH, K_GRAPH, K_V1 };
+enum alloc_kind { K_PLAIN, K_ASYNC, K_MANAGED, K_PITCH, K_GRAPH, K_V1, K_IPC };
 
 struct block {
     uintptr_t addr;

@@ -237,7 +237,7 @@ static CUresult device_free(uintptr_t p) {
     pthread_mutex_lock(&g_lock);
     struct arena *a = NULL;
     struct block *b = live_block_at(p, &a);
-    if (b && !b->pending_free) {
+    if (b && !b->pending_free && b->kind != K_IPC) { /* opened memory is closed, not freed */
         if (b->pool)
             pool_account(b->pool, -(long long)b->size);
         arena_release(a, b);

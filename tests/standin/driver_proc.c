@@ -62,6 +62,9 @@ static const struct proc g_procs[] = {
     {"cuMemHostRegister", 4000, F(cuMemHostRegister), NULL},
     {"cuMemHostRegister", 6050, F(cuMemHostRegister_v2), NULL},
     {"cuMemHostUnregister", 4000, F(cuMemHostUnregister), NULL},
+    {"cuIpcGetMemHandle", 4010, F(cuIpcGetMemHandle), NULL},
+    {"cuIpcOpenMemHandle", 11000, F(cuIpcOpenMemHandle_v2), NULL},
+    {"cuIpcCloseMemHandle", 4010, F(cuIpcCloseMemHandle), NULL},
     {"cuMemGetAddressRange", 3020, F(cuMemGetAddressRange_v2), NULL},
 
     {"cuMemGetAllocationGranularity", 10020, F(cuMemGetAllocationGranularity), NULL},

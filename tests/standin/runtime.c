@@ -42,6 +42,9 @@
     X(memFreeHost, "cuMemFreeHost", cuMemFreeHost)                                             \
     X(memHostRegister, "cuMemHostRegister", cuMemHostRegister_v2)                              \
     X(memHostUnregister, "cuMemHostUnregister", cuMemHostUnregister)                           \
+    X(ipcGetMemHandle, "cuIpcGetMemHandle", cuIpcGetMemHandle)                                 \
+    X(ipcOpenMemHandle, "cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2)                           \
+    X(ipcCloseMemHandle, "cuIpcCloseMemHandle", cuIpcCloseMemHandle)                           \
     X(deviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool)         \
     X(memPoolSetAttribute, "cuMemPoolSetAttribute", cuMemPoolSetAttribute)                     \
     X(memPoolGetAttribute, "cuMemPoolGetAttribute", cuMemPoolGetAttribute)                     \
@@ -538,6 +541,29 @@ cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags) {
 cudaError_t cudaHostUnregister(void *ptr) {
     ENTER();
     return ret(D.memHostUnregister(ptr));
+}
+
+/* ================================================================ IPC */
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr) {
+    ENTER();
+    return ret(D.ipcGetMemHandle(handle, DP(devPtr)));
+}
+
+cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsigned int flags) {
+    if (!devPtr)
+        return fail(cudaErrorInvalidValue);
+    ENTER();
+    CUdeviceptr p = 0;
+    cudaError_t r = ret(D.ipcOpenMemHandle(&p, handle, flags));
+    if (r == cudaSuccess)
+        *devPtr = (void *)(uintptr_t)p;
+    return r;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void *devPtr) {
+    ENTER();
+    return ret(D.ipcCloseMemHandle(DP(devPtr)));
 }
 
 /* ================================================================ copies and sets */

@@ -540,6 +540,37 @@ fn launch_bench_runs_under_the_launch_check() {
     }
 }
 
+/// CUDA IPC (issue 17's example of one hooked entry point, one declaration each): memory another
+/// process shares is recorded when opened and closed, through the runtime and the driver, in
+/// the process that opens it; in isolate mode it is never quarantined or poisoned (it is not
+/// this process's), and a cudaFree of it fails as without the library.
+#[test]
+fn ipc_opened_memory_is_recorded_and_not_this_processs_to_free() {
+    for mode in ["log", "isolate"] {
+        let run = Run::program("ipc");
+        let plain = run.clone().preload(false).run();
+        plain.assert_success();
+        assert!(plain.stdout.contains("child exited 0"), "{}", plain.stdout);
+        let out = run.env("ISOLATE_MODE", mode).run();
+        out.assert_same_as(&plain);
+        assert_eq!(out.traces.len(), 2, "{mode}: a trace per process");
+        let child = out.traces.iter().find(|t| t.header.pid != out.pid).unwrap();
+        let parent = out.traces.iter().find(|t| t.header.pid == out.pid).unwrap();
+        for (t, tag) in [(child, "child"), (parent, "parent")] {
+            t.assert_complete(isolate_trace::EndReason::Exit);
+            out.assert_trace_matches(t, Some(tag));
+        }
+        assert_eq!(child.count("cudaIpcOpenMemHandle"), 1, "{mode}");
+        assert_eq!(child.count("cuIpcOpenMemHandle_v2"), 1, "{mode}");
+        assert_eq!(child.count("cudaIpcCloseMemHandle"), 2, "{mode}");
+        assert_eq!(child.count("cuIpcCloseMemHandle"), 1, "{mode}");
+        assert!(
+            child.violations().is_empty(),
+            "{mode}: opened memory is never poisoned"
+        );
+    }
+}
+
 /// Every program in tests/programs prints the same with and without the preload.
 #[test]
 fn every_program_prints_the_same_with_and_without_the_preload() {
@@ -559,6 +590,7 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
         ("oom", &[]),
         ("threads", &["4", "200"]),
         ("forker", &["fork"]),
+        ("ipc", &[]),
         ("nocuda", &[]),
         // tests/faults.rs loads the library late; "-" loads nothing (it is preloaded here).
         ("late_dlopen", &["-"]),
@@ -627,6 +659,7 @@ fn every_program_prints_the_same_in_isolate_mode() {
         ("stream_order", &[]),
         ("threads", &["4", "200"]),
         ("forker", &["fork"]),
+        ("ipc", &[]),
     ];
     // bad_calls in isolate mode: tests/bad_calls.rs
     for (program, args) in runs {
@@ -650,23 +683,29 @@ fn every_program_prints_the_same_in_isolate_mode() {
 }
 
 /// What the analyzer finds in these programs' traces: nothing, but for the one bad call that
-/// drv_linked makes on purpose (a second `cuMemHostUnregister`, refused by the driver: a double
-/// free). drv_static frees an allocation of the CUDA 3.1 ABI, which is not recorded: the driver
-/// accepted it, so it is a free of an unseen allocation, not an invalid free.
+/// drv_linked and ipc's child make on purpose (a second `cuMemHostUnregister`, a second
+/// `cudaIpcCloseMemHandle`, refused by the driver: a double free). drv_static frees an
+/// allocation of the CUDA 3.1 ABI, which is not recorded: the driver accepted it, so it is a free
+/// of an unseen allocation, not an invalid free.
 fn assert_findings(program: &str, t: &isolate_tests::Trace) {
-    if program != "drv_linked" {
+    let planted = match program {
+        "drv_linked" => Some("cuMemHostUnregister"),
+        "ipc" if t.count("cudaIpcCloseMemHandle") > 0 => Some("cudaIpcCloseMemHandle"),
+        _ => None,
+    };
+    let Some(api) = planted else {
         let s = t.assert_no_false_findings();
         let unseen = if program == "drv_static" { 1 } else { 0 };
         assert_eq!(s["frees_of_earlier_allocations"], unseen, "{program}");
         return;
-    }
+    };
     let s = t.analyzer_summary();
     assert_eq!(s["invalid_free_count"], 1, "{program}: {s:#}");
     assert_eq!(s["double_free_count"], 1, "{program}: {s:#}");
     let f = &s["invalid_frees"][0];
-    assert_eq!(f["api"], "cuMemHostUnregister", "{f:#}");
+    assert_eq!(f["api"], api, "{f:#}");
     assert_ne!(f["result"], 0, "{f:#}");
-    assert_eq!(f["first_free"]["api"], "cuMemHostUnregister", "{f:#}");
+    assert_eq!(f["first_free"]["api"], api, "{f:#}");
     assert_eq!(s["lost"], 0, "{program}");
 }
 
