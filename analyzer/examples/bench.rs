@@ -9,6 +9,18 @@
 //! expandable-segment-like VMM, rare failures, stats and notes), then runs each analysis in a
 //! child process of its own so that each peak RSS (`getrusage` `ru_maxrss`) is its own, and
 //! prints a table. Not a test: the figures depend on the machine.
+//!
+//! ```text
+//! cargo build --release -p isolate-analyzer
+//! cargo run --release -p isolate-analyzer --example bench -- --one-live [--events N] [--isolate BIN]
+//! ```
+//!
+//! `--one-live` writes instead a trace with one live allocation at a time (half allocations,
+//! half frees, addresses moving on; `analyzer/tests/common/one_live.rs`) and runs the `isolate`
+//! binary (by default the one built beside this example) on it: `summary`, `graph` in each
+//! format, `who`, `report` and `export`, each in a child process whose peak RSS comes from
+//! `wait4`. Memory that grows with the number of allocations rather than with what is live
+//! shows plainly there (`docs/reliability.md`, "Analyzer memory").
 
 use isolate_analyzer::{NoProgress, graph, summary};
 use isolate_trace::{Api, Encoder, End, EndReason, Event, Header, Note, NoteKind, Record, Stats};
@@ -16,6 +28,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
+
+#[path = "../tests/common/one_live.rs"]
+mod one_live;
 
 struct Rng(u64);
 impl Rng {
@@ -345,10 +360,147 @@ fn phase(name: &str, path: &Path) {
     println!("{} {}", t.elapsed().as_secs_f64(), max_rss_kib());
 }
 
+/// Runs `cmd` to its end; returns its exit status, seconds and peak RSS in KiB (`wait4`).
+// The child is reaped by wait4, which std's Child does not know about.
+#[allow(clippy::zombie_processes)]
+fn measured(cmd: &mut Command) -> (i32, f64, i64) {
+    let t = Instant::now();
+    let child = cmd
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start the isolate binary");
+    let mut status = 0;
+    // SAFETY: wait4 fills the status and the rusage we hand it; the child is ours and is
+    // waited for only here (std's Child is dropped without waiting).
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        let r = libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru);
+        assert!(r > 0, "wait4: {}", std::io::Error::last_os_error());
+        ru
+    };
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    };
+    (code, t.elapsed().as_secs_f64(), ru.ru_maxrss)
+}
+
+/// `--one-live`: peak RSS of each subcommand of the `isolate` binary on a trace with one live
+/// allocation at a time.
+fn one_live_table(events: u64, keep: Option<PathBuf>, bin: Option<PathBuf>) {
+    let bin = bin.unwrap_or_else(|| {
+        let exe = std::env::current_exe().expect("own path");
+        // target/<profile>/examples/bench -> target/<profile>/isolate
+        exe.parent()
+            .and_then(Path::parent)
+            .map(|d| d.join("isolate"))
+            .expect("target directory")
+    });
+    assert!(
+        bin.is_file(),
+        "{} not found: build it first (cargo build --release -p isolate-analyzer)",
+        bin.display()
+    );
+    let dir = std::env::temp_dir().join(format!("isolate-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = keep.clone().unwrap_or_else(|| dir.join("one_live.trace"));
+    let t = Instant::now();
+    let n = one_live::write_one_live(&path, events).expect("write trace");
+    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "wrote {n} events, one live allocation at a time, {:.1} MiB in {:.1} s to {}",
+        size as f64 / (1 << 20) as f64,
+        t.elapsed().as_secs_f64(),
+        path.display()
+    );
+    println!("binary: {}", bin.display());
+    println!();
+    println!("| command | exit | time (s) | peak RSS (MiB) |");
+    println!("|---|---:|---:|---:|");
+    let p = path.to_string_lossy().into_owned();
+    let o = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    // The address the first allocation, and every fourth one after, started at.
+    let addr = "0x7f0000000000";
+    let runs: Vec<Vec<String>> = vec![
+        vec!["summary".into(), p.clone()],
+        vec!["summary".into(), "--json".into(), p.clone()],
+        vec![
+            "graph".into(),
+            "--format".into(),
+            "json".into(),
+            p.clone(),
+            "-o".into(),
+            o("g.json"),
+        ],
+        vec![
+            "graph".into(),
+            "--format".into(),
+            "dot".into(),
+            p.clone(),
+            "-o".into(),
+            o("g.dot"),
+        ],
+        vec!["who".into(), addr.into(), p.clone()],
+        vec!["who".into(), "--json".into(), addr.into(), p.clone()],
+        vec!["report".into(), p.clone(), "-o".into(), o("r.html")],
+        vec![
+            "export".into(),
+            "--format".into(),
+            "chrome-trace".into(),
+            p.clone(),
+            "-o".into(),
+            o("e.json"),
+        ],
+    ];
+    for args in runs {
+        let (code, secs, kib) = measured(Command::new(&bin).args(&args));
+        let shown: Vec<&str> = args
+            .iter()
+            .map(|a| {
+                if *a == p {
+                    "T"
+                } else if a.starts_with(dir.to_str().unwrap_or("\0")) {
+                    "OUT"
+                } else {
+                    a.as_str()
+                }
+            })
+            .collect();
+        println!(
+            "| `isolate {}` | {code} | {secs:.2} | {:.1} |",
+            shown.join(" "),
+            kib as f64 / 1024.0
+        );
+        for f in ["g.json", "g.dot", "r.html", "e.json"] {
+            let _ = std::fs::remove_file(dir.join(f));
+        }
+    }
+    // The outputs went here, and the trace too unless it is kept elsewhere.
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() == 4 && args[1] == "--phase" {
         phase(&args[2], Path::new(&args[3]));
+        return;
+    }
+    if args.iter().any(|a| a == "--one-live") {
+        let mut events = 10_000_000u64;
+        let mut keep = None;
+        let mut bin = None;
+        let mut i = 1;
+        while i + 1 < args.len() {
+            match args[i].as_str() {
+                "--events" => events = args[i + 1].replace('_', "").parse().expect("--events N"),
+                "--keep" => keep = Some(PathBuf::from(&args[i + 1])),
+                "--isolate" => bin = Some(PathBuf::from(&args[i + 1])),
+                _ => {}
+            }
+            i += 1;
+        }
+        one_live_table(events, keep, bin);
         return;
     }
     let mut events = 10_000_000u64;

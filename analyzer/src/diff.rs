@@ -147,8 +147,8 @@ pub fn profile(path: &Path, progress: &mut dyn Progress) -> Result<Profile, Erro
     let _ = &leaks.ordinals;
     for ((api, size), n) in &leaks.ordinals {
         let e = by_api.entry(api.name().to_owned()).or_default();
-        e.started += n;
-        e.bytes = e.bytes.wrapping_add(size.wrapping_mul(*n));
+        e.started = e.started.saturating_add(*n);
+        e.bytes = e.bytes.saturating_add(size.saturating_mul(*n));
     }
     let mut size_classes = BTreeMap::new();
     for ((api, size), n) in &leaks.ordinals {
@@ -166,7 +166,7 @@ pub fn profile(path: &Path, progress: &mut dyn Progress) -> Result<Profile, Erro
         .iter()
         .filter_map(|c| t.categories.get(c.name()))
         .map(|c| c.bytes_started)
-        .sum();
+        .fold(0u64, u64::saturating_add);
     Ok(Profile {
         file: s.file.clone(),
         events: t.events,
@@ -178,7 +178,7 @@ pub fn profile(path: &Path, progress: &mut dyn Progress) -> Result<Profile, Erro
         size_classes,
         reuse_edges: counts.edges.get(&EdgeKind::Reuse).copied().unwrap_or(0),
         reuse_by_class: counts.reuse_by_class.clone(),
-        failures: t.failed.values().sum(),
+        failures: t.failed.values().fold(0u64, |a, &b| a.saturating_add(b)),
         invalid_frees: t.invalid_free_count,
         frees_of_earlier_allocations: t.frees_of_earlier_allocations,
         poison_violations: t.poison_violation_count,

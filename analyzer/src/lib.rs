@@ -6,9 +6,11 @@
 //! differ ([`diff`]) and whether a run stays within a baseline's budget ([`check`]). [`report`]
 //! renders one self-contained HTML page and [`export`] writes the timeline for Perfetto.
 //!
-//! Every analysis streams over the trace once: memory is bounded by what is live at once, not
-//! by the length of the trace (the aliasing graph is the exception: it is one node per allocation,
-//! and streams its nodes out as they end). The `isolate` binary is a thin layer over this crate.
+//! Every analysis streams over the trace once: memory is bounded by what is live at once and a
+//! few fixed windows (the last frees remembered, the reordering window, capped lists), not by the
+//! length of the trace or the number of allocations; the aliasing graph streams its nodes, edges
+//! and findings out as it goes. Byte totals saturate at `u64::MAX` rather than wrap. The
+//! `isolate` binary is a thin layer over this crate.
 //!
 //! ```
 //! use isolate_trace::{Api, Encoder, Event, Header, Record};

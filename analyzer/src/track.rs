@@ -245,26 +245,40 @@ impl Freed {
 }
 
 /// Live bytes and counts per category after an event.
+///
+/// Bytes are added up in 128 bits, so that a hostile trace (sizes near `u64::MAX`) can neither
+/// wrap them nor make a later free subtract more than was added; what the accessors return
+/// saturates at `u64::MAX`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Live {
-    pub bytes: [u64; 8],
-    pub count: [u64; 8],
+    bytes: [u128; 8],
+    count: [u64; 8],
+}
+
+/// `v`, or `u64::MAX` when it does not fit.
+#[inline]
+pub fn saturate(v: u128) -> u64 {
+    u64::try_from(v).unwrap_or(u64::MAX)
 }
 
 impl Live {
+    /// Live bytes of category `c` (saturating at `u64::MAX`).
     pub fn bytes(&self, c: Category) -> u64 {
-        self.bytes[c as usize]
+        saturate(self.bytes[c as usize])
     }
 
     pub fn count(&self, c: Category) -> u64 {
         self.count[c as usize]
     }
 
-    /// Device memory in use: device + managed allocations and physical handles.
+    /// Device memory in use: device + managed allocations and physical handles (saturating at
+    /// `u64::MAX`).
     pub fn device_bytes(&self) -> u64 {
-        self.bytes[Category::Device as usize]
-            + self.bytes[Category::Managed as usize]
-            + self.bytes[Category::Handle as usize]
+        saturate(
+            self.bytes[Category::Device as usize]
+                + self.bytes[Category::Managed as usize]
+                + self.bytes[Category::Handle as usize],
+        )
     }
 
     pub fn device_count(&self) -> u64 {
@@ -276,14 +290,16 @@ impl Live {
     #[inline]
     fn add(&mut self, n: &Node) {
         let i = n.category as usize;
-        self.bytes[i] = self.bytes[i].wrapping_add(n.size);
+        // At most 2^64 nodes of at most 2^64 - 1 bytes each: 128 bits cannot overflow.
+        self.bytes[i] += u128::from(n.size);
         self.count[i] += 1;
     }
 
     #[inline]
     fn sub(&mut self, n: &Node) {
         let i = n.category as usize;
-        self.bytes[i] = self.bytes[i].wrapping_sub(n.size);
+        // Only nodes that were added are taken away.
+        self.bytes[i] -= u128::from(n.size);
         self.count[i] -= 1;
     }
 }

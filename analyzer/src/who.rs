@@ -93,13 +93,21 @@ pub struct Who {
     pub traces: Vec<WhoTrace>,
 }
 
+/// One node that covered the address, its end, and (for a mapping) the size of the handle it
+/// maps, taken when it started.
+type Entry = (Node, Option<Ended>, Option<u64>);
+
+/// Memory is what the answer holds (the nodes at the address and the incidents) plus the live
+/// handles: a handle is forgotten when it is released, and a mapping takes its size when it
+/// starts.
 struct Watch {
     addr: u64,
-    /// (node, end) in start order, per list.
-    lists: [Vec<(Node, Option<Ended>)>; 3],
+    /// Per list, in start order.
+    lists: [Vec<Entry>; 3],
     /// Open entries: node id → (list, index).
     open: FxHashMap<u64, (usize, usize)>,
-    handles: FxHashMap<u64, Node>,
+    /// Live handles: node id → size.
+    handles: FxHashMap<u64, u64>,
     incidents: Vec<Incident>,
 }
 
@@ -114,17 +122,22 @@ fn list_of(c: Category) -> usize {
 impl Observer for Watch {
     fn started(&mut self, n: &Node, _: &Live) {
         if n.category == Category::Handle {
-            self.handles.insert(n.id, *n);
+            self.handles.insert(n.id, n.size);
             return;
         }
         if n.covers(self.addr) {
             let l = list_of(n.category);
+            let handle_size = n.handle_node.and_then(|h| self.handles.get(&h).copied());
             self.open.insert(n.id, (l, self.lists[l].len()));
-            self.lists[l].push((*n, None));
+            self.lists[l].push((*n, None, handle_size));
         }
     }
 
     fn ended(&mut self, n: &Node, e: &Ended, _: &Live) {
+        if n.category == Category::Handle {
+            self.handles.remove(&n.id);
+            return;
+        }
         if let Some((l, i)) = self.open.remove(&n.id) {
             self.lists[l][i].1 = Some(*e);
         }
@@ -201,14 +214,10 @@ impl Observer for Watch {
     }
 }
 
-fn occupants(
-    addr: u64,
-    list: &[(Node, Option<Ended>)],
-    handles: &FxHashMap<u64, Node>,
-) -> Vec<Occupant> {
+fn occupants(addr: u64, list: &[Entry]) -> Vec<Occupant> {
     let mut out = Vec::with_capacity(list.len());
-    for (i, (n, e)) in list.iter().enumerate() {
-        let next = list.get(i + 1).map(|(m, _)| Next {
+    for (i, (n, e, handle_size)) in list.iter().enumerate() {
+        let next = list.get(i + 1).map(|(m, _, _)| Next {
             node: m.id,
             api: m.api.name(),
             size: m.size,
@@ -235,9 +244,9 @@ fn occupants(
             lifetime_ns: e.map(|e| e.ts_ns.saturating_sub(n.ts_ns)),
             next,
             handle: if is_map { n.handle } else { 0 },
-            handle_offset: is_map.then(|| n.offset + (addr - n.ptr)),
+            handle_offset: is_map.then(|| n.offset.saturating_add(addr - n.ptr)),
             handle_node: n.handle_node,
-            handle_size: n.handle_node.and_then(|h| handles.get(&h)).map(|h| h.size),
+            handle_size: *handle_size,
             reservation: n.reservation,
         });
     }
@@ -265,9 +274,9 @@ pub fn who<P: AsRef<Path>>(
             file: info.file.clone(),
             pid: info.header.pid,
             rank: info.header.rank,
-            history: occupants(addr, &w.lists[0], &w.handles),
-            mappings: occupants(addr, &w.lists[1], &w.handles),
-            reservations: occupants(addr, &w.lists[2], &w.handles),
+            history: occupants(addr, &w.lists[0]),
+            mappings: occupants(addr, &w.lists[1]),
+            reservations: occupants(addr, &w.lists[2]),
             incidents: w.incidents,
             truncated: info.truncated_at,
         });

@@ -5,6 +5,8 @@ use isolate_trace::{Api, Encoder, End, EndReason, Event, Header, Note, NoteKind,
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+pub mod one_live;
+
 /// Builds a trace event by event: sequence numbers count up from 0, each event is 1 µs after
 /// the one before (from 1 ms), on thread 1000 of device 0, unless told otherwise.
 pub struct TraceBuilder {

@@ -1,0 +1,163 @@
+//! `isolate report`: one self-contained HTML page (inline script and style, nothing fetched).
+//!
+//! Live device memory over time, stacked by allocation like PyTorch's memory viewer: the
+//! largest allocations (by bytes × lifetime) get their own band, everything else is one "other"
+//! band. The time axis is bucketed here, while reading, into at most [`COLUMNS`] columns (the
+//! bucket width doubles whenever the trace outgrows them), so a trace of a million events makes
+//! a page of a few hundred kilobytes that draws on a canvas at once. Failures and violations are
+//! marked on the timeline; below it the top reuse chains (connected parts of the aliasing
+//! graph) and the summary tables.
+//!
+//! All text from the trace reaches the page only as JSON inside a `<script type=
+//! "application/json">` element, escaped with [`json_for_script`], and the script puts it into
+//! the page with `textContent`, never as HTML.
+//!
+//! Files: this one assembles the page; `timeline.rs` buckets live memory and marks findings
+//! while reading; `chains.rs` follows the reuse chains; `report.html` is the page's template.
+
+mod chains;
+mod timeline;
+
+pub use chains::{Chain, ChainNode};
+pub use timeline::{Band, Marker, Timeline};
+
+use crate::Error;
+use crate::graph::{Anomaly, Filter, GraphBuilder};
+use crate::source::{Progress, TraceInfo, analyze};
+use crate::summary::{Summarizer, TraceSummary};
+use crate::util::{escape_html, hex, json_for_script};
+use chains::{ChainSink, LEAKS};
+use serde::Serialize;
+use std::cmp::Reverse;
+use std::path::Path;
+use timeline::TimelineObs;
+
+/// The most columns of the timeline.
+pub const COLUMNS: usize = 2048;
+/// Allocations drawn as their own band.
+pub const BANDS: usize = 160;
+/// Markers kept per trace.
+pub const MARKERS: usize = 4000;
+/// Reuse chains shown.
+pub const CHAINS: usize = 12;
+
+#[derive(Serialize)]
+struct Leak {
+    id: u64,
+    api: &'static str,
+    size: u64,
+    ptr: String,
+}
+
+#[derive(Serialize)]
+struct TracePage {
+    summary: TraceSummary,
+    timeline: Timeline,
+    chains: Vec<Chain>,
+    anomalies: Vec<Anomaly>,
+    leaks: Vec<Leak>,
+    leak_count: usize,
+}
+
+#[derive(Serialize)]
+struct Page {
+    generator: String,
+    traces: Vec<TracePage>,
+}
+
+fn one(
+    path: &Path,
+    index: usize,
+    progress: &mut dyn Progress,
+) -> Result<(TracePage, TraceInfo), Error> {
+    let mut sink = ChainSink::default();
+    let mut obs = (
+        Summarizer::new(index),
+        (
+            TimelineObs::new(),
+            GraphBuilder::new(&mut sink, Filter::default()),
+        ),
+    );
+    let info = analyze(path, progress, &mut obs)?;
+    let (summ, (tl, builder)) = obs;
+    builder.finish()?;
+    let mut summary = summ.into_summary(&info);
+    summary.totals.invalid_frees.truncate(200);
+    summary.totals.poison_violations.truncate(200);
+    summary.totals.stale_launches.truncate(200);
+    let chains = sink.chains();
+    let leak_count = sink.leak_count;
+    sink.leaks.sort_by_key(|l| (Reverse(l.0), l.1));
+    let leaks = sink
+        .leaks
+        .iter()
+        .take(LEAKS)
+        .map(|&(size, id, api, ptr)| Leak {
+            id,
+            api,
+            size,
+            ptr: hex(ptr),
+        })
+        .collect();
+    let anomalies = sink
+        .anomalies
+        .iter()
+        .filter(|a| !matches!(a, Anomaly::NeverFreed { .. }))
+        .cloned()
+        .collect();
+    Ok((
+        TracePage {
+            summary,
+            timeline: tl.into_timeline(),
+            chains,
+            anomalies,
+            leaks,
+            leak_count,
+        },
+        info,
+    ))
+}
+
+/// A rendered report.
+pub struct Report {
+    /// The whole HTML document.
+    pub html: String,
+    /// What was read of each trace (whether it was truncated, …).
+    pub traces: Vec<TraceInfo>,
+}
+
+/// Renders the report of `paths` as one HTML document.
+pub fn render<P: AsRef<Path>>(paths: &[P], progress: &mut dyn Progress) -> Result<Report, Error> {
+    let mut traces = Vec::new();
+    let mut title = Vec::new();
+    let mut infos = Vec::new();
+    for (i, p) in paths.iter().enumerate() {
+        let (page, info) = one(p.as_ref(), i, progress)?;
+        title.push(format!("{} (pid {})", info.file, info.header.pid));
+        traces.push(page);
+        infos.push(info);
+    }
+    let page = Page {
+        generator: format!("isolate {}", env!("CARGO_PKG_VERSION")),
+        traces,
+    };
+    let json = serde_json::to_string(&page).map_err(|e| Error::invalid(e.to_string()))?;
+    // Split the template rather than search-and-replace in it, so that nothing from the trace
+    // can ever be taken for a placeholder.
+    let (head, rest) = TEMPLATE.split_once("{{TITLE}}").unwrap_or((TEMPLATE, ""));
+    let (mid, tail) = rest.split_once("{{DATA}}").unwrap_or((rest, ""));
+    let title = escape_html(&format!("isolate report: {}", title.join(", ")));
+    let data = json_for_script(&json);
+    let mut out = String::with_capacity(TEMPLATE.len() + title.len() + data.len());
+    out.push_str(head);
+    out.push_str(&title);
+    out.push_str(mid);
+    out.push_str(&data);
+    out.push_str(tail);
+    Ok(Report {
+        html: out,
+        traces: infos,
+    })
+}
+
+const TEMPLATE: &str = include_str!("report.html");

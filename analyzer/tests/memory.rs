@@ -1,0 +1,164 @@
+//! The analyzer's memory is bounded by what is live, not by the number of allocations: peak RSS
+//! of every subcommand on a trace with one live allocation at a time stays under 64 MiB, and a
+//! trace four times longer does not make it grow in proportion.
+//!
+//! Not a timed test: it measures the resident set (`wait4`'s `ru_maxrss`) of each child
+//! process, which does not depend on how busy the machine is. The binary is the release build
+//! (`cargo build --release -p isolate-analyzer --bin isolate`, run from here; a no-op when it is
+//! up to date, as in CI after its release build): the debug one would take minutes on these
+//! traces, for the same memory. Without `cargo` at hand it falls back to the debug binary;
+//! `ISOLATE_MEMORY_BIN=PATH` measures another binary instead (an older build, to see it fail).
+//! Figures for the 10 M-event trace are in `docs/reliability.md` ("Analyzer memory").
+
+mod common;
+
+use common::one_live::write_one_live;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The limit on every subcommand's peak RSS.
+const LIMIT_KIB: i64 = 64 * 1024;
+/// Events of the trace held to [`LIMIT_KIB`], and of the one four times shorter.
+const BIG: u64 = 2_000_000;
+const SMALL: u64 = BIG / 4;
+
+/// The release `isolate`, built (or found up to date) by cargo; the debug one without cargo.
+fn release_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("ISOLATE_MEMORY_BIN") {
+        return PathBuf::from(p);
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("analyzer/ has a parent")
+        .to_path_buf();
+    let out = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "isolate-analyzer",
+            "--bin",
+            "isolate",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(&root)
+        .stderr(Stdio::inherit())
+        .output();
+    let found = out.ok().filter(|o| o.status.success()).and_then(|o| {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "isolate")
+            .find_map(|v| v["executable"].as_str().map(PathBuf::from))
+    });
+    match found {
+        Some(p) => p,
+        None => {
+            eprintln!(
+                "memory: no release build (cargo failed or is missing); using the debug binary"
+            );
+            PathBuf::from(env!("CARGO_BIN_EXE_isolate"))
+        }
+    }
+}
+
+/// Runs `bin ARGS` to its end; returns its exit code and peak RSS in KiB.
+// The child is reaped by wait4, which std's Child does not know about.
+#[allow(clippy::zombie_processes)]
+fn peak_rss(bin: &Path, args: &[String]) -> (i32, i64) {
+    let child = Command::new(bin)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start isolate");
+    let mut status = 0;
+    // SAFETY: wait4 fills the status and the rusage we hand it; the child is ours and is
+    // waited for only here (std's Child is dropped without waiting).
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        let r = libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru);
+        assert!(r > 0, "wait4: {}", std::io::Error::last_os_error());
+        ru
+    };
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    };
+    (code, ru.ru_maxrss)
+}
+
+/// Every subcommand that reads a whole trace (a name, the arguments), outputs into `out`.
+fn commands(trace: &Path, out: &Path) -> Vec<(&'static str, Vec<String>)> {
+    let t = trace.to_string_lossy().into_owned();
+    let o = |f: &str| out.join(f).to_string_lossy().into_owned();
+    let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    vec![
+        ("summary", v(&["summary", &t])),
+        (
+            "graph --format json",
+            v(&["graph", "--format", "json", &t, "-o", &o("g.json")]),
+        ),
+        (
+            "graph --format dot",
+            v(&["graph", "--format", "dot", &t, "-o", &o("g.dot")]),
+        ),
+        ("who --json", v(&["who", "--json", "0x7f0000000000", &t])),
+        ("report", v(&["report", &t, "-o", &o("r.html")])),
+        (
+            "export",
+            v(&["export", "--format", "chrome-trace", &t, "-o", &o("e.json")]),
+        ),
+    ]
+}
+
+#[test]
+fn peak_rss_is_bounded_by_what_is_live() {
+    let bin = release_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let small = dir.path().join("small.trace");
+    let big = dir.path().join("big.trace");
+    assert_eq!(write_one_live(&small, SMALL).unwrap(), SMALL);
+    assert_eq!(write_one_live(&big, BIG).unwrap(), BIG);
+    let mut report = Vec::new();
+    let mut failures = Vec::new();
+    for ((name, s), (_, b)) in commands(&small, dir.path())
+        .into_iter()
+        .zip(commands(&big, dir.path()))
+    {
+        let (cs, rs) = peak_rss(&bin, &s);
+        let (cb, rb) = peak_rss(&bin, &b);
+        report.push(format!(
+            "{name:<28} {SMALL} events: {:>6.1} MiB   {BIG} events: {:>6.1} MiB",
+            rs as f64 / 1024.0,
+            rb as f64 / 1024.0
+        ));
+        if cs != 0 || cb != 0 {
+            failures.push(format!("{name}: exit {cs} and {cb}"));
+        }
+        if rb >= LIMIT_KIB {
+            failures.push(format!(
+                "{name}: {rb} KiB on {BIG} events, over {LIMIT_KIB} KiB"
+            ));
+        }
+        // Proportional growth would add three times the small trace's share again; allow a
+        // quarter more and 4 MiB for allocator noise.
+        if rb > rs + rs / 4 + 4096 {
+            failures.push(format!(
+                "{name}: {rs} KiB on {SMALL} events but {rb} KiB on {BIG}: it grows with the trace"
+            ));
+        }
+        for f in ["g.json", "g.dot", "r.html", "e.json"] {
+            let _ = std::fs::remove_file(dir.path().join(f));
+        }
+    }
+    println!("binary: {}\n{}", bin.display(), report.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{}\n{}",
+        failures.join("\n"),
+        report.join("\n")
+    );
+}
