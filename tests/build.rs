@@ -102,6 +102,7 @@ fn main() {
             .collect();
         run_parallel(&jobs);
     }
+    build_deepbind(&programs_src, &bin, &include, &lib_dir);
 }
 
 /// The stand-in driver's sources: `standin/driver_*.c`, in name order.
@@ -280,4 +281,49 @@ fn compile(src: &Path, args: &[String]) {
     for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
         println!("cargo:warning={line}");
     }
+}
+
+// --------------------------------------------------------------- RTLD_DEEPBIND (deepbind.rs)
+
+/// `programs/deepbind/`: a host that opens a plugin with `RTLD_DEEPBIND` (`main.c`, built as
+/// `bin/deepbind` with `DT_RUNPATH` = `$ORIGIN`, so that a bare name finds the plugin only
+/// through it), the plugin (`plugin.c`: `bin/libdeepbind_plugin.so`, and again linked `-z now`
+/// as `bin/libdeepbind_plugin_now.so`, every GOT slot bound at load and read-only), and
+/// `other.c` (`bin/libdeepbind_other.so`). Each file's own `// shared:` and `// link:` lines
+/// apply, plus these link flags, which the directives do not give.
+fn build_deepbind(programs_src: &Path, bin: &Path, include: &str, lib_dir: &str) {
+    let dir = programs_src.join("deepbind");
+    let builds: [(&str, Option<&str>, &[&str]); 4] = [
+        ("other.c", None, &[]),
+        ("plugin.c", None, &[]),
+        (
+            "plugin.c",
+            Some("libdeepbind_plugin_now.so"),
+            &["-Wl,-z,now"],
+        ),
+        (
+            "main.c",
+            None,
+            &["-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN"],
+        ),
+    ];
+    let jobs: Vec<(PathBuf, Vec<String>)> = builds
+        .iter()
+        .map(|(file, shared, flags)| {
+            let mut p = parse_program(&dir.join(file));
+            if let Some(name) = shared {
+                p.shared = Some(name.to_string());
+            }
+            let exe = p.shared.is_none();
+            let (src, mut args) = program_command(&p, bin, include, lib_dir);
+            if exe {
+                // Named after the folder, not the file: bin/deepbind.
+                let o = args.iter().position(|a| a == "-o").expect("-o") + 1;
+                args[o] = bin.join("deepbind").display().to_string();
+            }
+            args.extend(flags.iter().map(|f| f.to_string()));
+            (src, args)
+        })
+        .collect();
+    run_parallel(&jobs);
 }

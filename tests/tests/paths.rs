@@ -610,6 +610,8 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
         ("guard", &["first"]),
         // tests/run_signals.rs (its signal modes are run there).
         ("sigchild", &["-", "exit", "0"]),
+        // tests/hostile.rs (its other modes are run there).
+        ("hostile", &["masks"]),
     ];
     let dir = isolate_tests::workspace_root().join("tests/programs");
     for entry in std::fs::read_dir(&dir).unwrap().flatten() {

@@ -4,6 +4,8 @@
 
 pub mod config;
 pub mod cuda;
+pub mod got;
+pub mod loader;
 pub mod real;
 pub mod resolve;
 pub mod sys;

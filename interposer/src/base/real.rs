@@ -231,6 +231,8 @@ reals! {
         // Wrapped: the ways out of a process.
         EXIT = _exit: fn(c_int) -> !;
         EXIT2 = _Exit: fn(c_int) -> !;
+        // exit(3): serialised between threads, see life::before_exit.
+        EXIT3 = exit: fn(c_int) -> !;
         EXECVE = execve: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
         EXECVPE = execvpe: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
         EXECV = execv: fn(*const c_char, *const *const c_char) -> c_int;

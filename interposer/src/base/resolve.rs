@@ -13,11 +13,18 @@ pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_vo
 pub static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
 
 pub fn real_dlsym() -> Option<DlsymFn> {
-    let mut p = REAL_DLSYM.load(Ordering::Acquire);
+    let p = libc_versioned(&REAL_DLSYM, c"dlsym")?;
+    Some(unsafe { std::mem::transmute::<usize, DlsymFn>(p) })
+}
+
+/// libc's own `name` (glibc ≥ 2.34 defines `dlsym`/`dlopen` in libc.so.6 under GLIBC_2.34 and
+/// keeps the old versions), found with `dlvsym` so that our own export of the same name is
+/// never in the way, and kept in `cache`.
+pub fn libc_versioned(cache: &AtomicUsize, name: &CStr) -> Option<usize> {
+    let mut p = cache.load(Ordering::Acquire);
     if p == 0 {
-        // glibc ≥ 2.34 defines dlsym in libc.so.6 under GLIBC_2.34 and keeps the old version.
-        for ver in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
-            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), ver.as_ptr()) } as usize;
+        for ver in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17", c"GLIBC_2.1"] {
+            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), ver.as_ptr()) } as usize;
             if p != 0 {
                 break;
             }
@@ -25,9 +32,9 @@ pub fn real_dlsym() -> Option<DlsymFn> {
         if p == 0 {
             return None;
         }
-        REAL_DLSYM.store(p, Ordering::Release);
+        cache.store(p, Ordering::Release);
     }
-    Some(unsafe { std::mem::transmute::<usize, DlsymFn>(p) })
+    Some(p)
 }
 
 /// Looks `name` up in `handle` through the real `dlsym`.

@@ -87,6 +87,7 @@ macro_rules! hooks {
 }
 
 pub mod dl;
+pub mod dlopen;
 pub mod driver;
 pub mod process;
 pub mod runtime;

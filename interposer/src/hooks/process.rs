@@ -1,43 +1,46 @@
-//! The process-life exports: `_exit`, `_Exit` and the `exec` family. Each tells process life
-//! first, then calls libc's.
+//! The process-life exports: `exit`, `_exit`, `_Exit` and the `exec` family. Each tells process
+//! life first, then calls libc's.
 //!
 //! Layer: hooks. Uses process life and the base.
 
-use crate::base::real::{EXECV, EXECVE, EXECVP, EXECVPE, EXIT, EXIT2};
+use crate::base::real::{EXECV, EXECVE, EXECVP, EXECVPE, EXIT, EXIT2, EXIT3};
 use crate::life;
 use std::ffi::{c_char, c_int};
 
-/// `_exit`: no destructors will run, so the trace is closed here first.
-///
-/// # Safety
-/// Same contract as `_exit(2)`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn _exit(status: c_int) -> ! {
-    life::before_underscore_exit();
-    match EXIT.get() {
-        Some(f) => unsafe { f(status) },
-        None => unsafe {
-            libc::syscall(libc::SYS_exit_group, status);
-            std::process::abort()
-        },
-    }
+/// An exit function: tells process life first (`$before`), then calls libc's.
+macro_rules! exit_hook {
+    ($(#[$doc:meta])* $name:ident, $real:ident, $before:path) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// Same contract as the libc function of this name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(status: c_int) -> ! {
+            $before();
+            match $real.get() {
+                Some(f) => unsafe { f(status) },
+                None => unsafe {
+                    libc::syscall(libc::SYS_exit_group, status);
+                    std::process::abort()
+                },
+            }
+        }
+    };
 }
 
-/// `_Exit`, same as `_exit`.
-///
-/// # Safety
-/// Same contract as `_Exit(3)`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
-    life::before_underscore_exit();
-    match EXIT2.get() {
-        Some(f) => unsafe { f(status) },
-        None => unsafe {
-            libc::syscall(libc::SYS_exit_group, status);
-            std::process::abort()
-        },
-    }
-}
+exit_hook!(
+    /// `exit`: one thread at a time (glibc before 2.41 lets several run it at once, and the
+    /// first done `_exit`s under the one still writing the trace; see [`life::before_exit`]).
+    exit, EXIT3, life::before_exit
+);
+exit_hook!(
+    /// `_exit`: no destructors will run, so the trace is closed here first.
+    _exit, EXIT, life::before_underscore_exit
+);
+exit_hook!(
+    /// `_Exit`, same as `_exit`.
+    _Exit, EXIT2, life::before_underscore_exit
+);
 
 macro_rules! exec_hook {
     ($name:ident, $real:ident, ($($a:ident: $t:ty),*)) => {

@@ -129,8 +129,32 @@ pub fn at_exit() {
     writer::flush(Some(EndReason::Exit), Duration::from_secs(5));
 }
 
+/// The thread running `exit` (0: none yet).
+static EXITING: AtomicU32 = AtomicU32::new(0);
+
+/// Before `exit`: only one thread runs it. glibc before 2.41 lets several threads run `exit` at
+/// once: the first to find no exit handler left ends the process (`_exit`) while another is
+/// still running them, in this library's destructor writing the trace, which is lost then, end
+/// record and unwritten events alike. As glibc 2.41 does, a thread that calls `exit` while
+/// another one is in it waits for good (the process ends under it); a call from inside the exit
+/// (an `atexit` handler) goes on. A `vfork` child's `exit` is its own.
+pub fn before_exit() {
+    if !owns_state() {
+        return;
+    }
+    let me = sys::gettid();
+    match EXITING.compare_exchange(0, me, AcqRel, Acquire) {
+        Ok(_) => {}
+        Err(t) if t == me => {}
+        Err(_) => loop {
+            unsafe { libc::pause() };
+        },
+    }
+}
+
 extern "C" fn child_after_fork() {
     OWNER.store(unsafe { libc::getpid() } as u32, Release);
+    EXITING.store(0, Release);
     sys::forget_tid();
     writer::after_fork_child();
     event::after_fork_child();

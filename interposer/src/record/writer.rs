@@ -2,7 +2,8 @@
 //! bounded crossbeam channel, flushed every 50 ms and on every way out of the process.
 //!
 //! Hooks never do I/O and never block on a lock: they `try_send`, and only when the queue is
-//! full do they wait (with a backoff, counted in the trace). The writer owns the file.
+//! full do they wait (with a backoff, counted in the trace). The writer owns the file; the call
+//! that starts a trace waits until the writer has opened it (see `start`).
 //!
 //! Layer: recording. Uses the base, [`super::header`] and [`super::thread`].
 
@@ -49,6 +50,9 @@ static OWNER_PID: AtomicU32 = AtomicU32::new(0);
 static ENDING: AtomicBool = AtomicBool::new(false);
 static ENDED: AtomicBool = AtomicBool::new(false);
 static WRITER_TID: AtomicU32 = AtomicU32::new(0);
+/// Set by the writer once its file is open and its descriptor moved up (or it could not be
+/// opened): the thread that started the trace waits for it (see `start`).
+static OPENED: AtomicBool = AtomicBool::new(false);
 
 const QUEUE: usize = 4096;
 
@@ -177,6 +181,20 @@ fn start() {
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     match spawned {
         Ok(_) => {
+            // The program goes on once the writer is done with small descriptor numbers (the
+            // header's reads of /proc, the trace file's open and move up): a program that closes
+            // every descriptor it did not open right after its first CUDA call (a daemon, a
+            // sandbox) would otherwise do it while the writer holds one, and the writer could
+            // then close the file the program opened under that number. At most 2 s (a hung
+            // file system): then it goes on.
+            let deadline = now_ns() + 2_000_000_000;
+            while !OPENED.load(Acquire) && now_ns() < deadline {
+                let ts = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 20_000,
+                };
+                unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+            }
             let on_start = ON_START.load(Acquire);
             if !on_start.is_null() {
                 // SAFETY: only `on_start` stores here, and it stores a `fn()`.
@@ -229,22 +247,18 @@ pub fn flush(end: Option<EndReason>, timeout: Duration) -> bool {
     FLUSH_END.store(code, Release);
     FLUSH_TARGET.store(ACCEPTED.load(Acquire), Release);
     let generation = FLUSH_GEN.fetch_add(1, AcqRel) + 1;
-    while FLUSH_DONE.load(Acquire) < generation {
-        if now_ns() > deadline {
-            return false;
-        }
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 200_000,
-        };
-        unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
-    }
-    true
+    wait_until(deadline, || FLUSH_DONE.load(Acquire) >= generation)
 }
 
 /// Waits until the writer has written the end record (at most until `deadline`).
 fn wait_ended(deadline: u64) -> bool {
-    while !ENDED.load(Acquire) {
+    wait_until(deadline, || ENDED.load(Acquire))
+}
+
+/// Polls `done` every 200 µs until it holds (true) or `deadline` passes (false).
+/// Async-signal-safe: `nanosleep` only.
+fn wait_until(deadline: u64, done: impl Fn() -> bool) -> bool {
+    while !done() {
         if now_ns() > deadline {
             return false;
         }
@@ -269,6 +283,7 @@ pub fn after_fork_child() {
     QUEUE_WAIT_NS.store(0, Relaxed);
     OWNER_PID.store(0, Release);
     WRITER_TID.store(0, Release);
+    OPENED.store(false, Release);
     ENDING.store(false, Release);
     ENDED.store(false, Release);
     let was = STATE.load(Acquire);
@@ -307,14 +322,47 @@ fn identity(fd: i32) -> Option<(u64, u64)> {
     (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
-/// Moves our descriptor up out of the way of the small numbers programs reuse and `dup2` onto.
-fn out_of_the_way(fd: i32) -> i32 {
-    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 1000) };
-    if high < 0 {
-        return fd;
+/// The identity of the file at `path` itself (a symbolic link there is not followed).
+fn identity_at(path: &std::ffi::CStr) -> Option<(u64, u64)> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::lstat(path.as_ptr(), &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// Opens `path` and moves the descriptor up, out of the way of the small numbers programs reuse
+/// and `dup2` onto; returns it with the file's identity. Between the `open` and the move, another
+/// thread of the program may close the small number (it closes every descriptor it did not open)
+/// and open its own file under it: the number is then the program's, left alone (never closed,
+/// never written), and the file is opened again (without `O_CREAT`: it is there already).
+fn open_high(path: &std::ffi::CStr, flags: i32) -> std::io::Result<(i32, (u64, u64))> {
+    let mut flags = flags;
+    for _ in 0..8 {
+        let fd = unsafe { libc::open(path.as_ptr(), flags, 0o600) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        flags &= !(libc::O_CREAT | libc::O_EXCL);
+        let Some(want) = identity_at(path) else {
+            break;
+        };
+        let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 1000) };
+        if high < 0 {
+            // No number that high (a low limit on descriptors): it stays where it is.
+            if identity(fd) == Some(want) {
+                return Ok((fd, want));
+            }
+            continue;
+        }
+        if identity(high) == Some(want) {
+            if identity(fd) == Some(want) {
+                unsafe { libc::close(fd) };
+            }
+            return Ok((high, want));
+        }
+        unsafe { libc::close(high) }; // a copy of the program's file: ours to close
     }
-    unsafe { libc::close(fd) };
-    high
+    Err(std::io::Error::other(
+        "its descriptor was taken over again and again",
+    ))
 }
 
 impl Out {
@@ -333,25 +381,23 @@ impl Out {
         if identity(self.fd) == Some(self.id) {
             return true;
         }
-        let reopened = std::ffi::CString::new(self.path.clone())
+        let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        match std::ffi::CString::new(self.path.clone())
             .ok()
-            .map(|c| unsafe {
-                libc::open(
-                    c.as_ptr(),
-                    libc::O_WRONLY | libc::O_APPEND | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                )
-            })
-            .unwrap_or(-1);
-        if reopened >= 0 && identity(reopened) == Some(self.id) {
-            self.fd = out_of_the_way(reopened);
-            warn(&format!(
-                "the program closed or replaced the trace's descriptor; trace {} opened again",
-                self.path
-            ));
-            return true;
-        }
-        if reopened >= 0 {
-            unsafe { libc::close(reopened) };
+            .and_then(|c| open_high(&c, flags).ok())
+        {
+            Some((fd, id)) if id == self.id => {
+                self.fd = fd;
+                warn(&format!(
+                    "the program closed or replaced the trace's descriptor; trace {} opened again",
+                    self.path
+                ));
+                return true;
+            }
+            Some((fd, _)) => unsafe {
+                libc::close(fd);
+            },
+            None => {}
         }
         warn(&format!(
             "the program closed the trace's descriptor and trace {} cannot be opened again; \
@@ -370,6 +416,7 @@ impl Out {
             return;
         }
         let mut off = 0;
+        let mut reopened = 0;
         while off < self.buf.len() {
             let n = unsafe {
                 libc::write(
@@ -382,6 +429,15 @@ impl Out {
                 let err = std::io::Error::last_os_error();
                 if err.kind() == std::io::ErrorKind::Interrupted {
                     continue;
+                }
+                // Closed by the program between the check above and this write: open it again.
+                if err.raw_os_error() == Some(libc::EBADF) && reopened < 4 {
+                    reopened += 1;
+                    if self.still_ours() {
+                        continue;
+                    }
+                    self.failed = true;
+                    break;
                 }
                 self.failed = true;
                 warn(&format!(
@@ -399,7 +455,7 @@ impl Out {
     }
 }
 
-fn open_trace(pattern: &str, header: &Header) -> Result<(i32, String), String> {
+fn open_trace(pattern: &str, header: &Header) -> Result<(i32, (u64, u64), String), String> {
     let base = config::expand(
         pattern,
         header.pid,
@@ -415,19 +471,12 @@ fn open_trace(pattern: &str, header: &Header) -> Result<(i32, String), String> {
         };
         let c = std::ffi::CString::new(path.clone())
             .map_err(|_| format!("trace path {path:?} contains a NUL byte"))?;
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                0o600,
-            )
-        };
-        if fd >= 0 {
-            return Ok((out_of_the_way(fd), path));
-        }
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EEXIST) {
-            return Err(format!("cannot create trace file {path}: {err}"));
+        let flags =
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        match open_high(&c, flags) {
+            Ok((fd, id)) => return Ok((fd, id, path)),
+            Err(err) if err.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(err) => return Err(format!("cannot create trace file {path}: {err}")),
         }
     }
     Err(format!(
@@ -440,13 +489,17 @@ fn writer_main(rx: Receiver<Record>) {
     thread::mark_internal_thread();
     let cfg = config::get();
     let header = header::header(cfg);
-    let (fd, path) = match open_trace(&cfg.trace, &header) {
-        Ok(x) => x,
+    let (fd, id, path) = match open_trace(&cfg.trace, &header) {
+        Ok(x) => {
+            OPENED.store(true, Release);
+            x
+        }
         Err(msg) => {
+            STATE.store(CLOSED, Release);
+            OPENED.store(true, Release);
             warn(&format!(
                 "{msg}; recording disabled (the program goes on unchanged)"
             ));
-            STATE.store(CLOSED, Release);
             // Keep draining so no hook ever waits on a full queue.
             drain_forever(rx);
             return;
@@ -454,7 +507,7 @@ fn writer_main(rx: Receiver<Record>) {
     };
     let mut out = Out {
         fd,
-        id: identity(fd).unwrap_or_default(),
+        id,
         path,
         buf: Vec::with_capacity(1 << 20),
         written: 0,
