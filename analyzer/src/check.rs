@@ -11,9 +11,81 @@
 //! ```
 
 use crate::diff::{Profile, growth};
+use crate::summary::Totals;
 use crate::util::human_bytes;
+use crate::words;
 use serde::Serialize;
 use std::collections::BTreeSet;
+
+/// What `--error-exitcode` counts (of `isolate run` and `isolate summary`): the findings of a
+/// summary that are bugs of the program. Stale values (guard mode: a freed pointer a kernel got
+/// but never used), memory held at exit and lost allocations are not among them.
+///
+/// ```
+/// use isolate_analyzer::check::Findings;
+/// use isolate_analyzer::summary::Totals;
+/// let t = Totals { poison_violation_count: 1, invalid_free_count: 3, double_free_count: 1, ..Totals::default() };
+/// let f = Findings::of(&t);
+/// assert!(f.any());
+/// assert_eq!(f.describe(), "1 stale write, 2 invalid frees, 1 double free");
+/// assert_eq!(Findings::default().describe(), "no stale writes, stale launches, invalid or double frees or device faults");
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Findings {
+    pub stale_writes: u64,
+    pub stale_launches: u64,
+    /// Invalid frees that are not double frees.
+    pub invalid_frees: u64,
+    pub double_frees: u64,
+    pub device_faults: u64,
+}
+
+impl Findings {
+    /// The findings of a summary (of one trace or several).
+    pub fn of(t: &Totals) -> Findings {
+        Findings {
+            stale_writes: t.poison_violation_count,
+            stale_launches: t.stale_launch_count,
+            invalid_frees: t.invalid_free_count.saturating_sub(t.double_free_count),
+            double_frees: t.double_free_count,
+            device_faults: t.device_fault_count,
+        }
+    }
+
+    /// Adds `o`'s counts.
+    pub fn add(&mut self, o: &Findings) {
+        self.stale_writes = self.stale_writes.saturating_add(o.stale_writes);
+        self.stale_launches = self.stale_launches.saturating_add(o.stale_launches);
+        self.invalid_frees = self.invalid_frees.saturating_add(o.invalid_frees);
+        self.double_frees = self.double_frees.saturating_add(o.double_frees);
+        self.device_faults = self.device_faults.saturating_add(o.device_faults);
+    }
+
+    /// True when there is any.
+    pub fn any(&self) -> bool {
+        *self != Findings::default()
+    }
+
+    /// `1 stale write, 2 double frees`, or what none were found.
+    pub fn describe(&self) -> String {
+        let parts: Vec<String> = [
+            (self.stale_writes, words::STALE_WRITE),
+            (self.stale_launches, words::STALE_LAUNCH),
+            (self.invalid_frees, words::INVALID_FREE),
+            (self.double_frees, words::DOUBLE_FREE),
+            (self.device_faults, words::DEVICE_FAULT),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, w)| words::plural(*n, w))
+        .collect();
+        if parts.is_empty() {
+            "no stale writes, stale launches, invalid or double frees or device faults".to_owned()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
 
 /// The budget. Growth limits are fractions of the baseline (0.05 = 5%).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -46,7 +118,7 @@ impl Default for Thresholds {
 /// Parses `5%`, `5`, or `0.05` (a bare number below 1 is a fraction, otherwise percent).
 pub fn parse_percent(s: &str) -> Result<f64, crate::Error> {
     let t = s.trim();
-    let bad = || crate::Error::invalid(format!("{s:?} is not a percentage (write e.g. 5%)"));
+    let bad = || crate::Error::invalid(format!("{s:?} is not a percentage (expected e.g. 5%)"));
     let (num, pct) = match t.strip_suffix('%') {
         Some(n) => (n.trim(), true),
         None => (t, false),

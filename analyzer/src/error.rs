@@ -1,4 +1,4 @@
-use isolate_trace::TraceError;
+use isolate_trace::{ErrorKind as TraceErrorKind, TraceError};
 use std::fmt;
 use std::path::PathBuf;
 
@@ -50,9 +50,32 @@ impl From<std::io::Error> for Error {
     }
 }
 
+/// What went wrong opening a file, in a few words: `no such file`, `permission denied`, `is a
+/// directory`; other errors as the system says them.
+pub(crate) fn io_short(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::NotFound => "no such file".to_owned(),
+        K::PermissionDenied => "permission denied".to_owned(),
+        K::IsADirectory => "is a directory, not a trace".to_owned(),
+        _ => match e.raw_os_error() {
+            Some(libc::ELOOP) => "is a symbolic link loop".to_owned(),
+            Some(libc::ENOTDIR) => "a part of the path is not a directory".to_owned(),
+            _ => e.to_string(),
+        },
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
+            // A file that cannot be opened (or read at all) has no byte offset worth naming:
+            // `isolate: FILE: no such file`.
+            ErrorKind::Trace(TraceError {
+                path: Some(p),
+                offset: 0,
+                kind: TraceErrorKind::Io(e),
+            }) => write!(f, "{}: {}", p.display(), io_short(e)),
             ErrorKind::Trace(e) => write!(f, "{e}"),
             ErrorKind::Io {
                 path: Some(p),

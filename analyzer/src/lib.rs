@@ -41,6 +41,7 @@ pub mod summary;
 pub mod track;
 pub mod util;
 pub mod who;
+pub mod words;
 
 pub use error::{Error, ErrorKind};
 pub use source::{NoProgress, Progress, TraceInfo, analyze, file_label, read_records};

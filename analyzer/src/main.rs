@@ -1,7 +1,8 @@
 //! `isolate`: run a program under `libisolate.so` and analyse the traces it leaves.
 //!
-//! A thin layer over the `isolate_analyzer` library: argument parsing, output files, exit codes
-//! and the progress bar live here; every analysis lives in the library.
+//! A thin layer over the `isolate_analyzer` library: argument parsing (every argument with its
+//! help, errors that name the argument), output files, exit codes and the progress bar live
+//! here; every analysis lives in the library.
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -20,22 +21,43 @@ const EXIT_TRUNCATED: u8 = 3;
 const EXIT_ERROR: u8 = 2;
 
 #[derive(Parser)]
-#[command(name = "isolate", version, about = "Find use-after-free and aliasing bugs in CUDA programs", long_about = None)]
+#[command(
+    name = "isolate",
+    version,
+    about = "Find use-after-free and aliasing bugs in CUDA programs",
+    long_about = None,
+    after_help = "Exit status: 0 done; 1 `check` over budget; 2 an error (one line on stderr); \
+                  3 a trace was cut short (analysed up to the cut); `run`: the command's own, or \
+                  --error-exitcode N when a finding was made."
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
 }
 
+/// `--error-exitcode`'s help, shared by `run` and `summary`.
+const ERROR_EXITCODE: &str = "Exit with status N when the traces hold a finding: a stale write, \
+                              stale launch, invalid or double free, or device fault (for CI; \
+                              like compute-sanitizer's --error-exitcode)";
+
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run a command with libisolate.so preloaded (it must lie beside this executable).
+    /// Run a command with libisolate.so preloaded (it must lie beside this executable), then say
+    /// which traces it wrote and how to read them.
     Run {
-        /// ISOLATE_MODE: log, isolate or off.
-        #[arg(long, value_parser = ["log", "isolate", "off"])]
+        /// What the library does [default: log, or ISOLATE_MODE from the environment].
+        #[arg(long, value_name = "MODE", value_parser = mode_values())]
         mode: Option<String>,
-        /// ISOLATE_TRACE: where the trace goes (a pattern the library expands).
+        /// Where each process's trace goes (sets ISOLATE_TRACE): %p pid, %r rank, %h host name,
+        /// %% a % [default: isolate-%p.trace, or ISOLATE_TRACE from the environment].
         #[arg(long, value_name = "PATTERN")]
         trace: Option<String>,
+        /// Run the command even when its traces cannot be created (the directory is missing or
+        /// not writable); it then runs unrecorded.
+        #[arg(long)]
+        keep_going: bool,
+        #[arg(long, value_name = "N", help = ERROR_EXITCODE)]
+        error_exitcode: Option<u8>,
         /// The command and its arguments (put `--` before it when it has options of its own).
         #[arg(
             required = true,
@@ -47,24 +69,43 @@ enum Cmd {
     },
     /// What the traces called, allocated, leaked and broke.
     Summary {
+        /// Print one JSON object (deterministic, for scripts and golden files) instead of text.
         #[arg(long)]
         json: bool,
+        #[arg(long, value_name = "N", help = ERROR_EXITCODE)]
+        error_exitcode: Option<u8>,
+        /// Trace files; several are summed and listed one by one.
         #[arg(required = true, value_name = "TRACE")]
         traces: Vec<PathBuf>,
     },
-    /// The aliasing graph: allocations, reuse edges, VMM mappings, anomalies.
+    /// The aliasing graph: which allocation reused whose memory, the victims of stale writes,
+    /// VMM mappings, anomalies. A short text by default.
     Graph {
-        #[arg(long, value_enum, default_value = "json")]
-        format: GraphFormat,
+        /// Output format: text (a screenful: findings and their victims, the largest reuse
+        /// chains), json (every node, edge and anomaly), dot (Graphviz; large graphs collapsed
+        /// into their chains unless --full) [default: text, or from -o's extension: .json, .dot,
+        /// .gv].
+        #[arg(long, value_enum)]
+        format: Option<GraphFormat>,
+        /// Trace files; the nodes of several are numbered one after the other.
         #[arg(required = true, value_name = "TRACE")]
         traces: Vec<PathBuf>,
         /// Write here instead of standard output.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
+        /// Print JSON or DOT to a terminal however large (without it, more than 8 MiB is
+        /// refused there).
+        #[arg(long)]
+        force: bool,
+        /// DOT: draw every node and edge, however large the graph (without it, graphs of more
+        /// than 100 allocations, or with a reuse chain of more than 25, are collapsed into their
+        /// largest reuse chains).
+        #[arg(long)]
+        full: bool,
         /// Keep only the nodes that covered this address (0x… or decimal).
         #[arg(long, value_name = "ADDR")]
         address: Option<String>,
-        /// Keep only the nodes of this size class (sizes rounded up to a power of two).
+        /// Keep only the nodes of this size class (sizes rounded up to a power of two: 4096, 2M).
         #[arg(long, value_name = "BYTES")]
         size_class: Option<String>,
         /// Keep only the nodes live at or after this time (trace clock, ns).
@@ -76,23 +117,34 @@ enum Cmd {
     },
     /// Everything that ever covered an address, in order.
     Who {
-        /// The address (0x… or decimal).
+        /// The address (0x… or decimal); it comes before the traces.
+        #[arg(value_name = "ADDR")]
         addr: String,
+        /// Trace files, each answered in turn.
         #[arg(required = true, value_name = "TRACE")]
         traces: Vec<PathBuf>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Compare two runs, addresses aside.
     Diff {
+        /// The trace of the earlier run.
+        #[arg(value_name = "BASE")]
         base: PathBuf,
+        /// The trace of the later run.
+        #[arg(value_name = "NEW")]
         new: PathBuf,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Exit 0 when NEW stays within BASE's budget, 1 (with one reason a line) when it does not.
     Check {
+        /// The trace to check.
+        #[arg(value_name = "NEW")]
         new: PathBuf,
+        /// The trace whose budget NEW must keep.
         #[arg(long, value_name = "BASE")]
         baseline: PathBuf,
         /// Allowed growth of peak device memory (e.g. 5%).
@@ -113,30 +165,54 @@ enum Cmd {
     },
     /// One self-contained HTML report.
     Report {
+        /// Trace files, one section each.
         #[arg(required = true, value_name = "TRACE")]
         traces: Vec<PathBuf>,
+        /// The HTML file to write.
         #[arg(short, long, value_name = "FILE")]
         output: PathBuf,
     },
     /// The timeline for Perfetto / chrome://tracing.
     Export {
+        /// The output format (the Trace Event JSON that ui.perfetto.dev opens).
         #[arg(long, value_enum)]
         format: ExportFormat,
+        /// Trace files; processes line up on one clock.
         #[arg(required = true, value_name = "TRACE")]
         traces: Vec<PathBuf>,
+        /// The JSON file to write.
         #[arg(short, long, value_name = "FILE")]
         output: PathBuf,
     },
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+/// `--mode`'s values, each with what it does (shown by `isolate run --help`).
+fn mode_values() -> clap::builder::PossibleValuesParser {
+    use clap::builder::PossibleValue;
+    clap::builder::PossibleValuesParser::new([
+        PossibleValue::new("log").help(
+            "the default: record every allocation; finds invalid and double frees, not stale writes",
+        ),
+        PossibleValue::new("isolate").help(
+            "also hold freed memory back, poisoned, and check it: finds stale writes and stale launches",
+        ),
+        PossibleValue::new("off").help("preloaded but passing every call through: no trace"),
+    ])
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum GraphFormat {
+    /// A screenful for a person.
+    Text,
+    /// Every node, edge and anomaly.
     Json,
+    /// Graphviz.
     Dot,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
 enum ExportFormat {
+    /// Trace Event format JSON (Perfetto, chrome://tracing).
     ChromeTrace,
 }
 
@@ -242,6 +318,86 @@ fn exit_for(truncated: bool) -> ExitCode {
     }
 }
 
+/// How this `isolate` was started, for the commands it prints: the path it was run by when that
+/// holds a slash (so that the command works from the same directory), else `isolate`.
+fn self_command() -> String {
+    match std::env::args_os().next() {
+        Some(a) if a.as_encoded_bytes().contains(&b'/') => run::shell_quote(&a.to_string_lossy()),
+        _ => "isolate".to_owned(),
+    }
+}
+
+/// A number argument, its name in the error when it is not one.
+fn number_arg(name: &str, v: &str) -> Result<u64> {
+    util::parse_u64(v).map_err(|e| anyhow::anyhow!("{name}: {e}"))
+}
+
+/// Does an argument look like a file rather than an address?
+fn looks_like_file(a: &str) -> bool {
+    a.contains('/') || a.contains(".trace") || Path::new(a).exists()
+}
+
+/// `who`'s address. When it is not a number, the error says which argument it was and what was
+/// expected, and when it looks like a file, the order the arguments go in.
+fn who_address(addr: &str, traces: &[PathBuf]) -> Result<u64> {
+    if let Ok(a) = util::parse_u64(addr) {
+        return Ok(a);
+    }
+    let mut msg = format!(
+        "who: ADDR, the first argument, is {addr:?}: not an address (expected 0x… hex or decimal)"
+    );
+    if looks_like_file(addr) {
+        let (numbers, files): (Vec<&PathBuf>, Vec<&PathBuf>) = traces
+            .iter()
+            .partition(|t| util::parse_u64(&t.to_string_lossy()).is_ok());
+        let a = numbers
+            .first()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "ADDR".to_owned());
+        let mut rest = vec![run::shell_quote(addr)];
+        rest.extend(files.iter().map(|f| run::shell_quote(&f.to_string_lossy())));
+        msg.push_str(&format!(
+            "; it looks like a trace file: the address comes first: {} who {a} {}",
+            self_command(),
+            rest.join(" ")
+        ));
+    }
+    bail!(msg)
+}
+
+/// JSON or DOT larger than this is not printed to a terminal without `--force`.
+const TERMINAL_MAX_BYTES: u64 = 8 << 20;
+
+/// Which graph format: `--format`, else `-o`'s extension, else text.
+fn graph_format(format: Option<GraphFormat>, output: Option<&Path>) -> GraphFormat {
+    if let Some(f) = format {
+        return f;
+    }
+    let ext = output
+        .and_then(|p| p.extension())
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    match ext.as_deref() {
+        Some("json") => GraphFormat::Json,
+        Some("dot" | "gv") => GraphFormat::Dot,
+        _ => GraphFormat::Text,
+    }
+}
+
+/// Says on standard error what `--error-exitcode` found; the status to exit with when any.
+fn error_exit(found: &check::Findings, code: Option<u8>, hint: &str) -> Option<u8> {
+    let n = code?;
+    if found.any() {
+        eprintln!(
+            "isolate: found {}: exit status {n} (--error-exitcode)",
+            found.describe()
+        );
+        Some(n)
+    } else {
+        eprintln!("isolate: found {}{hint}", found.describe());
+        None
+    }
+}
+
 fn real_main() -> Result<ExitCode> {
     let cli = Cli::parse();
     let mut bar = Bar::new();
@@ -249,19 +405,68 @@ fn real_main() -> Result<ExitCode> {
         Cmd::Run {
             mode,
             trace,
+            keep_going,
+            error_exitcode,
             command,
         } => {
             let exe = std::env::current_exe().context("cannot find the isolate executable")?;
             let library = run::library_beside(&exe)?;
-            let code = run::run(&run::RunOptions {
+            let opts = run::RunOptions {
                 library,
                 mode,
                 trace,
                 command,
-            })?;
-            Ok(ExitCode::from(code.clamp(0, 255) as u8))
+            };
+            let mode = opts.effective_mode();
+            let (pattern, source) = opts.effective_trace();
+            eprintln!("{}", printable(&run::mode_line(&mode, &pattern)));
+            if mode != "off"
+                && let Err(e) = run::check_trace_dir(&pattern, source, &run::host_name())
+            {
+                if !keep_going {
+                    bail!(
+                        "{e}. The command was not run: create the directory, or pass --keep-going to run it unrecorded"
+                    );
+                }
+                eprintln!(
+                    "isolate: {}; running it anyway (--keep-going): it runs unrecorded",
+                    printable(&e.to_string())
+                );
+            }
+            let fin = run::run(&opts)?;
+            if mode != "off" {
+                for l in run::traces_report(&fin, &self_command(), &pattern) {
+                    eprintln!("{l}");
+                }
+            }
+            let mut code = None;
+            if error_exitcode.is_some() {
+                let mut found = check::Findings::default();
+                for t in &fin.traces {
+                    match summary::summarize_one(&t.path, 0, &mut bar) {
+                        Ok(s) => found.add(&check::Findings::of(&s.totals)),
+                        Err(e) => eprintln!(
+                            "isolate: {}; its findings are not counted",
+                            printable(&e.to_string())
+                        ),
+                    }
+                }
+                let hint = if mode == "log" {
+                    " (log mode cannot see stale writes: --mode isolate finds them)"
+                } else {
+                    ""
+                };
+                code = error_exit(&found, error_exitcode, hint);
+            }
+            // Ends here, killed by the command's signal, when one killed it.
+            let status = run::end_like(fin.status);
+            Ok(ExitCode::from(code.unwrap_or(status.clamp(0, 255) as u8)))
         }
-        Cmd::Summary { json, traces } => {
+        Cmd::Summary {
+            json,
+            error_exitcode,
+            traces,
+        } => {
             let s = summary::summarize(&traces, &mut bar)?;
             if json {
                 print_json(&s)?;
@@ -273,40 +478,103 @@ fn real_main() -> Result<ExitCode> {
                 .iter()
                 .map(|t| (t.file.clone(), t.totals.truncated))
                 .collect();
-            Ok(exit_for(warn_truncated(&t)))
+            let truncated = warn_truncated(&t);
+            match error_exit(&check::Findings::of(&s.totals), error_exitcode, "") {
+                Some(n) => Ok(ExitCode::from(n)),
+                None => Ok(exit_for(truncated)),
+            }
         }
         Cmd::Graph {
             format,
             traces,
             output,
+            force,
+            full,
             address,
             size_class,
             from,
             to,
         } => {
             let filter = graph::Filter {
-                address: address.as_deref().map(util::parse_u64).transpose()?,
-                size_class: size_class.as_deref().map(util::parse_size).transpose()?,
-                from_ns: from.as_deref().map(util::parse_u64).transpose()?,
-                to_ns: to.as_deref().map(util::parse_u64).transpose()?,
+                address: address
+                    .as_deref()
+                    .map(|a| number_arg("--address", a))
+                    .transpose()?,
+                size_class: size_class
+                    .as_deref()
+                    .map(|s| util::parse_size(s).map_err(|e| anyhow::anyhow!("--size-class: {e}")))
+                    .transpose()?,
+                from_ns: from
+                    .as_deref()
+                    .map(|f| number_arg("--from", f))
+                    .transpose()?,
+                to_ns: to.as_deref().map(|t| number_arg("--to", t)).transpose()?,
             };
             if let (Some(f), Some(t)) = (filter.from_ns, filter.to_ns)
                 && f > t
             {
                 bail!("--from {f} is after --to {t}");
             }
+            let format = graph_format(format, output.as_deref());
+            if full && format != GraphFormat::Dot {
+                bail!("--full: draws every node of --format dot; it does nothing for text or JSON");
+            }
+            if output.is_none() && !force && std::io::stdout().is_terminal() {
+                let bytes: u64 = traces
+                    .iter()
+                    .filter_map(|t| std::fs::metadata(t).ok())
+                    .map(|m| m.len())
+                    .sum();
+                // Measured on the H200 traces: JSON is about 10 bytes, DOT 4, per trace byte.
+                let (estimate, name) = match format {
+                    GraphFormat::Json => (bytes.saturating_mul(10), "JSON"),
+                    GraphFormat::Dot if full => (bytes.saturating_mul(4), "DOT"),
+                    _ => (0, ""),
+                };
+                if estimate > TERMINAL_MAX_BYTES {
+                    bail!(
+                        "graph: the {name} of {} would be about {}, too much for a terminal: write it to a file \
+                         (-o graph.{}), pipe it, or pass --force; without --format, graph prints a short text",
+                        if traces.len() == 1 {
+                            "this trace"
+                        } else {
+                            "these traces"
+                        },
+                        util::human_bytes(estimate),
+                        if name == "JSON" { "json" } else { "dot" }
+                    );
+                }
+            }
             let mut sink_out: Box<dyn Write> = match &output {
                 Some(p) => Box::new(out_file(p)?),
                 None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
             };
+            let filtering = !filter.is_empty();
             let infos = match format {
                 GraphFormat::Json => {
                     let mut s = graph::JsonSink::new(&mut sink_out);
                     graph::build(&traces, filter, &mut s, &mut bar)?
                 }
-                GraphFormat::Dot => {
+                GraphFormat::Dot if full => {
                     let mut s = graph::DotSink::new(&mut sink_out);
                     graph::build(&traces, filter, &mut s, &mut bar)?
+                }
+                GraphFormat::Dot => {
+                    let mut s = graph::AutoDotSink::new(&mut sink_out, filtering);
+                    graph::build(&traces, filter, &mut s, &mut bar)?
+                }
+                GraphFormat::Text => {
+                    let mut d = graph::Digest::new(filtering);
+                    let infos = graph::build(&traces, filter, &mut d, &mut bar)?;
+                    let ctx = graph::TextContext {
+                        command: self_command(),
+                        traces: traces
+                            .iter()
+                            .map(|t| run::shell_quote(&t.to_string_lossy()))
+                            .collect(),
+                    };
+                    sink_out.write_all(printable(&graph::render_text(&d, &ctx)).as_bytes())?;
+                    infos
                 }
             };
             sink_out.flush()?;
@@ -317,7 +585,7 @@ fn real_main() -> Result<ExitCode> {
             Ok(exit_for(warn_truncated(&t)))
         }
         Cmd::Who { addr, traces, json } => {
-            let a = util::parse_u64(&addr)?;
+            let a = who_address(&addr, &traces)?;
             let w = who::who(a, &traces, &mut bar)?;
             if json {
                 print_json(&w)?;
@@ -353,9 +621,12 @@ fn real_main() -> Result<ExitCode> {
             no_violations,
             no_failures,
         } => {
+            let pct = |name: &str, v: &str| {
+                check::parse_percent(v).map_err(|e| anyhow::anyhow!("{name}: {e}"))
+            };
             let t = check::Thresholds {
-                max_peak_growth: Some(check::parse_percent(&max_peak_growth)?),
-                max_alloc_growth: Some(check::parse_percent(&max_alloc_growth)?),
+                max_peak_growth: Some(pct("--max-peak-growth", &max_peak_growth)?),
+                max_alloc_growth: Some(pct("--max-alloc-growth", &max_alloc_growth)?),
                 no_new_leaks,
                 no_violations,
                 no_failures,
@@ -424,5 +695,79 @@ fn main() -> ExitCode {
             eprintln!("isolate: {}", printable(&format!("{e:#}")));
             ExitCode::from(EXIT_ERROR)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every argument of every subcommand says what it is for in `--help`.
+    #[test]
+    fn every_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                let has = a
+                    .get_help()
+                    .or(a.get_long_help())
+                    .is_some_and(|h| !h.to_string().trim().is_empty());
+                if !has {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_name() == "help" {
+                    continue;
+                }
+                if sub.get_about().is_none() {
+                    missing.push(format!("{path} {} (the subcommand)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&cmd, "isolate", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+        // Every subcommand is there (a new one is walked too, but this says the walk saw them).
+        let names: Vec<&str> = cmd.get_subcommands().map(|s| s.get_name()).collect();
+        for n in [
+            "run", "summary", "graph", "who", "diff", "check", "report", "export",
+        ] {
+            assert!(names.contains(&n), "{n} missing from {names:?}");
+        }
+    }
+
+    /// `run --help` says what the default mode is, and what each mode does.
+    #[test]
+    fn run_help_shows_the_default_mode() {
+        let mut cmd = Cli::command();
+        let run = cmd.find_subcommand_mut("run").unwrap();
+        let help = run.render_long_help().to_string();
+        assert!(help.contains("[default: log"), "{help}");
+        assert!(
+            help.contains("isolate: also hold freed memory back"),
+            "{help}"
+        );
+        assert!(help.contains("--error-exitcode <N>"), "{help}");
+    }
+
+    #[test]
+    fn graph_format_from_the_output_name() {
+        let f = |o: Option<&str>| graph_format(None, o.map(Path::new));
+        assert!(f(None) == GraphFormat::Text);
+        assert!(f(Some("g.json")) == GraphFormat::Json);
+        assert!(f(Some("g.DOT")) == GraphFormat::Dot);
+        assert!(f(Some("g.gv")) == GraphFormat::Dot);
+        assert!(f(Some("g.txt")) == GraphFormat::Text);
+        assert!(
+            graph_format(Some(GraphFormat::Json), Some(Path::new("g.dot"))) == GraphFormat::Json
+        );
     }
 }

@@ -142,14 +142,18 @@ fn foreign_and_missing_files() {
         "{}",
         o.stderr
     );
+    // A file that cannot be opened has no byte offset to name: `isolate: FILE: no such file`.
     for o in run_all(d.path(), "nope.trace") {
         assert_eq!(o.code, 2);
-        assert!(
-            o.stderr.contains("nope.trace: at byte 0: No such file"),
-            "{}",
-            o.stderr
-        );
+        assert_eq!(o.stderr, "isolate: nope.trace: no such file\n");
     }
+    std::fs::create_dir(d.path().join("dir.trace")).unwrap();
+    let o = isolate(d.path(), &["summary", "dir.trace"]);
+    assert_eq!(o.code, 2);
+    assert_eq!(
+        o.stderr,
+        "isolate: dir.trace: is a directory, not a trace\n"
+    );
     let o = isolate(d.path(), &["diff", "nope.trace", "elf"]);
     assert_eq!(o.code, 2);
 }

@@ -1,6 +1,7 @@
 //! Golden tests over the real traces in `tests/traces/` (recorded on an NVIDIA H200; see
 //! `tests/traces/README.md`): the `isolate` binary's JSON outputs must equal the files in
-//! `tests/traces/expected/` exactly (compared as JSON values). `UPDATE_GOLDEN=1 cargo test -p
+//! `tests/traces/expected/` exactly (compared as JSON values), and so must its text summaries
+//! (compared as text: `<name>.summary.txt` for each trace, `all.summary.txt` for all of them). `UPDATE_GOLDEN=1 cargo test -p
 //! isolate-analyzer --test golden` rewrites the expected files instead. Either way, the numbers
 //! the GPU run printed are asserted on the fresh output first, so the golden files cannot be
 //! regenerated wrong without a failure.
@@ -149,6 +150,54 @@ fn golden(name: &str, kind: &str, raw: &str, got: &Value) {
     }
 }
 
+/// Compares a text output with the expected file (or rewrites it under UPDATE_GOLDEN=1).
+fn golden_text(file: &str, got: &str) {
+    let path = traces_dir().join("expected").join(file);
+    if updating() {
+        std::fs::write(&path, got).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        eprintln!("rewrote {}", path.display());
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (UPDATE_GOLDEN=1 cargo test -p isolate-analyzer --test golden writes it)",
+            path.display()
+        )
+    });
+    if want != got {
+        let line = want
+            .lines()
+            .zip(got.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or_else(|| want.lines().count().min(got.lines().count()));
+        panic!(
+            "{file}: the output differs from {}, first at line {}:\n  expected {:?}\n  got      {:?}\n\
+             (if the change is intended: UPDATE_GOLDEN=1 cargo test -p isolate-analyzer --test golden, \
+             then read the diff)",
+            path.display(),
+            line + 1,
+            want.lines().nth(line).unwrap_or("(end)"),
+            got.lines().nth(line).unwrap_or("(end)"),
+        );
+    }
+}
+
+/// `isolate summary ARGS` as text; it must exit 0.
+fn summary_text(paths: &[PathBuf]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_isolate"))
+        .arg("summary")
+        .args(paths)
+        .output()
+        .expect("run the isolate binary");
+    assert!(
+        out.status.success(),
+        "isolate summary: {}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
 fn summary(name: &str) -> (String, Value) {
     isolate(&["summary", "--json", trace_path(name).to_str().unwrap()])
 }
@@ -225,6 +274,53 @@ fn check_summary(name: &str, s: &Value) {
         held,
         "{name}: live_at_end by category"
     );
+    // What is held at exit is told apart, and the shares add up to it.
+    let held = &s["held_at_exit"];
+    assert_eq!(held["count"], s["live_at_end"]["count"], "{name}");
+    assert_eq!(held["bytes"], s["live_at_end"]["bytes"], "{name}");
+    let shares = [
+        "caching_allocator",
+        "library",
+        "process_died",
+        "possible_leak",
+    ];
+    for k in ["count", "bytes"] {
+        let sum: u64 = shares.iter().map(|c| n(&held[c][k])).sum();
+        assert_eq!(sum, n(&held[k]), "{name}: held_at_exit shares of {k}");
+    }
+    let died = !matches!(end_reason(s), "exit" | "exec");
+    let share = |c: &str| n(&held[c]["count"]);
+    match name {
+        // PyTorch's caching allocator keeps its segments (16 cudaMalloc, or the 17 physical
+        // handles of expandable segments); cuBLAS keeps its 6 workspaces: none is a leak.
+        "mlp-log_default" => {
+            assert_eq!((share("caching_allocator"), share("library")), (16, 6));
+            assert_eq!(share("possible_leak"), 0);
+        }
+        "mlp-log_expandable" => {
+            assert_eq!((share("caching_allocator"), share("library")), (17, 6));
+            assert_eq!(held["expandable_segments"]["count"], 17);
+            assert_eq!(share("possible_leak"), 0);
+            // The two reserved ranges: 314.6 GiB of address space, not memory.
+            assert_eq!(held["address_space"]["count"], 2);
+            assert_eq!(held["address_space"]["bytes"], 337_758_912_512u64);
+        }
+        "stale_log" => assert_eq!(share("caching_allocator"), 2, "its two segments"),
+        "stale_guard" | "oob-4000000_guard" => {
+            assert!(died, "{name}");
+            assert_eq!(share("process_died"), n(&held["count"]), "{name}");
+            let c = &s["traces"][0]["first_faulted_call"];
+            assert_eq!((&c["api"], &c["code"]), (&"cudaFree".into(), &700.into()));
+        }
+        _ => {}
+    }
+    if died {
+        assert_eq!(
+            share("possible_leak"),
+            0,
+            "{name}: a process that died is not judged"
+        );
+    }
     let violations = array(s, "poison_violations");
     let launches = array(s, "stale_launches");
     let mode = header(s)["mode"].as_str().unwrap();
@@ -472,6 +568,8 @@ fn golden_outputs_of_the_h200_traces() {
         let (raw, s) = summary(name);
         check_summary(name, &s);
         golden(name, "summary", &raw, &s);
+        let text = summary_text(&[trace_path(name)]);
+        golden_text(&format!("{name}.summary.txt"), &text);
         let (raw, g) = graph(name);
         check_graph(name, &g);
         golden(name, "graph", &raw, &g);
@@ -481,6 +579,31 @@ fn golden_outputs_of_the_h200_traces() {
             golden(name, "who", &raw, &w);
         }
     }
+}
+
+/// All the traces in one summary: the overview names each process and each finding's, and the
+/// peak of them all is said to be a sum.
+#[test]
+fn golden_summary_of_all_the_traces() {
+    let paths: Vec<PathBuf> = TRACES.iter().map(|(n, _)| trace_path(n)).collect();
+    let text = summary_text(&paths);
+    assert!(
+        text.starts_with(&format!("== {} traces ==\n", TRACES.len())),
+        "{text}"
+    );
+    assert!(
+        text.contains("the sum of per-process peaks (not simultaneous)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  pid 1213 (stale_isolate.trace): STALE WRITE: 4,096 bytes changed from offset 4,096 of a 4.0 MiB allocation"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("LEAK?") && !text.contains("POISON"),
+        "{text}"
+    );
+    golden_text("all.summary.txt", &text);
 }
 
 /// Every trace in tests/traces/h200 has its golden files, and every golden file its trace.
@@ -506,11 +629,13 @@ fn golden_files_match_the_trace_list() {
     let mut want: Vec<String> = Vec::new();
     for &(name, who_addr) in TRACES {
         want.push(format!("{name}.summary.json"));
+        want.push(format!("{name}.summary.txt"));
         want.push(format!("{name}.graph.json"));
         if who_addr.is_some() {
             want.push(format!("{name}.who.json"));
         }
     }
+    want.push("all.summary.txt".into());
     want.sort();
     let mut have: Vec<String> = std::fs::read_dir(traces_dir().join("expected"))
         .unwrap()

@@ -119,9 +119,9 @@ fn json_output_matches_and_is_stable() {
     assert_eq!(v["nodes"][0]["ptr"], "0x7f0000000000");
     assert_eq!(v["anomalies"][2]["kind"], "invalid_free");
     assert_eq!(v["traces"][0]["file"], "r.trace");
-    let again = isolate(d.path(), &["graph", "r.trace"]);
+    let again = isolate(d.path(), &["graph", "--format", "json", "r.trace"]);
     assert_eq!(o.stdout, again.stdout);
-    // -o writes the same thing to a file.
+    // -o writes the same thing to a file; its name says JSON when --format does not.
     let o2 = isolate(d.path(), &["graph", "r.trace", "-o", "g.json"]);
     assert_eq!(o2.code, 0);
     assert_eq!(
@@ -177,13 +177,25 @@ fn filters_keep_the_chains_through_one_address() {
     // The same through the binary.
     let o = isolate(
         d.path(),
-        &["graph", "r.trace", "--address", "0x7f0000000408"],
+        &[
+            "graph",
+            "--format",
+            "json",
+            "r.trace",
+            "--address",
+            "0x7f0000000408",
+        ],
     );
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert_eq!(o.json()["edges"].as_array().unwrap().len(), 3);
     let o = isolate(d.path(), &["graph", "r.trace", "--address", "zzz"]);
     assert_eq!(o.code, 2);
-    assert!(o.stderr.contains("not a number"), "{}", o.stderr);
+    assert!(
+        o.stderr
+            .starts_with("isolate: --address: \"zzz\" is not a number"),
+        "the error names the argument: {}",
+        o.stderr
+    );
 }
 
 #[test]
@@ -570,7 +582,7 @@ fn json_keeps_every_finding_on_one_allocation() {
             },
         ]
     );
-    let v = isolate(d.path(), &["graph", "t.trace"]).json();
+    let v = isolate(d.path(), &["graph", "--format", "json", "t.trace"]).json();
     assert_eq!(v["anomalies"][1]["kind"], "stale_value");
     assert_eq!(v["anomalies"][2]["first_offset"], 0x1c0);
     // An address filter keeps the findings on the nodes it keeps.

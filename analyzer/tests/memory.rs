@@ -105,6 +105,11 @@ fn commands(trace: &Path, out: &Path) -> Vec<(&'static str, Vec<String>)> {
             "graph --format dot",
             v(&["graph", "--format", "dot", &t, "-o", &o("g.dot")]),
         ),
+        (
+            "graph --format dot --full",
+            v(&["graph", "--format", "dot", "--full", &t, "-o", &o("g.dot")]),
+        ),
+        ("graph (text)", v(&["graph", &t, "-o", &o("g.txt")])),
         ("who --json", v(&["who", "--json", "0x7f0000000000", &t])),
         ("report", v(&["report", &t, "-o", &o("r.html")])),
         (
@@ -150,7 +155,7 @@ fn peak_rss_is_bounded_by_what_is_live() {
                 "{name}: {rs} KiB on {SMALL} events but {rb} KiB on {BIG}: it grows with the trace"
             ));
         }
-        for f in ["g.json", "g.dot", "r.html", "e.json"] {
+        for f in ["g.json", "g.dot", "g.txt", "r.html", "e.json"] {
             let _ = std::fs::remove_file(dir.path().join(f));
         }
     }

@@ -52,16 +52,55 @@ fn live_at_end_peak_and_invalid_frees() {
     assert_eq!(s.invalid_frees[1].first_free, None);
     let text = summary::render_text(&s);
     assert!(
-        text.contains("INVALID  2 frees of memory that was not live (1 double free):"),
+        text.contains("FINDINGS: 1 double free, 1 invalid free, 2 possible leaks (2.0 MiB)"),
         "{text}"
     );
     assert!(
         text.contains(
-            "seq 3 cudaFree 0x7f0000000000 (tid 1000, refused with error 1): DOUBLE FREE, first \
-             freed at seq 2 by cudaFree (tid 1000), allocated at seq 0 by cudaMalloc (tid 1000)"
+            "DOUBLE FREE: cudaFree of 0x7f0000000000 (event 3, tid 1000, refused with 1 \
+             (cudaErrorInvalidValue)): already freed by cudaFree (event 2, tid 1000); allocated \
+             by cudaMalloc (event 0, tid 1000)"
         ),
         "{text}"
     );
+    assert!(
+        text.contains(
+            "INVALID FREE: cudaFree of 0x7f0000100010 (event 4, tid 1000, refused with 1 \
+             (cudaErrorInvalidValue)): nothing live starts there"
+        ),
+        "{text}"
+    );
+    // Failed calls name their error codes; counts have their plurals.
+    assert!(
+        text.contains(
+            "cudaMalloc                              3  1 failed: 2 (cudaErrorMemoryAllocation)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("2 failed: 1 (cudaErrorInvalidValue) ×2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("unseen   1 free the driver accepted"),
+        "{text}"
+    );
+    // Not a Python process: what is still held is not explained by a caching allocator.
+    assert_eq!(s.held_at_exit.possible_leak, s.live_at_end);
+    assert_eq!(
+        s.possible_leaks.iter().map(|l| l.seq).collect::<Vec<_>>(),
+        [1, 7]
+    );
+    assert!(
+        text.contains(
+            "POSSIBLE LEAK: 2.0 MiB allocated by cudaMalloc (event 1, tid 1000) at 0x7f0000100000"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("LEAK?"), "{text}");
+    assert_eq!(s.failed_results["cudaMalloc"]["2"], 1);
+    assert_eq!(s.failed_results["cudaFree"]["1"], 2);
+    assert_eq!(s.findings, 4);
     assert!(s.complete);
     assert_eq!(s.truncated, None);
     assert_eq!(s.traces[0].end_reason.as_deref(), Some("exit"));
@@ -139,7 +178,9 @@ fn vmm_handles_count_reservations_do_not() {
 
 #[test]
 fn violations_stale_launches_quarantine_json() {
-    let mut t = TraceBuilder::new();
+    let mut h = header(100, &["prog"]);
+    h.mode = "isolate".into();
+    let mut t = TraceBuilder::with_header(h);
     t.malloc(A, 4096);
     t.free(A);
     t.record(Record::Violation(Violation {
@@ -188,16 +229,17 @@ fn violations_stale_launches_quarantine_json() {
     let v = serde_json::to_value(&s).unwrap();
     assert_eq!(
         v["poison_violations"],
-        json!([{"trace":0,"seq":2,"ts_ns":9000000,"device":0,"ptr":"0x7f0000000000","size":4096,
-                "first_offset":128,"changed_bytes":64,"alloc_seq":0,"free_seq":1,
-                "freed_at_ns":1002000,"free_api":"cudaFree"}])
+        json!([{"trace":0,"pid":100,"seq":2,"ts_ns":9000000,"device":0,"ptr":"0x7f0000000000",
+                "size":4096,"first_offset":128,"changed_bytes":64,"alloc_seq":0,"free_seq":1,
+                "freed_at_ns":1002000,"free_api":"cudaFree","alloc_api":"cudaMalloc"}])
     );
     assert_eq!(
         v["stale_launches"],
-        json!([{"trace":0,"seq":3,"ts_ns":9100000,"tid":1000,"device":0,"api":"cuLaunchKernel",
-                "kernel":"saxpy<float>","param_index":2,"param_offset":16,"ptr":"0x7f0000000008",
-                "allocation":0,"alloc_ptr":"0x7f0000000000","alloc_size":4096,
-                "freed_at":{"seq":1,"ts_ns":1002000},"fault":null}])
+        json!([{"trace":0,"pid":100,"seq":3,"ts_ns":9100000,"tid":1000,"device":0,
+                "api":"cuLaunchKernel","kernel":"saxpy<float>","param_index":2,"param_offset":16,
+                "ptr":"0x7f0000000008","allocation":0,"alloc_ptr":"0x7f0000000000",
+                "alloc_size":4096,"freed_at":{"seq":1,"ts_ns":1002000},"fault":null,
+                "alloc_api":"cudaMalloc","free_api":"cudaFree"}])
     );
     assert_eq!(
         v["quarantine"],
@@ -208,6 +250,28 @@ fn violations_stale_launches_quarantine_json() {
     assert_eq!(v["traces"][0]["header"]["pid"], json!(100));
     assert_eq!(v["traces"][0]["header"]["argv"], json!(["prog"]));
     assert_eq!(v["last_events"].as_array().unwrap().len(), 2);
+    assert_eq!(v["findings"], json!(2));
+    let text = summary::render_text(&s);
+    assert!(
+        text.contains(
+            "STALE WRITE: 64 bytes changed from offset 128 of a 4.0 KiB allocation at \
+             0x7f0000000000 (cudaMalloc, event 0) after it was freed (cudaFree, event 1)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "STALE LAUNCH: kernel saxpy<float> (cuLaunchKernel, event 3) got parameter 2 = \
+             0x7f0000000008, offset 8 into a 4.0 KiB allocation at 0x7f0000000000 (cudaMalloc, \
+             event 0) after it was freed (cudaFree, event 1)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("FINDINGS: 1 stale write, 1 stale launch\n"),
+        "{text}"
+    );
+    assert!(!text.contains("POISON") && !text.contains("seq "), "{text}");
 }
 
 #[test]
@@ -221,12 +285,24 @@ fn text_says_plainly_what_was_found() {
     let o = isolate(d.path(), &["summary", "clean.trace"]);
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert!(
-        o.stdout.contains("stale writes: none found"),
+        o.stdout.contains(
+            "findings: none (no stale write, stale launch, invalid free, double free, device \
+             fault or possible leak)"
+        ),
         "{}",
         o.stdout
     );
-    assert!(o.stdout.contains("stale launches: none found"));
-    assert!(o.stdout.contains("no device memory held at the end"));
+    assert!(
+        o.stdout
+            .contains("held at exit: nothing (all device memory was freed)"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("memory   1 allocation, 1 free; peak"),
+        "{}",
+        o.stdout
+    );
 }
 
 #[test]
@@ -238,6 +314,8 @@ fn several_traces_kept_apart_and_added_up() {
     b.malloc(A, 300); // same address, other process: no clash
     b.free(A);
     b.malloc(A, 50);
+    a.end(Stats::default());
+    b.end(Stats::default());
     let pa = a.write(d.path(), "a.trace");
     let pb = b.write(d.path(), "b.trace");
     let s = summary::summarize(&[pa, pb], &mut NoProgress).unwrap();
@@ -248,6 +326,63 @@ fn several_traces_kept_apart_and_added_up() {
     assert_eq!(s.live_at_end.bytes, 150);
     assert_eq!(s.allocations, 3);
     assert_eq!(s.invalid_free_count, 0);
+    // The total peak is a sum of peaks, and says so; each process has its line.
+    assert!(s.peak_is_sum_of_processes);
+    assert!(!s.traces[0].totals.peak_is_sum_of_processes);
+    let text = summary::render_text(&s);
+    assert!(text.starts_with("== 2 traces ==\n"), "{text}");
+    assert!(
+        text.contains(
+            "peak 400 bytes of device memory: the sum of per-process peaks (not simultaneous)"
+        ),
+        "{text}"
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| *l == "processes")
+        .expect("processes");
+    assert!(
+        lines[at + 1]
+            .split_whitespace()
+            .eq(["pid", "command", "events", "peak", "findings", "trace"])
+    );
+    assert!(
+        lines[at + 2]
+            .split_whitespace()
+            .eq(["10", "a", "1", "100", "bytes", "1", "a.trace"]),
+        "{text}"
+    );
+    assert!(
+        lines[at + 3]
+            .split_whitespace()
+            .eq(["20", "b", "3", "300", "bytes", "1", "b.trace"]),
+        "{text}"
+    );
+    // Every finding of the overview names its process and trace.
+    assert!(
+        text.contains(
+            "  pid 10 (a.trace): POSSIBLE LEAK: 100 bytes allocated by cudaMalloc (event 0"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "  pid 20 (b.trace): POSSIBLE LEAK: 50 bytes allocated by cudaMalloc (event 2"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("FINDINGS: 2 possible leaks (150 bytes), in 2 of 2 processes"),
+        "{text}"
+    );
+    assert_eq!(
+        s.possible_leaks
+            .iter()
+            .map(|l| (l.trace, l.pid))
+            .collect::<Vec<_>>(),
+        [(0, 10), (1, 20)]
+    );
 }
 
 #[test]
@@ -335,9 +470,29 @@ fn guarded_stale_values_become_stale_launches_only_when_a_fault_names_them() {
         (700, 1)
     );
     let text = summary::render_text(&s);
-    assert!(text.contains("STALE LAUNCHES: 1"), "{text}");
-    assert!(text.contains("CUDA error 700 (illegal address)"), "{text}");
-    assert!(text.contains("stale values: 1"), "{text}");
+    assert!(
+        text.contains("FINDINGS: 1 stale launch, 1 device fault\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "STALE LAUNCH: kernel use_after_free (cuLaunchKernel, event 13) got parameter 1"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("a device fault followed: 700 (CUDA_ERROR_ILLEGAL_ADDRESS)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "DEVICE FAULT at event 12: 700 (CUDA_ERROR_ILLEGAL_ADDRESS): the device faulted \
+             (illegal address); 1 launch since the last clean synchronisation got a pointer into \
+             freed memory (the stale launch above)"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("stale values: 1 pointer"), "{text}");
 }
 
 /// The calls of a process that dlopen()ed the library late: first seven frees (and the like) of
@@ -388,7 +543,14 @@ fn late_load_frees_of_earlier_allocations_are_not_invalid() {
         text.contains("7 frees of such memory, not counted as invalid"),
         "{text}"
     );
-    assert!(text.contains("INVALID  2 frees"), "{text}");
+    assert!(text.contains("FINDINGS: 2 double frees\n"), "{text}");
+    assert!(
+        text.contains(
+            "DOUBLE FREE: cuMemRelease of handle 0x22 (event 12, tid 1000): already freed by \
+             cuMemRelease (event 11, tid 1000); allocated by cuMemCreate (event 10, tid 1000)"
+        ),
+        "{text}"
+    );
 
     let s = summary::summarize(&[&pp], &mut NoProgress).unwrap();
     assert_eq!(s.frees_of_earlier_allocations, 7);
@@ -449,4 +611,190 @@ fn late_load_note_after_the_first_events() {
     assert_eq!(s.invalid_free_count, 1);
     assert_eq!(s.invalid_frees[0].seq, 2);
     assert_eq!(s.frees_of_earlier_allocations, 1);
+}
+
+/// A Python process with PyTorch's calls: what is held at exit.
+fn pytorch_run(mode: &str, config: &[(&str, &str)]) -> TraceBuilder {
+    let mut h = header(300, &["/venv/bin/python3", "/src/train.py", "--steps", "5"]);
+    h.exe = "/usr/bin/python3.12".into();
+    h.mode = mode.into();
+    h.config = config
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let mut t = TraceBuilder::with_header(h);
+    t.malloc(A, 20 * MIB); // 0: a large-pool segment
+    t.malloc(A + 32 * MIB, 2 * MIB); // 1: a small-pool segment
+    t.malloc(A + 64 * MIB, MIB); // 2: not a multiple of 2 MiB
+    t.call(Api::CuMemAlloc, A + 128 * MIB, 131_072); // 3: cuBLAS's workspace, below the runtime
+    let r = 0x6000_0000_0000;
+    t.vmm(Api::CuMemAddressReserve, r, 1 << 40, 0, 0); // 4: an expandable segment's range
+    t.vmm(Api::CuMemCreate, 0, 20 * MIB, 0x11, 0); // 5: its memory
+    t.vmm(Api::CuMemMap, r, 20 * MIB, 0x11, 0); // 6
+    t
+}
+
+/// Memory a caching allocator (or a library) holds at exit is told apart from leaks: only what
+/// nothing explains is a possible leak, and a process that died is not judged.
+#[test]
+fn caching_allocators_hold_memory_at_exit_without_leaking() {
+    let mut t = pytorch_run("log", &[]);
+    t.end(Stats::default());
+    let (_d, s) = summarize(&t);
+    let h = &s.held_at_exit;
+    assert_eq!(
+        (h.count, h.bytes),
+        (s.live_at_end.count, s.live_at_end.bytes)
+    );
+    assert_eq!((h.count, h.bytes), (5, 43 * MIB + 131_072));
+    assert_eq!(
+        (h.caching_allocator.count, h.caching_allocator.bytes),
+        (3, 42 * MIB)
+    );
+    assert_eq!(
+        (h.expandable_segments.count, h.expandable_segments.bytes),
+        (1, 20 * MIB)
+    );
+    assert_eq!((h.library.count, h.library.bytes), (1, 131_072));
+    assert_eq!((h.possible_leak.count, h.possible_leak.bytes), (1, MIB));
+    assert_eq!(h.process_died.count, 0);
+    assert_eq!((h.address_space.count, h.address_space.bytes), (1, 1 << 40));
+    assert_eq!(s.possible_leaks.len(), 1);
+    assert_eq!(
+        (s.possible_leaks[0].seq, s.possible_leaks[0].size),
+        (2, MIB)
+    );
+    assert_eq!(s.findings, 1);
+    let text = summary::render_text(&s);
+    assert!(
+        text.contains(
+            "  2 allocations (22.0 MiB): held at exit by a caching allocator (normal): PyTorch's \
+             segments"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "  1 allocation (20.0 MiB): held at exit by a caching allocator (normal): PyTorch's \
+             expandable segments"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("  1 allocation (128.0 KiB): held at exit by CUDA libraries (normal)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("1.0 TiB of address space still reserved (1 range, cuMemAddressReserve): address space, not memory"),
+        "{text}"
+    );
+    assert!(
+        text.contains("FINDINGS: 1 possible leak (1.0 MiB)\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("POSSIBLE LEAK: 1.0 MiB allocated by cudaMalloc (event 2, tid 1000)"),
+        "{text}"
+    );
+    let v = serde_json::to_value(&s).unwrap();
+    assert_eq!(
+        v["held_at_exit"]["caching_allocator"],
+        json!({"count": 3, "bytes": 42 * MIB})
+    );
+    assert_eq!(v["live_at_end"]["count"], json!(5), "existing keys stay");
+
+    // PyTorch's cache off (isolate mode turns it off; so does the setting when the header has
+    // it): segments are tensors, and what is still held is a possible leak.
+    for (mode, config) in [
+        ("isolate", &[][..]),
+        ("log", &[("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")][..]),
+    ] {
+        let mut t = pytorch_run(mode, config);
+        t.end(Stats::default());
+        let (_d, s) = summarize(&t);
+        let h = &s.held_at_exit;
+        assert_eq!(h.caching_allocator.count, 0, "{mode} {config:?}");
+        assert_eq!(h.library.count, 1);
+        assert_eq!(h.possible_leak.count, 4);
+    }
+
+    // Not Python: nothing is explained that way.
+    let mut t = TraceBuilder::new();
+    t.malloc(A, 20 * MIB);
+    t.end(Stats::default());
+    let (_d, s) = summarize(&t);
+    assert_eq!(s.held_at_exit.possible_leak.count, 1);
+
+    // A process that died held what it held: not judged.
+    let mut t = pytorch_run("isolate", &[]);
+    t.record(Record::End(isolate_trace::End {
+        ts_ns: 99_000_000,
+        reason: isolate_trace::EndReason::Signal(6),
+        stats: Stats::default(),
+    }));
+    let (_d, s) = summarize(&t);
+    assert_eq!(s.held_at_exit.process_died.count, 4);
+    assert_eq!(s.held_at_exit.possible_leak.count, 0);
+    assert_eq!(s.findings, 0);
+    let text = summary::render_text(&s);
+    assert!(
+        text.contains("ended    killed by signal 6 (SIGABRT)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "4 allocations (43.0 MiB): held by a process that died (killed by signal 6 \
+             (SIGABRT)): not judged"
+        ),
+        "{text}"
+    );
+}
+
+/// A call that returned a device-fault code is a device fault, named with its error, even
+/// without the library's note (traces of older libraries).
+#[test]
+fn a_call_that_returns_a_fault_code_is_a_device_fault() {
+    let mut t = TraceBuilder::new();
+    t.malloc(A, 4 * MIB);
+    t.free_refused(A, 700);
+    t.fail(Api::CuMemAlloc, MIB, 700);
+    let (_d, s) = summarize(&t);
+    let c = s.traces[0]
+        .first_faulted_call
+        .as_ref()
+        .expect("a faulted call");
+    assert_eq!((c.seq, c.api.as_str(), c.code), (1, "cudaFree", 700));
+    assert!(s.device_faults.is_empty());
+    assert_eq!(s.device_fault_count, 1);
+    assert_eq!(s.findings, 1);
+    let text = summary::render_text(&s);
+    assert!(
+        text.contains(
+            "DEVICE FAULT: cudaFree (event 1) returned 700 (cudaErrorIllegalAddress): a kernel \
+             before it faulted (illegal address)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("1 failed: 700 (CUDA_ERROR_ILLEGAL_ADDRESS)"),
+        "the driver call's code has the driver's name: {text}"
+    );
+    assert!(
+        text.contains("1 failed: 700 (cudaErrorIllegalAddress)"),
+        "{text}"
+    );
+    // With the library's note, the fault names the call that returned it.
+    t.record(Record::Note(Note {
+        seq: 3,
+        ts_ns: 9_000_000,
+        kind: NoteKind::DeviceFault,
+        ptr: 0,
+        size: 0,
+        value: 700,
+        text: String::new(),
+    }));
+    let (_d, s) = summarize(&t);
+    assert_eq!(s.device_faults.len(), 1);
+    assert_eq!(s.device_faults[0].call.as_ref().map(|c| c.seq), Some(1));
+    assert_eq!(s.findings, 1);
 }

@@ -521,7 +521,7 @@ fn stale_events(t: &Trace) -> (isolate_trace::Event, isolate_trace::Event) {
 /// it never uses; a free of a scratch allocation then synchronises cleanly, so that launch was
 /// harmless; kernel `k_use` gets A and touches it, and the next recorded call (the free of B)
 /// returns the device fault. Exactly one DEVICE FAULT line, naming 700 and k_use as the
-/// suspect; k_ignore is never named and nothing is a STALE POINTER. The trace and the
+/// suspect; k_ignore is never named and nothing is a STALE LAUNCH. The trace and the
 /// analyzer: one stale launch (k_use, fault 700), one stale value (k_ignore), one device fault.
 #[test]
 fn a_stale_value_becomes_a_stale_launch_only_when_a_fault_follows() {
@@ -578,7 +578,7 @@ fn a_stale_value_becomes_a_stale_launch_only_when_a_fault_follows() {
     );
     assert!(stderr_lines(&out, "k_ignore").is_empty(), "{}", out.stderr);
     assert!(
-        stderr_lines(&out, "STALE POINTER").is_empty(),
+        stderr_lines(&out, "STALE LAUNCH").is_empty(),
         "{}",
         out.stderr
     );
@@ -648,7 +648,7 @@ fn without_a_clean_synchronisation_every_launch_since_is_a_suspect() {
 }
 
 /// Without guard mode the freed A stays mapped (poisoned, in quarantine): touching it does not
-/// fault, so the launch check reports both kernels as STALE POINTER at launch and no fault
+/// fault, so the launch check reports both kernels as STALE LAUNCH at launch and no fault
 /// follows. In log mode launches are not checked: nothing is reported.
 #[test]
 fn without_guard_both_launches_are_stale_pointers_at_once() {
@@ -660,7 +660,7 @@ fn without_guard_both_launches_are_stale_pointers_at_once() {
     t.assert_complete(EndReason::Exit);
     out.assert_trace_matches(t, None);
     let (a, _) = stale_events(t);
-    let stale = stderr_lines(&out, "STALE POINTER");
+    let stale = stderr_lines(&out, "STALE LAUNCH");
     assert_eq!(stale.len(), 2, "{}", out.stderr);
     assert!(stale[0].contains("kernel k_ignore got") && stale[1].contains("kernel k_use got"));
     assert!(

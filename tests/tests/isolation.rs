@@ -234,7 +234,7 @@ fn a_stale_write_is_reported_to_the_byte() {
         .collect();
     assert_eq!(lines.len(), 1, "{}", out.stderr);
     let want = format!(
-        "isolate: STALE WRITE: 25 byte(s) of freed allocation {:#x} (65536 bytes, freed by cudaFree at event {}) changed after the free; first at offset 1000",
+        "isolate: STALE WRITE: 25 bytes of freed allocation {:#x} (65536 bytes, freed by cudaFree at event {}) changed after the free; first at offset 1000",
         alloc.ptr, free.seq
     );
     assert_eq!(lines[0], want);

@@ -320,7 +320,7 @@ fn launches_in_isolate_mode_report_the_freed_pointer_once_per_kernel() {
         "{calls} layout queries"
     );
     assert_eq!(
-        out.stderr.matches("STALE POINTER").count(),
+        out.stderr.matches("STALE LAUNCH").count(),
         7,
         "{}",
         out.stderr
@@ -378,7 +378,7 @@ fn launch_check_survives_a_reused_kernel_handle() {
         "{stale:#?}"
     );
     assert_eq!(
-        out.stderr.matches("STALE POINTER").count(),
+        out.stderr.matches("STALE LAUNCH").count(),
         3,
         "{}",
         out.stderr
@@ -533,7 +533,7 @@ fn launch_bench_runs_under_the_launch_check() {
             out.stdout
         );
         assert!(
-            !out.stderr.contains("STALE POINTER"),
+            !out.stderr.contains("STALE LAUNCH"),
             "live pointers only: {}",
             out.stderr
         );

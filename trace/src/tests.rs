@@ -179,3 +179,38 @@ fn format_document_lists_every_api_at_its_index() {
         );
     }
 }
+
+/// Marks and regions of libisolate.so's C API (`isolate_mark`, `isolate_region_push`/`_pop`)
+/// are `Info` notes with a text prefix, `ptr` = thread id and `value` = region depth: they
+/// round-trip, and are stored as `Note` with kind 0, so every reader of version 1 reads them.
+#[test]
+fn marks_and_regions_round_trip_as_info_notes() {
+    let note = |seq, text: &str, depth| {
+        Record::Note(Note {
+            seq,
+            ts_ns: 100 + seq,
+            kind: NoteKind::Info,
+            ptr: 4242,
+            size: 0,
+            value: depth,
+            text: text.into(),
+        })
+    };
+    let recs = vec![
+        note(0, "region push: tests/test_x.py::test_step", 1),
+        note(1, "mark: step 12 — ünïcode", 1),
+        note(2, "region push: inner", 2),
+        note(3, "region pop: inner", 2),
+        note(4, "region pop: tests/test_x.py::test_step", 1),
+    ];
+    let bytes = encode_all(&recs);
+    let back: Vec<Record> = Reader::new(&bytes[..], None)
+        .unwrap()
+        .map(|x| x.unwrap())
+        .collect();
+    assert_eq!(back, recs);
+    let mut one = Vec::new();
+    Encoder::new().encode(&recs[1], &mut one);
+    // length, record 4 (Note), seq 1, ts 101, kind 0 (Info), ptr 4242 (0xFB + u16), size 0, value 1
+    assert_eq!(&one[1..6], &[4, 1, 101, 0, 0xFB]);
+}

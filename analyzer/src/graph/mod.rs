@@ -27,24 +27,34 @@
 //! [`FREED_KEPT`] more frees have happened in its address space, so the builder's memory is
 //! bounded by what is live plus that window, however many allocations the trace makes.
 //!
+//! Outputs: the text view (the default: [`Digest`] gathers the findings with their victims, the
+//! largest reuse chains and what was held at exit, [`render_text`] writes a screenful), JSON
+//! ([`JsonSink`]: everything) and DOT ([`AutoDotSink`]: whole when small, collapsed into its
+//! largest chains when large; [`DotSink`]: every node, however large).
+//!
 //! Files: this one has the graph's types and the [`GraphSink`] trait; `filter.rs` decides which
 //! nodes stay ([`Filter`]); `build.rs` runs the model and finds edges and anomalies
-//! ([`GraphBuilder`]); `sinks.rs` keeps a graph (or its counts) in memory; `json.rs` and
-//! `dot.rs` write it out as it is built, `spool.rs` holds back what must wait.
+//! ([`GraphBuilder`]); `sinks.rs` keeps a graph (or its counts) in memory; `digest.rs` keeps
+//! what a person reads of it and `text.rs` writes that; `json.rs` and `dot.rs` write it out as it
+//! is built, `spool.rs` holds back what must wait.
 
 mod build;
+mod digest;
 mod dot;
 mod filter;
 mod json;
 mod sinks;
 mod spool;
+mod text;
 
 pub use build::{FREED_KEPT, GraphBuilder};
-pub use dot::DotSink;
+pub use digest::{ADDRESS_SPACE, Brief, CHAINS_KEPT, Chain, Digest, FINDINGS_KEPT, Finding};
+pub use dot::{AutoDotSink, DOT_FULL_CHAIN, DOT_FULL_EDGES, DOT_FULL_NODES, DotSink};
 pub use filter::Filter;
 pub use json::JsonSink;
 pub use sinks::{Counts, Graph, NullSink};
 pub use spool::SPOOL_IN_MEMORY;
+pub use text::{TEXT_CHAINS, TEXT_FINDINGS, TextContext, render_text};
 
 use crate::Error;
 use crate::source::Progress;

@@ -1,25 +1,31 @@
 //! `isolate report`: one self-contained HTML page (inline script and style, nothing fetched).
 //!
-//! Live device memory over time, stacked by allocation like PyTorch's memory viewer: the
-//! largest allocations (by bytes × lifetime) get their own band, everything else is one "other"
-//! band. The time axis is bucketed here, while reading, into at most [`COLUMNS`] columns (the
-//! bucket width doubles whenever the trace outgrows them), so a trace of a million events makes
-//! a page of a few hundred kilobytes that draws on a canvas at once. Failures and violations are
-//! marked on the timeline; below it the top reuse chains (connected parts of the aliasing
-//! graph) and the summary tables.
+//! Per trace, from the top: a badge when the run crashed or the device faulted, the findings in
+//! plain words, then live device memory over time, stacked by allocation like PyTorch's memory
+//! viewer: the largest allocations (by bytes × lifetime) get their own band, everything else is
+//! one "other" band. The timeline zooms and pans (wheel, drag, keys) and starts where memory
+//! activity does. Its data is bucketed here, while reading, into at most [`POINTS`] buckets in
+//! which memory changed (the bucket width doubles whenever the trace outgrows them), so a trace
+//! of any length makes a page of a few hundred kilobytes that draws on a canvas at once.
+//! Findings are marked where they happened; below the timeline the top reuse chains (connected
+//! parts of the aliasing graph) and the tables.
 //!
 //! All text from the trace reaches the page only as JSON inside a `<script type=
 //! "application/json">` element, escaped with [`json_for_script`], and the script puts it into
 //! the page with `textContent`, never as HTML.
 //!
 //! Files: this one assembles the page; `timeline.rs` buckets live memory and marks findings
-//! while reading; `chains.rs` follows the reuse chains; `report.html` is the page's template.
+//! while reading; `findings.rs` says what was found, in words (the names of
+//! [`crate::words`], which the summary uses too); `chains.rs` follows the reuse chains;
+//! `report.html` is the page's template (its script draws the timeline).
 
 mod chains;
+mod findings;
 mod timeline;
 
 pub use chains::{Chain, ChainNode};
-pub use timeline::{Band, Marker, Timeline};
+pub use findings::{AnomalyRow, Badge, Finding, Verdict};
+pub use timeline::{Band, FirstView, Marker, Region, Timeline};
 
 use crate::Error;
 use crate::graph::{Anomaly, Filter, GraphBuilder};
@@ -29,11 +35,12 @@ use crate::util::{escape_html, hex, json_for_script};
 use chains::{ChainSink, LEAKS};
 use serde::Serialize;
 use std::cmp::Reverse;
+use std::collections::BTreeMap;
 use std::path::Path;
 use timeline::TimelineObs;
 
-/// The most columns of the timeline.
-pub const COLUMNS: usize = 2048;
+/// The most buckets of the timeline (buckets in which memory changed).
+pub const POINTS: usize = 4096;
 /// Allocations drawn as their own band.
 pub const BANDS: usize = 160;
 /// Markers kept per trace.
@@ -51,10 +58,14 @@ struct Leak {
 
 #[derive(Serialize)]
 struct TracePage {
+    verdict: Verdict,
     summary: TraceSummary,
     timeline: Timeline,
     chains: Vec<Chain>,
-    anomalies: Vec<Anomaly>,
+    anomalies: Vec<AnomalyRow>,
+    anomaly_count: usize,
+    /// CUDA error code → its name, for the codes the tables show.
+    errors: BTreeMap<String, String>,
     leaks: Vec<Leak>,
     leak_count: usize,
 }
@@ -99,18 +110,24 @@ fn one(
             ptr: hex(ptr),
         })
         .collect();
-    let anomalies = sink
+    let anomalies: Vec<Anomaly> = sink
         .anomalies
         .iter()
         .filter(|a| !matches!(a, Anomaly::NeverFreed { .. }))
         .cloned()
         .collect();
+    let (timeline, seen) = tl.into_timeline();
+    let verdict = findings::verdict(&summary, &timeline, &seen, &anomalies);
+    let errors = findings::error_names(&summary);
     Ok((
         TracePage {
+            verdict,
+            anomaly_count: anomalies.len(),
+            anomalies: findings::anomaly_rows(&anomalies, &timeline),
+            errors,
             summary,
-            timeline: tl.into_timeline(),
+            timeline,
             chains,
-            anomalies,
             leaks,
             leak_count,
         },

@@ -1,59 +1,144 @@
 //! The report's timeline, bucketed while the trace is read: live device, graph and host memory
-//! per column (at most [`COLUMNS`] of them), the largest allocations as bands of their own, and
-//! markers for failures and findings.
+//! in the buckets where it changed (at most [`POINTS`] of them), the largest allocations as
+//! bands of their own, and markers at the moments that matter.
+//!
+//! Buckets are **sparse**: only a bucket in which memory changed is kept, so a long stretch
+//! without allocations (CUDA start-up, an evaluation pass) costs nothing, and the resolution goes
+//! where the activity is. The bucket width starts at 1 µs and doubles whenever more than
+//! [`POINTS`] buckets would be kept. The page zooms into them; bands and markers keep their exact
+//! times.
+//!
+//! Markers sit where the thing happened, not where it was found: a stale write at the free of
+//! the allocation that was written to (the check that finds it runs much later, often at
+//! exit), a stale launch at the launch, a crash at the signal.
 
-use super::{BANDS, COLUMNS, MARKERS};
+use super::{BANDS, MARKERS, POINTS};
 use crate::track::{Category, Ended, Invalid, Live, Node, Observer};
-use crate::util::hex;
-use isolate_trace::{Event, Record};
+use crate::util::{hex, human_ns};
+use crate::words::{self, call_result, cuda_error, plural, size};
+use isolate_trace::{EndReason, Event, NoteKind, Record};
+use rustc_hash::FxHashSet;
 use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 #[derive(Clone, Copy, Default)]
 struct Bucket {
+    /// Bucket index: it covers `[t0 + at * width, t0 + (at + 1) * width)`.
+    at: u64,
     max: [u64; 3],
     last: [u64; 3],
-    touched: bool,
+    /// Allocations and frees in it.
+    changes: u64,
 }
 
-/// One allocation drawn as its own band.
+impl Bucket {
+    /// `self` followed by `later`.
+    fn merge(&mut self, later: &Bucket) {
+        for k in 0..3 {
+            self.max[k] = self.max[k].max(later.max[k]);
+        }
+        self.last = later.last;
+        self.changes = self.changes.saturating_add(later.changes);
+    }
+}
+
+/// One allocation drawn as its own band. Times are from the trace's first event.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Band {
     pub id: u64,
+    /// The event that made it (findings name freed allocations by it: [`Marker::alloc`]).
+    pub seq: u64,
     pub api: &'static str,
     pub size: u64,
     pub ptr: String,
-    pub start_ns: u64,
+    pub from_ns: u64,
     /// Null when never freed.
-    pub end_ns: Option<u64>,
-    /// First and last column it covers.
-    pub c0: usize,
-    pub c1: usize,
+    pub to_ns: Option<u64>,
 }
 
+/// Something to point at on the timeline.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Marker {
-    pub ts_ns: u64,
-    pub col: usize,
-    /// `failure`, `invalid_free`, `stale_write`, `stale_launch`, `device_fault`, `signal`, `oom_retry`.
+    /// From the trace's first event.
+    pub t_ns: u64,
+    /// Findings: `stale_write` (at the free of the memory written to), `stale_launch`,
+    /// `invalid_free`; the end of the run: `device_fault`, `crash`; other events: `failure`,
+    /// `oom_retry`.
     pub kind: &'static str,
+    /// A few words drawn beside the marker.
+    pub short: String,
+    /// The whole story, for the tooltip.
+    pub text: String,
+    /// The freed allocation a stale write or stale launch is about (its allocation's sequence
+    /// number): the page links the markers of one allocation.
+    pub alloc: Option<u64>,
+}
+
+/// A stretch of the run with a name (a training step, an NVTX range). The trace format has no
+/// record for them yet, so this is empty for now; the page draws them when there are some.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Region {
+    pub from_ns: u64,
+    pub to_ns: u64,
     pub label: String,
 }
 
-/// The bucketed timeline of one trace.
+/// The first view of the timeline when the run starts or ends with a long quiet stretch (CUDA
+/// start-up, tear-down, a wait for the exit): where memory activity is.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct FirstView {
+    /// From the trace's first event.
+    pub from_ns: u64,
+    pub to_ns: u64,
+    /// What is left out, for the page.
+    pub text: String,
+}
+
+/// The bucketed timeline of one trace. Every time but `start_ns` counts from `start_ns`.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Timeline {
-    pub t0_ns: u64,
+    /// The trace's first event (trace clock).
+    pub start_ns: u64,
+    /// From the first event to the last record.
+    pub span_ns: u64,
     pub bucket_ns: u64,
-    pub columns: usize,
-    /// Per column, the most live bytes seen in it: device (device + managed + handles), graph, host.
+    /// The buckets in which memory changed, in time order: bucket `at[i]` covers
+    /// `[at[i] * bucket_ns, (at[i] + 1) * bucket_ns)`.
+    pub at: Vec<u64>,
+    /// Per such bucket, the most live device memory in it (device + managed + handles)…
     pub device: Vec<u64>,
+    /// … what was live at its end …
+    pub device_end: Vec<u64>,
+    /// … and the most graph memory and pinned host memory.
     pub graph: Vec<u64>,
     pub host: Vec<u64>,
+    pub peak: u64,
     pub bands: Vec<Band>,
     pub markers: Vec<Marker>,
     pub marker_count: u64,
+    pub regions: Vec<Region>,
+    /// Null unless the run starts or ends with a long quiet stretch, which the page leaves out
+    /// of its first view.
+    pub first_view: Option<FirstView>,
+}
+
+/// What the timeline saw that the findings at the top of the page need.
+#[derive(Clone, Debug, Default)]
+pub struct Seen {
+    /// The first call that returned a device fault's code (700, 719, …) or the first
+    /// device-fault note: when (from the first event), the code, the API and the event (none
+    /// for a note).
+    pub first_fault: Option<(u64, i64, Option<&'static str>, Option<u64>)>,
+}
+
+/// `allocations and frees`, counted.
+fn changes(n: u64) -> String {
+    if n == 1 {
+        "1 allocation or free".into()
+    } else {
+        format!("{} allocations and frees", words::count(n))
+    }
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
@@ -65,6 +150,7 @@ struct Scored {
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct NodeLite {
+    seq: u64,
     ptr: u64,
     size: u64,
     start: u64,
@@ -76,10 +162,16 @@ pub(super) struct TimelineObs {
     t0: Option<u64>,
     width: u64,
     buckets: Vec<Bucket>,
+    peak: u64,
     top: BinaryHeap<Reverse<Scored>>,
-    markers: Vec<(u64, &'static str, String)>,
+    /// `(ts, kind, short, text, alloc)`, absolute times.
+    markers: Vec<(u64, &'static str, String, String, Option<u64>)>,
     marker_count: u64,
+    /// Allocations whose stale write is marked already.
+    written: FxHashSet<u64>,
+    signal_marked: bool,
     last_ts: u64,
+    seen: Seen,
 }
 
 impl TimelineObs {
@@ -88,59 +180,102 @@ impl TimelineObs {
             t0: None,
             width: 1024,
             buckets: Vec::new(),
+            peak: 0,
             top: BinaryHeap::new(),
             markers: Vec::new(),
             marker_count: 0,
+            written: FxHashSet::default(),
+            signal_marked: false,
             last_ts: 0,
+            seen: Seen::default(),
         }
     }
 
-    fn sample(&mut self, ts: u64, live: &Live) {
+    fn rel(&self, ts: u64) -> u64 {
+        ts.saturating_sub(self.t0.unwrap_or(ts))
+    }
+
+    /// Live memory after a change at `ts` (`changes`: 1 for an allocation or free, 0 for the
+    /// closing sample).
+    fn sample(&mut self, ts: u64, live: &Live, changes: u64) {
         let t0 = *self.t0.get_or_insert(ts);
-        let mut idx = (ts.saturating_sub(t0) / self.width) as usize;
-        while idx >= COLUMNS {
-            // Halve the resolution: merge pairs of columns.
-            let old = std::mem::take(&mut self.buckets);
-            for pair in old.chunks(2) {
-                let mut b = pair[0];
-                if let Some(c) = pair.get(1)
-                    && c.touched
-                {
-                    for k in 0..3 {
-                        b.max[k] = if b.touched {
-                            b.max[k].max(c.max[k])
-                        } else {
-                            c.max[k]
-                        };
-                    }
-                    b.last = c.last;
-                    b.touched = true;
-                }
-                self.buckets.push(b);
-            }
-            self.width *= 2;
-            idx = (ts.saturating_sub(t0) / self.width) as usize;
-        }
-        if self.buckets.len() <= idx {
-            self.buckets.resize(idx + 1, Bucket::default());
-        }
         let v = [
             live.device_bytes(),
             live.bytes(Category::Graph),
             live.bytes(Category::Host),
         ];
-        let b = &mut self.buckets[idx];
+        self.peak = self.peak.max(v[0]);
+        let at = ts.saturating_sub(t0) / self.width;
+        // Records come in sequence order, whose times are nearly (not quite) in order: the
+        // bucket is almost always the last one.
+        let i = match self.buckets.last() {
+            Some(b) if b.at == at => self.buckets.len() - 1,
+            Some(b) if b.at < at => self.push(at, v),
+            None => self.push(at, v),
+            Some(_) => match self.buckets.binary_search_by_key(&at, |b| b.at) {
+                Ok(i) => i,
+                Err(i) => {
+                    self.buckets.insert(
+                        i,
+                        Bucket {
+                            at,
+                            max: v,
+                            last: v,
+                            changes: 0,
+                        },
+                    );
+                    i
+                }
+            },
+        };
+        let b = &mut self.buckets[i];
         for (m, x) in b.max.iter_mut().zip(v) {
-            *m = if b.touched { (*m).max(x) } else { x };
+            *m = (*m).max(x);
         }
         b.last = v;
-        b.touched = true;
+        b.changes += changes;
+        if self.buckets.len() > POINTS {
+            self.coarsen();
+        }
     }
 
-    fn mark(&mut self, ts: u64, kind: &'static str, label: String) {
+    fn push(&mut self, at: u64, v: [u64; 3]) -> usize {
+        self.buckets.push(Bucket {
+            at,
+            max: v,
+            last: v,
+            changes: 0,
+        });
+        self.buckets.len() - 1
+    }
+
+    /// Doubles the bucket width until at most [`POINTS`] / 2 buckets are left… or at least
+    /// until there are no more than [`POINTS`].
+    fn coarsen(&mut self) {
+        while self.buckets.len() > POINTS / 2 && self.width < u64::MAX / 2 {
+            self.width *= 2;
+            let old = std::mem::take(&mut self.buckets);
+            for mut b in old {
+                b.at /= 2;
+                match self.buckets.last_mut() {
+                    Some(l) if l.at == b.at => l.merge(&b),
+                    _ => self.buckets.push(b),
+                }
+            }
+        }
+    }
+
+    fn mark(
+        &mut self,
+        ts: u64,
+        kind: &'static str,
+        short: String,
+        text: String,
+        alloc: Option<u64>,
+    ) {
         self.marker_count += 1;
         if self.markers.len() < MARKERS {
-            self.markers.push((ts, kind, label));
+            self.markers.push((ts, kind, short, text, alloc));
         }
     }
 
@@ -153,6 +288,7 @@ impl TimelineObs {
             score: u128::from(n.size) * u128::from(life),
             id: n.id,
             node: NodeLite {
+                seq: n.seq,
                 ptr: n.ptr,
                 size: n.size,
                 start: n.ts_ns,
@@ -168,64 +304,170 @@ impl TimelineObs {
         }
     }
 
-    pub(super) fn into_timeline(self) -> Timeline {
+    pub(super) fn into_timeline(self) -> (Timeline, Seen) {
         let t0 = self.t0.unwrap_or(0);
         let w = self.width;
-        let mut cols: [Vec<u64>; 3] = Default::default();
-        let mut entering = [0u64; 3];
-        for b in &self.buckets {
-            for k in 0..3 {
-                let v = if b.touched {
-                    b.max[k].max(entering[k])
-                } else {
-                    entering[k]
-                };
-                cols[k].push(v);
-            }
-            if b.touched {
-                entering = b.last;
-            }
-        }
-        let n = self.buckets.len();
-        let col = |ts: u64| ((ts.saturating_sub(t0) / w) as usize).min(n.saturating_sub(1));
+        let rel = |ts: u64| ts.saturating_sub(t0);
+        let span_ns = rel(self.last_ts);
         let mut bands: Vec<Band> = self
             .top
             .into_iter()
             .map(|Reverse(s)| Band {
                 id: s.id,
+                seq: s.node.seq,
                 api: s.node.api.name(),
                 size: s.node.size,
                 ptr: hex(s.node.ptr),
-                start_ns: s.node.start,
-                end_ns: s.node.end,
-                c0: col(s.node.start),
-                c1: col(s.node.end.unwrap_or(u64::MAX)),
+                from_ns: rel(s.node.start),
+                to_ns: s.node.end.map(rel),
             })
             .collect();
         bands.sort_by_key(|b| b.id);
-        let markers = self
+        let mut markers: Vec<Marker> = self
             .markers
             .into_iter()
-            .map(|(ts, kind, label)| Marker {
-                ts_ns: ts,
-                col: col(ts),
+            .map(|(ts, kind, short, text, alloc)| Marker {
+                t_ns: rel(ts),
                 kind,
-                label,
+                short,
+                text,
+                alloc,
             })
             .collect();
-        let [device, graph, host] = cols;
-        Timeline {
-            t0_ns: t0,
-            bucket_ns: w,
-            columns: n,
-            device,
-            graph,
-            host,
-            bands,
-            markers,
-            marker_count: self.marker_count,
-        }
+        markers.sort_by_key(|m| m.t_ns);
+        let last_serious = markers
+            .iter()
+            .filter(|m| !matches!(m.kind, "failure" | "oom_retry"))
+            .map(|m| m.t_ns)
+            .max();
+        let first_view = first_view(&self.buckets, w, span_ns, last_serious);
+        let b = &self.buckets;
+        (
+            Timeline {
+                start_ns: t0,
+                span_ns,
+                bucket_ns: w,
+                at: b.iter().map(|b| b.at).collect(),
+                device: b.iter().map(|b| b.max[0]).collect(),
+                device_end: b.iter().map(|b| b.last[0]).collect(),
+                graph: b.iter().map(|b| b.max[1]).collect(),
+                host: b.iter().map(|b| b.max[2]).collect(),
+                peak: self.peak,
+                bands,
+                markers,
+                marker_count: self.marker_count,
+                regions: Vec::new(),
+                first_view,
+            },
+            self.seen,
+        )
     }
+}
+
+/// The quiet start worth skipping, if any: the longest pause in memory activity (the time
+/// before the first allocation counts as one), when it takes at least a third of the run, at
+/// most 2% of the allocations and frees (or 16) come before it, and at least 16 and four times
+/// as many after it. `(where activity starts, changes before, the pause)`.
+fn quiet_start(buckets: &[Bucket], w: u64, span_ns: u64) -> Option<(u64, u64, u64)> {
+    let total: u64 = buckets.iter().map(|b| b.changes).sum();
+    let allowed = (total / 50).max(16);
+    let mut best: Option<(u64, u64, u64)> = None; // (pause, until, changes before)
+    let mut before = 0u64;
+    let mut end_prev = 0u64;
+    for b in buckets {
+        if before > allowed {
+            break;
+        }
+        let start = b.at.saturating_mul(w);
+        let pause = start.saturating_sub(end_prev);
+        if best.is_none_or(|(p, _, _)| pause > p) {
+            best = Some((pause, start, before));
+        }
+        before += b.changes;
+        end_prev = start.saturating_add(w);
+    }
+    let (pause, until, changes) = best?;
+    let after = total - changes;
+    if pause < 1_000_000
+        || pause.saturating_mul(3) < span_ns
+        || until == 0
+        || after < 16
+        || after < changes.saturating_mul(4)
+    {
+        return None;
+    }
+    Some((until, changes, pause))
+}
+
+/// Where the first view starts and ends: past a quiet start, and short of a quiet end (from
+/// the last allocation or free to the end of the run, when that is a third of what is left and
+/// no finding or crash is marked in it).
+fn first_view(
+    buckets: &[Bucket],
+    w: u64,
+    span_ns: u64,
+    last_serious: Option<u64>,
+) -> Option<FirstView> {
+    let lead = quiet_start(buckets, w, span_ns);
+    let from = lead.map_or(0, |(until, _, _)| until);
+    let last_change = buckets
+        .iter()
+        .rev()
+        .find(|b| b.changes > 0)?
+        .at
+        .saturating_add(1)
+        .saturating_mul(w);
+    let tail = span_ns.saturating_sub(last_change);
+    let trim = tail >= 1_000_000
+        && tail.saturating_mul(3) >= span_ns.saturating_sub(from)
+        && last_serious.is_none_or(|t| t <= last_change);
+    if lead.is_none() && !trim {
+        return None;
+    }
+    // A little room on either side of the activity.
+    let pad = last_change.saturating_sub(from) / 40;
+    let from_ns = if lead.is_some() {
+        from.saturating_sub(pad)
+    } else {
+        0
+    };
+    let to_ns = if trim {
+        last_change.saturating_add(pad).min(span_ns)
+    } else {
+        span_ns
+    };
+    let start = lead.map(|(until, changes, pause)| {
+        if changes == 0 {
+            format!(
+                "the first {}, before anything was allocated",
+                human_ns(until)
+            )
+        } else {
+            format!(
+                "the first {} ({}, then {} without any)",
+                human_ns(until),
+                self::changes(changes),
+                human_ns(pause)
+            )
+        }
+    });
+    let end = trim.then(|| {
+        format!(
+            "the last {}, without allocations or frees",
+            human_ns(span_ns - last_change)
+        )
+    });
+    let text = match (start, end) {
+        (Some(s), Some(e)) => format!("Left out of view: {s}, and {e}."),
+        (Some(s), None) => format!("Left out of view: {s}."),
+        (None, Some(e)) => format!("Left out of view: {e}."),
+        (None, None) => return None,
+    };
+    Some(FirstView {
+        from_ns,
+        to_ns,
+        text,
+    })
 }
 
 impl Observer for TimelineObs {
@@ -235,90 +477,304 @@ impl Observer for TimelineObs {
             self.t0 = Some(ev.ts_ns);
         }
         if !ev.ok() {
-            self.mark(
-                ev.ts_ns,
-                "failure",
-                format!(
-                    "{} failed with {} (size {})",
-                    ev.api.name(),
-                    ev.result,
-                    ev.size
-                ),
-            );
+            let api = ev.api.name();
+            let code = i64::from(ev.result);
+            let what = if ev.api.kind() == isolate_trace::Kind::Alloc && ev.size > 0 {
+                format!("{api} of {}", size(ev.size))
+            } else {
+                api.to_string()
+            };
+            let fault = u64::try_from(code)
+                .ok()
+                .filter(|&c| isolate_trace::device_fault_name(c).is_some());
+            if let Some(c) = fault {
+                if self.seen.first_fault.is_none() {
+                    self.seen.first_fault =
+                        Some((self.rel(ev.ts_ns), code, Some(api), Some(ev.seq)));
+                }
+                self.mark(
+                    ev.ts_ns,
+                    "device_fault",
+                    format!("error {code} in {api}"),
+                    format!(
+                        "{what} returned CUDA error {}: a kernel before it faulted ({})",
+                        call_result(ev.api, ev.result),
+                        words::device_fault(c)
+                    ),
+                    None,
+                );
+            } else {
+                self.mark(
+                    ev.ts_ns,
+                    "failure",
+                    format!("{api} failed"),
+                    format!(
+                        "{what} failed: CUDA error {}",
+                        call_result(ev.api, ev.result)
+                    ),
+                    None,
+                );
+            }
         }
     }
     fn started(&mut self, n: &Node, live: &Live) {
-        self.sample(n.ts_ns, live);
+        self.sample(n.ts_ns, live, 1);
     }
     fn ended(&mut self, n: &Node, e: &Ended, live: &Live) {
-        self.sample(e.ts_ns, live);
+        self.sample(e.ts_ns, live, 1);
         self.offer(n, Some(e.ts_ns));
     }
     fn invalid(&mut self, inv: &Invalid, _live: &Live) {
         let ev = inv.event;
+        let what = match inv.kind.name() {
+            "free" => "free",
+            "release" => "release",
+            "unmap" => "unmap",
+            "unregister" => "unregister",
+            _ => "address free",
+        };
         self.mark(
             ev.ts_ns,
             "invalid_free",
+            format!("invalid {what}"),
             format!(
-                "invalid {} of {} by {}",
-                inv.kind.name(),
-                hex(ev.ptr),
-                ev.api.name()
+                "invalid {what}: {} of {}, which was not allocated then",
+                ev.api.name(),
+                hex(ev.ptr)
             ),
+            None,
         );
     }
     fn other(&mut self, rec: &Record, _live: &Live) {
         match rec {
-            Record::Violation(v) => self.mark(
-                v.ts_ns,
-                "stale_write",
-                format!(
-                    "stale write: {} bytes of {} ({} B) changed after the free",
-                    v.changed_bytes,
-                    hex(v.ptr),
-                    v.size
-                ),
-            ),
+            Record::Violation(v) => {
+                if self.written.contains(&v.alloc_seq) || self.markers.len() >= MARKERS {
+                    self.marker_count += 1;
+                    return;
+                }
+                self.written.insert(v.alloc_seq);
+                self.mark(
+                    v.free_ts_ns,
+                    "stale_write",
+                    "freed, then written to".into(),
+                    format!(
+                        "{} at {} freed here by {} ({}); written to after its free: {} changed \
+                         from offset {} (found when the freed memory was checked, {} later)",
+                        size(v.size),
+                        hex(v.ptr),
+                        v.free_api.name(),
+                        words::event(v.free_seq),
+                        plural(v.changed_bytes, "byte"),
+                        words::count(v.first_offset),
+                        human_ns(v.ts_ns.saturating_sub(v.free_ts_ns))
+                    ),
+                    Some(v.alloc_seq),
+                );
+            }
             Record::StaleLaunch(s) => self.mark(
                 s.ts_ns,
                 "stale_launch",
+                format!("kernel {}", short_name(&s.kernel)),
                 format!(
-                    "stale launch: {} param {} = {}",
+                    "kernel {} ({}) launched with a pointer into freed memory: parameter {} = \
+                     {}, into the {} at {} freed {} before",
                     s.kernel,
+                    words::event(s.seq),
                     s.param_index,
-                    hex(s.ptr)
+                    hex(s.ptr),
+                    size(s.alloc_size),
+                    hex(s.alloc_ptr),
+                    human_ns(s.ts_ns.saturating_sub(s.free_ts_ns))
                 ),
+                Some(s.alloc_seq),
             ),
-            Record::Note(n) if n.kind == isolate_trace::NoteKind::DeviceFault => self.mark(
-                n.ts_ns,
-                "device_fault",
-                format!(
-                    "device fault: CUDA error {} ({})",
-                    n.value,
-                    crate::summary::fault_name(n.value)
-                ),
-            ),
-            Record::Note(n) if n.kind == isolate_trace::NoteKind::Signal => {
-                self.mark(n.ts_ns, "signal", format!("signal {}", n.value))
+            Record::Note(n) if n.kind == NoteKind::DeviceFault => {
+                let code = i64::try_from(n.value).unwrap_or(i64::MAX);
+                if self.seen.first_fault.is_none() {
+                    self.seen.first_fault = Some((self.rel(n.ts_ns), code, None, None));
+                }
+                self.mark(
+                    n.ts_ns,
+                    "device_fault",
+                    format!("device fault {code}"),
+                    format!(
+                        "the device faulted: CUDA error {}",
+                        u64::try_from(code).map_or(code.to_string(), cuda_error)
+                    ),
+                    None,
+                );
             }
-            Record::Note(n) if n.kind == isolate_trace::NoteKind::OomRetry => self.mark(
+            Record::Note(n) if n.kind == NoteKind::Signal => {
+                self.last_ts = self.last_ts.max(n.ts_ns);
+                self.signal_marked = true;
+                self.mark(
+                    n.ts_ns,
+                    "crash",
+                    format!("signal {}", n.value),
+                    format!("the process got signal {}", words::signal(n.value)),
+                    None,
+                );
+            }
+            Record::Note(n) if n.kind == NoteKind::OomRetry => self.mark(
                 n.ts_ns,
                 "oom_retry",
+                "retried".into(),
                 format!(
-                    "allocation of {} B retried after releasing quarantine",
-                    n.size
+                    "an allocation of {} ran out of memory and was retried after freed memory \
+                     held back by isolate mode was released",
+                    size(n.size)
                 ),
+                None,
             ),
+            Record::End(e) => {
+                self.last_ts = self.last_ts.max(e.ts_ns);
+                if let EndReason::Signal(s) = e.reason
+                    && !self.signal_marked
+                {
+                    let s = u64::try_from(s).unwrap_or(0);
+                    self.mark(
+                        e.ts_ns,
+                        "crash",
+                        format!("signal {s}"),
+                        format!("the process was killed by signal {}", words::signal(s)),
+                        None,
+                    );
+                }
+            }
             _ => {}
         }
     }
     fn finish(&mut self, still: &[Node], live: &Live) {
         let end = self.last_ts;
-        if self.t0.is_some() {
-            self.sample(end, live);
+        if self.t0.is_some() && !self.buckets.is_empty() {
+            self.sample(end, live, 0);
         }
         for n in still {
             self.offer(n, None);
         }
+    }
+}
+
+/// A kernel's name without return type, namespaces, template arguments and parameters, for a
+/// label: `void at::native::k<4>(int)` is `k`.
+fn short_name(kernel: &str) -> String {
+    let cut = kernel.find(['(', '<']).unwrap_or(kernel.len());
+    let base = kernel[..cut].trim();
+    let base = base.rsplit(' ').next().unwrap_or(base);
+    let base = base.rsplit("::").next().unwrap_or(base);
+    if base.is_empty() {
+        return "?".into();
+    }
+    if base.chars().count() > 40 {
+        let mut s: String = base.chars().take(39).collect();
+        s.push('…');
+        return s;
+    }
+    base.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(at: u64, changes: u64) -> Bucket {
+        Bucket {
+            at,
+            changes,
+            ..Bucket::default()
+        }
+    }
+
+    #[test]
+    fn a_quiet_start_is_found() {
+        // 4 changes in the first bucket, 3.7 s of nothing, then 2000 changes.
+        let w = 1_000_000;
+        let mut bs = vec![b(0, 4)];
+        bs.extend((3700..3900).map(|i| b(i, 10)));
+        assert_eq!(
+            quiet_start(&bs, w, 3_900_000_000),
+            Some((3_700_000_000, 4, 3_699_000_000))
+        );
+        let v = first_view(&bs, w, 3_900_000_000, None).unwrap();
+        assert_eq!(
+            (v.from_ns, v.to_ns),
+            (3_700_000_000 - 5_000_000, 3_900_000_000)
+        );
+        assert_eq!(
+            v.text,
+            "Left out of view: the first 3.70 s (4 allocations and frees, then 3.70 s without any)."
+        );
+    }
+
+    #[test]
+    fn a_busy_start_is_not_skipped() {
+        let w = 1_000_000;
+        // Activity all along, with one pause of a fifth of the run.
+        let mut bs: Vec<Bucket> = (0..400).map(|i| b(i, 10)).collect();
+        bs.extend((500..900).map(|i| b(i, 10)));
+        assert_eq!(quiet_start(&bs, w, 900_000_000), None);
+        assert_eq!(first_view(&bs, w, 900_000_000, None), None);
+        // A long pause, but after most of the work.
+        let mut bs: Vec<Bucket> = (0..400).map(|i| b(i, 10)).collect();
+        bs.push(b(5000, 1));
+        assert_eq!(quiet_start(&bs, w, 5_001_000_000), None);
+    }
+
+    #[test]
+    fn a_quiet_end_is_left_out_unless_something_is_marked_there() {
+        // 14 changes in 7 ms, then a long wait for the exit.
+        let w = 1_000_000;
+        let mut bs: Vec<Bucket> = (0..7).map(|i| b(i, 2)).collect();
+        bs.push(b(560, 0));
+        assert_eq!(quiet_start(&bs, w, 561_000_000), None);
+        let v = first_view(&bs, w, 561_000_000, Some(3_000_000)).unwrap();
+        assert_eq!((v.from_ns, v.to_ns), (0, 7_000_000 + 175_000));
+        assert_eq!(
+            v.text,
+            "Left out of view: the last 554.00 ms, without allocations or frees."
+        );
+        // A crash at the end keeps the end in view.
+        assert_eq!(first_view(&bs, w, 561_000_000, Some(561_000_000)), None);
+    }
+
+    #[test]
+    fn both_ends() {
+        let w = 1_000_000;
+        let mut bs = vec![b(0, 4)];
+        bs.extend((3700..4100).map(|i| b(i, 5)));
+        bs.push(b(4740, 0));
+        let v = first_view(&bs, w, 4_740_000_000, None).unwrap();
+        assert_eq!((v.from_ns, v.to_ns), (3_690_000_000, 4_110_000_000));
+        assert!(
+            v.text
+                .ends_with("and the last 640.00 ms, without allocations or frees."),
+            "{}",
+            v.text
+        );
+    }
+
+    #[test]
+    fn a_late_first_allocation_is_skipped() {
+        let bs: Vec<Bucket> = (2000..2100).map(|i| b(i, 3)).collect();
+        let v = first_view(&bs, 1_000_000, 2_100_000_000, None).unwrap();
+        assert_eq!(
+            (v.from_ns, v.to_ns),
+            (2_000_000_000 - 2_500_000, 2_100_000_000)
+        );
+        assert_eq!(
+            v.text,
+            "Left out of view: the first 2.00 s, before anything was allocated."
+        );
+    }
+
+    #[test]
+    fn kernel_names_are_shortened() {
+        assert_eq!(short_name("void k<float>(float*)"), "k");
+        assert_eq!(short_name("stale_fill"), "stale_fill");
+        assert_eq!(
+            short_name("void at::native::vectorized_elementwise_kernel<4>(int)"),
+            "vectorized_elementwise_kernel"
+        );
+        assert_eq!(short_name(&"x".repeat(50)).chars().count(), 40);
     }
 }

@@ -1,7 +1,8 @@
 //! `isolate summary`: what a run called, allocated, leaked and broke, in one streaming pass.
 //!
 //! Memory is bounded by what is live at once plus a few capped lists ([`LIST_CAP`] entries of
-//! violations, stale launches and invalid frees; their full counts are kept beside them).
+//! stale writes, stale launches, invalid frees and possible leaks; their full counts are kept
+//! beside them) and the calls of recent frees (65,536 slots, to name them in findings).
 //!
 //! Files: `types.rs` has the summary's types (serde makes them its JSON form), `summarizer.rs`
 //! the [`Summarizer`] observer that fills them from one trace, `text.rs` the text form
@@ -29,9 +30,9 @@ pub const LAST_EVENTS: usize = 16;
 /// device memory (the categories of [`Category::is_device_memory`]).
 pub const DEVICE_MEMORY: [Category; 3] = [Category::Device, Category::Managed, Category::Handle];
 
-/// The name of a CUDA device-fault error code.
+/// The name of a CUDA device-fault error code (`illegal address`; `device fault` for others).
 pub fn fault_name(code: u64) -> &'static str {
-    isolate_trace::device_fault_name(code).unwrap_or("device fault")
+    crate::words::device_fault(code)
 }
 
 /// `*a += b`, saturating at `u64::MAX`.
@@ -78,11 +79,20 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
         for (k, v) in &x.failed {
             add(t.failed.entry(k.clone()).or_default(), *v);
         }
+        for (k, codes) in &x.failed_results {
+            let e = t.failed_results.entry(k.clone()).or_default();
+            for (c, v) in codes {
+                add(e.entry(c.clone()).or_default(), *v);
+            }
+        }
         add(&mut t.events, x.events);
         add(&mut t.allocations, x.allocations);
         add(&mut t.frees, x.frees);
         add(&mut t.peak_live_bytes, x.peak_live_bytes);
         t.live_at_end.add(x.live_at_end);
+        t.held_at_exit.add(&x.held_at_exit);
+        t.possible_leaks.extend(x.possible_leaks.iter().cloned());
+        add(&mut t.findings, x.findings);
         add(&mut t.invalid_free_count, x.invalid_free_count);
         add(&mut t.double_free_count, x.double_free_count);
         add(&mut t.sequence.reordered, x.sequence.reordered);
@@ -102,6 +112,7 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
         add(&mut t.stale_value_count, x.stale_value_count);
         t.stale_values.extend(x.stale_values.iter().cloned());
         t.device_faults.extend(x.device_faults.iter().cloned());
+        add(&mut t.device_fault_count, x.device_fault_count);
         let q = &mut t.quarantine;
         add(&mut q.peak_bytes, x.quarantine.peak_bytes);
         add(&mut q.releases, x.quarantine.releases);
@@ -133,7 +144,9 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
         }
         t.complete &= x.complete;
     }
+    t.peak_is_sum_of_processes = traces.len() > 1;
     t.invalid_frees.truncate(LIST_CAP);
+    t.possible_leaks.truncate(LIST_CAP);
     t.poison_violations.truncate(LIST_CAP);
     t.stale_launches.truncate(LIST_CAP);
     t.stale_values.truncate(LIST_CAP);

@@ -13,8 +13,21 @@ const N_API: usize = Api::ALL.len();
 /// The observer that builds one [`TraceSummary`].
 pub struct Summarizer {
     trace: usize,
+    pid: u32,
     calls: [u64; N_API],
     failed: [u64; N_API],
+    /// (API, what it returned; `None`: a code past the first [`CODES_CAP`] of that API) → calls.
+    failed_codes: BTreeMap<(usize, Option<i32>), u64>,
+    first_fault: Option<FaultedCall>,
+    /// (allocation event, the call that made it, the call that freed it) of freed device
+    /// memory, in the slot `allocation event % FREED_CAP` (a later free takes the slot over):
+    /// names the calls in stale-write and stale-launch findings.
+    freed_calls: Vec<(u64, Api, Api)>,
+    /// False in log mode (and off), which has no stale writes or launches to name: the slots
+    /// cost a cache miss a free.
+    remember_frees: bool,
+    held: HeldAtExit,
+    leaks: Vec<HeldAllocation>,
     events: u64,
     first_ts: Option<u64>,
     last_ts: u64,
@@ -53,6 +66,12 @@ pub struct Summarizer {
 
 /// Guarded stale values kept waiting for a fault that would make them stale launches.
 const PENDING_CAP: usize = 4096;
+/// Distinct error codes counted one by one for each API.
+const CODES_CAP: usize = 32;
+/// Slots of frees whose calls are remembered for naming findings.
+const FREED_CAP: usize = 65_536;
+/// Caching allocators' segments and handles come in multiples of this.
+const SEGMENT_GRAIN: u64 = 2 << 20;
 
 const N_NOTES: usize = 11;
 
@@ -91,8 +110,15 @@ impl Summarizer {
     pub fn new(trace: usize) -> Self {
         Summarizer {
             trace,
+            pid: 0,
             calls: [0; N_API],
             failed: [0; N_API],
+            failed_codes: BTreeMap::new(),
+            first_fault: None,
+            freed_calls: Vec::new(),
+            remember_frees: true,
+            held: HeldAtExit::default(),
+            leaks: Vec::new(),
             events: 0,
             first_ts: None,
             last_ts: 0,
@@ -186,6 +212,34 @@ impl Summarizer {
             let idx = (self.ring_len - n + i) % LAST_EVENTS;
             last.push(EventEntry::new(self.trace, &self.ring[idx]));
         }
+        let mut failed_results: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        for ((api, code), n) in &self.failed_codes {
+            let key = code.map_or_else(|| "other".to_owned(), |c| c.to_string());
+            *failed_results
+                .entry(Api::ALL[*api].name().to_owned())
+                .or_default()
+                .entry(key)
+                .or_default() += n;
+        }
+        let mut faults = self.faults;
+        for f in &mut faults {
+            if f.call.is_none() {
+                f.call = self.first_fault.clone().filter(|c| c.code == f.code);
+            }
+        }
+        let fault_findings = match (faults.len(), &self.first_fault) {
+            (0, Some(_)) => 1,
+            (n, _) => n as u64,
+        };
+        let findings = [
+            self.violation_count,
+            self.stale_count,
+            self.invalid_count,
+            fault_findings,
+            self.held.possible_leak.count,
+        ]
+        .iter()
+        .fold(0u64, |a, &b| a.saturating_add(b));
         let mut devices = BTreeMap::new();
         for (d, s, live) in &self.devices {
             let mut s = s.clone();
@@ -195,14 +249,19 @@ impl Summarizer {
         let totals = Totals {
             calls: names(&self.calls),
             failed: names(&self.failed),
+            failed_results,
             events: self.events,
             allocations: allocs.iter().map(|&c| cat(c).started).sum(),
             frees: allocs.iter().map(|&c| cat(c).ended).sum(),
             peak_live_bytes: self.peak,
+            peak_is_sum_of_processes: false,
             live_at_end: CountBytes {
                 count: self.live_end.device_count(),
                 bytes: self.live_end.device_bytes(),
             },
+            held_at_exit: self.held,
+            possible_leaks: self.leaks,
+            findings,
             invalid_free_count: self.invalid_count,
             double_free_count: self.double_count,
             invalid_frees: self.invalid,
@@ -214,7 +273,8 @@ impl Summarizer {
             stale_launches: self.stale,
             stale_value_count: self.value_count,
             stale_values: self.pending_values.into_iter().take(LIST_CAP).collect(),
-            device_faults: self.faults,
+            device_faults: faults,
+            device_fault_count: fault_findings,
             quarantine,
             host,
             categories,
@@ -237,6 +297,7 @@ impl Summarizer {
             first_ts_ns: self.first_ts,
             last_ts_ns: self.first_ts.map(|_| self.last_ts),
             devices,
+            first_faulted_call: self.first_fault,
             totals,
         }
     }
@@ -245,6 +306,8 @@ impl Summarizer {
 impl Observer for Summarizer {
     fn begin(&mut self, h: &Header) {
         self.header = h.clone();
+        self.pid = h.pid;
+        self.remember_frees = !matches!(h.mode.as_str(), "log" | "off");
     }
 
     #[inline]
@@ -253,6 +316,7 @@ impl Observer for Summarizer {
         self.calls[a] += 1;
         if !ev.ok() {
             self.failed[a] += 1;
+            self.failed_call(ev);
         }
         self.events += 1;
         if self.first_ts.is_none() {
@@ -288,6 +352,9 @@ impl Observer for Summarizer {
             EndHow::Lost => {}
         }
         if n.category.is_device_memory() {
+            if self.remember_frees && e.how == EndHow::Freed && n.category != Category::Handle {
+                self.remember_free(n.seq, n.api, e.api);
+            }
             let d = self.device(n.device);
             if e.how == EndHow::Freed {
                 d.1.frees += 1;
@@ -306,6 +373,7 @@ impl Observer for Summarizer {
             let e = &inv.event;
             self.invalid.push(InvalidFree {
                 trace: self.trace,
+                pid: self.pid,
                 kind: inv.kind.name().into(),
                 seq: e.seq,
                 ts_ns: e.ts_ns,
@@ -342,8 +410,10 @@ impl Observer for Summarizer {
             Record::Violation(v) => {
                 self.violation_count += 1;
                 if self.violations.len() < LIST_CAP {
+                    let alloc_api = self.freed_call(v.alloc_seq).map(|(a, _)| a.name().into());
                     self.violations.push(PoisonViolation {
                         trace: self.trace,
+                        pid: self.pid,
                         seq: v.seq,
                         ts_ns: v.ts_ns,
                         device: v.device,
@@ -355,6 +425,7 @@ impl Observer for Summarizer {
                         free_seq: v.free_seq,
                         freed_at_ns: v.free_ts_ns,
                         free_api: v.free_api.name().into(),
+                        alloc_api,
                     });
                 }
             }
@@ -375,7 +446,7 @@ impl Observer for Summarizer {
                 }
                 self.stale_count += 1;
                 if self.stale.len() < LIST_CAP {
-                    self.stale.push(stale_entry(self.trace, s, fault));
+                    self.stale.push(self.stale_entry(s, fault));
                 }
             }
             Record::StaleValue(s) => {
@@ -383,17 +454,19 @@ impl Observer for Summarizer {
                 if self.pending_values.len() == PENDING_CAP {
                     self.pending_values.pop_front();
                 }
-                self.pending_values
-                    .push_back(stale_entry(self.trace, s, None));
+                let entry = self.stale_entry(s, None);
+                self.pending_values.push_back(entry);
             }
             Record::Note(n) if n.kind == NoteKind::DeviceFault => {
                 self.notes[note_index(n.kind)] += 1;
                 self.faults.push(DeviceFault {
                     trace: self.trace,
+                    pid: self.pid,
                     seq: n.seq,
                     ts_ns: n.ts_ns,
                     code: n.value,
                     suspects: n.size,
+                    call: None,
                 });
                 self.suspects_due = n.size;
             }
@@ -422,35 +495,173 @@ impl Observer for Summarizer {
         }
     }
 
-    fn finish(&mut self, _still: &[Node], live: &Live) {
+    fn finish(&mut self, still: &[Node], live: &Live) {
         self.live_end = *live;
+        self.classify_held(still);
     }
 }
 
-fn stale_entry(
-    trace: usize,
-    s: &isolate_trace::StaleLaunch,
-    fault: Option<u64>,
-) -> StaleLaunchEntry {
-    StaleLaunchEntry {
-        trace,
-        seq: s.seq,
-        ts_ns: s.ts_ns,
-        tid: s.tid,
-        device: s.device,
-        api: s.api.name().into(),
-        kernel: s.kernel.clone(),
-        param_index: s.param_index,
-        param_offset: s.param_offset,
-        ptr: s.ptr,
-        allocation: s.alloc_seq,
-        alloc_ptr: s.alloc_ptr,
-        alloc_size: s.alloc_size,
-        freed_at: FreedAt {
-            seq: s.free_seq,
-            ts_ns: s.free_ts_ns,
-        },
-        fault,
+/// The last path component: `/usr/bin/python3.12` → `python3.12`.
+fn base_name(s: &str) -> &str {
+    s.rsplit('/').next().unwrap_or(s)
+}
+
+/// True when the header shows a Python process (the executable or `argv[0]`), a `torchrun`
+/// launch, or records a `PYTORCH_*` setting.
+pub(super) fn is_python(h: &Header) -> bool {
+    let py = |s: &str| {
+        let b = base_name(s);
+        b.starts_with("python") || b.starts_with("pypy")
+    };
+    py(&h.exe)
+        || h.argv.first().is_some_and(|a| py(a))
+        || h.argv.iter().any(|a| base_name(a) == "torchrun")
+        || h.config.iter().any(|(k, _)| k.starts_with("PYTORCH_"))
+}
+
+/// True unless the header says PyTorch's caching allocator was off: isolate mode turns it off
+/// (`PYTORCH_NO_CUDA_MEMORY_CACHING=1`, unless that was set already), and so do that setting
+/// and `PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync` when the header records them.
+pub(super) fn pytorch_cache_on(h: &Header) -> bool {
+    let get = |k: &str| h.config.iter().find(|(n, _)| n == k).map(|(_, v)| v.trim());
+    let uncached = match get("PYTORCH_NO_CUDA_MEMORY_CACHING") {
+        Some(v) => !v.is_empty() && v != "0",
+        None => h.mode == "isolate",
+    };
+    let async_backend =
+        get("PYTORCH_CUDA_ALLOC_CONF").is_some_and(|v| v.contains("backend:cudaMallocAsync"));
+    !uncached && !async_backend
+}
+
+impl Summarizer {
+    #[cold]
+    #[inline(never)]
+    fn failed_call(&mut self, ev: &Event) {
+        let a = ev.api as usize;
+        let distinct = self
+            .failed_codes
+            .range((a, Some(i32::MIN))..=(a, Some(i32::MAX)))
+            .count();
+        let key = if distinct < CODES_CAP || self.failed_codes.contains_key(&(a, Some(ev.result))) {
+            (a, Some(ev.result))
+        } else {
+            (a, None)
+        };
+        *self.failed_codes.entry(key).or_default() += 1;
+        if self.first_fault.is_none()
+            && let Ok(code) = u64::try_from(ev.result)
+            && isolate_trace::device_fault_name(code).is_some()
+        {
+            self.first_fault = Some(FaultedCall {
+                seq: ev.seq,
+                ts_ns: ev.ts_ns,
+                tid: ev.tid,
+                api: ev.api.name().into(),
+                code,
+            });
+        }
+    }
+
+    #[inline]
+    fn remember_free(&mut self, alloc_seq: u64, alloc: Api, free: Api) {
+        let slot = (alloc_seq % FREED_CAP as u64) as usize;
+        match self.freed_calls.get_mut(slot) {
+            Some(s) => *s = (alloc_seq, alloc, free),
+            None => self.first_free(slot, (alloc_seq, alloc, free)),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn first_free(&mut self, slot: usize, call: (u64, Api, Api)) {
+        self.freed_calls = vec![(u64::MAX, Api::default(), Api::default()); FREED_CAP];
+        self.freed_calls[slot] = call;
+    }
+
+    fn freed_call(&self, alloc_seq: u64) -> Option<(Api, Api)> {
+        let (seq, a, f) = *self
+            .freed_calls
+            .get((alloc_seq % FREED_CAP as u64) as usize)?;
+        (seq == alloc_seq).then_some((a, f))
+    }
+
+    /// Tells the device memory still live at the end apart (see [`HeldAtExit`]).
+    fn classify_held(&mut self, still: &[Node]) {
+        let python = is_python(&self.header);
+        let cache_on = python && pytorch_cache_on(&self.header);
+        let reserved = self.cats[Category::Reservation as usize].started > 0;
+        let died = !matches!(self.end_reason.as_deref(), Some("exit" | "exec"));
+        let grain = |n: &Node| n.size > 0 && n.size.is_multiple_of(SEGMENT_GRAIN);
+        let h = &mut self.held;
+        for n in still {
+            let one = CountBytes {
+                count: 1,
+                bytes: n.size,
+            };
+            if n.category == Category::Reservation {
+                h.address_space.add(one);
+                continue;
+            }
+            if !n.category.is_device_memory() {
+                continue;
+            }
+            h.count = h.count.saturating_add(1);
+            h.bytes = h.bytes.saturating_add(n.size);
+            if cache_on && n.category == Category::Device && n.api == Api::CudaMalloc && grain(n) {
+                h.caching_allocator.add(one);
+            } else if cache_on && n.category == Category::Handle && reserved && grain(n) {
+                h.caching_allocator.add(one);
+                h.expandable_segments.add(one);
+            } else if python && n.category == Category::Device && !n.api.is_runtime() {
+                h.library.add(one);
+            } else if died {
+                h.process_died.add(one);
+            } else {
+                h.possible_leak.add(one);
+                if self.leaks.len() < LIST_CAP {
+                    self.leaks.push(HeldAllocation {
+                        trace: self.trace,
+                        pid: self.pid,
+                        seq: n.seq,
+                        ts_ns: n.ts_ns,
+                        tid: n.tid,
+                        device: n.device,
+                        api: n.api.name().into(),
+                        category: n.category.name().into(),
+                        ptr: n.ptr,
+                        handle: n.handle,
+                        size: n.size,
+                    });
+                }
+            }
+        }
+    }
+
+    fn stale_entry(&self, s: &isolate_trace::StaleLaunch, fault: Option<u64>) -> StaleLaunchEntry {
+        let calls = self.freed_call(s.alloc_seq);
+        StaleLaunchEntry {
+            trace: self.trace,
+            pid: self.pid,
+            seq: s.seq,
+            ts_ns: s.ts_ns,
+            tid: s.tid,
+            device: s.device,
+            api: s.api.name().into(),
+            kernel: s.kernel.clone(),
+            param_index: s.param_index,
+            param_offset: s.param_offset,
+            ptr: s.ptr,
+            allocation: s.alloc_seq,
+            alloc_ptr: s.alloc_ptr,
+            alloc_size: s.alloc_size,
+            freed_at: FreedAt {
+                seq: s.free_seq,
+                ts_ns: s.free_ts_ns,
+            },
+            fault,
+            alloc_api: calls.map(|(a, _)| a.name().into()),
+            free_api: calls.map(|(_, f)| f.name().into()),
+        }
     }
 }
 

@@ -1,72 +1,634 @@
-//! `isolate summary` as people read it: per trace, the process, what it allocated and still
-//! holds, and a plain verdict on stale writes and stale launches.
+//! `isolate summary` as people read it. Each trace: who the process was and how it ended, then
+//! its findings in plain words (what happened and where: events, calls, sizes, offsets), what it
+//! still held at exit (told apart from leaks), then the figures. Several traces: an overview
+//! first (every finding with its process, one line per process, the totals), then each trace.
+//! Every name comes from [`crate::words`].
 
-use super::{CategoryStats, DEVICE_MEMORY, DeviceStats, Summary, Totals, fault_name};
+use super::{
+    CategoryStats, DEVICE_MEMORY, DeviceFault, DeviceStats, FaultedCall, HeldAllocation,
+    HeldAtExit, InvalidFree, PoisonViolation, StaleLaunchEntry, Summary, Totals, TraceSummary,
+};
 use crate::track::Category;
-use crate::util::{hex, human_bytes, human_ns};
+use crate::util::{hex, human_ns};
+use crate::words::{
+    self, DEVICE_FAULT, DOUBLE_FREE, HELD_AT_EXIT, HELD_BY_CACHE, INVALID_FREE, LEAK, STALE_LAUNCH,
+    STALE_WRITE, call_result, count, cuda_error, event, heading, plural, size,
+};
+use isolate_trace::Api;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+
+/// Findings of one kind listed in text (all of them are in the JSON, up to its cap).
+const SHOWN: usize = 10;
+/// Findings listed in the overview of several traces, all kinds and traces together.
+const SHOWN_OVERVIEW: usize = 20;
 
 /// The summary as people read it.
 pub fn render_text(s: &Summary) -> String {
     let mut o = String::new();
-    for t in &s.traces {
-        let h = &t.header;
-        let _ = writeln!(o, "== {} ==", t.file);
-        let _ = writeln!(
-            o,
-            "process  pid {} (parent {}), {}{}",
-            h.pid,
-            h.ppid,
-            if h.exe.is_empty() { "?" } else { &h.exe },
-            match h.rank {
-                Some(r) => format!(
-                    ", rank {r}{}",
-                    h.world_size.map(|w| format!(" of {w}")).unwrap_or_default()
-                ),
-                None => String::new(),
-            }
-        );
-        if !h.argv.is_empty() {
-            let _ = writeln!(o, "command  {}", shell_words(&h.argv));
-        }
-        let _ = writeln!(
-            o,
-            "mode     {}   host {}   library {}",
-            or_dash(&h.mode),
-            or_dash(&h.hostname),
-            or_dash(&h.library_version)
-        );
-        if let (Some(a), Some(b)) = (t.first_ts_ns, t.last_ts_ns) {
-            let _ = writeln!(
-                o,
-                "span     {} over {} events",
-                human_ns(b.saturating_sub(a)),
-                t.totals.events
-            );
-        }
-        let _ = writeln!(
-            o,
-            "ended    {}",
-            match &t.end_reason {
-                Some(r) => r.clone(),
-                None => "no End record: the process did not exit cleanly (crash, kill, or still running)".into(),
-            }
-        );
-        if let Some(at) = t.totals.truncated {
-            let _ = writeln!(
-                o,
-                "TRUNCATED: the file ends inside a record at byte {at}; analysed up to there"
-            );
-        }
-        totals_text(&mut o, &t.totals, Some(&t.devices));
+    if s.traces.len() > 1 {
+        overview(&mut o, s);
         o.push('\n');
     }
-    if s.traces.len() > 1 {
-        let _ = writeln!(o, "== all {} traces ==", s.traces.len());
-        totals_text(&mut o, &s.totals, None);
+    for t in &s.traces {
+        trace_text(&mut o, t);
+        o.push('\n');
     }
     o
+}
+
+/// One trace: the process, its findings, what it held at exit, its figures.
+fn trace_text(o: &mut String, t: &TraceSummary) {
+    let h = &t.header;
+    let _ = writeln!(o, "== {} ==", t.file);
+    let _ = writeln!(
+        o,
+        "process  pid {} (parent {}), {}{}",
+        h.pid,
+        h.ppid,
+        if h.exe.is_empty() { "?" } else { &h.exe },
+        match h.rank {
+            Some(r) => format!(
+                ", rank {r}{}",
+                h.world_size.map(|w| format!(" of {w}")).unwrap_or_default()
+            ),
+            None => String::new(),
+        }
+    );
+    if !h.argv.is_empty() {
+        let _ = writeln!(o, "command  {}", shell_words(&h.argv));
+    }
+    let _ = writeln!(o, "ended    {}", ended(t));
+    if let Some(at) = t.totals.truncated {
+        let _ = writeln!(
+            o,
+            "TRUNCATED: the file ends inside a record at byte {at}; analysed up to there"
+        );
+    }
+    let f = findings(t);
+    let _ = writeln!(o, "{}", findings_headline(&f, None));
+    for line in f.lines.iter() {
+        let _ = writeln!(o, "  {line}");
+    }
+    held_text(o, &t.totals.held_at_exit, Some(t));
+    let _ = writeln!(
+        o,
+        "mode     {}   host {}   library {}",
+        or_dash(&h.mode),
+        or_dash(&h.hostname),
+        or_dash(&h.library_version)
+    );
+    if let (Some(a), Some(b)) = (t.first_ts_ns, t.last_ts_ns) {
+        let _ = writeln!(
+            o,
+            "span     {} over {}",
+            human_ns(b.saturating_sub(a)),
+            plural(t.totals.events, "event")
+        );
+    }
+    totals_text(o, &t.totals, Some(&t.devices));
+}
+
+/// Several traces: every finding naming its process, one line per process, and the totals.
+fn overview(o: &mut String, s: &Summary) {
+    let n = s.traces.len();
+    let _ = writeln!(o, "== {} ==", plural(n as u64, "trace"));
+    let per: Vec<Findings> = s.traces.iter().map(findings).collect();
+    let mut all = Findings::default();
+    for f in &per {
+        all.add_counts(f);
+    }
+    let with = per.iter().filter(|f| f.total() > 0).count();
+    let _ = writeln!(o, "{}", findings_headline(&all, Some((with, n))));
+    let mut shown = 0usize;
+    let mut left = 0usize;
+    for (t, f) in s.traces.iter().zip(&per) {
+        for line in &f.lines {
+            if line.starts_with('…') {
+                continue;
+            }
+            if shown < SHOWN_OVERVIEW {
+                let _ = writeln!(o, "  pid {} ({}): {line}", t.header.pid, t.file);
+                shown += 1;
+            } else {
+                left += 1;
+            }
+        }
+        left += f.unlisted;
+    }
+    if left > 0 {
+        let _ = writeln!(
+            o,
+            "  … and {} more (each trace below lists its own; --json has them all)",
+            count(left as u64)
+        );
+    }
+    // One line per process.
+    let rows: Vec<[String; 6]> = s
+        .traces
+        .iter()
+        .zip(&per)
+        .map(|(t, f)| {
+            [
+                t.header.pid.to_string(),
+                short_command(t),
+                t.totals.events.to_string(),
+                size(t.totals.peak_live_bytes),
+                match f.total() {
+                    0 => "none".into(),
+                    n => count(n),
+                },
+                t.file.clone(),
+            ]
+        })
+        .collect();
+    let head = ["pid", "command", "events", "peak", "findings", "trace"];
+    let mut w = head.map(|h| h.chars().count());
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let row = |o: &mut String, r: [&str; 6]| {
+        let mut line = String::from(" ");
+        for (i, c) in r.iter().enumerate() {
+            let pad = w[i].saturating_sub(c.chars().count());
+            line.push(' ');
+            if i == 2 {
+                // Numbers line up on the right.
+                line.push_str(&" ".repeat(pad));
+                line.push_str(c);
+            } else {
+                line.push_str(c);
+                if i + 1 < r.len() {
+                    line.push_str(&" ".repeat(pad));
+                }
+            }
+            line.push(' ');
+        }
+        let _ = writeln!(o, "{}", line.trim_end());
+    };
+    let _ = writeln!(o, "processes");
+    row(o, head);
+    for r in &rows {
+        row(o, [&r[0], &r[1], &r[2], &r[3], &r[4], &r[5]]);
+    }
+    let t = &s.totals;
+    let _ = writeln!(
+        o,
+        "total    {}; {}, {}; peak {} of device memory: the sum of per-process peaks (not \
+         simultaneous)",
+        plural(t.events, "event"),
+        plural(t.allocations, "allocation"),
+        plural(t.frees, "free"),
+        size(t.peak_live_bytes)
+    );
+    held_text(o, &t.held_at_exit, None);
+    if !t.complete {
+        let _ = writeln!(o, "incomplete: a trace has no End record");
+    }
+}
+
+/// `python3 train.py --steps 50`: the command without directories, at most 48 characters.
+fn short_command(t: &TraceSummary) -> String {
+    let h = &t.header;
+    let base = |s: &str| s.rsplit('/').next().unwrap_or(s).to_owned();
+    let words: Vec<String> = if h.argv.is_empty() {
+        vec![if h.exe.is_empty() {
+            "?".into()
+        } else {
+            base(&h.exe)
+        }]
+    } else {
+        h.argv
+            .iter()
+            .map(|a| {
+                if a.starts_with('/') {
+                    base(a)
+                } else {
+                    a.clone()
+                }
+            })
+            .collect()
+    };
+    let s = shell_words(&words);
+    if s.chars().count() > 48 {
+        let mut c: String = s.chars().take(47).collect();
+        c.push('…');
+        c
+    } else {
+        s
+    }
+}
+
+/// How the process ended, in words.
+fn ended(t: &TraceSummary) -> String {
+    match t.end_reason.as_deref() {
+        Some(r) => match r.strip_prefix("signal ").and_then(|n| n.parse().ok()) {
+            Some(n) => format!("killed by signal {}", words::signal(n)),
+            None => r.to_owned(),
+        },
+        None => {
+            "no End record: the process did not exit cleanly (crash, kill, or still running)".into()
+        }
+    }
+}
+
+/// One trace's findings: counts by kind and one line each (capped).
+#[derive(Default)]
+struct Findings {
+    stale_writes: u64,
+    stale_launches: u64,
+    invalid_frees: u64,
+    double_frees: u64,
+    device_faults: u64,
+    leaks: u64,
+    leak_bytes: u64,
+    lines: Vec<String>,
+    /// Findings not given a line (past the caps).
+    unlisted: usize,
+}
+
+impl Findings {
+    fn total(&self) -> u64 {
+        [
+            self.stale_writes,
+            self.stale_launches,
+            self.invalid_frees,
+            self.double_frees,
+            self.device_faults,
+            self.leaks,
+        ]
+        .iter()
+        .fold(0u64, |a, &b| a.saturating_add(b))
+    }
+
+    fn add_counts(&mut self, o: &Findings) {
+        let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
+        add(&mut self.stale_writes, o.stale_writes);
+        add(&mut self.stale_launches, o.stale_launches);
+        add(&mut self.invalid_frees, o.invalid_frees);
+        add(&mut self.double_frees, o.double_frees);
+        add(&mut self.device_faults, o.device_faults);
+        add(&mut self.leaks, o.leaks);
+        add(&mut self.leak_bytes, o.leak_bytes);
+    }
+
+    /// `1 stale write, 2 double frees`.
+    fn kinds(&self) -> String {
+        let mut parts = Vec::new();
+        for (n, what) in [
+            (self.stale_writes, STALE_WRITE),
+            (self.stale_launches, STALE_LAUNCH),
+            (self.double_frees, DOUBLE_FREE),
+            (self.invalid_frees, INVALID_FREE),
+            (self.device_faults, DEVICE_FAULT),
+        ] {
+            if n > 0 {
+                parts.push(plural(n, what));
+            }
+        }
+        if self.leaks > 0 {
+            parts.push(format!(
+                "{} ({})",
+                plural(self.leaks, LEAK),
+                size(self.leak_bytes)
+            ));
+        }
+        parts.join(", ")
+    }
+
+    /// Adds the lines of one kind, at most [`SHOWN`], and a last line for the rest.
+    fn list<T>(&mut self, items: &[T], total: u64, what: &str, line: impl Fn(&T) -> String) {
+        for it in items.iter().take(SHOWN) {
+            self.lines.push(line(it));
+        }
+        let listed = items.len().min(SHOWN) as u64;
+        if total > listed {
+            let more = total - listed;
+            self.unlisted += usize::try_from(more).unwrap_or(usize::MAX);
+            self.lines
+                .push(format!("… and {} more", plural(more, what)));
+        }
+    }
+}
+
+/// `FINDINGS: 1 stale write, 1 stale launch` or `findings: none (…)`.
+fn findings_headline(f: &Findings, of: Option<(usize, usize)>) -> String {
+    if f.total() == 0 {
+        return format!(
+            "findings: none (no {STALE_WRITE}, {STALE_LAUNCH}, {INVALID_FREE}, {DOUBLE_FREE}, \
+             {DEVICE_FAULT} or {LEAK})"
+        );
+    }
+    let mut s = format!("FINDINGS: {}", f.kinds());
+    if let Some((with, n)) = of {
+        let _ = write!(s, ", in {with} of {}", plural(n as u64, "process"));
+    }
+    s
+}
+
+fn findings(t: &TraceSummary) -> Findings {
+    let x = &t.totals;
+    let mut f = Findings {
+        stale_writes: x.poison_violation_count,
+        stale_launches: x.stale_launch_count,
+        invalid_frees: x.invalid_free_count.saturating_sub(x.double_free_count),
+        double_frees: x.double_free_count,
+        leaks: x.held_at_exit.possible_leak.count,
+        leak_bytes: x.held_at_exit.possible_leak.bytes,
+        ..Findings::default()
+    };
+    f.list(
+        &x.poison_violations,
+        x.poison_violation_count,
+        STALE_WRITE,
+        stale_write_line,
+    );
+    f.list(
+        &x.stale_launches,
+        x.stale_launch_count,
+        STALE_LAUNCH,
+        stale_launch_line,
+    );
+    f.device_faults = x.device_fault_count;
+    if x.device_faults.is_empty() {
+        if let Some(c) = &t.first_faulted_call {
+            f.lines.push(faulted_call_line(c));
+        }
+    } else {
+        f.list(
+            &x.device_faults,
+            f.device_faults,
+            DEVICE_FAULT,
+            device_fault_line,
+        );
+    }
+    f.list(
+        &x.invalid_frees,
+        x.invalid_free_count,
+        "invalid or double free",
+        invalid_free_line,
+    );
+    f.list(
+        &x.possible_leaks,
+        x.held_at_exit.possible_leak.count,
+        LEAK,
+        leak_line,
+    );
+    f
+}
+
+/// `the 4.0 MiB allocation at 0x… (cudaMalloc, event 0)`.
+fn allocation(bytes: u64, ptr: u64, api: Option<&str>, seq: u64) -> String {
+    format!(
+        "a {} allocation at {} ({}{})",
+        size(bytes),
+        hex(ptr),
+        api.map(|a| format!("{a}, ")).unwrap_or_default(),
+        event(seq)
+    )
+}
+
+fn stale_write_line(v: &PoisonViolation) -> String {
+    format!(
+        "{}: {} changed from offset {} of {} after it was freed ({}, {})",
+        heading(STALE_WRITE),
+        plural(v.changed_bytes, "byte"),
+        count(v.first_offset),
+        allocation(v.size, v.ptr, v.alloc_api.as_deref(), v.alloc_seq),
+        v.free_api,
+        event(v.free_seq)
+    )
+}
+
+fn stale_launch_line(s: &StaleLaunchEntry) -> String {
+    let mut l = format!(
+        "{}: kernel {} ({}, {}) got parameter {} = {}, offset {} into {} after it was freed \
+         ({}{})",
+        heading(STALE_LAUNCH),
+        s.kernel.escape_debug(),
+        s.api,
+        event(s.seq),
+        s.param_index,
+        hex(s.ptr),
+        count(s.ptr.saturating_sub(s.alloc_ptr)),
+        allocation(
+            s.alloc_size,
+            s.alloc_ptr,
+            s.alloc_api.as_deref(),
+            s.allocation
+        ),
+        s.free_api
+            .as_deref()
+            .map(|a| format!("{a}, "))
+            .unwrap_or_default(),
+        event(s.freed_at.seq)
+    );
+    if let Some(code) = s.fault {
+        let _ = write!(
+            l,
+            "; the pointer led into unmapped guard memory and a {DEVICE_FAULT} followed: {}",
+            cuda_error(code)
+        );
+    }
+    l
+}
+
+fn device_fault_line(f: &DeviceFault) -> String {
+    let mut l = match &f.call {
+        Some(c) => faulted_call_line(c),
+        None => format!(
+            "{} at {}: {}: the device faulted ({})",
+            heading(DEVICE_FAULT),
+            event(f.seq),
+            cuda_error(f.code),
+            words::device_fault(f.code)
+        ),
+    };
+    if f.suspects > 0 {
+        let _ = write!(
+            l,
+            "; {} since the last clean synchronisation got a pointer into freed memory (the \
+             {} above)",
+            plural(f.suspects, "launch"),
+            words::noun(f.suspects, STALE_LAUNCH)
+        );
+    }
+    l
+}
+
+fn faulted_call_line(c: &FaultedCall) -> String {
+    let api = Api::from_name(&c.api);
+    format!(
+        "{}: {} ({}) returned {}: a kernel before it faulted ({})",
+        heading(DEVICE_FAULT),
+        c.api,
+        event(c.seq),
+        match api {
+            Some(a) => words::cuda_error_for(a, c.code),
+            None => cuda_error(c.code),
+        },
+        words::device_fault(c.code)
+    )
+}
+
+fn invalid_free_line(f: &InvalidFree) -> String {
+    let what = if f.kind == "release" {
+        format!("handle {}", hex(f.handle))
+    } else {
+        hex(f.ptr)
+    };
+    let refused = match f.result {
+        0 => String::new(),
+        r => format!(
+            ", refused with {}",
+            match Api::from_name(&f.api) {
+                Some(a) => call_result(a, r),
+                None => r.to_string(),
+            }
+        ),
+    };
+    let call = format!(
+        "{} of {what} ({}, tid {}{refused})",
+        f.api,
+        event(f.seq),
+        f.tid
+    );
+    match (&f.first_free, &f.allocated) {
+        (Some(first), Some(a)) => format!(
+            "{}: {call}: already freed by {} ({}, tid {}); allocated by {} ({}, tid {})",
+            heading(DOUBLE_FREE),
+            first.api,
+            event(first.seq),
+            first.tid,
+            a.api,
+            event(a.seq),
+            a.tid
+        ),
+        _ => format!(
+            "{}: {call}: {}",
+            heading(INVALID_FREE),
+            match f.kind.as_str() {
+                "address_free" => "no reservation starts there",
+                "release" => "no such handle is live",
+                "unmap" => "nothing is mapped there",
+                "unregister" => "nothing registered starts there",
+                _ => "nothing live starts there",
+            }
+        ),
+    }
+}
+
+fn leak_line(l: &HeldAllocation) -> String {
+    let what = if l.category == "handle" {
+        format!("handle {}", hex(l.handle))
+    } else {
+        hex(l.ptr)
+    };
+    format!(
+        "{}: {} allocated by {} ({}, tid {}) at {what}, still held at exit: not a caching \
+         allocator's",
+        heading(LEAK),
+        size(l.size),
+        l.api,
+        event(l.seq),
+        l.tid
+    )
+}
+
+/// `held at exit: …` and one line for each share of it.
+fn held_text(o: &mut String, h: &HeldAtExit, t: Option<&TraceSummary>) {
+    if h.count == 0 {
+        let _ = writeln!(o, "{HELD_AT_EXIT}: nothing (all device memory was freed)");
+    } else {
+        let verdict = if h.possible_leak.count > 0 {
+            format!(
+                "; {} of it not explained ({LEAK})",
+                size(h.possible_leak.bytes)
+            )
+        } else if h.process_died.count > 0 {
+            String::new()
+        } else {
+            ": none of it looks like a leak".into()
+        };
+        let _ = writeln!(
+            o,
+            "{HELD_AT_EXIT}: {} ({}) of device memory{verdict}",
+            plural(h.count, "allocation"),
+            size(h.bytes)
+        );
+        let share = |n: &crate::summary::CountBytes| {
+            format!("{} ({})", plural(n.count, "allocation"), size(n.bytes))
+        };
+        let segments = crate::summary::CountBytes {
+            count: h
+                .caching_allocator
+                .count
+                .saturating_sub(h.expandable_segments.count),
+            bytes: h
+                .caching_allocator
+                .bytes
+                .saturating_sub(h.expandable_segments.bytes),
+        };
+        if segments.count > 0 {
+            let _ = writeln!(
+                o,
+                "  {}: {HELD_BY_CACHE}: PyTorch's segments (cudaMalloc, multiples of 2 MiB)",
+                share(&segments)
+            );
+        }
+        if h.expandable_segments.count > 0 {
+            let _ = writeln!(
+                o,
+                "  {}: {HELD_BY_CACHE}: PyTorch's expandable segments (cuMemCreate handles)",
+                share(&h.expandable_segments)
+            );
+        }
+        if h.library.count > 0 {
+            let _ = writeln!(
+                o,
+                "  {}: {HELD_AT_EXIT} by CUDA libraries (normal): driver allocations below the \
+                 runtime, such as cuBLAS's workspaces",
+                share(&h.library)
+            );
+        }
+        if h.process_died.count > 0 {
+            let who = match t {
+                Some(t) => format!("a process that died ({})", died_how(t)),
+                None => "processes that died".into(),
+            };
+            let _ = writeln!(o, "  {}: held by {who}: not judged", share(&h.process_died));
+        }
+        if h.possible_leak.count > 0 {
+            let _ = writeln!(
+                o,
+                "  {}: {LEAK}: nothing explains {} (listed under findings)",
+                share(&h.possible_leak),
+                them(h.possible_leak.count)
+            );
+        }
+    }
+    if h.address_space.count > 0 {
+        let _ = writeln!(
+            o,
+            "  and {} of address space still reserved ({}, cuMemAddressReserve): address space, \
+             not memory",
+            size(h.address_space.bytes),
+            plural(h.address_space.count, "range")
+        );
+    }
+}
+
+fn them(n: u64) -> &'static str {
+    if n == 1 { "it" } else { "them" }
+}
+
+fn died_how(t: &TraceSummary) -> String {
+    match t.signal {
+        Some(n) => format!("killed by signal {}", words::signal(n)),
+        None => "no End record".into(),
+    }
 }
 
 fn or_dash(s: &str) -> &str {
@@ -98,58 +660,81 @@ fn device_memory_parts(t: &Totals, figure: impl Fn(&CategoryStats) -> u64) -> Op
         .filter_map(|c| {
             let n = figure(t.categories.get(c.name())?);
             let what = match c {
-                Category::Handle => "VMM handles",
-                c => c.name(),
+                Category::Handle => words::plural(n, "VMM handle"),
+                c => format!("{} {}", count(n), c.name()),
             };
-            (n > 0).then(|| format!("{n} {what}"))
+            (n > 0).then_some(what)
         })
         .collect();
     (parts.len() > 1).then(|| parts.join(", "))
 }
 
+/// `3 failed: 2 (cudaErrorMemoryAllocation) ×2, 1 (cudaErrorInvalidValue)`.
+fn failed_codes(api: &str, codes: Option<&BTreeMap<String, u64>>) -> String {
+    let Some(codes) = codes else {
+        return String::new();
+    };
+    let mut v: Vec<(Option<i64>, &String, u64)> = codes
+        .iter()
+        .map(|(k, n)| (k.parse::<i64>().ok(), k, *n))
+        .collect();
+    v.sort_by_key(|(c, _, _)| (c.is_none(), *c));
+    let a = Api::from_name(api);
+    let parts: Vec<String> = v
+        .iter()
+        .map(|(c, k, n)| {
+            let name = match (c, a) {
+                (Some(c), Some(a)) => i32::try_from(*c)
+                    .map(|c| call_result(a, c))
+                    .unwrap_or_else(|_| k.to_string()),
+                _ => format!("{k} codes"),
+            };
+            if *n > 1 {
+                format!("{name} ×{}", count(*n))
+            } else {
+                name
+            }
+        })
+        .collect();
+    format!(": {}", parts.join(", "))
+}
+
 fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, DeviceStats>>) {
     let sum = |m: &BTreeMap<String, u64>| m.values().fold(0u64, |a, &b| a.saturating_add(b));
     let (calls, failed) = (sum(&t.calls), sum(&t.failed));
-    let _ = writeln!(o, "calls    {calls} ({failed} failed)");
+    let _ = writeln!(o, "calls    {} ({} failed)", count(calls), count(failed));
     for (api, n) in &t.calls {
         let f = t.failed.get(api).copied().unwrap_or(0);
         if f > 0 {
-            let _ = writeln!(o, "  {api:<30} {n:>10}  {f} failed");
+            let _ = writeln!(
+                o,
+                "  {api:<30} {n:>10}  {} failed{}",
+                count(f),
+                failed_codes(api, t.failed_results.get(api))
+            );
         } else {
             let _ = writeln!(o, "  {api:<30} {n:>10}");
         }
     }
     let _ = writeln!(
         o,
-        "memory   {} allocations{}, {} frees; peak {} of device memory",
-        t.allocations,
+        "memory   {}{}, {}; peak {} of device memory",
+        plural(t.allocations, "allocation"),
         device_memory_parts(t, |c| c.started).map_or(String::new(), |p| format!(" ({p})")),
-        t.frees,
-        human_bytes(t.peak_live_bytes)
+        plural(t.frees, "free"),
+        size(t.peak_live_bytes)
     );
-    if t.live_at_end.count > 0 {
-        let _ = writeln!(
-            o,
-            "LEAK?    {} device allocations ({}) still held at the end{}",
-            t.live_at_end.count,
-            human_bytes(t.live_at_end.bytes),
-            device_memory_parts(t, |c| c.live_at_end.count)
-                .map_or(String::new(), |p| format!(": {p}"))
-        );
-    } else {
-        let _ = writeln!(o, "         no device memory held at the end");
-    }
     if let Some(devs) = devices
         && (devs.len() > 1 || devs.keys().any(|k| k != "0"))
     {
         for (d, s) in devs {
             let _ = writeln!(
                 o,
-                "  device {d:<3} {} allocations, peak {}, {} ({}) held at the end",
-                s.allocations,
-                human_bytes(s.peak_live_bytes),
-                s.live_at_end.count,
-                human_bytes(s.live_at_end.bytes)
+                "  device {d:<3} {}, peak {}, {} ({}) {HELD_AT_EXIT}",
+                plural(s.allocations, "allocation"),
+                size(s.peak_live_bytes),
+                count(s.live_at_end.count),
+                size(s.live_at_end.bytes)
             );
         }
     }
@@ -157,21 +742,21 @@ fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, Dev
     if let Some(g) = g.filter(|g| g.started > 0) {
         let _ = writeln!(
             o,
-            "graph    {} graph memory nodes, peak {}, {} held at the end",
-            g.started,
-            human_bytes(g.peak_live_bytes),
-            g.live_at_end.count
+            "graph    {}, peak {}, {} {HELD_AT_EXIT}",
+            plural(g.started, "graph memory node"),
+            size(g.peak_live_bytes),
+            count(g.live_at_end.count)
         );
     }
     if t.host.allocations > 0 || t.host.registered_at_end.count > 0 {
         let _ = writeln!(
             o,
-            "host     {} pinned allocations, peak {}, {} ({}) held at the end; {} registrations left",
-            t.host.allocations,
-            human_bytes(t.host.peak_live_bytes),
-            t.host.live_at_end.count,
-            human_bytes(t.host.live_at_end.bytes),
-            t.host.registered_at_end.count
+            "host     {}, peak {}, {} ({}) {HELD_AT_EXIT}; {} left",
+            plural(t.host.allocations, "pinned allocation"),
+            size(t.host.peak_live_bytes),
+            count(t.host.live_at_end.count),
+            size(t.host.live_at_end.bytes),
+            plural(t.host.registered_at_end.count, "registration")
         );
     }
     if let Some(r) = t.categories.get("reservation").filter(|r| r.started > 0) {
@@ -179,58 +764,21 @@ fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, Dev
         let m = &t.categories["mapping"];
         let _ = writeln!(
             o,
-            "vmm      {} reservations, {} handles created ({} released), {} mappings",
-            r.started, h.started, h.ended, m.started
+            "vmm      {}, {} created ({} released), {}",
+            plural(r.started, "reservation"),
+            plural(h.started, "handle"),
+            count(h.ended),
+            plural(m.started, "mapping")
         );
-    }
-    if t.invalid_free_count > 0 {
-        let doubles = match t.double_free_count {
-            0 => String::new(),
-            n => format!(" ({n} double free{})", if n == 1 { "" } else { "s" }),
-        };
-        let _ = writeln!(
-            o,
-            "INVALID  {} frees of memory that was not live{doubles}:",
-            t.invalid_free_count
-        );
-        for f in t.invalid_frees.iter().take(10) {
-            let what = if f.kind == "release" {
-                format!("handle {}", hex(f.handle))
-            } else {
-                hex(f.ptr)
-            };
-            let refused = match f.result {
-                0 => String::new(),
-                r => format!(", refused with error {r}"),
-            };
-            let _ = write!(
-                o,
-                "  seq {} {} {what} (tid {}{refused})",
-                f.seq, f.api, f.tid
-            );
-            match (&f.first_free, &f.allocated) {
-                (Some(first), Some(a)) => {
-                    let _ = writeln!(
-                        o,
-                        ": DOUBLE FREE, first freed at seq {} by {} (tid {}), allocated at seq {} \
-                         by {} (tid {})",
-                        first.seq, first.api, first.tid, a.seq, a.api, a.tid
-                    );
-                }
-                _ => {
-                    let _ = writeln!(o, ": nothing live starts there");
-                }
-            }
-        }
     }
     let sq = &t.sequence;
     if sq.gaps > 0 || sq.late > 0 {
         let _ = writeln!(
             o,
-            "order    {} sequence numbers never recorded (calls in flight when the process \
-             ended), {} records too far out of order to put back{}",
-            sq.gaps,
-            sq.late,
+            "order    {} never recorded (calls in flight when the process ended), {} too far \
+             out of order to put back{}",
+            plural(sq.gaps, "sequence number"),
+            plural(sq.late, "record"),
             if sq.late > 0 {
                 ": findings about them may be off"
             } else {
@@ -242,100 +790,49 @@ fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, Dev
         let _ = writeln!(
             o,
             "late     loaded after CUDA was in use (dlopen, not LD_PRELOAD): memory allocated \
-             before is not in the trace; {} frees of such memory, not counted as invalid",
-            t.frees_of_earlier_allocations
+             before is not in the trace; {} of such memory, not counted as invalid",
+            plural(t.frees_of_earlier_allocations, "free")
         );
     } else if t.frees_of_earlier_allocations > 0 {
         let _ = writeln!(
             o,
-            "unseen   {} frees the driver accepted of memory the trace never saw allocated (an \
+            "unseen   {} the driver accepted of memory the trace never saw allocated (an \
              entry point isolate does not record); not counted as invalid",
-            t.frees_of_earlier_allocations
+            plural(t.frees_of_earlier_allocations, "free")
         );
     }
     if t.lost > 0 {
         let _ = writeln!(
             o,
-            "lost     {} allocations whose free the trace never showed",
-            t.lost
+            "lost     {} whose free the trace never showed",
+            plural(t.lost, "allocation")
         );
     }
     let q = &t.quarantine;
     if q.peak_bytes > 0 || q.releases > 0 {
         let _ = writeln!(
             o,
-            "quarantine peak {}, {} releases ({} early)",
-            human_bytes(q.peak_bytes),
-            q.releases,
-            q.early_releases
-        );
-    }
-    if t.poison_violation_count == 0 {
-        let _ = writeln!(o, "stale writes: none found");
-    } else {
-        let _ = writeln!(
-            o,
-            "STALE WRITES: {} freed allocations were written to after their free:",
-            t.poison_violation_count
-        );
-        for v in t.poison_violations.iter().take(20) {
-            let _ = writeln!(
-                o,
-                "  {} ({} B, alloc seq {}, freed seq {} by {}): {} bytes changed from offset {}",
-                hex(v.ptr),
-                v.size,
-                v.alloc_seq,
-                v.free_seq,
-                v.free_api,
-                v.changed_bytes,
-                v.first_offset
-            );
-        }
-    }
-    if t.stale_launch_count == 0 {
-        let _ = writeln!(o, "stale launches: none found");
-    } else {
-        let _ = writeln!(
-            o,
-            "STALE LAUNCHES: {} kernels were launched with a pointer into freed memory:",
-            t.stale_launch_count
-        );
-        for s in t.stale_launches.iter().take(20) {
-            let _ = writeln!(
-                o,
-                "  {} param {} = {} (into {} B at {}, alloc seq {}, freed seq {})",
-                s.kernel.escape_debug(),
-                s.param_index,
-                hex(s.ptr),
-                s.alloc_size,
-                hex(s.alloc_ptr),
-                s.allocation,
-                s.freed_at.seq
-            );
-            if let Some(code) = s.fault {
-                let _ = writeln!(
-                    o,
-                    "    (unmapped guard memory; a device fault, error {code}, followed the launch)"
-                );
-            }
-        }
-    }
-    for f in t.device_faults.iter().take(10) {
-        let _ = writeln!(
-            o,
-            "FAULT    seq {}: CUDA error {} ({}), {} suspect launch(es) named above",
-            f.seq,
-            f.code,
-            fault_name(f.code),
-            f.suspects
+            "quarantine peak {}, {} ({} early)",
+            size(q.peak_bytes),
+            plural(q.releases, "release"),
+            count(q.early_releases)
         );
     }
     if t.stale_value_count > 0 {
         let _ = writeln!(
             o,
-            "stale values: {} pointers into freed, unmapped guard memory passed to kernels that \
-             never used them (no fault followed; not errors)",
-            t.stale_value_count
+            "stale values: {}",
+            if t.stale_value_count == 1 {
+                "1 pointer into freed, unmapped guard memory passed to a kernel that never used \
+                 it (no fault followed; not an error)"
+                    .to_owned()
+            } else {
+                format!(
+                    "{} pointers into freed, unmapped guard memory passed to kernels that never \
+                     used them (no fault followed; not errors)",
+                    count(t.stale_value_count)
+                )
+            }
         );
     }
     if !t.complete {

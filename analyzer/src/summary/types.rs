@@ -48,6 +48,8 @@ pub struct DeviceStats {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PoisonViolation {
     pub trace: usize,
+    /// The process (the trace header's pid).
+    pub pid: u32,
     pub seq: u64,
     pub ts_ns: u64,
     pub device: i32,
@@ -60,6 +62,8 @@ pub struct PoisonViolation {
     pub free_seq: u64,
     pub freed_at_ns: u64,
     pub free_api: String,
+    /// The call that made the allocation, when the summary still knew it (null otherwise).
+    pub alloc_api: Option<String>,
 }
 
 /// Where a stale launch's pointer led: the allocation and its free.
@@ -73,6 +77,8 @@ pub struct FreedAt {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct StaleLaunchEntry {
     pub trace: usize,
+    /// The process (the trace header's pid).
+    pub pid: u32,
     pub seq: u64,
     pub ts_ns: u64,
     pub tid: u32,
@@ -92,12 +98,17 @@ pub struct StaleLaunchEntry {
     /// Guard mode: the pointer led into unmapped memory and a device fault followed (its error
     /// code); null for a pointer into quarantine (found by the launch check alone).
     pub fault: Option<u64>,
+    /// The calls that made and freed the allocation, when the summary still knew them.
+    pub alloc_api: Option<String>,
+    pub free_api: Option<String>,
 }
 
 /// A device fault that a call the library saw returned.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DeviceFault {
     pub trace: usize,
+    /// The process (the trace header's pid).
+    pub pid: u32,
     pub seq: u64,
     pub ts_ns: u64,
     /// The CUDA error code (700: illegal address, 719: launch failure, …).
@@ -105,12 +116,27 @@ pub struct DeviceFault {
     /// Launches named as suspects: guarded stale values launched since the last device-wide
     /// synchronisation seen to succeed (they follow as stale launches with `fault` set).
     pub suspects: u64,
+    /// The first call of the trace that returned a device-fault code (the call that reported
+    /// the fault), when there is one.
+    pub call: Option<FaultedCall>,
+}
+
+/// A call that returned a device-fault error code (700, 714–719).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FaultedCall {
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub tid: u32,
+    pub api: String,
+    pub code: u64,
 }
 
 /// A successful call that gave back something that was not live.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct InvalidFree {
     pub trace: usize,
+    /// The process (the trace header's pid).
+    pub pid: u32,
     /// `free`, `address_free`, `release`, `unmap` or `unregister`.
     pub kind: String,
     pub seq: u64,
@@ -220,6 +246,64 @@ pub struct WriterStats {
     pub queue_wait_ns: u64,
 }
 
+/// Device memory still held when the process ended, told apart by what explains it. The four
+/// shares add up to `count` and `bytes` (which equal `live_at_end`); address space is apart.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HeldAtExit {
+    pub count: u64,
+    pub bytes: u64,
+    /// Held by a caching allocator, which keeps what it got from CUDA until the process ends
+    /// (normal): in a Python process whose PyTorch cache is not known to be off, `cudaMalloc`
+    /// segments whose size is a multiple of 2 MiB, and physical handles (`cuMemCreate`,
+    /// multiples of 2 MiB) of expandable segments.
+    pub caching_allocator: CountBytes,
+    /// Of `caching_allocator`: the physical handles of expandable segments.
+    pub expandable_segments: CountBytes,
+    /// Held by CUDA libraries below the runtime (normal): driver allocations (`cuMemAlloc_v2`,
+    /// `cuMemAllocAsync`) in a Python process, cuBLAS's workspaces among them.
+    pub library: CountBytes,
+    /// The rest, when the process did not exit (killed by a signal, no End record): not judged.
+    pub process_died: CountBytes,
+    /// The rest, when the process exited: memory nothing explains, listed in `possible_leaks`.
+    pub possible_leak: CountBytes,
+    /// Address space still reserved (`cuMemAddressReserve` ranges): not memory.
+    pub address_space: CountBytes,
+}
+
+impl HeldAtExit {
+    pub(super) fn add(&mut self, o: &HeldAtExit) {
+        self.count = self.count.saturating_add(o.count);
+        self.bytes = self.bytes.saturating_add(o.bytes);
+        self.caching_allocator.add(o.caching_allocator);
+        self.expandable_segments.add(o.expandable_segments);
+        self.library.add(o.library);
+        self.process_died.add(o.process_died);
+        self.possible_leak.add(o.possible_leak);
+        self.address_space.add(o.address_space);
+    }
+}
+
+/// One allocation still held at exit that nothing explains (a possible leak).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HeldAllocation {
+    pub trace: usize,
+    /// The process (the trace header's pid).
+    pub pid: u32,
+    /// The event that made it.
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub tid: u32,
+    pub device: i32,
+    pub api: String,
+    /// `device`, `managed` or `handle`.
+    pub category: String,
+    #[serde(serialize_with = "ser_hex")]
+    pub ptr: u64,
+    #[serde(serialize_with = "ser_hex")]
+    pub handle: u64,
+    pub size: u64,
+}
+
 /// The header of a trace, as the summary shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct HeaderInfo {
@@ -265,6 +349,9 @@ pub struct Totals {
     pub calls: BTreeMap<String, u64>,
     /// API name → failed calls.
     pub failed: BTreeMap<String, u64>,
+    /// API name → what its failed calls returned: error code (decimal) → calls. At most 32
+    /// codes an API; further codes are counted under `other`.
+    pub failed_results: BTreeMap<String, BTreeMap<String, u64>>,
     /// Event records read.
     pub events: u64,
     /// Device memory allocations: successful device and managed allocations and physical
@@ -275,11 +362,23 @@ pub struct Totals {
     /// Calls that ended one of those (frees, `cuMemRelease`).
     pub frees: u64,
     /// Peak device memory in use: device + managed allocations + physical handles. For several
-    /// traces, the sum of their peaks.
+    /// traces, the sum of their peaks (see `peak_is_sum_of_processes`).
     pub peak_live_bytes: u64,
+    /// True when `peak_live_bytes` adds up the peaks of several traces: they need not have
+    /// happened at the same time, so the figure is not a peak of anything.
+    pub peak_is_sum_of_processes: bool,
     /// Device memory still held at the end: of [`Totals::allocations`], those neither freed nor
     /// lost (`allocations = frees + lost device memory + live_at_end.count`).
     pub live_at_end: CountBytes,
+    /// `live_at_end` told apart: what a caching allocator or a library holds (normal), what a
+    /// process that died held, and possible leaks; and address space still reserved.
+    pub held_at_exit: HeldAtExit,
+    /// The first [`LIST_CAP`](super::LIST_CAP) allocations of `held_at_exit.possible_leak`.
+    pub possible_leaks: Vec<HeldAllocation>,
+    /// Findings, all kinds together: stale writes, stale launches, invalid frees (double frees
+    /// included), device faults (a trace whose calls returned a fault code without a
+    /// device-fault note counts one) and possible leaks (allocations).
+    pub findings: u64,
     pub invalid_free_count: u64,
     /// Of those, frees of something already freed (double frees).
     pub double_free_count: u64,
@@ -303,6 +402,10 @@ pub struct Totals {
     pub stale_value_count: u64,
     pub stale_values: Vec<StaleLaunchEntry>,
     pub device_faults: Vec<DeviceFault>,
+    /// Device faults as findings: per trace, its noted device faults, or 1 when none was noted
+    /// but a call returned a device-fault code (`first_faulted_call`: traces of older
+    /// libraries); for several traces, the sum.
+    pub device_fault_count: u64,
     pub quarantine: Quarantine,
     pub host: HostStats,
     /// Category name → its figures (device, managed, graph, host, registered, reservation,
@@ -334,6 +437,10 @@ pub struct TraceSummary {
     pub last_ts_ns: Option<u64>,
     /// Device ordinal → its figures.
     pub devices: BTreeMap<String, DeviceStats>,
+    /// The first call that returned a device-fault code (null when none did), whether or not
+    /// the library noted a device fault (traces of older libraries have no such note).
+    pub first_faulted_call: Option<FaultedCall>,
+
     #[serde(flatten)]
     pub totals: Totals,
 }

@@ -254,7 +254,7 @@ pub fn from_env(
     let test_writer_stall_ms = var("ISOLATE_TEST_WRITER_STALL_MS")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    let pairs = vec![
+    let mut pairs = vec![
         ("ISOLATE_MODE".to_string(), mode.name().to_string()),
         ("ISOLATE_TRACE".to_string(), trace.clone()),
         (
@@ -285,6 +285,13 @@ pub fn from_env(
             if check_launch { "on" } else { "off" }.to_string(),
         ),
     ];
+    // PyTorch's allocator settings, when set: the analyzer tells a caching allocator's held
+    // memory from a leak by them (recorded, never read by the library).
+    for k in ["PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF"] {
+        if let Some(v) = var(k) {
+            pairs.push((k.to_string(), v));
+        }
+    }
     Ok(Config {
         mode,
         trace,

@@ -86,6 +86,7 @@ macro_rules! hooks {
     };
 }
 
+pub mod api;
 pub mod dl;
 pub mod dlopen;
 pub mod driver;

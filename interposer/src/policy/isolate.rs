@@ -660,9 +660,13 @@ fn report(e: &Entry, first: u64, changed: u64) {
         free_api: e.free_api,
     };
     warn(&format!(
-        "STALE WRITE: {changed} byte(s) of freed allocation 0x{:x} ({} bytes, freed by {} at event {}) changed \
+        "STALE WRITE: {changed} {} of freed allocation 0x{:x} ({} bytes, freed by {} at event {}) changed \
          after the free; first at offset {first}",
-        e.ptr, e.size, e.free_api, e.free_seq
+        if changed == 1 { "byte" } else { "bytes" },
+        e.ptr,
+        e.size,
+        e.free_api,
+        e.free_seq
     ));
     writer::submit(Record::Violation(v));
 }

@@ -193,7 +193,7 @@ impl Found {
         } else if first {
             // Recorded and said once per kernel and allocation.
             warn(&format!(
-                "STALE POINTER: kernel {} got 0x{ptr:x} (parameter {index}, byte {offset}), inside \
+                "STALE LAUNCH: kernel {} got 0x{ptr:x} (parameter {index}, byte {offset}), inside \
                  allocation 0x{:x} ({} bytes) freed at event {}",
                 h.layout.name, e.ptr, e.size, e.free_seq
             ));

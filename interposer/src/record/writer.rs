@@ -114,6 +114,7 @@ pub fn submit(rec: Record) {
     // SAFETY: sessions are leaked, never freed.
     let tx = unsafe { &(*session).tx };
     ACCEPTED.fetch_add(1, AcqRel);
+    super::tally::see(&rec);
     let mut rec = rec;
     let mut waited_since = 0u64;
     let mut spins = 0u32;
@@ -275,6 +276,7 @@ fn wait_until(deadline: u64, done: impl Fn() -> bool) -> bool {
 /// its own on its first event and never touches the parent's file or queue.
 pub fn after_fork_child() {
     SESSION.store(std::ptr::null_mut(), Release); // leaked on purpose: the parent owns it
+    super::tally::after_fork_child();
     ACCEPTED.store(0, Release);
     RECEIVED.store(0, Release);
     FLUSH_GEN.store(0, Release);

@@ -75,7 +75,7 @@ struct Outcome {
     b_first: u64,
     /// A's address, from the trace's first cudaMalloc.
     a_ptr: u64,
-    /// (first offset, changed bytes) of each poison violation on A.
+    /// (first offset, changed bytes) of each stale write on A.
     violations: Vec<(u64, u64)>,
 }
 
@@ -130,7 +130,7 @@ fn demo(standin_only: bool, keep: bool) -> Result<(), String> {
     }
     if !log.violations.is_empty() {
         problems
-            .push("log mode: the trace has poison violations (log mode does not poison)".into());
+            .push("log mode: the trace has stale writes (log mode does not poison, so it cannot find any)".into());
     }
     if iso.b_got_a || iso.b_changed != 0 {
         problems.push(format!(
@@ -140,7 +140,7 @@ fn demo(standin_only: bool, keep: bool) -> Result<(), String> {
     }
     if iso.violations != [(STALE_OFFSET, STALE_BYTES)] {
         problems.push(format!(
-            "isolate mode: expected one poison violation on A at offset {STALE_OFFSET} \
+            "isolate mode: expected one stale write on A at offset {STALE_OFFSET} \
              ({STALE_BYTES} bytes); the trace has {:?} (first offset, changed bytes)",
             iso.violations
         ));

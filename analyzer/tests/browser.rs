@@ -1,0 +1,276 @@
+//! The report as people see it: `isolate report` pages of a stale write, a guard-mode crash, a
+//! training run, a stale launch, a 4-million-event trace and a page with regions, opened in
+//! headless Chromium at 1400x900 and 800x600 by `tests/browser/report.mjs` (playwright-core),
+//! which checks what is on screen: the findings and the crash badge at the top, a timeline that
+//! zooms (wheel, keys) and pans (drag, keys) and starts where memory activity does, axis labels
+//! inside the canvas and apart, no raw JSON or internal words, and load plus first paint of the
+//! big page in time.
+//!
+//! Needs Chromium (`chromium` on PATH, or `ISOLATE_CHROMIUM=PATH`), node and `npm ci` run in
+//! `tests/browser` (CI does all three: `.ci/run`). Without Chromium the test says so and passes,
+//! unless `CI` is set; a missing node or `npm ci` is an error with the command that fixes it.
+//!
+//! `ISOLATE_REPORT_SHOTS=DIR` also writes the screenshots of the documentation there
+//! (`report-stale-write.png`, `report-guard-crash.png`, `report-training.png`,
+//! `report-training-zoomed.png`, `report-4m-events.png`):
+//!
+//! ```sh
+//! ISOLATE_REPORT_SHOTS=$PWD/docs/img cargo test -p isolate-analyzer --test browser
+//! ```
+
+mod common;
+
+use common::one_live::write_one_live;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Events of the generated trace.
+const BIG: u64 = 4_000_000;
+/// Load and first paint of the big page, in ms (it draws in well under a second).
+const BIG_LOAD_MS: u64 = 10_000;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("analyzer/ has a parent")
+        .to_path_buf()
+}
+
+fn on_path(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|d| names.iter().map(move |n| d.join(n)))
+        .find(|p| p.is_file())
+}
+
+fn chromium() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("ISOLATE_CHROMIUM") {
+        return Some(PathBuf::from(p));
+    }
+    on_path(&[
+        "chromium",
+        "chromium-browser",
+        "google-chrome",
+        "google-chrome-stable",
+    ])
+}
+
+/// The release `isolate` (built by cargo here, a no-op when it is up to date, as in CI after
+/// its release build), for the big trace: the debug one takes most of a minute on it. The
+/// debug binary when cargo cannot build it.
+fn release_isolate() -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
+    let out = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "isolate-analyzer",
+            "--bin",
+            "isolate",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(repo())
+        .stderr(Stdio::inherit())
+        .output();
+    out.ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "isolate")
+                .find_map(|v| v["executable"].as_str().map(PathBuf::from))
+        })
+        .unwrap_or_else(|| {
+            eprintln!("browser: no release build; rendering the big trace with the debug binary");
+            PathBuf::from(env!("CARGO_BIN_EXE_isolate"))
+        })
+}
+
+fn report(bin: &Path, trace: &Path, out: &Path) {
+    let o = Command::new(bin)
+        .arg("report")
+        .arg(trace)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .expect("run isolate report");
+    assert!(
+        o.status.success(),
+        "isolate report {}: {}",
+        trace.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn h200(name: &str) -> PathBuf {
+    repo().join("tests/traces/h200").join(name)
+}
+
+/// The page of `from` with regions added to its timeline: the trace format has no region
+/// record yet, so this is how the page's drawing of them is tested.
+fn with_regions(from: &Path, to: &Path) {
+    let html = std::fs::read_to_string(from).unwrap();
+    let start = html.find("id=\"isolate-data\">").unwrap() + "id=\"isolate-data\">".len();
+    let end = start + html[start..].find("</script>").unwrap();
+    let v: serde_json::Value = serde_json::from_str(&html[start..end]).unwrap();
+    let fv = &v["traces"][0]["timeline"]["first_view"];
+    let (a, b) = (
+        fv["from_ns"].as_u64().unwrap(),
+        fv["to_ns"].as_u64().unwrap(),
+    );
+    let step = (b - a) / 4;
+    let regions: Vec<String> = (0..4)
+        .map(|k| {
+            format!(
+                r#"{{"from_ns":{},"to_ns":{},"label":"step {}"}}"#,
+                a + k * step,
+                a + (k + 1) * step - step / 20,
+                k + 1
+            )
+        })
+        .collect();
+    assert_eq!(html.matches("\"regions\":[]").count(), 1);
+    let html = html.replace(
+        "\"regions\":[]",
+        &format!("\"regions\":[{}]", regions.join(",")),
+    );
+    std::fs::write(to, html).unwrap();
+}
+
+#[test]
+fn report_pages_in_headless_chromium() {
+    let Some(chromium) = chromium() else {
+        if std::env::var_os("CI").is_some() {
+            panic!(
+                "chromium is not installed, and CI is set: install it (apt-get install -y chromium)"
+            );
+        }
+        eprintln!(
+            "NOTICE: skipping the report's browser test: chromium is not installed \
+             (apt-get install -y chromium chromium-driver; then npm ci in tests/browser)"
+        );
+        return;
+    };
+    let browser = repo().join("tests/browser");
+    let node = on_path(&["node", "nodejs"]).unwrap_or_else(|| {
+        panic!("chromium is installed but node is not: install node 18 or later (apt-get install -y nodejs npm), then run `npm ci` in tests/browser")
+    });
+    assert!(
+        browser.join("node_modules/playwright-core").is_dir(),
+        "playwright-core is not installed: run `npm ci` in {}",
+        browser.display()
+    );
+
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let debug = PathBuf::from(env!("CARGO_BIN_EXE_isolate"));
+    report(
+        &debug,
+        &h200("stale_isolate.trace"),
+        &dir.join("stale.html"),
+    );
+    report(
+        &debug,
+        &h200("oob-4000000_guard.trace"),
+        &dir.join("oob.html"),
+    );
+    report(
+        &debug,
+        &h200("stale_guard.trace"),
+        &dir.join("stale_guard.html"),
+    );
+    report(
+        &debug,
+        &h200("mlp-log_no-caching.trace"),
+        &dir.join("mlp.html"),
+    );
+    with_regions(&dir.join("mlp.html"), &dir.join("regions.html"));
+    let big = dir.join("big.trace");
+    let t = Instant::now();
+    write_one_live(&big, BIG).unwrap();
+    let bin = release_isolate();
+    report(&bin, &big, &dir.join("big.html"));
+    eprintln!(
+        "browser: {BIG}-event trace written and reported in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let big_page = std::fs::metadata(dir.join("big.html")).unwrap().len();
+    assert!(big_page < 1 << 20, "the big page is {big_page} bytes");
+    std::fs::remove_file(&big).unwrap();
+
+    let manifest = serde_json::json!([
+        {"name": "stale write", "file": dir.join("stale.html"), "shot": "stale-write",
+         "findings": ["Stale write: memory was written after it was freed",
+                      "The 4.0 MiB allocation at 0x7fbd70800000 (",
+                      "was freed by cudaFree (event 1) at 6.10 ms",
+                      "Kernel stale_fill was launched with a pointer into it at 142.84 ms"],
+         "markers": true, "trimmed": true},
+        {"name": "guard-mode crash", "file": dir.join("oob.html"), "shot": "guard-crash",
+         "badge": "crashed: signal 6 (SIGABRT) after CUDA error 700 (CUDA_ERROR_ILLEGAL_ADDRESS)",
+         "findings": ["Device fault: a kernel faulted",
+                      "cudaFree (event 1) returned 700 (cudaErrorIllegalAddress) at 301.42 ms"],
+         "markers": true},
+        {"name": "guard-mode stale launch", "file": dir.join("stale_guard.html"),
+         "badge": "crashed: signal 6 (SIGABRT) after CUDA error 700",
+         "findings": ["Stale launch: a kernel got a pointer into freed memory", "Kernel stale_fill"],
+         "markers": true},
+        {"name": "training run", "file": dir.join("mlp.html"), "shot": "training",
+         "shot_zoomed": "training-zoomed", "zoom_at": 0.75, "trimmed": true,
+         "findings": ["Possible leak: 1 allocation (1.0 MiB) still held at exit that nothing explains"]},
+        {"name": "regions", "file": dir.join("regions.html"), "trimmed": true, "regions": true},
+        {"name": "4M events", "file": dir.join("big.html"), "shot": "4m-events", "clean": true,
+         "max_load_ms": BIG_LOAD_MS},
+    ]);
+    let mpath = dir.join("pages.json");
+    std::fs::write(&mpath, serde_json::to_string_pretty(&manifest).unwrap()).unwrap();
+
+    let mut cmd = Command::new(node);
+    cmd.arg(browser.join("report.mjs"))
+        .arg("--chromium")
+        .arg(&chromium)
+        .arg("--manifest")
+        .arg(&mpath)
+        .current_dir(&browser)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(shots) = std::env::var_os("ISOLATE_REPORT_SHOTS") {
+        std::fs::create_dir_all(&shots).unwrap();
+        cmd.arg("--shots").arg(shots);
+    }
+    let mut child = cmd.spawn().expect("start node");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut out, &mut s).ok();
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut err, &mut s).ok();
+        s
+    });
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if t0.elapsed() > Duration::from_secs(300) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let (stdout, stderr) = (o.join().unwrap(), e.join().unwrap());
+    eprintln!("{stdout}{stderr}");
+    let status = status.expect("the browser checks did not finish within 300 s");
+    assert!(
+        status.success(),
+        "the browser checks failed ({status}):\n{stdout}{stderr}"
+    );
+    assert!(stdout.contains("checks passed"), "{stdout}");
+}

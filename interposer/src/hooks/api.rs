@@ -1,0 +1,185 @@
+//! The library's own small C API, for programs that know they run under it (the Python package
+//! `cuda_isolate` calls it through ctypes): marks and nested regions written into the trace as
+//! notes, the running counters, and a peak window. Every function returns 0 when it recorded, -1 when
+//! recording is off (`ISOLATE_MODE=off`, or the trace was closed), -2 for a bad argument, and
+//! `isolate_region_pop` -3 when this thread has no region open. None of them ever unwinds into
+//! the caller.
+//!
+//! In the trace a mark or region is an `Info` note whose text starts with `mark: `,
+//! `region push: ` or `region pop: `, `ptr` = the Linux thread id and `value` = the thread's
+//! region depth (after a push, before a pop); docs/trace-format.md.
+//!
+//! Layer: hooks, the top. Uses recording (notes, the tally) and the policies (whether calls are
+//! intercepted).
+
+use crate::base::sys::gettid;
+use crate::policy;
+use crate::record::{event, tally, writer};
+use isolate_trace::NoteKind;
+use std::cell::RefCell;
+use std::ffi::{CStr, c_char, c_int};
+
+/// Recorded.
+const OK: c_int = 0;
+/// Recording is off.
+const OFF: c_int = -1;
+/// A null pointer or a size too small.
+const BAD: c_int = -2;
+/// `isolate_region_pop` with no region open on this thread.
+const NO_REGION: c_int = -3;
+
+thread_local! {
+    static REGIONS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The C layout of `struct isolate_counters`: every field a `uint64_t`, new fields only ever
+/// added at the end. `size` is set to the bytes the library filled in.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct IsolateCounters {
+    pub size: u64,
+    pub events: u64,
+    pub live_device_bytes: u64,
+    pub peak_device_bytes: u64,
+    pub device_allocs: u64,
+    pub device_frees: u64,
+    pub stale_writes: u64,
+    pub stale_launches: u64,
+    pub invalid_frees: u64,
+    pub window_peak_device_bytes: u64,
+}
+
+fn recording() -> bool {
+    policy::intercepting() && writer::active()
+}
+
+fn guarded(f: impl FnOnce() -> c_int) -> c_int {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(BAD)
+}
+
+fn text(p: *const c_char) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes a NUL-terminated string (the C API's contract).
+    Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+fn note(prefix: &str, what: &str, depth: usize) {
+    event::note(
+        NoteKind::Info,
+        gettid() as u64,
+        0,
+        depth as u64,
+        format!("{prefix}{what}"),
+    );
+}
+
+/// A point in the trace, with `text`.
+///
+/// # Safety
+/// `text` is null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isolate_mark(text_: *const c_char) -> c_int {
+    guarded(|| {
+        let Some(t) = text(text_) else { return BAD };
+        if !recording() {
+            return OFF;
+        }
+        let depth = REGIONS.with(|r| r.borrow().len());
+        note("mark: ", &t, depth);
+        OK
+    })
+}
+
+/// Opens a region named `name` on this thread (regions nest).
+///
+/// # Safety
+/// `name` is null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isolate_region_push(name: *const c_char) -> c_int {
+    guarded(|| {
+        let Some(n) = text(name) else { return BAD };
+        if !recording() {
+            return OFF;
+        }
+        let depth = REGIONS.with(|r| {
+            let mut r = r.borrow_mut();
+            r.push(n.clone());
+            r.len()
+        });
+        note("region push: ", &n, depth);
+        OK
+    })
+}
+
+/// Closes the region this thread opened last.
+#[unsafe(no_mangle)]
+pub extern "C" fn isolate_region_pop() -> c_int {
+    guarded(|| {
+        if !recording() {
+            return OFF;
+        }
+        let popped = REGIONS.with(|r| {
+            let mut r = r.borrow_mut();
+            let depth = r.len();
+            r.pop().map(|n| (n, depth))
+        });
+        let Some((n, depth)) = popped else {
+            return NO_REGION;
+        };
+        note("region pop: ", &n, depth);
+        OK
+    })
+}
+
+/// Starts a new peak window: `window_peak_device_bytes` becomes the device bytes live now and
+/// from then on rises with them (the process-wide peak is left as it is).
+#[unsafe(no_mangle)]
+pub extern "C" fn isolate_peak_reset() -> c_int {
+    guarded(|| {
+        tally::reset_window_peak();
+        if recording() { OK } else { OFF }
+    })
+}
+
+/// Fills `out` with the counters so far, at most `size` bytes of it (a caller built against an
+/// older, shorter struct gets what it knows of); `out->size` says how many were filled in.
+///
+/// # Safety
+/// `out` is null or points to `size` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isolate_counters(out: *mut IsolateCounters, size: usize) -> c_int {
+    guarded(|| {
+        if out.is_null() || size < 8 {
+            return BAD;
+        }
+        let c = tally::get();
+        let full = IsolateCounters {
+            size: 0,
+            events: c.events,
+            live_device_bytes: c.live_device_bytes,
+            peak_device_bytes: c.peak_device_bytes,
+            device_allocs: c.device_allocs,
+            device_frees: c.device_frees,
+            stale_writes: c.stale_writes,
+            stale_launches: c.stale_launches,
+            invalid_frees: c.invalid_frees,
+            window_peak_device_bytes: c.window_peak_device_bytes,
+        };
+        let n = size.min(std::mem::size_of::<IsolateCounters>()) / 8 * 8;
+        let full = IsolateCounters {
+            size: n as u64,
+            ..full
+        };
+        // SAFETY: `out` has `size` >= `n` writable bytes; byte copies need no alignment.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                &full as *const IsolateCounters as *const u8,
+                out as *mut u8,
+                n,
+            )
+        };
+        if recording() { OK } else { OFF }
+    })
+}

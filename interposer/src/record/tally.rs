@@ -1,0 +1,184 @@
+//! Running counters over the records handed to the writer: events, device bytes live now and at
+//! the peak, and the findings so far (stale writes, stale launches, frees of memory not
+//! allocated). What `isolate_counters` (the hooks' C API) reports; nothing here decides anything.
+//!
+//! Layer: recording. Uses the base.
+
+use crate::base::sys::ForkLock;
+use isolate_trace::{Kind, Memory, Record};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+/// Device and managed allocations by address, VMM physical memory by handle: bytes each. A list,
+/// not one size: records reach the writer in the order their threads hand them over, not in
+/// sequence order, so another thread's allocation of an address can come before the free that
+/// gave it back (the analyzer puts them back in order; these counters cannot wait).
+type Live = Option<HashMap<(bool, u64), Vec<u64>>>;
+
+static LIVE: ForkLock<Live> = ForkLock::new(None);
+static EVENTS: AtomicU64 = AtomicU64::new(0);
+static LIVE_BYTES: AtomicU64 = AtomicU64::new(0);
+static PEAK_BYTES: AtomicU64 = AtomicU64::new(0);
+static WINDOW_PEAK_BYTES: AtomicU64 = AtomicU64::new(0);
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static FREES: AtomicU64 = AtomicU64::new(0);
+static STALE_WRITES: AtomicU64 = AtomicU64::new(0);
+static STALE_LAUNCHES: AtomicU64 = AtomicU64::new(0);
+static INVALID_FREES: AtomicU64 = AtomicU64::new(0);
+
+/// The counters at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub events: u64,
+    pub live_device_bytes: u64,
+    pub peak_device_bytes: u64,
+    /// The peak since the last [`reset_window_peak`] (since the start before the first).
+    pub window_peak_device_bytes: u64,
+    pub device_allocs: u64,
+    pub device_frees: u64,
+    pub stale_writes: u64,
+    pub stale_launches: u64,
+    pub invalid_frees: u64,
+}
+
+pub fn get() -> Counters {
+    Counters {
+        events: EVENTS.load(Relaxed),
+        live_device_bytes: LIVE_BYTES.load(Relaxed),
+        peak_device_bytes: PEAK_BYTES.load(Relaxed),
+        window_peak_device_bytes: WINDOW_PEAK_BYTES.load(Relaxed),
+        device_allocs: ALLOCS.load(Relaxed),
+        device_frees: FREES.load(Relaxed),
+        stale_writes: STALE_WRITES.load(Relaxed),
+        stale_launches: STALE_LAUNCHES.load(Relaxed),
+        invalid_frees: INVALID_FREES.load(Relaxed),
+    }
+}
+
+/// Counts one record the writer accepted.
+pub fn see(rec: &Record) {
+    match rec {
+        Record::Event(e) => {
+            EVENTS.fetch_add(1, Relaxed);
+            let kind = e.api.kind();
+            let key = match (kind, e.api.memory()) {
+                (Kind::Alloc | Kind::Free, Memory::Device | Memory::Managed) => (false, e.ptr),
+                (Kind::Create | Kind::Release, Memory::Virtual) => (true, e.handle),
+                _ => return,
+            };
+            match kind {
+                Kind::Alloc | Kind::Create if e.ok() && key.1 != 0 => added(key, e.size),
+                Kind::Free | Kind::Release if key.1 != 0 => removed(key, e.ok()),
+                _ => {}
+            }
+        }
+        Record::Violation(_) => {
+            STALE_WRITES.fetch_add(1, Relaxed);
+        }
+        Record::StaleLaunch(_) | Record::StaleValue(_) => {
+            STALE_LAUNCHES.fetch_add(1, Relaxed);
+        }
+        _ => {}
+    }
+}
+
+fn added(key: (bool, u64), size: u64) {
+    let mut live = LIVE.lock();
+    live.get_or_insert_with(HashMap::new)
+        .entry(key)
+        .or_default()
+        .push(size);
+    let now = LIVE_BYTES.load(Relaxed).saturating_add(size);
+    LIVE_BYTES.store(now, Relaxed);
+    PEAK_BYTES.fetch_max(now, Relaxed);
+    WINDOW_PEAK_BYTES.fetch_max(now, Relaxed);
+    ALLOCS.fetch_add(1, Relaxed);
+}
+
+/// A free: an invalid free is one the driver refused (the analyzer's rule too): a free the
+/// driver accepted of memory not seen here is memory allocated before the trace, or an
+/// allocation another thread has not handed over yet, never a finding.
+fn removed(key: (bool, u64), ok: bool) {
+    if !ok {
+        INVALID_FREES.fetch_add(1, Relaxed);
+        return;
+    }
+    FREES.fetch_add(1, Relaxed);
+    let mut live = LIVE.lock();
+    let map = live.get_or_insert_with(HashMap::new);
+    let Some(sizes) = map.get_mut(&key) else {
+        return;
+    };
+    let size = sizes.remove(0);
+    if sizes.is_empty() {
+        map.remove(&key);
+    }
+    LIVE_BYTES.store(LIVE_BYTES.load(Relaxed).saturating_sub(size), Relaxed);
+}
+
+/// Starts a new window: its peak is the bytes live now.
+pub fn reset_window_peak() {
+    let live = LIVE.lock();
+    WINDOW_PEAK_BYTES.store(LIVE_BYTES.load(Relaxed), Relaxed);
+    drop(live);
+}
+
+/// In a fork child: its trace starts over, and so do the counters.
+pub fn after_fork_child() {
+    LIVE.reset_in_child(None);
+    for c in [
+        &EVENTS,
+        &LIVE_BYTES,
+        &PEAK_BYTES,
+        &WINDOW_PEAK_BYTES,
+        &ALLOCS,
+        &FREES,
+        &STALE_WRITES,
+        &STALE_LAUNCHES,
+        &INVALID_FREES,
+    ] {
+        c.store(0, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use isolate_trace::{Api, Event};
+
+    #[test]
+    fn live_peak_and_invalid_frees() {
+        let ev = |api, ptr, size| {
+            Record::Event(Event {
+                api,
+                ptr,
+                size,
+                ..Event::default()
+            })
+        };
+        let before = get();
+        see(&ev(Api::CudaMalloc, 0x7000_0000, 100));
+        see(&ev(Api::CudaMalloc, 0x7000_1000, 50));
+        see(&ev(Api::CudaFree, 0x7000_0000, 0));
+        // Accepted by the driver: memory from before the trace, not a finding.
+        see(&ev(Api::CudaFree, 0x7000_2000, 0));
+        see(&ev(Api::CudaFree, 0, 0));
+        // Refused by the driver: an invalid (here double) free.
+        see(&Record::Event(Event {
+            api: Api::CudaFree,
+            ptr: 0x7000_0000,
+            result: 1,
+            ..Event::default()
+        }));
+        // Another thread's allocation of an address handed over before the free that gave it
+        // back: both are counted, nothing is lost.
+        see(&ev(Api::CudaMalloc, 0x7000_3000, 10));
+        see(&ev(Api::CudaMalloc, 0x7000_3000, 20));
+        see(&ev(Api::CudaFree, 0x7000_3000, 0));
+        let c = get();
+        assert_eq!(c.events - before.events, 9);
+        assert_eq!(c.live_device_bytes - before.live_device_bytes, 70);
+        assert!(c.peak_device_bytes >= 150);
+        assert_eq!(c.invalid_frees - before.invalid_frees, 1);
+    }
+}

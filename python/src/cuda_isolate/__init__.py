@@ -1,0 +1,219 @@
+"""cuda_isolate: the Python side of isolate.
+
+``libisolate.so`` records every CUDA allocation of a process when it is preloaded::
+
+    LD_PRELOAD=$(python -m cuda_isolate --lib) python train.py
+
+Inside such a process this module writes marks and regions into the trace and reads the
+library's running counters, through the library's small C API (``isolate_mark``,
+``isolate_region_push``/``_pop``, ``isolate_counters``, ``isolate_peak_reset``), found with
+``ctypes.CDLL(None)``: only when the library is already loaded. Without it every function is a
+no-op that says so once (``warnings.warn``), and :func:`counters` returns ``None``.
+"""
+
+import ctypes
+import functools
+import os
+import threading
+import warnings
+
+__all__ = [
+    "library_path",
+    "loaded",
+    "mark",
+    "region",
+    "counters",
+    "peak_reset",
+    "parse_size",
+]
+
+try:
+    from importlib.metadata import version as _version
+
+    __version__ = _version("cuda-isolate")
+except Exception:  # not installed (run from the source tree)
+    __version__ = "0+source"
+
+
+class _Counters(ctypes.Structure):
+    # struct isolate_counters: every field a uint64_t, new ones only ever added at the end.
+    _fields_ = [
+        ("size", ctypes.c_uint64),
+        ("events", ctypes.c_uint64),
+        ("live_device_bytes", ctypes.c_uint64),
+        ("peak_device_bytes", ctypes.c_uint64),
+        ("device_allocs", ctypes.c_uint64),
+        ("device_frees", ctypes.c_uint64),
+        ("stale_writes", ctypes.c_uint64),
+        ("stale_launches", ctypes.c_uint64),
+        ("invalid_frees", ctypes.c_uint64),
+        ("window_peak_device_bytes", ctypes.c_uint64),
+    ]
+
+
+def library_path():
+    """The path of libisolate.so (for ``LD_PRELOAD``): the one ``CUDA_ISOLATE_LIB`` names, else
+    the one this package installed (beside the ``isolate`` command, where ``isolate run`` finds
+    it), else None."""
+    if os.environ.get("CUDA_ISOLATE_LIB"):
+        return os.environ["CUDA_ISOLATE_LIB"]
+    try:
+        from importlib.metadata import files
+
+        for f in files("cuda-isolate") or ():
+            if f.name == "libisolate.so":
+                return os.path.abspath(str(f.locate()))
+    except Exception:  # not installed (run from the source tree)
+        pass
+    return None
+
+
+_lock = threading.Lock()
+_api = None
+_looked = False
+_warned = False
+
+
+def _lib():
+    """The library's C API if libisolate.so is loaded in this process, else None."""
+    global _api, _looked
+    if _looked:
+        return _api
+    with _lock:
+        if not _looked:
+            try:
+                proc = ctypes.CDLL(None)
+                api = {
+                    "mark": proc.isolate_mark,
+                    "push": proc.isolate_region_push,
+                    "pop": proc.isolate_region_pop,
+                    "counters": proc.isolate_counters,
+                    "peak_reset": proc.isolate_peak_reset,
+                }
+                for name in ("mark", "push"):
+                    api[name].argtypes = [ctypes.c_char_p]
+                    api[name].restype = ctypes.c_int
+                api["pop"].argtypes = []
+                api["pop"].restype = ctypes.c_int
+                api["peak_reset"].argtypes = []
+                api["peak_reset"].restype = ctypes.c_int
+                api["counters"].argtypes = [ctypes.POINTER(_Counters), ctypes.c_size_t]
+                api["counters"].restype = ctypes.c_int
+                _api = api
+            except (AttributeError, OSError):
+                _api = None
+            _looked = True
+    return _api
+
+
+def loaded():
+    """True when libisolate.so is loaded in this process (preloaded)."""
+    return _lib() is not None
+
+
+def _absent():
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(
+            "cuda_isolate: libisolate.so is not loaded in this process, so marks, regions and "
+            "counters do nothing; run under LD_PRELOAD=$(python -m cuda_isolate --lib) or "
+            "`isolate run -- ...`",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def _text(s):
+    return s.encode("utf-8", "replace") if isinstance(s, str) else bytes(s)
+
+
+def mark(text):
+    """Writes a point named ``text`` into the trace. Returns the library's code (0 recorded,
+    negative: not recorded), or None when the library is not loaded."""
+    api = _lib()
+    if api is None:
+        _absent()
+        return None
+    return api["mark"](_text(text))
+
+
+class region:
+    """A named region of the trace, nested per thread: ``with region("step 12"):`` or, as a
+    decorator, ``@region("train")``."""
+
+    def __init__(self, name):
+        self.name = str(name)
+
+    def __enter__(self):
+        api = _lib()
+        if api is None:
+            _absent()
+            self._pushed = False
+        else:
+            self._pushed = api["push"](_text(self.name)) == 0
+        return self
+
+    def __exit__(self, *exc):
+        if self._pushed:
+            _lib()["pop"]()
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with region(self.name):
+                return fn(*args, **kwargs)
+
+        return wrapped
+
+
+def counters():
+    """The library's counters so far as a dict (events, live/peak device bytes, findings), or
+    None when the library is not loaded."""
+    api = _lib()
+    if api is None:
+        _absent()
+        return None
+    c = _Counters()
+    rc = api["counters"](ctypes.byref(c), ctypes.sizeof(c))
+    if rc == -2:
+        return None
+    filled = c.size // 8
+    out = {}
+    for i, (name, _) in enumerate(_Counters._fields_[1:], start=1):
+        if i < filled:
+            out[name] = getattr(c, name)
+    out["recording"] = rc == 0
+    return out
+
+
+def peak_reset():
+    """Starts a new peak window: ``counters()["window_peak_device_bytes"]`` becomes the device
+    bytes live now. Returns the library's code, or None when it is not loaded."""
+    api = _lib()
+    if api is None:
+        _absent()
+        return None
+    return api["peak_reset"]()
+
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3,
+    "t": 1024**4, "tib": 1024**4,
+    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+}
+
+
+def parse_size(s):
+    """Bytes in a size like ``2 GiB``, ``100MiB``, ``1.5 GB`` or ``4096`` (as ISOLATE_QUARANTINE:
+    K/M/G/T and KiB… are powers of 1024, KB… of 1000)."""
+    if isinstance(s, (int, float)):
+        return int(s)
+    t = str(s).strip().replace(" ", "").lower()
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(num):]
+    if not num or unit not in _UNITS:
+        raise ValueError("not a size: %r (e.g. 2 GiB, 100 MiB, 4096)" % (s,))
+    return int(float(num) * _UNITS[unit])

@@ -1,0 +1,193 @@
+//! The Python package's module and pytest plugin (python/src/cuda_isolate), on the stand-in
+//! CUDA: python/tests/test_plugin_cases.py run by pytest in a subprocess, with libisolate.so
+//! preloaded, through `--isolate` (pytest run again under the preload), and without it. The
+//! cases' names say the outcome (`test_pass_*`, `test_fail_*`). Skipped, saying so, only when
+//! python3 or pytest is missing; with `CI` set that fails instead (.ci/run installs pytest).
+
+use isolate_tests::{analyzer_path, preload_path, standin_dir, workspace_root};
+use isolate_trace::{NoteKind, Reader, Record};
+use std::path::Path;
+use std::process::Command;
+
+fn python_with_pytest() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import pytest"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        let msg = "python3 with pytest not found (pip install pytest): the plugin is not tested";
+        assert!(std::env::var_os("CI").is_none(), "{msg}");
+        eprintln!("SKIPPED: {msg}");
+    }
+    ok
+}
+
+/// Runs pytest on the cases in `dir`; `preload`: with LD_PRELOAD; `args`: more pytest options.
+fn pytest(dir: &Path, preload: bool, args: &[&str]) -> (String, bool) {
+    let mut cmd = Command::new("python3");
+    cmd.current_dir(dir);
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("ISOLATE_") || k.starts_with("LD_") || k.starts_with("CUDA_ISOLATE_") {
+            cmd.env_remove(k.as_ref());
+        }
+    }
+    cmd.env("LD_LIBRARY_PATH", standin_dir())
+        .env("PYTHONPATH", workspace_root().join("python/src"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("CUDA_ISOLATE_LIB", preload_path())
+        .env("ISOLATE_TRACE", dir.join("isolate-%p.trace"));
+    if preload {
+        cmd.env("LD_PRELOAD", preload_path());
+    }
+    cmd.args([
+        "-m",
+        "pytest",
+        "-p",
+        "cuda_isolate.pytest_plugin",
+        "-p",
+        "no:cacheprovider",
+        "-rA",
+    ])
+    .args(args)
+    .arg(workspace_root().join("python/tests/test_plugin_cases.py"));
+    let out = cmd.output().expect("run python3 -m pytest");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (text, out.status.success())
+}
+
+/// Each case's outcome, from pytest's `-rA` summary lines.
+fn outcomes(text: &str) -> Vec<(String, &'static str)> {
+    let mut v = Vec::new();
+    for l in text.lines() {
+        for word in ["PASSED", "FAILED"] {
+            if let Some(rest) = l.strip_prefix(word)
+                && let Some(i) = rest.find("::")
+            {
+                let name = rest[i + 2..].split_whitespace().next().unwrap_or("");
+                v.push((name.to_string(), word));
+            }
+        }
+    }
+    v.sort();
+    v
+}
+
+fn assert_outcomes_by_name(text: &str) {
+    let got = outcomes(text);
+    assert_eq!(got.len(), 8, "eight cases ran:\n{text}");
+    for (name, outcome) in &got {
+        let want = if name.starts_with("test_fail_") {
+            "FAILED"
+        } else {
+            "PASSED"
+        };
+        assert_eq!(outcome, &want, "{name}:\n{text}");
+    }
+    for why in [
+        "1 invalid free(s)",
+        "isolate_limit_peak: device memory peaked at 4194304 bytes",
+        "isolate_limit_leak: 2097152 bytes (2.0 MiB) more device memory held",
+    ] {
+        assert!(text.contains(why), "no {why:?} in:\n{text}");
+    }
+}
+
+fn the_trace(dir: &Path) -> std::path::PathBuf {
+    let traces: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "trace"))
+        .collect();
+    assert_eq!(
+        traces.len(),
+        1,
+        "one trace in {}: {traces:?}",
+        dir.display()
+    );
+    traces[0].clone()
+}
+
+#[test]
+fn markers_pass_and_fail_under_the_preload_and_regions_reach_the_trace() {
+    if !python_with_pytest() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (text, ok) = pytest(dir.path(), true, &[]);
+    assert!(!ok, "three cases fail:\n{text}");
+    assert!(text.contains("isolate_* markers are checked"), "{text}");
+    assert_outcomes_by_name(&text);
+
+    // Marks and regions are Info notes; each test is a region named by its node id (rootdir:
+    // python/, where pyproject.toml is).
+    let trace = the_trace(dir.path());
+    let mut r = Reader::open(&trace).unwrap();
+    let mut notes = Vec::new();
+    while let Some(rec) = r.next_record().unwrap() {
+        if let Record::Note(n) = rec
+            && n.kind == NoteKind::Info
+        {
+            notes.push(n.text);
+        }
+    }
+    for want in [
+        "mark: hello from python",
+        "region push: inner",
+        "region pop: inner",
+        "region push: decorated",
+        "region push: tests/test_plugin_cases.py::test_pass_clean",
+        "region pop: tests/test_plugin_cases.py::test_fail_leak",
+    ] {
+        assert!(
+            notes.iter().any(|t| t == want),
+            "no note {want:?} in {notes:?}"
+        );
+    }
+    // The analyzer reads a trace with them.
+    let s = Command::new(analyzer_path())
+        .arg("summary")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(
+        s.status.success(),
+        "isolate summary: {}",
+        String::from_utf8_lossy(&s.stderr)
+    );
+}
+
+#[test]
+fn the_isolate_option_runs_pytest_again_under_the_preload() {
+    if !python_with_pytest() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (text, ok) = pytest(dir.path(), false, &["--isolate"]);
+    assert!(!ok, "three cases fail:\n{text}");
+    assert_outcomes_by_name(&text);
+    the_trace(dir.path());
+}
+
+#[test]
+fn without_the_library_everything_runs_and_the_header_says_markers_are_not_checked() {
+    if !python_with_pytest() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (text, ok) = pytest(dir.path(), false, &[]);
+    assert!(ok, "all pass:\n{text}");
+    assert!(
+        text.contains("libisolate.so is not loaded: isolate_* markers are NOT checked"),
+        "{text}"
+    );
+    assert!(
+        outcomes(&text).iter().all(|(_, o)| *o == "PASSED"),
+        "{text}"
+    );
+}

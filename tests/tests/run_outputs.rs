@@ -1,0 +1,381 @@
+//! What `isolate run -- CMD` says and how it ends (issue 16): the mode first, then, after the
+//! command, each trace the run wrote and the one command that reads them; `--error-exitcode N`
+//! ends with N when a trace has a finding; a trace that cannot be created stops the run before
+//! the command starts (unless `--keep-going`); a signal ends it as the command ended.
+//!
+//! The commands are the stand-in programs (`stale_write.c` plants a stale write, found in
+//! isolate mode when the freed allocation leaves quarantine at exit; `rt_basic.c` has no bug),
+//! run through `isolate run` as a user would, in a fresh directory.
+
+use isolate_tests::{analyzer_path, program_path, standin_dir};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+struct Out {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+
+    /// The lines `isolate` wrote on stderr (the program's own are not prefixed).
+    fn ours(&self) -> Vec<&str> {
+        self.stderr
+            .lines()
+            .filter(|l| l.starts_with("isolate: "))
+            .collect()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{:?}\nstdout:\n{}\nstderr:\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+
+    /// The value of the line `isolate: PREFIX…`.
+    fn line(&self, prefix: &str) -> &str {
+        let p = format!("isolate: {prefix}");
+        self.stderr
+            .lines()
+            .find_map(|l| l.strip_prefix(&p))
+            .unwrap_or_else(|| panic!("no line {p:?}: {}", self.describe()))
+    }
+}
+
+/// Runs `prog ARGS` in `dir` with a clean environment (no `ISOLATE_*`, no `LD_*` but the
+/// stand-in libraries' path), under a watchdog.
+fn run_in(dir: &Path, prog: &Path, args: &[&str]) -> Out {
+    let mut cmd = Command::new(prog);
+    cmd.args(args).current_dir(dir);
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("ISOLATE_") || k.starts_with("LD_") || k.starts_with("STANDIN_") {
+            cmd.env_remove(k.as_ref());
+        }
+    }
+    cmd.env("LD_LIBRARY_PATH", standin_dir());
+    let (o, e) = (dir.join(".stdout"), dir.join(".stderr"));
+    cmd.stdin(Stdio::null())
+        .stdout(std::fs::File::create(&o).unwrap())
+        .stderr(std::fs::File::create(&e).unwrap())
+        .process_group(0);
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > TIMEOUT {
+            // SAFETY: no preconditions; the group is the child's own.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            panic!("watchdog: {cmd:?} still running after {TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let read = |p: &Path| {
+        let s = std::fs::read_to_string(p).unwrap_or_default();
+        let _ = std::fs::remove_file(p);
+        s
+    };
+    Out {
+        status,
+        stdout: read(&o),
+        stderr: read(&e),
+    }
+}
+
+/// `isolate ARGS` in `dir`.
+fn isolate(dir: &Path, args: &[&str]) -> Out {
+    run_in(dir, &analyzer_path(), args)
+}
+
+fn prog(name: &str) -> String {
+    program_path(name).to_string_lossy().into_owned()
+}
+
+/// Runs the command `isolate run` printed (`read it with: CMD`), split at spaces (the test's
+/// paths have none), in `dir`.
+fn run_printed(dir: &Path, cmd: &str) -> Out {
+    let words: Vec<&str> = cmd.split(' ').collect();
+    let (p, args) = words.split_first().expect("a command");
+    run_in(dir, Path::new(p), args)
+}
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("isolate-run-out-")
+        .tempdir()
+        .unwrap()
+}
+
+/// A stale write in isolate mode with `--error-exitcode 7`: exit 7; the trace's path is printed
+/// and exists, and the printed command reads it and shows the stale write.
+#[test]
+fn a_finding_exits_with_the_error_exitcode() {
+    let d = tempdir();
+    let o = isolate(
+        d.path(),
+        &[
+            "run",
+            "--mode",
+            "isolate",
+            "--error-exitcode",
+            "7",
+            "--trace",
+            "sw-%p.trace",
+            "--",
+            &prog("stale_write"),
+        ],
+    );
+    assert_eq!(o.code(), Some(7), "{}", o.describe());
+    assert_eq!(
+        o.ours()[0],
+        "isolate: mode isolate (freed memory is held back and checked: finds stale writes and stale launches) — trace: sw-%p.trace",
+        "the mode comes first: {}",
+        o.describe()
+    );
+    assert!(o.stdout.contains("b changed 0 bytes"), "{}", o.describe());
+    let written = o.line("trace written: ");
+    let (path, pid) = written.split_once(" (pid ").expect("path (pid N)");
+    assert!(
+        path.starts_with("sw-") && path.ends_with(".trace"),
+        "{written}"
+    );
+    assert_eq!(
+        pid.trim_end_matches(')'),
+        &path[3..path.len() - 6],
+        "{written}"
+    );
+    assert!(d.path().join(path).is_file(), "{path} exists");
+    let cmd = o.line("read it with: ");
+    assert!(cmd.ends_with(&format!(" summary {path}")), "{cmd}");
+    let s = run_printed(d.path(), cmd);
+    assert_eq!(s.code(), Some(0), "{cmd}: {}", s.describe());
+    assert!(s.stdout.contains("STALE WRITE"), "{cmd}: {}", s.describe());
+    assert_eq!(
+        o.line("found "),
+        "1 stale write: exit status 7 (--error-exitcode)"
+    );
+    // The lines come after the command's own output: the last of stderr are ours.
+    let ours = o.ours();
+    assert!(
+        ours[ours.len() - 1].starts_with("isolate: found "),
+        "{ours:?}"
+    );
+}
+
+/// No finding: the command's own status, with or without `--error-exitcode`. Traces of the
+/// command's children are found (a shell that forks twice), each listed with its parent, and
+/// the printed command reads them all.
+#[test]
+fn no_finding_gives_the_commands_status() {
+    let d = tempdir();
+    let script = format!(
+        "{p} > /dev/null && {p} > /dev/null; exit 5",
+        p = prog("rt_basic")
+    );
+    // A trace already there is not the run's.
+    std::fs::write(d.path().join("isolate-1.trace"), b"old").unwrap();
+    let o = isolate(
+        d.path(),
+        &["run", "--error-exitcode", "7", "--", "sh", "-c", &script],
+    );
+    assert_eq!(o.code(), Some(5), "{}", o.describe());
+    assert_eq!(
+        o.ours()[0],
+        "isolate: mode log (records only; --mode isolate finds stale writes) — trace: isolate-%p.trace"
+    );
+    assert_eq!(o.line("2 traces written:"), "");
+    let listed: Vec<&str> = o
+        .ours()
+        .into_iter()
+        .filter_map(|l| l.strip_prefix("isolate:   "))
+        .collect();
+    assert_eq!(listed.len(), 2, "{}", o.describe());
+    for l in &listed {
+        assert!(
+            l.contains("(a child of the command)  rt_basic"),
+            "{l}: {}",
+            o.describe()
+        );
+        let path = l.split(' ').next().unwrap();
+        assert!(d.path().join(path).is_file(), "{path}");
+        assert_ne!(path, "isolate-1.trace");
+    }
+    let cmd = o.line("read them with: ");
+    let s = run_printed(d.path(), cmd);
+    assert_eq!(s.code(), Some(0), "{cmd}: {}", s.describe());
+    assert_eq!(s.stdout.matches("== isolate-").count(), 2, "{}", s.stdout);
+    assert!(
+        o.line("found ").starts_with(
+            "no stale writes, stale launches, invalid or double frees or device faults"
+        ),
+        "{}",
+        o.describe()
+    );
+    // Without the option, and a command that succeeds.
+    let o = isolate(d.path(), &["run", &prog("rt_basic")]);
+    assert_eq!(o.code(), Some(0), "{}", o.describe());
+    assert!(!o.stderr.contains("isolate: found"), "{}", o.describe());
+    // Log mode cannot see the stale write: no finding, and the line says why.
+    let o = isolate(
+        d.path(),
+        &["run", "--error-exitcode", "7", "--", &prog("stale_write")],
+    );
+    assert_eq!(o.code(), Some(0), "{}", o.describe());
+    assert!(
+        o.line("found ").contains("--mode isolate finds them"),
+        "{}",
+        o.describe()
+    );
+}
+
+/// A trace directory that does not exist: exit 2 with the path named, and the command never
+/// ran; `--keep-going` runs it unrecorded.
+#[test]
+fn a_trace_that_cannot_be_created_stops_the_run() {
+    let d = tempdir();
+    let o = isolate(
+        d.path(),
+        &[
+            "run",
+            "--trace",
+            "/nonexistent/dir/x.trace",
+            "--",
+            "sh",
+            "-c",
+            "touch ran",
+        ],
+    );
+    assert_eq!(o.code(), Some(2), "{}", o.describe());
+    assert!(!d.path().join("ran").exists(), "the command did not run");
+    let err = o.ours();
+    assert_eq!(err.len(), 2, "the mode, then the error: {err:?}");
+    assert!(
+        err[1].starts_with("isolate: cannot create traces in /nonexistent/dir: no such directory")
+            && err[1].contains("--trace /nonexistent/dir/x.trace")
+            && err[1].contains("--keep-going"),
+        "{err:?}"
+    );
+    // A directory that cannot be written to.
+    let ro = d.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let mut perm = std::fs::metadata(&ro).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o500);
+    std::fs::set_permissions(&ro, perm).unwrap();
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        let o = isolate(
+            d.path(),
+            &[
+                "run",
+                "--trace",
+                "ro/x-%p.trace",
+                "--",
+                "sh",
+                "-c",
+                "touch ran",
+            ],
+        );
+        assert_eq!(o.code(), Some(2), "{}", o.describe());
+        assert!(
+            o.stderr
+                .contains("cannot create traces in ro: no permission"),
+            "{}",
+            o.describe()
+        );
+        assert!(!d.path().join("ran").exists());
+    }
+    // Through ISOLATE_TRACE too (the environment the command would inherit).
+    let mut cmd = Command::new(analyzer_path());
+    cmd.args(["run", "sh", "-c", "touch ran"])
+        .current_dir(d.path())
+        .env("ISOLATE_TRACE", "/nonexistent/y-%p.trace");
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("(ISOLATE_TRACE=/nonexistent/y-%p.trace)"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!d.path().join("ran").exists());
+    // --keep-going: it runs, unrecorded, and ends as it ended.
+    let o = isolate(
+        d.path(),
+        &[
+            "run",
+            "--keep-going",
+            "--trace",
+            "/nonexistent/dir/x.trace",
+            "--",
+            "sh",
+            "-c",
+            "touch ran; exit 3",
+        ],
+    );
+    assert_eq!(o.code(), Some(3), "{}", o.describe());
+    assert!(d.path().join("ran").exists());
+    assert!(
+        o.line("no trace was written")
+            .contains("/nonexistent/dir/x.trace")
+    );
+}
+
+/// A command killed by a signal: `isolate` is killed by the same signal, as before, after
+/// saying which traces were written and what `--error-exitcode` found.
+#[test]
+fn a_signal_ends_the_run_as_before() {
+    let d = tempdir();
+    let script = format!("{}; kill -TERM $$", prog("stale_write"));
+    let o = isolate(
+        d.path(),
+        &[
+            "run",
+            "--mode",
+            "isolate",
+            "--error-exitcode",
+            "7",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    assert_eq!(o.status.signal(), Some(libc::SIGTERM), "{}", o.describe());
+    assert!(o.line("trace written: ").starts_with("isolate-"));
+    assert_eq!(
+        o.line("found "),
+        "1 stale write: exit status 7 (--error-exitcode)"
+    );
+    let o = isolate(d.path(), &["run", "--", "sh", "-c", "kill -KILL $$"]);
+    assert_eq!(o.status.signal(), Some(libc::SIGKILL), "{}", o.describe());
+}
+
+/// `--mode off` writes no trace and says so first.
+#[test]
+fn mode_off_says_so() {
+    let d = tempdir();
+    let o = isolate(d.path(), &["run", "--mode", "off", &prog("rt_basic")]);
+    assert_eq!(o.code(), Some(0), "{}", o.describe());
+    assert_eq!(
+        o.ours()[0],
+        "isolate: mode off (the library passes every call through and writes no trace)"
+    );
+    assert!(
+        std::fs::read_dir(d.path())
+            .unwrap()
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().ends_with(".trace")),
+        "no trace"
+    );
+}
