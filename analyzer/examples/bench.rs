@@ -425,6 +425,7 @@ fn one_live_table(events: u64, keep: Option<PathBuf>, bin: Option<PathBuf>) {
     let runs: Vec<Vec<String>> = vec![
         vec!["summary".into(), p.clone()],
         vec!["summary".into(), "--json".into(), p.clone()],
+        vec!["graph".into(), p.clone(), "-o".into(), o("g.txt")],
         vec![
             "graph".into(),
             "--format".into(),
