@@ -34,6 +34,7 @@ mod error;
 pub mod export;
 pub mod graph;
 pub mod order;
+pub mod regions;
 pub mod report;
 pub mod run;
 mod source;

@@ -124,25 +124,29 @@ fn markers_pass_and_fail_under_the_preload_and_regions_reach_the_trace() {
     assert!(text.contains("isolate_* markers are checked"), "{text}");
     assert_outcomes_by_name(&text);
 
-    // Marks and regions are Info notes; each test is a region named by its node id (rootdir:
-    // python/, where pyproject.toml is).
+    // Marks and regions are Mark / RegionPush / RegionPop notes named by the bare text; each
+    // test is a region named by its node id (rootdir: python/, where pyproject.toml is).
     let trace = the_trace(dir.path());
     let mut r = Reader::open(&trace).unwrap();
     let mut notes = Vec::new();
     while let Some(rec) = r.next_record().unwrap() {
-        if let Record::Note(n) = rec
-            && n.kind == NoteKind::Info
-        {
-            notes.push(n.text);
+        if let Record::Note(n) = rec {
+            let tag = match n.kind {
+                NoteKind::Mark => "mark",
+                NoteKind::RegionPush => "push",
+                NoteKind::RegionPop => "pop",
+                _ => continue,
+            };
+            notes.push(format!("{tag}: {}", n.text));
         }
     }
     for want in [
         "mark: hello from python",
-        "region push: inner",
-        "region pop: inner",
-        "region push: decorated",
-        "region push: tests/test_plugin_cases.py::test_pass_clean",
-        "region pop: tests/test_plugin_cases.py::test_fail_leak",
+        "push: inner",
+        "pop: inner",
+        "push: decorated",
+        "push: tests/test_plugin_cases.py::test_pass_clean",
+        "pop: tests/test_plugin_cases.py::test_fail_leak",
     ] {
         assert!(
             notes.iter().any(|t| t == want),

@@ -139,6 +139,16 @@ pub enum NoteKind {
     /// allocations made before it are not in the trace, so frees of them are not invalid.
     /// Written when the trace starts, normally as its first record.
     LateLoad,
+    /// A point in the run named by the program (`isolate_mark`): `text` = the mark's text,
+    /// `ptr` = the Linux thread id, `value` = the thread's region depth.
+    Mark,
+    /// The program opened a region (`isolate_region_push`; regions nest per thread): `text` =
+    /// its name, `ptr` = the Linux thread id, `value` = the thread's depth after the push.
+    RegionPush,
+    /// The program closed the region it opened last on that thread (`isolate_region_pop`):
+    /// `text` = its name, `ptr` = the thread id, `value` = the depth before the pop (the same
+    /// as its push's).
+    RegionPop,
 }
 
 /// Something that happened that is not an API call.

@@ -181,15 +181,16 @@ fn format_document_lists_every_api_at_its_index() {
 }
 
 /// Marks and regions of libisolate.so's C API (`isolate_mark`, `isolate_region_push`/`_pop`)
-/// are `Info` notes with a text prefix, `ptr` = thread id and `value` = region depth: they
-/// round-trip, and are stored as `Note` with kind 0, so every reader of version 1 reads them.
+/// are `Mark`, `RegionPush` and `RegionPop` notes (kinds 11, 12, 13) with the bare name as
+/// text, `ptr` = thread id and `value` = region depth: they round-trip. Older libraries wrote
+/// them as `Info` notes with a text prefix; those still read back unchanged.
 #[test]
-fn marks_and_regions_round_trip_as_info_notes() {
-    let note = |seq, text: &str, depth| {
+fn marks_and_regions_round_trip() {
+    let note = |seq, kind, text: &str, depth| {
         Record::Note(Note {
             seq,
             ts_ns: 100 + seq,
-            kind: NoteKind::Info,
+            kind,
             ptr: 4242,
             size: 0,
             value: depth,
@@ -197,11 +198,15 @@ fn marks_and_regions_round_trip_as_info_notes() {
         })
     };
     let recs = vec![
-        note(0, "region push: tests/test_x.py::test_step", 1),
-        note(1, "mark: step 12 — ünïcode", 1),
-        note(2, "region push: inner", 2),
-        note(3, "region pop: inner", 2),
-        note(4, "region pop: tests/test_x.py::test_step", 1),
+        note(0, NoteKind::RegionPush, "tests/test_x.py::test_step", 1),
+        note(1, NoteKind::Mark, "step 12 — ünïcode", 1),
+        note(2, NoteKind::RegionPush, "inner", 2),
+        note(3, NoteKind::RegionPop, "inner", 2),
+        note(4, NoteKind::RegionPop, "tests/test_x.py::test_step", 1),
+        // the older convention
+        note(5, NoteKind::Info, "region push: old", 1),
+        note(6, NoteKind::Info, "mark: old mark", 1),
+        note(7, NoteKind::Info, "region pop: old", 1),
     ];
     let bytes = encode_all(&recs);
     let back: Vec<Record> = Reader::new(&bytes[..], None)
@@ -209,8 +214,16 @@ fn marks_and_regions_round_trip_as_info_notes() {
         .map(|x| x.unwrap())
         .collect();
     assert_eq!(back, recs);
-    let mut one = Vec::new();
-    Encoder::new().encode(&recs[1], &mut one);
-    // length, record 4 (Note), seq 1, ts 101, kind 0 (Info), ptr 4242 (0xFB + u16), size 0, value 1
-    assert_eq!(&one[1..6], &[4, 1, 101, 0, 0xFB]);
+    let kind_byte = |r: &Record| {
+        let mut one = Vec::new();
+        Encoder::new().encode(r, &mut one);
+        // length, record 4 (Note), seq, ts (one byte each here), kind, ptr 4242 (0xFB + u16)
+        assert_eq!(one[1], 4);
+        assert_eq!(one[5], 0xFB);
+        one[4]
+    };
+    assert_eq!(kind_byte(&recs[1]), 11);
+    assert_eq!(kind_byte(&recs[0]), 12);
+    assert_eq!(kind_byte(&recs[3]), 13);
+    assert_eq!(kind_byte(&recs[6]), 0);
 }

@@ -167,6 +167,11 @@ const NOTE_KINDS: &[NoteKind] = &[
     NoteKind::Signal,
     NoteKind::Fork,
     NoteKind::Exec,
+    NoteKind::DeviceFault,
+    NoteKind::LateLoad,
+    NoteKind::Mark,
+    NoteKind::RegionPush,
+    NoteKind::RegionPop,
 ];
 
 /// One random record; `tids` is a small pool so that events share threads.

@@ -13,10 +13,11 @@
 //! exit), a stale launch at the launch, a crash at the signal.
 
 use super::{BANDS, MARKERS, POINTS};
+use crate::regions::{Closed, Regions, UserNote, user_note};
 use crate::track::{Category, Ended, Invalid, Live, Node, Observer};
 use crate::util::{hex, human_ns};
 use crate::words::{self, call_result, cuda_error, plural, size};
-use isolate_trace::{EndReason, Event, NoteKind, Record};
+use isolate_trace::{EndReason, Event, Note, NoteKind, Record};
 use rustc_hash::FxHashSet;
 use serde::Serialize;
 use std::cmp::Reverse;
@@ -75,13 +76,17 @@ pub struct Marker {
     pub alloc: Option<u64>,
 }
 
-/// A stretch of the run with a name (a training step, an NVTX range). The trace format has no
-/// record for them yet, so this is empty for now; the page draws them when there are some.
+/// A stretch of the run the program named (`isolate_region_push`/`_pop`: a training step, a
+/// test): the page draws them in a strip above the plot, outer ones first.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Region {
     pub from_ns: u64,
     pub to_ns: u64,
     pub label: String,
+    /// 1 for an outermost region of its thread.
+    pub depth: u64,
+    /// The most device memory live while it was open.
+    pub peak_live_bytes: u64,
 }
 
 /// The first view of the timeline when the run starts or ends with a long quiet stretch (CUDA
@@ -117,7 +122,9 @@ pub struct Timeline {
     pub bands: Vec<Band>,
     pub markers: Vec<Marker>,
     pub marker_count: u64,
+    /// The first [`MARKERS`] regions to close (a region open at the end lasts to the end).
     pub regions: Vec<Region>,
+    pub region_count: u64,
     /// Null unless the run starts or ends with a long quiet stretch, which the page leaves out
     /// of its first view.
     pub first_view: Option<FirstView>,
@@ -172,7 +179,16 @@ pub(super) struct TimelineObs {
     signal_marked: bool,
     last_ts: u64,
     seen: Seen,
+    open: Regions,
+    /// Closed regions, absolute times.
+    regions: Vec<Closed>,
+    region_count: u64,
+    /// Marks among `markers`.
+    marks: usize,
 }
+
+/// Marks kept as markers, so that a program marking often leaves room for the findings.
+const MARKS: usize = MARKERS / 4;
 
 impl TimelineObs {
     pub(super) fn new() -> Self {
@@ -188,6 +204,10 @@ impl TimelineObs {
             signal_marked: false,
             last_ts: 0,
             seen: Seen::default(),
+            open: Regions::default(),
+            regions: Vec::new(),
+            region_count: 0,
+            marks: 0,
         }
     }
 
@@ -279,6 +299,42 @@ impl TimelineObs {
         }
     }
 
+    /// A mark (a thin marker) or a region's push or pop.
+    fn user_note(&mut self, n: &Note, live: &Live) {
+        match user_note(n) {
+            Some(UserNote::Mark(text)) => {
+                if self.marks < MARKS {
+                    self.marks += 1;
+                    self.mark(
+                        n.ts_ns,
+                        "mark",
+                        text.to_owned(),
+                        format!("mark: {text}"),
+                        None,
+                    );
+                } else {
+                    self.marker_count += 1;
+                }
+            }
+            Some(UserNote::RegionPush(name)) => {
+                self.open.push(n.ptr, name, n.ts_ns, live.device_bytes())
+            }
+            Some(UserNote::RegionPop(_)) => {
+                if let Some(c) = self.open.pop(n.ptr, n.ts_ns) {
+                    self.region(c);
+                }
+            }
+            None => {}
+        }
+    }
+
+    fn region(&mut self, c: Closed) {
+        self.region_count += 1;
+        if self.regions.len() < MARKERS {
+            self.regions.push(c);
+        }
+    }
+
     fn offer(&mut self, n: &Node, end: Option<u64>) {
         if !n.category.is_device_memory() {
             return;
@@ -337,10 +393,22 @@ impl TimelineObs {
         markers.sort_by_key(|m| m.t_ns);
         let last_serious = markers
             .iter()
-            .filter(|m| !matches!(m.kind, "failure" | "oom_retry"))
+            .filter(|m| !matches!(m.kind, "failure" | "oom_retry" | "mark"))
             .map(|m| m.t_ns)
             .max();
         let first_view = first_view(&self.buckets, w, span_ns, last_serious);
+        let mut regions: Vec<Region> = self
+            .regions
+            .into_iter()
+            .map(|c| Region {
+                from_ns: rel(c.from_ns),
+                to_ns: rel(c.to_ns),
+                label: c.name,
+                depth: c.depth,
+                peak_live_bytes: c.peak_live_bytes,
+            })
+            .collect();
+        regions.sort_by_key(|r| (r.depth, r.from_ns));
         let b = &self.buckets;
         (
             Timeline {
@@ -356,7 +424,8 @@ impl TimelineObs {
                 bands,
                 markers,
                 marker_count: self.marker_count,
-                regions: Vec::new(),
+                regions,
+                region_count: self.region_count,
                 first_view,
             },
             self.seen,
@@ -519,6 +588,9 @@ impl Observer for TimelineObs {
     }
     fn started(&mut self, n: &Node, live: &Live) {
         self.sample(n.ts_ns, live, 1);
+        if !self.open.none_open() {
+            self.open.sample(live.device_bytes());
+        }
     }
     fn ended(&mut self, n: &Node, e: &Ended, live: &Live) {
         self.sample(e.ts_ns, live, 1);
@@ -545,8 +617,9 @@ impl Observer for TimelineObs {
             None,
         );
     }
-    fn other(&mut self, rec: &Record, _live: &Live) {
+    fn other(&mut self, rec: &Record, live: &Live) {
         match rec {
+            Record::Note(n) if user_note(n).is_some() => self.user_note(n, live),
             Record::Violation(v) => {
                 if self.written.contains(&v.alloc_seq) || self.markers.len() >= MARKERS {
                     self.marker_count += 1;
@@ -646,6 +719,9 @@ impl Observer for TimelineObs {
     }
     fn finish(&mut self, still: &[Node], live: &Live) {
         let end = self.last_ts;
+        for c in self.open.close_all(end) {
+            self.region(c);
+        }
         if self.t0.is_some() && !self.buckets.is_empty() {
             self.sample(end, live, 0);
         }

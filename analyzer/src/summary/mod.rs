@@ -23,6 +23,8 @@ use std::path::Path;
 
 /// Lists (violations, stale launches, invalid frees) keep at most this many entries.
 pub const LIST_CAP: usize = 10_000;
+/// Marks kept in a summary (all are counted).
+pub const MARKS_CAP: usize = 1_000;
 /// How many of the last events a summary keeps.
 pub const LAST_EVENTS: usize = 16;
 
@@ -71,6 +73,7 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
         ..Totals::default()
     };
     let mut last: Vec<EventEntry> = Vec::new();
+    let mut region_at: std::collections::HashMap<String, usize> = Default::default();
     for s in &traces {
         let x = &s.totals;
         for (k, v) in &x.calls {
@@ -135,6 +138,29 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
         for (k, v) in &x.notes {
             add(t.notes.entry(k.clone()).or_default(), *v);
         }
+        for r in &x.regions {
+            match region_at.get(&r.name).copied() {
+                Some(i) => {
+                    let e = &mut t.regions[i];
+                    add(&mut e.count, r.count);
+                    add(&mut e.total_ns, r.total_ns);
+                    e.peak_live_bytes = e.peak_live_bytes.max(r.peak_live_bytes);
+                }
+                None if t.regions.len() < LIST_CAP => {
+                    region_at.insert(r.name.clone(), t.regions.len());
+                    t.regions.push(r.clone());
+                }
+                None => {}
+            }
+        }
+        add(&mut t.region_count, x.region_count);
+        t.marks.extend(
+            x.marks
+                .iter()
+                .take(MARKS_CAP - t.marks.len().min(MARKS_CAP))
+                .cloned(),
+        );
+        add(&mut t.mark_count, x.mark_count);
         add(&mut t.writer.events_accepted, x.writer.events_accepted);
         add(&mut t.writer.queue_waits, x.writer.queue_waits);
         add(&mut t.writer.queue_wait_ns, x.writer.queue_wait_ns);

@@ -2,7 +2,8 @@
 //! pass — calls, categories, devices, findings (capped lists beside full counts), notes, the
 //! writer's counters and the last events.
 
-use super::{DEVICE_MEMORY, LAST_EVENTS, LIST_CAP, types::*};
+use super::{DEVICE_MEMORY, LAST_EVENTS, LIST_CAP, MARKS_CAP, types::*};
+use crate::regions::{Closed, Regions, UserNote, user_note};
 use crate::source::TraceInfo;
 use crate::track::{Category, EndHow, Ended, Invalid, Live, Node, Observer, saturate};
 use isolate_trace::{Api, EndReason, Event, Header, NoteKind, Record};
@@ -53,6 +54,15 @@ pub struct Summarizer {
     suspects_due: u64,
     quarantine: Quarantine,
     notes: [u64; N_NOTES],
+    regions: Regions,
+    /// Per region name, in the order one of them first closed.
+    region_stats: Vec<RegionStats>,
+    region_index: std::collections::HashMap<String, usize>,
+    region_count: u64,
+    marks: Vec<MarkEntry>,
+    mark_count: u64,
+    /// The End record's time (0 without one).
+    end_ts: u64,
     note_releases: u64,
     note_early: u64,
     writer: WriterStats,
@@ -73,7 +83,7 @@ const FREED_CAP: usize = 65_536;
 /// Caching allocators' segments and handles come in multiples of this.
 const SEGMENT_GRAIN: u64 = 2 << 20;
 
-const N_NOTES: usize = 11;
+const N_NOTES: usize = 14;
 
 const NOTE_NAMES: [&str; N_NOTES] = [
     "info",
@@ -87,6 +97,9 @@ const NOTE_NAMES: [&str; N_NOTES] = [
     "exec",
     "device_fault",
     "late_load",
+    "mark",
+    "region_push",
+    "region_pop",
 ];
 
 fn note_index(k: NoteKind) -> usize {
@@ -102,6 +115,9 @@ fn note_index(k: NoteKind) -> usize {
         NoteKind::Exec => 8,
         NoteKind::DeviceFault => 9,
         NoteKind::LateLoad => 10,
+        NoteKind::Mark => 11,
+        NoteKind::RegionPush => 12,
+        NoteKind::RegionPop => 13,
     }
 }
 
@@ -140,6 +156,13 @@ impl Summarizer {
             suspects_due: 0,
             quarantine: Quarantine::default(),
             notes: [0; N_NOTES],
+            regions: Regions::default(),
+            region_stats: Vec::new(),
+            region_index: Default::default(),
+            region_count: 0,
+            marks: Vec::new(),
+            mark_count: 0,
+            end_ts: 0,
             note_releases: 0,
             note_early: 0,
             writer: WriterStats::default(),
@@ -279,6 +302,10 @@ impl Summarizer {
             host,
             categories,
             notes,
+            regions: self.region_stats,
+            region_count: self.region_count,
+            marks: self.marks,
+            mark_count: self.mark_count,
             writer: self.writer,
             last_events: last,
             truncated: info.truncated_at,
@@ -335,6 +362,9 @@ impl Observer for Summarizer {
         c.peak_live_bytes = c.peak_live_bytes.max(live.bytes(n.category));
         if n.category.is_device_memory() {
             self.peak = self.peak.max(live.device_bytes());
+            if !self.regions.none_open() {
+                self.regions.sample(live.device_bytes());
+            }
             let d = self.device(n.device);
             d.1.allocations += 1;
             d.1.live_at_end.count += 1;
@@ -404,7 +434,7 @@ impl Observer for Summarizer {
         self.earlier += 1;
     }
 
-    fn other(&mut self, rec: &Record, _live: &Live) {
+    fn other(&mut self, rec: &Record, live: &Live) {
         match rec {
             Record::Event(_) => {}
             Record::Violation(v) => {
@@ -470,6 +500,7 @@ impl Observer for Summarizer {
                 });
                 self.suspects_due = n.size;
             }
+            Record::Note(n) if user_note(n).is_some() => self.user_note(n, live),
             Record::Note(n) => {
                 self.notes[note_index(n.kind)] += 1;
                 match n.kind {
@@ -482,6 +513,7 @@ impl Observer for Summarizer {
             }
             Record::Stats(s) => self.stats(s),
             Record::End(e) => {
+                self.end_ts = e.ts_ns;
                 self.stats(&e.stats);
                 self.end_reason = Some(match e.reason {
                     EndReason::Exit => "exit".into(),
@@ -497,6 +529,9 @@ impl Observer for Summarizer {
 
     fn finish(&mut self, still: &[Node], live: &Live) {
         self.live_end = *live;
+        for c in self.regions.close_all(self.last_ts.max(self.end_ts)) {
+            self.region_closed(c);
+        }
         self.classify_held(still);
     }
 }
@@ -666,6 +701,54 @@ impl Summarizer {
 }
 
 impl Summarizer {
+    /// A mark or a region's push or pop, in either form.
+    fn user_note(&mut self, n: &isolate_trace::Note, live: &Live) {
+        let Some(u) = user_note(n) else { return };
+        self.notes[note_index(u.kind())] += 1;
+        match u {
+            UserNote::Mark(text) => {
+                self.mark_count += 1;
+                if self.marks.len() < MARKS_CAP {
+                    self.marks.push(MarkEntry {
+                        trace: self.trace,
+                        seq: n.seq,
+                        ts_ns: n.ts_ns,
+                        text: text.to_owned(),
+                    });
+                }
+            }
+            UserNote::RegionPush(name) => {
+                self.regions.push(n.ptr, name, n.ts_ns, live.device_bytes())
+            }
+            UserNote::RegionPop(_) => {
+                if let Some(c) = self.regions.pop(n.ptr, n.ts_ns) {
+                    self.region_closed(c);
+                }
+            }
+        }
+    }
+
+    fn region_closed(&mut self, c: Closed) {
+        self.region_count += 1;
+        let i = match self.region_index.get(&c.name) {
+            Some(&i) => i,
+            None if self.region_stats.len() < LIST_CAP => {
+                self.region_stats.push(RegionStats {
+                    name: c.name.clone(),
+                    ..RegionStats::default()
+                });
+                self.region_index
+                    .insert(c.name, self.region_stats.len() - 1);
+                self.region_stats.len() - 1
+            }
+            None => return,
+        };
+        let r = &mut self.region_stats[i];
+        r.count += 1;
+        r.total_ns = r.total_ns.saturating_add(c.to_ns - c.from_ns);
+        r.peak_live_bytes = r.peak_live_bytes.max(c.peak_live_bytes);
+    }
+
     fn stats(&mut self, s: &isolate_trace::Stats) {
         let q = &mut self.quarantine;
         q.peak_bytes = q.peak_bytes.max(s.quarantine_peak_bytes);

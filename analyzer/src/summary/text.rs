@@ -87,6 +87,52 @@ fn trace_text(o: &mut String, t: &TraceSummary) {
         );
     }
     totals_text(o, &t.totals, Some(&t.devices));
+    regions_text(o, &t.totals, t.first_ts_ns);
+}
+
+/// The regions and marks the program named: each region name with how many, their time and
+/// the most device memory live inside; the first marks, with their time from `first_ts`.
+fn regions_text(o: &mut String, t: &Totals, first_ts: Option<u64>) {
+    if t.region_count > 0 {
+        let _ = writeln!(
+            o,
+            "regions  {} ({}), total time and peak device memory inside",
+            plural(t.region_count, "region"),
+            plural(t.regions.len() as u64, "name")
+        );
+        for r in t.regions.iter().take(SHOWN) {
+            let _ = writeln!(
+                o,
+                "  {:>8} x {:>10}  peak {:>10}  {}",
+                count(r.count),
+                human_ns(r.total_ns),
+                size(r.peak_live_bytes),
+                r.name
+            );
+        }
+        if t.regions.len() > SHOWN {
+            let _ = writeln!(
+                o,
+                "  … and {} more (all in --json)",
+                plural((t.regions.len() - SHOWN) as u64, "name")
+            );
+        }
+    }
+    if t.mark_count > 0 {
+        let _ = writeln!(o, "marks    {}", plural(t.mark_count, "mark"));
+        for m in t.marks.iter().take(SHOWN) {
+            let at = m.ts_ns.saturating_sub(first_ts.unwrap_or(m.ts_ns));
+            let _ = writeln!(o, "  at {:>10}  {}", human_ns(at), m.text);
+        }
+        if t.mark_count > SHOWN as u64 {
+            let _ = writeln!(
+                o,
+                "  … and {} more (the first {} in --json)",
+                count(t.mark_count - SHOWN as u64),
+                count(t.marks.len() as u64)
+            );
+        }
+    }
 }
 
 /// Several traces: every finding naming its process, one line per process, and the totals.

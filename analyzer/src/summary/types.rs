@@ -411,8 +411,18 @@ pub struct Totals {
     /// Category name → its figures (device, managed, graph, host, registered, reservation,
     /// handle, mapping).
     pub categories: BTreeMap<String, CategoryStats>,
-    /// Note kind → how many notes of it.
+    /// Note kind → how many notes of it (marks and regions written with the older `Info`
+    /// convention count as `mark`, `region_push` and `region_pop`).
     pub notes: BTreeMap<String, u64>,
+    /// Regions the program named (`isolate_region_push`/`_pop`), one entry per name in the
+    /// order one of them first closed, at most [`LIST_CAP`](super::LIST_CAP) names. A region still open
+    /// at the end of the trace counts up to the trace's last record.
+    pub regions: Vec<RegionStats>,
+    /// Regions in all (every push that was followed, of every name).
+    pub region_count: u64,
+    /// The first [`MARKS_CAP`](super::MARKS_CAP) marks (`isolate_mark`).
+    pub marks: Vec<MarkEntry>,
+    pub mark_count: u64,
     pub writer: WriterStats,
     /// The last events (of all traces, by time).
     pub last_events: Vec<EventEntry>,
@@ -421,6 +431,28 @@ pub struct Totals {
     /// True when every trace ends with an End record.
     pub complete: bool,
     pub sequence: Sequence,
+}
+
+/// All the regions of one name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RegionStats {
+    pub name: String,
+    /// How many times a region of that name was opened.
+    pub count: u64,
+    /// Their time added up (nested regions of one name count each).
+    pub total_ns: u64,
+    /// The most device memory live while one of them was open (for several traces, the most
+    /// of any one).
+    pub peak_live_bytes: u64,
+}
+
+/// A mark the program made (`isolate_mark`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MarkEntry {
+    pub trace: usize,
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub text: String,
 }
 
 /// One trace's summary.

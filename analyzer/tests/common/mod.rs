@@ -147,6 +147,20 @@ impl TraceBuilder {
         }));
     }
 
+    /// A note at the current time with thread id `ptr`, `value` and `text` (marks, regions).
+    pub fn text_note(&mut self, kind: NoteKind, ptr: u64, value: u64, text: &str) {
+        let ts = self.ts;
+        self.record(Record::Note(Note {
+            seq: self.seq,
+            ts_ns: ts,
+            kind,
+            ptr,
+            size: 0,
+            value,
+            text: text.into(),
+        }));
+    }
+
     /// The End record of a clean exit.
     pub fn end(&mut self, stats: Stats) {
         self.ts += 1000;

@@ -5,8 +5,8 @@
 //! `isolate_region_pop` -3 when this thread has no region open. None of them ever unwinds into
 //! the caller.
 //!
-//! In the trace a mark or region is an `Info` note whose text starts with `mark: `,
-//! `region push: ` or `region pop: `, `ptr` = the Linux thread id and `value` = the thread's
+//! In the trace a mark or region is a `Mark`, `RegionPush` or `RegionPop` note whose text is the
+//! mark's text or the region's name, `ptr` = the Linux thread id and `value` = the thread's
 //! region depth (after a push, before a pop); docs/trace-format.md.
 //!
 //! Layer: hooks, the top. Uses recording (notes, the tally) and the policies (whether calls are
@@ -65,14 +65,8 @@ fn text(p: *const c_char) -> Option<String> {
     Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
-fn note(prefix: &str, what: &str, depth: usize) {
-    event::note(
-        NoteKind::Info,
-        gettid() as u64,
-        0,
-        depth as u64,
-        format!("{prefix}{what}"),
-    );
+fn note(kind: NoteKind, what: String, depth: usize) {
+    event::note(kind, gettid() as u64, 0, depth as u64, what);
 }
 
 /// A point in the trace, with `text`.
@@ -87,7 +81,7 @@ pub unsafe extern "C" fn isolate_mark(text_: *const c_char) -> c_int {
             return OFF;
         }
         let depth = REGIONS.with(|r| r.borrow().len());
-        note("mark: ", &t, depth);
+        note(NoteKind::Mark, t, depth);
         OK
     })
 }
@@ -108,7 +102,7 @@ pub unsafe extern "C" fn isolate_region_push(name: *const c_char) -> c_int {
             r.push(n.clone());
             r.len()
         });
-        note("region push: ", &n, depth);
+        note(NoteKind::RegionPush, n, depth);
         OK
     })
 }
@@ -128,7 +122,7 @@ pub extern "C" fn isolate_region_pop() -> c_int {
         let Some((n, depth)) = popped else {
             return NO_REGION;
         };
-        note("region pop: ", &n, depth);
+        note(NoteKind::RegionPop, n, depth);
         OK
     })
 }
