@@ -31,6 +31,8 @@ use std::time::Instant;
 
 #[path = "../tests/common/one_live.rs"]
 mod one_live;
+#[path = "../tests/common/rusage.rs"]
+mod rusage;
 
 struct Rng(u64);
 impl Rng {
@@ -360,32 +362,6 @@ fn phase(name: &str, path: &Path) {
     println!("{} {}", t.elapsed().as_secs_f64(), max_rss_kib());
 }
 
-/// Runs `cmd` to its end; returns its exit status, seconds and peak RSS in KiB (`wait4`).
-// The child is reaped by wait4, which std's Child does not know about.
-#[allow(clippy::zombie_processes)]
-fn measured(cmd: &mut Command) -> (i32, f64, i64) {
-    let t = Instant::now();
-    let child = cmd
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("start the isolate binary");
-    let mut status = 0;
-    // SAFETY: wait4 fills the status and the rusage we hand it; the child is ours and is
-    // waited for only here (std's Child is dropped without waiting).
-    let ru = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        let r = libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru);
-        assert!(r > 0, "wait4: {}", std::io::Error::last_os_error());
-        ru
-    };
-    let code = if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else {
-        128 + libc::WTERMSIG(status)
-    };
-    (code, t.elapsed().as_secs_f64(), ru.ru_maxrss)
-}
-
 /// `--one-live`: peak RSS of each subcommand of the `isolate` binary on a trace with one live
 /// allocation at a time.
 fn one_live_table(events: u64, keep: Option<PathBuf>, bin: Option<PathBuf>) {
@@ -455,7 +431,11 @@ fn one_live_table(events: u64, keep: Option<PathBuf>, bin: Option<PathBuf>) {
         ],
     ];
     for args in runs {
-        let (code, secs, kib) = measured(Command::new(&bin).args(&args));
+        let (code, secs, kib) = rusage::measured(
+            Command::new(&bin)
+                .args(&args)
+                .stdout(std::process::Stdio::null()),
+        );
         let shown: Vec<&str> = args
             .iter()
             .map(|a| {

@@ -56,39 +56,6 @@ fn chromium() -> Option<PathBuf> {
     ])
 }
 
-/// The release `isolate` (built by cargo here, a no-op when it is up to date, as in CI after
-/// its release build), for the big trace: the debug one takes most of a minute on it. The
-/// debug binary when cargo cannot build it.
-fn release_isolate() -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
-    let out = Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "isolate-analyzer",
-            "--bin",
-            "isolate",
-            "--message-format=json-render-diagnostics",
-        ])
-        .current_dir(repo())
-        .stderr(Stdio::inherit())
-        .output();
-    out.ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "isolate")
-                .find_map(|v| v["executable"].as_str().map(PathBuf::from))
-        })
-        .unwrap_or_else(|| {
-            eprintln!("browser: no release build; rendering the big trace with the debug binary");
-            PathBuf::from(env!("CARGO_BIN_EXE_isolate"))
-        })
-}
-
 fn report(bin: &Path, trace: &Path, out: &Path) {
     let o = Command::new(bin)
         .arg("report")
@@ -196,7 +163,7 @@ fn report_pages_in_headless_chromium() {
     let big = dir.join("big.trace");
     let t = Instant::now();
     write_one_live(&big, BIG).unwrap();
-    let bin = release_isolate();
+    let bin = common::release_isolate("browser");
     report(&bin, &big, &dir.join("big.html"));
     eprintln!(
         "browser: {BIG}-event trace written and reported in {:.1} s",

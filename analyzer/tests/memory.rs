@@ -13,6 +13,7 @@
 mod common;
 
 use common::one_live::write_one_live;
+use common::rusage::measured;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -22,72 +23,23 @@ const LIMIT_KIB: i64 = 64 * 1024;
 const BIG: u64 = 2_000_000;
 const SMALL: u64 = BIG / 4;
 
-/// The release `isolate`, built (or found up to date) by cargo; the debug one without cargo.
+/// The release `isolate`, or `ISOLATE_MEMORY_BIN`.
 fn release_binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("ISOLATE_MEMORY_BIN") {
-        return PathBuf::from(p);
-    }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("analyzer/ has a parent")
-        .to_path_buf();
-    let out = Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "isolate-analyzer",
-            "--bin",
-            "isolate",
-            "--message-format=json-render-diagnostics",
-        ])
-        .current_dir(&root)
-        .stderr(Stdio::inherit())
-        .output();
-    let found = out.ok().filter(|o| o.status.success()).and_then(|o| {
-        String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "isolate")
-            .find_map(|v| v["executable"].as_str().map(PathBuf::from))
-    });
-    match found {
-        Some(p) => p,
-        None => {
-            eprintln!(
-                "memory: no release build (cargo failed or is missing); using the debug binary"
-            );
-            PathBuf::from(env!("CARGO_BIN_EXE_isolate"))
-        }
+    match std::env::var_os("ISOLATE_MEMORY_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => common::release_isolate("memory"),
     }
 }
 
 /// Runs `bin ARGS` to its end; returns its exit code and peak RSS in KiB.
-// The child is reaped by wait4, which std's Child does not know about.
-#[allow(clippy::zombie_processes)]
 fn peak_rss(bin: &Path, args: &[String]) -> (i32, i64) {
-    let child = Command::new(bin)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start isolate");
-    let mut status = 0;
-    // SAFETY: wait4 fills the status and the rusage we hand it; the child is ours and is
-    // waited for only here (std's Child is dropped without waiting).
-    let ru = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        let r = libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru);
-        assert!(r > 0, "wait4: {}", std::io::Error::last_os_error());
-        ru
-    };
-    let code = if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else {
-        128 + libc::WTERMSIG(status)
-    };
-    (code, ru.ru_maxrss)
+    let (code, _, kib) = measured(
+        Command::new(bin)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    (code, kib)
 }
 
 /// Every subcommand that reads a whole trace (a name, the arguments), outputs into `out`.

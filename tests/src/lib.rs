@@ -1170,6 +1170,52 @@ pub fn number_after(text: &str, key: &str) -> Option<i64> {
     None
 }
 
+/// A pseudo-terminal: the master, and the slave (opened without becoming anyone's controlling
+/// terminal here).
+pub struct Pty {
+    pub master: std::fs::File,
+    pub slave: std::os::fd::OwnedFd,
+}
+
+/// Opens a pseudo-terminal pair.
+pub fn pty() -> Pty {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain calls; the descriptors are owned once open.
+    unsafe {
+        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        assert!(m >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
+        let master = std::fs::File::from_raw_fd(m);
+        assert_eq!(libc::grantpt(m), 0);
+        assert_eq!(libc::unlockpt(m), 0);
+        let mut name = [0 as libc::c_char; 128];
+        assert_eq!(libc::ptsname_r(m, name.as_mut_ptr(), name.len()), 0);
+        let s = libc::open(
+            name.as_ptr(),
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        );
+        assert!(
+            s >= 0,
+            "open the pty slave: {}",
+            std::io::Error::last_os_error()
+        );
+        Pty {
+            master,
+            slave: std::os::fd::OwnedFd::from_raw_fd(s),
+        }
+    }
+}
+
+/// Between fork and exec, with stdin already the pty slave: a new session whose controlling
+/// terminal it is (its foreground process group is then this process's), as a shell runs a
+/// foreground job. Async-signal-safe.
+pub fn take_stdin_as_controlling_terminal() -> std::io::Result<()> {
+    // SAFETY: plain system calls.
+    if unsafe { libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 } {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

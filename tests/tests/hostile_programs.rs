@@ -14,10 +14,10 @@ use isolate_tests::{
     Expected, Output, Run, Trace, check_events, preload_path, program_path, read_traces,
     standin_dir,
 };
+use isolate_tests::{Pty, pty};
 use isolate_trace::EndReason;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -83,38 +83,6 @@ fn wrapped(out: &Output, name: &str, yes: bool) {
 
 // ----------------------------------------------------------------- (1) a terminal's signals
 
-/// A pseudo-terminal: the master, and the slave (nobody's controlling terminal here).
-struct Pty {
-    master: File,
-    slave: OwnedFd,
-}
-
-fn pty() -> Pty {
-    // SAFETY: plain calls; the descriptors are owned once open.
-    unsafe {
-        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
-        assert!(m >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
-        let master = File::from_raw_fd(m);
-        assert_eq!(libc::grantpt(m), 0);
-        assert_eq!(libc::unlockpt(m), 0);
-        let mut name = [0 as libc::c_char; 128];
-        assert_eq!(libc::ptsname_r(m, name.as_mut_ptr(), name.len()), 0);
-        let s = libc::open(
-            name.as_ptr(),
-            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
-        );
-        assert!(
-            s >= 0,
-            "open the pty slave: {}",
-            std::io::Error::last_os_error()
-        );
-        Pty {
-            master,
-            slave: OwnedFd::from_raw_fd(s),
-        }
-    }
-}
-
 /// `hostile wait` as a terminal's shell runs a foreground job: the leader of a new session whose
 /// controlling terminal is the pty's slave (its stdin), in the terminal's foreground process
 /// group. Its stdout is a pipe the test reads.
@@ -160,9 +128,7 @@ fn start_on_a_terminal(mode: Option<&str>) -> OnTerminal {
         cmd.pre_exec(|| {
             // stdin is the terminal by now: a new session, with it as controlling terminal (its
             // foreground process group is then this process's).
-            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            isolate_tests::take_stdin_as_controlling_terminal()?;
             let none = libc::rlimit {
                 rlim_cur: 0,
                 rlim_max: 0,

@@ -9,8 +9,9 @@
 //! before it, and the program takes two pending signals lowest number first, so anything sent
 //! twice is in the log before SIGUSR1's line.
 
+use isolate_tests::{Pty, pty};
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -93,9 +94,7 @@ fn start(via: Via, args: &[&str], setup: Setup) -> Proc {
         cmd.pre_exec(move || {
             if tty {
                 // stdin is the terminal by now.
-                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+                isolate_tests::take_stdin_as_controlling_terminal()?;
             }
             let mut core: libc::rlimit = std::mem::zeroed();
             libc::getrlimit(libc::RLIMIT_CORE, &mut core);
@@ -365,39 +364,6 @@ fn the_command_starts_with_the_signal_state_isolate_was_given() {
         bit(libc::SIGCHLD) | bit(libc::SIGINT),
         "{seen:?}"
     );
-}
-
-/// A pseudo-terminal: the master, and the slave's fd (opened without becoming anyone's
-/// controlling terminal here).
-struct Pty {
-    master: File,
-    slave: OwnedFd,
-}
-
-fn pty() -> Pty {
-    // SAFETY: plain calls; the fds are owned once open.
-    unsafe {
-        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
-        assert!(m >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
-        let master = File::from_raw_fd(m);
-        assert_eq!(libc::grantpt(m), 0);
-        assert_eq!(libc::unlockpt(m), 0);
-        let mut name = [0 as libc::c_char; 128];
-        assert_eq!(libc::ptsname_r(m, name.as_mut_ptr(), name.len()), 0);
-        let s = libc::open(
-            name.as_ptr(),
-            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
-        );
-        assert!(
-            s >= 0,
-            "open pty slave: {}",
-            std::io::Error::last_os_error()
-        );
-        Pty {
-            master,
-            slave: OwnedFd::from_raw_fd(s),
-        }
-    }
 }
 
 /// Starts the program (or isolate) as the leader of a new session whose controlling terminal is

@@ -309,11 +309,7 @@ pub(super) fn verdict(
 
     // Invalid and double frees.
     for f in &t.invalid_frees {
-        let what = if f.kind == "release" {
-            format!("handle {}", hex(f.handle))
-        } else {
-            hex(f.ptr)
-        };
+        let what = f.what();
         let refused = match f.result {
             0 => String::new(),
             r => format!(

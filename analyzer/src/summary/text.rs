@@ -520,11 +520,7 @@ fn faulted_call_line(c: &FaultedCall) -> String {
 }
 
 fn invalid_free_line(f: &InvalidFree) -> String {
-    let what = if f.kind == "release" {
-        format!("handle {}", hex(f.handle))
-    } else {
-        hex(f.ptr)
-    };
+    let what = f.what();
     let refused = match f.result {
         0 => String::new(),
         r => format!(

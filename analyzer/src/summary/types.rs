@@ -157,6 +157,17 @@ pub struct InvalidFree {
     pub allocated: Option<CallRef>,
 }
 
+impl InvalidFree {
+    /// What was given back, as the text says it: the handle of a release, else the address.
+    pub fn what(&self) -> String {
+        if self.kind == "release" {
+            format!("handle {}", crate::util::hex(self.handle))
+        } else {
+            crate::util::hex(self.ptr)
+        }
+    }
+}
+
 /// One call of a trace, as findings name it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CallRef {

@@ -6,6 +6,45 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub mod one_live;
+pub mod rusage;
+
+/// The release `isolate` (built by cargo here: a no-op when it is up to date, as in CI after
+/// its release build), for big traces the debug one takes minutes on; the debug binary, with a
+/// line on stderr naming `who`, when cargo cannot build it.
+pub fn release_isolate(who: &str) -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("analyzer/ has a parent");
+    let out = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "isolate-analyzer",
+            "--bin",
+            "isolate",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(root)
+        .stderr(std::process::Stdio::inherit())
+        .output();
+    out.ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "isolate")
+                .find_map(|v| v["executable"].as_str().map(PathBuf::from))
+        })
+        .unwrap_or_else(|| {
+            eprintln!(
+                "{who}: no release build (cargo failed or is missing); using the debug binary"
+            );
+            PathBuf::from(env!("CARGO_BIN_EXE_isolate"))
+        })
+}
 
 /// Builds a trace event by event: sequence numbers count up from 0, each event is 1 µs after
 /// the one before (from 1 ms), on thread 1000 of device 0, unless told otherwise.
