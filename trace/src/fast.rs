@@ -236,7 +236,12 @@ impl<R: Read> FastReader<R> {
         let payload = &self.buf[start..start + len];
         match payload[0] {
             0 => {
-                if let Some(w) = fast_event(&payload[1..]) {
+                if let Some(w) = fast_event(&payload[1..], false) {
+                    return self.event(w).map(Some);
+                }
+            }
+            8 => {
+                if let Some(w) = fast_event(&payload[1..], true) {
                     return self.event(w).map(Some);
                 }
             }
@@ -268,7 +273,12 @@ impl<R: Read> FastReader<R> {
                 self.thread(index, tid)?;
                 return Ok(None);
             }
-            WireRecord::Event(w) => {
+            wire @ (WireRecord::Event(_) | WireRecord::StackedEvent(..)) => {
+                let (w, stack) = match wire {
+                    WireRecord::StackedEvent(w, s) => (w, s),
+                    WireRecord::Event(w) => (w, 0),
+                    _ => unreachable!(),
+                };
                 let x = w.extra.unwrap_or(crate::wire::WireExtra {
                     pitch: 0,
                     stream: 0,
@@ -288,6 +298,7 @@ impl<R: Read> FastReader<R> {
                         ptr_delta: w.ptr_delta,
                         size: w.size,
                         extra: [x.pitch, x.stream, x.handle, x.offset, x.flags],
+                        stack,
                     })
                     .map(Some);
             }
@@ -297,6 +308,10 @@ impl<R: Read> FastReader<R> {
             WireRecord::Stats(s) => Record::Stats(s),
             WireRecord::End(e) => Record::End(e),
             WireRecord::StaleValue(s) => Record::StaleValue(s),
+            WireRecord::Module(m) => Record::Module(m),
+            WireRecord::Stack(s) => Record::Stack(s),
+            WireRecord::PyCode(c) => Record::PyCode(c),
+            WireRecord::StackOf(s) => Record::StackOf(s),
         }))
     }
 
@@ -336,6 +351,7 @@ impl<R: Read> FastReader<R> {
             handle,
             offset,
             flags,
+            stack: w.stack,
         }))
     }
 }
@@ -358,6 +374,7 @@ struct FastEvent {
     ptr_delta: i64,
     size: u64,
     extra: [u64; 5],
+    stack: u32,
 }
 
 /// A cursor over a payload that gives up (returns `None`) on anything unusual.
@@ -418,7 +435,7 @@ impl Cur<'_> {
 
 /// Decodes a `WireRecord::Event` body (after its variant byte), or `None` to let bincode try.
 #[inline]
-fn fast_event(b: &[u8]) -> Option<FastEvent> {
+fn fast_event(b: &[u8], stacked: bool) -> Option<FastEvent> {
     let mut c = Cur { b, i: 0 };
     let seq_delta = c.i64()?;
     let ts_delta = c.i64()?;
@@ -434,6 +451,7 @@ fn fast_event(b: &[u8]) -> Option<FastEvent> {
         1 => [c.u64()?, c.u64()?, c.u64()?, c.u64()?, c.u64()?],
         _ => return None,
     };
+    let stack = if stacked { c.u32()? } else { 0 };
     if c.i != b.len() {
         return None;
     }
@@ -448,6 +466,7 @@ fn fast_event(b: &[u8]) -> Option<FastEvent> {
         ptr_delta,
         size,
         extra,
+        stack,
     })
 }
 
@@ -496,7 +515,44 @@ mod tests {
                 handle: i % 11,
                 offset: 0,
                 flags: i % 2,
+                stack: if i % 3 == 0 { 0 } else { (i % 7) as u32 },
             };
+            if i == 1 {
+                enc.encode(
+                    &Record::Module(Module {
+                        id: 1,
+                        path: "/usr/lib/libx.so".into(),
+                        base: 0x7f00_0000_0000,
+                        start: 0x7f00_0000_1000,
+                        end: 0x7f00_0010_0000,
+                        build_id: vec![0xab; 20],
+                    }),
+                    &mut out,
+                );
+                enc.encode(
+                    &Record::PyCode(PyCode {
+                        id: 1,
+                        file: "train.py".into(),
+                        name: "step".into(),
+                        first_line: 10,
+                    }),
+                    &mut out,
+                );
+                for id in 1..7 {
+                    enc.encode(
+                        &Record::Stack(Stack {
+                            id,
+                            frames: vec![
+                                crate::record::Frame::Native(0x7f00_0000_2000 + id as u64),
+                                crate::record::Frame::Python { code: 1, line: 12 },
+                            ],
+                            truncated: id == 3,
+                        }),
+                        &mut out,
+                    );
+                }
+                enc.encode(&Record::StackOf(StackOf { seq: 1, stack: 2 }), &mut out);
+            }
             enc.encode(&Record::Event(ev), &mut out);
             if i % 50 == 0 {
                 enc.encode(

@@ -35,7 +35,7 @@ pub use wire::Encoder;
 /// The first eight bytes of every trace.
 pub const MAGIC: [u8; 8] = *b"ISOTRACE";
 /// The format version this crate writes and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// The name of a CUDA error code that means the device faulted (a kernel touched memory it
 /// may not, or died); `None` for every other code. Driver and runtime share these numbers.
 pub fn device_fault_name(code: u64) -> Option<&'static str> {

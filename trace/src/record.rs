@@ -58,6 +58,9 @@ pub struct Event {
     pub offset: u64,
     /// The call's flags argument.
     pub flags: u64,
+    /// The call stack the call was made from: a [`Stack`]'s id, 0 when none was captured
+    /// (version-1 traces, `ISOLATE_STACKS=none`, or calls the library makes itself).
+    pub stack: u32,
 }
 
 impl Event {
@@ -197,6 +200,68 @@ pub struct End {
     pub stats: Stats,
 }
 
+/// A loaded object (the executable or a shared library) that native frames point into: enough
+/// for the analyzer to find the file and symbolise offline. Written (format version 2) before
+/// the first [`Stack`] that has a frame in it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode)]
+pub struct Module {
+    /// Number the stacks' frames do not repeat (frames hold addresses; the analyzer finds the
+    /// module by range). Starts at 1.
+    pub id: u32,
+    /// Path as the dynamic loader has it (`/proc/self/exe`'s target for the executable).
+    pub path: String,
+    /// Load bias: a file virtual address `v` of the object is at `base + v` in the process.
+    pub base: u64,
+    /// Lowest and one-past-highest address of its loaded segments.
+    pub start: u64,
+    pub end: u64,
+    /// The GNU build id (`NT_GNU_BUILD_ID`), empty when the object has none.
+    pub build_id: Vec<u8>,
+}
+
+/// One frame of a [`Stack`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Encode, Decode)]
+pub enum Frame {
+    /// A native return address (the instruction after the call; symbolise `addr - 1`).
+    Native(u64),
+    /// A Python frame: the [`PyCode`] it runs and the line it is at.
+    Python { code: u32, line: u32 },
+}
+
+/// A distinct call stack, written once (format version 2) before the first record that
+/// names it. Frames run from the innermost (the call into CUDA) outwards; where the program
+/// was running Python, the interpreter's own frames are replaced by the Python frames they
+/// were running, as PyTorch's `stacks="all"` shows them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode)]
+pub struct Stack {
+    /// Starts at 1; 0 means "no stack" wherever a stack id is named.
+    pub id: u32,
+    pub frames: Vec<Frame>,
+    /// True when the depth limit cut the stack short (outermost frames missing).
+    pub truncated: bool,
+}
+
+/// A Python code object (a function, a module body, a lambda), written once (format version
+/// 2) before the first [`Stack`] with a frame running it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode)]
+pub struct PyCode {
+    pub id: u32,
+    /// `co_filename`.
+    pub file: String,
+    /// `co_qualname` where the interpreter has one (3.11+), else `co_name`.
+    pub name: String,
+    /// `co_firstlineno`.
+    pub first_line: u32,
+}
+
+/// The stack of a record that is not an [`Event`] (a stale launch, a stale value, a note):
+/// the record with sequence number `seq` was made from stack `stack`. Format version 2.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Encode, Decode)]
+pub struct StackOf {
+    pub seq: u64,
+    pub stack: u32,
+}
+
 /// One entry of the trace after the header.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
@@ -211,6 +276,11 @@ pub enum Record {
     /// stale field the kernel ignores); followed by a fault ([`NoteKind::DeviceFault`]) it names
     /// the kernel that is the likely culprit.
     StaleValue(StaleLaunch),
+    /// Format version 2: a loaded object, a stack, a Python code object, a record's stack.
+    Module(Module),
+    Stack(Stack),
+    PyCode(PyCode),
+    StackOf(StackOf),
 }
 
 impl Record {
@@ -224,7 +294,12 @@ impl Record {
             Record::Violation(v) => Some(v.seq),
             Record::StaleLaunch(s) | Record::StaleValue(s) => Some(s.seq),
             Record::Note(n) => Some(n.seq),
-            Record::Stats(_) | Record::End(_) => None,
+            Record::Stats(_)
+            | Record::End(_)
+            | Record::Module(_)
+            | Record::Stack(_)
+            | Record::PyCode(_)
+            | Record::StackOf(_) => None,
         }
     }
 }

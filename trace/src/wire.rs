@@ -57,6 +57,13 @@ pub(crate) enum WireRecord {
     Stats(Stats),
     End(End),
     StaleValue(StaleLaunch),
+    // Format version 2 (appended, so every version-1 frame decodes as before).
+    /// An event with a call stack (events without one stay `Event`).
+    StackedEvent(WireEvent, u32),
+    Module(Module),
+    Stack(Stack),
+    PyCode(PyCode),
+    StackOf(StackOf),
 }
 
 /// Delta state shared by the encoder and the decoder.
@@ -191,7 +198,11 @@ impl Encoder {
                     ts: e.ts_ns,
                     ptr: e.ptr,
                 };
-                WireRecord::Event(w)
+                if e.stack != 0 {
+                    WireRecord::StackedEvent(w, e.stack)
+                } else {
+                    WireRecord::Event(w)
+                }
             }
             Record::Violation(v) => WireRecord::Violation(v.clone()),
             Record::StaleLaunch(s) => WireRecord::StaleLaunch(s.clone()),
@@ -199,6 +210,10 @@ impl Encoder {
             Record::Stats(s) => WireRecord::Stats(s.clone()),
             Record::End(e) => WireRecord::End(e.clone()),
             Record::StaleValue(s) => WireRecord::StaleValue(s.clone()),
+            Record::Module(m) => WireRecord::Module(m.clone()),
+            Record::Stack(s) => WireRecord::Stack(s.clone()),
+            Record::PyCode(c) => WireRecord::PyCode(c.clone()),
+            Record::StackOf(s) => WireRecord::StackOf(*s),
         };
         push_frame(out, &wire);
     }
@@ -234,44 +249,53 @@ impl Decoder {
                 self.threads.push(tid);
                 return Ok(None);
             }
-            WireRecord::Event(w) => {
-                let tid = *self.threads.get(w.thread as usize).ok_or_else(|| {
-                    format!("event names thread index {} never introduced", w.thread)
-                })?;
-                let seq = self.prev.seq.wrapping_add(w.seq_delta as u64);
-                let ts = self.prev.ts.wrapping_add(w.ts_delta as u64);
-                let ptr = self.prev.ptr.wrapping_add(w.ptr_delta as u64);
-                self.prev = Prev { seq, ts, ptr };
-                let x = w.extra.unwrap_or(WireExtra {
-                    pitch: 0,
-                    stream: 0,
-                    handle: 0,
-                    offset: 0,
-                    flags: 0,
-                });
-                Record::Event(Event {
-                    seq,
-                    ts_ns: ts,
-                    tid,
-                    device: w.device,
-                    api: w.api,
-                    result: w.result,
-                    duration_ns: w.duration_ns,
-                    ptr,
-                    size: w.size,
-                    pitch: x.pitch,
-                    stream: x.stream,
-                    handle: x.handle,
-                    offset: x.offset,
-                    flags: x.flags,
-                })
-            }
+            WireRecord::Event(w) => self.event(w, 0)?,
+            WireRecord::StackedEvent(w, stack) => self.event(w, stack)?,
             WireRecord::Violation(v) => Record::Violation(v),
             WireRecord::StaleLaunch(s) => Record::StaleLaunch(s),
             WireRecord::Note(n) => Record::Note(n),
             WireRecord::Stats(s) => Record::Stats(s),
             WireRecord::End(e) => Record::End(e),
             WireRecord::StaleValue(s) => Record::StaleValue(s),
+            WireRecord::Module(m) => Record::Module(m),
+            WireRecord::Stack(s) => Record::Stack(s),
+            WireRecord::PyCode(c) => Record::PyCode(c),
+            WireRecord::StackOf(s) => Record::StackOf(s),
+        }))
+    }
+
+    fn event(&mut self, w: WireEvent, stack: u32) -> Result<Record, String> {
+        let tid = *self
+            .threads
+            .get(w.thread as usize)
+            .ok_or_else(|| format!("event names thread index {} never introduced", w.thread))?;
+        let seq = self.prev.seq.wrapping_add(w.seq_delta as u64);
+        let ts = self.prev.ts.wrapping_add(w.ts_delta as u64);
+        let ptr = self.prev.ptr.wrapping_add(w.ptr_delta as u64);
+        self.prev = Prev { seq, ts, ptr };
+        let x = w.extra.unwrap_or(WireExtra {
+            pitch: 0,
+            stream: 0,
+            handle: 0,
+            offset: 0,
+            flags: 0,
+        });
+        Ok(Record::Event(Event {
+            seq,
+            ts_ns: ts,
+            tid,
+            device: w.device,
+            api: w.api,
+            result: w.result,
+            duration_ns: w.duration_ns,
+            ptr,
+            size: w.size,
+            pitch: x.pitch,
+            stream: x.stream,
+            handle: x.handle,
+            offset: x.offset,
+            flags: x.flags,
+            stack,
         }))
     }
 }

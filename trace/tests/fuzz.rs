@@ -19,8 +19,9 @@
 //! kernel names of a few KiB, frames right at the size limit) and reads them back exactly.
 
 use isolate_trace::{
-    Api, Encoder, End, EndReason, ErrorKind, Event, FastReader, Header, MAX_FRAME, Note, NoteKind,
-    Reader, Record, StaleLaunch, Stats, TraceError, Violation,
+    Api, Encoder, End, EndReason, ErrorKind, Event, FastReader, Frame, Header, MAX_FRAME, Module,
+    Note, NoteKind, PyCode, Reader, Record, Stack, StackOf, StaleLaunch, Stats, TraceError,
+    Violation,
 };
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -176,7 +177,7 @@ const NOTE_KINDS: &[NoteKind] = &[
 
 /// One random record; `tids` is a small pool so that events share threads.
 fn random_record(rng: &mut Rng, tids: &[u32]) -> Record {
-    match rng.below(12) {
+    match rng.below(16) {
         0..=5 => {
             // Events are most of a real trace; half of them have all extra fields zero.
             let extra = rng.chance(2);
@@ -197,8 +198,43 @@ fn random_record(rng: &mut Rng, tids: &[u32]) -> Record {
                 handle,
                 offset,
                 flags,
+                stack: if rng.chance(2) { rng.u32() } else { 0 },
             })
         }
+        12 => Record::Module(Module {
+            id: rng.u32(),
+            path: rng.string(200),
+            base: rng.u64(),
+            start: rng.u64(),
+            end: rng.u64(),
+            build_id: rng.string(20).into_bytes(),
+        }),
+        13 => Record::Stack(Stack {
+            id: rng.u32(),
+            frames: (0..rng.below(40))
+                .map(|_| {
+                    if rng.chance(2) {
+                        Frame::Native(rng.u64())
+                    } else {
+                        Frame::Python {
+                            code: rng.u32(),
+                            line: rng.u32(),
+                        }
+                    }
+                })
+                .collect(),
+            truncated: rng.chance(2),
+        }),
+        14 => Record::PyCode(PyCode {
+            id: rng.u32(),
+            file: rng.string(100),
+            name: rng.string(40),
+            first_line: rng.u32(),
+        }),
+        15 => Record::StackOf(StackOf {
+            seq: rng.u64(),
+            stack: rng.u32(),
+        }),
         6 => Record::Violation(Violation {
             seq: rng.u64(),
             ts_ns: rng.u64(),

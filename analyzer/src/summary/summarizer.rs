@@ -524,6 +524,7 @@ impl Observer for Summarizer {
                     EndReason::Exec => "exec".into(),
                 });
             }
+            Record::Module(_) | Record::Stack(_) | Record::PyCode(_) | Record::StackOf(_) => {}
         }
     }
 
