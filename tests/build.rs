@@ -10,7 +10,9 @@
 //!   `// link: cudart`, `// link: cuda`, `// link: cudart cuda`, `// link: none` (the default),
 //!   always with `-I standin -ldl -pthread -O1 -g -Wall` and no rpath;
 //! - `OUT_DIR/bin/libNAME.so` for each `programs/*.c` whose first line is `// shared: libNAME.so`
-//!   (a `// link:` line may follow it).
+//!   (a `// link:` line may follow it);
+//! - a `// cflags: ...` line adds flags after those, so they win (`stacks.c`: `-O2 -g0
+//!   -fomit-frame-pointer`, built as the libraries users run are).
 //!
 //! The crate gets `STANDIN_DIR` and `STANDIN_BIN` (compile-time env) naming the two folders.
 //! A compile error fails the build with the compiler's message; compiler warnings show as
@@ -46,6 +48,8 @@ struct Program {
     shared: Option<String>,
     cudart: bool,
     cuda: bool,
+    /// Extra compiler flags (`// cflags:`), after the default ones.
+    cflags: Vec<String>,
 }
 
 fn main() {
@@ -88,6 +92,7 @@ fn main() {
         shared: None,
         cudart: true,
         cuda: true,
+        cflags: Vec::new(),
     };
     let (src, args) = program_command(&selfcheck, &standin, &include, &lib_dir);
     compile(&src, &args);
@@ -174,6 +179,7 @@ fn parse_program(src: &Path) -> Program {
         shared: None,
         cudart: false,
         cuda: false,
+        cflags: Vec::new(),
     };
     for line in text.lines() {
         let Some(comment) = line.trim_start().strip_prefix("//") else {
@@ -192,6 +198,8 @@ fn parse_program(src: &Path) -> Program {
                     ),
                 }
             }
+        } else if let Some(v) = comment.strip_prefix("cflags:") {
+            p.cflags.extend(v.split_whitespace().map(|w| w.to_string()));
         } else if let Some(v) = comment.strip_prefix("shared:") {
             let name = v.trim();
             if !(name.starts_with("lib") && name.ends_with(".so")) || name.contains('/') {
@@ -221,6 +229,7 @@ fn program_command(
         args.extend(["-shared".to_string(), "-fPIC".to_string()]);
     }
     args.extend(PROGRAM_FLAGS.iter().map(|s| s.to_string()));
+    args.extend(p.cflags.iter().cloned());
     args.push(include.to_string());
     args.push("-o".into());
     args.push(target.display().to_string());

@@ -130,6 +130,23 @@ pub fn parse_percent(s: &str) -> Result<f64, crate::Error> {
     Ok(if pct || v >= 1.0 { v / 100.0 } else { v })
 }
 
+/// `; most at site X: +50 allocations, +50.0 MiB; …`: the (at most 3) allocation sites that
+/// grew most by `key`, when the runs have stacks; empty otherwise.
+fn grown_sites(
+    base: &Profile,
+    new: &Profile,
+    key: impl Fn(&crate::diff::SiteChange) -> i128,
+) -> String {
+    let mut c = crate::diff::site_changes(&base.sites, &new.sites);
+    c.retain(|s| key(s) > 0);
+    c.sort_by(|p, q| key(q).cmp(&key(p)).then_with(|| p.site.cmp(&q.site)));
+    if c.is_empty() {
+        return String::new();
+    }
+    let lines: Vec<String> = c.iter().take(3).map(|s| s.line()).collect();
+    format!("; most at {}", lines.join("; "))
+}
+
 fn pct(f: f64) -> String {
     let p = f * 100.0;
     if (p - p.round()).abs() < 1e-9 {
@@ -146,10 +163,11 @@ pub fn check(base: &Profile, new: &Profile, t: &Thresholds) -> Vec<String> {
         let (a, b) = (base.peak_live_bytes, new.peak_live_bytes);
         match growth(a, b) {
             Some(g) if g > max * 100.0 + 1e-9 => r.push(format!(
-                "peak device memory grew {g:.1}% ({} → {}), more than the allowed {}",
+                "peak device memory grew {g:.1}% ({} → {}), more than the allowed {}{}",
                 human_bytes(a),
                 human_bytes(b),
-                pct(max)
+                pct(max),
+                grown_sites(base, new, |c| c.bytes.delta)
             )),
             None if b > 0 => r.push(format!(
                 "peak device memory grew from nothing to {} (the baseline used none)",
@@ -162,8 +180,9 @@ pub fn check(base: &Profile, new: &Profile, t: &Thresholds) -> Vec<String> {
         let (a, b) = (base.allocations, new.allocations);
         match growth(a, b) {
             Some(g) if g > max * 100.0 + 1e-9 => r.push(format!(
-                "allocations grew {g:.1}% ({a} → {b}), more than the allowed {}",
-                pct(max)
+                "allocations grew {g:.1}% ({a} → {b}), more than the allowed {}{}",
+                pct(max),
+                grown_sites(base, new, |c| c.allocations.delta)
             )),
             None if b > 0 => r.push(format!(
                 "allocations grew from none to {b} (the baseline made none)"

@@ -83,6 +83,82 @@ pub struct Profile {
     pub leaks: Vec<Leak>,
     pub truncated: Option<u64>,
     pub complete: bool,
+    /// Trace format 2: device memory allocations per allocation site (by name: stack ids and
+    /// addresses differ between runs), the largest [`SITE_CAP`] by bytes; absent without stacks.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<SiteFigures>,
+}
+
+/// Sites kept in a profile.
+pub const SITE_CAP: usize = 10_000;
+
+/// One allocation site of a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SiteFigures {
+    pub site: String,
+    /// The site's shown frames, innermost first: what tells sites apart across runs.
+    pub frames: Vec<String>,
+    pub allocations: u64,
+    pub bytes: u64,
+    pub held_at_end: CountBytes,
+    pub peak_live_bytes: u64,
+}
+
+/// How one site's figures changed (`base`/`new` 0: the site is not in that run).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SiteChange {
+    pub site: String,
+    /// Its shown frames (sites of one name differ in their callers).
+    pub frames: Vec<String>,
+    pub allocations: Change,
+    pub bytes: Change,
+    pub held_at_end_bytes: Change,
+    /// True when another changed site has the same name (the text then names its caller).
+    #[serde(skip)]
+    pub ambiguous: bool,
+}
+
+impl SiteChange {
+    /// `site X: +50 allocations, +50.0 MiB` (and what it held at the end when that changed).
+    pub fn line(&self) -> String {
+        let signed = |d: i128| {
+            if d >= 0 {
+                format!("+{d}")
+            } else {
+                d.to_string()
+            }
+        };
+        let bytes = |d: i128| {
+            let b = human_bytes(u64::try_from(d.unsigned_abs()).unwrap_or(u64::MAX));
+            if d >= 0 {
+                format!("+{b}")
+            } else {
+                format!("-{b}")
+            }
+        };
+        let name = match self.frames.get(1) {
+            Some(caller) if self.ambiguous => format!("{} ← {caller}", self.site),
+            _ => self.site.clone(),
+        };
+        let mut l = format!(
+            "site {}: {} allocations, {}",
+            name,
+            signed(self.allocations.delta),
+            bytes(self.bytes.delta)
+        );
+        if self.allocations.base == 0 {
+            l.push_str(" (new site)");
+        } else if self.allocations.new == 0 {
+            l.push_str(" (gone)");
+        }
+        if self.held_at_end_bytes.delta != 0 {
+            l.push_str(&format!(
+                "; held at end {}",
+                bytes(self.held_at_end_bytes.delta)
+            ));
+        }
+        l
+    }
 }
 
 #[derive(Default)]
@@ -129,11 +205,29 @@ pub fn profile(path: &Path, progress: &mut dyn Progress) -> Result<Profile, Erro
         Summarizer::new(0),
         (
             GraphBuilder::new(&mut counts, Default::default()),
-            Leaks::default(),
+            (Leaks::default(), crate::sites::Collect::default()),
         ),
     );
     let info = analyze(path, progress, &mut obs)?;
-    let (summ, (builder, leaks)) = obs;
+    let (summ, (builder, (leaks, collect))) = obs;
+    let mut sites: Vec<SiteFigures> = if collect.has_stacks() {
+        collect
+            .named()
+            .into_iter()
+            .map(|x| SiteFigures {
+                frames: x.key.lines().map(str::to_owned).collect(),
+                site: x.site,
+                allocations: x.allocations,
+                bytes: x.bytes,
+                held_at_end: x.held_at_end,
+                peak_live_bytes: x.peak_live_bytes,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)));
+    sites.truncate(SITE_CAP);
     builder.finish()?;
     let s = summ.into_summary(&info);
     let t = &s.totals;
@@ -189,6 +283,7 @@ pub fn profile(path: &Path, progress: &mut dyn Progress) -> Result<Profile, Erro
         leaks: leaks.leaks,
         truncated: t.truncated,
         complete: t.complete,
+        sites,
     })
 }
 
@@ -213,6 +308,10 @@ pub struct Diff {
     /// Leaks of the new run that the base does not have, and the other way round.
     pub new_leaks: Vec<Leak>,
     pub fixed_leaks: Vec<Leak>,
+    /// Trace format 2: the allocation sites whose allocations or bytes differ, the largest
+    /// change in bytes first (absent when neither run has stacks).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<SiteChange>,
     /// True when nothing differs.
     pub same: bool,
 }
@@ -285,15 +384,69 @@ pub fn compare(base: Profile, new: Profile) -> Diff {
     let lb: BTreeSet<&Leak> = new.leaks.iter().collect();
     let new_leaks: Vec<Leak> = lb.difference(&la).map(|l| (*l).clone()).collect();
     let fixed_leaks: Vec<Leak> = la.difference(&lb).map(|l| (*l).clone()).collect();
-    let same = changes.is_empty() && new_leaks.is_empty() && fixed_leaks.is_empty();
+    let sites = site_changes(&base.sites, &new.sites);
+    let same =
+        changes.is_empty() && new_leaks.is_empty() && fixed_leaks.is_empty() && sites.is_empty();
     Diff {
         base,
         new,
         changes,
         new_leaks,
         fixed_leaks,
+        sites,
         same,
     }
+}
+
+fn change(metric: &str, a: u64, b: u64) -> Change {
+    Change {
+        metric: metric.into(),
+        base: a,
+        new: b,
+        delta: i128::from(b) - i128::from(a),
+        percent: growth(a, b),
+    }
+}
+
+/// The sites whose allocations or bytes differ between two runs, the largest change in bytes
+/// first.
+pub fn site_changes(base: &[SiteFigures], new: &[SiteFigures]) -> Vec<SiteChange> {
+    let a: BTreeMap<&[String], &SiteFigures> = base.iter().map(|s| (&s.frames[..], s)).collect();
+    let b: BTreeMap<&[String], &SiteFigures> = new.iter().map(|s| (&s.frames[..], s)).collect();
+    let none = SiteFigures::default();
+    let keys: BTreeSet<&[String]> = a.keys().chain(b.keys()).copied().collect();
+    let mut out: Vec<SiteChange> = keys
+        .into_iter()
+        .filter_map(|k| {
+            let x = a.get(k).copied().unwrap_or(&none);
+            let y = b.get(k).copied().unwrap_or(&none);
+            let site = if y.site.is_empty() { &x.site } else { &y.site };
+            (x.allocations != y.allocations || x.bytes != y.bytes).then(|| SiteChange {
+                site: site.clone(),
+                frames: k.to_vec(),
+                ambiguous: false,
+                allocations: change("allocations", x.allocations, y.allocations),
+                bytes: change("bytes", x.bytes, y.bytes),
+                held_at_end_bytes: change(
+                    "held_at_end.bytes",
+                    x.held_at_end.bytes,
+                    y.held_at_end.bytes,
+                ),
+            })
+        })
+        .collect();
+    out.sort_by(|p, q| {
+        q.bytes
+            .delta
+            .abs()
+            .cmp(&p.bytes.delta.abs())
+            .then_with(|| p.site.cmp(&q.site))
+    });
+    let names: Vec<String> = out.iter().map(|c| c.site.clone()).collect();
+    for c in &mut out {
+        c.ambiguous = names.iter().filter(|n| **n == c.site).count() > 1;
+    }
+    out
 }
 
 /// Profiles and compares two traces.
@@ -340,5 +493,18 @@ pub fn render_text(d: &Diff) -> String {
     for l in &d.fixed_leaks {
         let _ = writeln!(o, "fixed leak {l}");
     }
+    for s in d.sites.iter().take(SITES_IN_TEXT) {
+        let _ = writeln!(o, "{}", s.line());
+    }
+    if d.sites.len() > SITES_IN_TEXT {
+        let _ = writeln!(
+            o,
+            "… and {} more sites changed (--json has them all)",
+            d.sites.len() - SITES_IN_TEXT
+        );
+    }
     o
 }
+
+/// Changed sites listed in the text.
+const SITES_IN_TEXT: usize = 20;

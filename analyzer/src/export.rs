@@ -10,6 +10,8 @@
 //!
 //! Timestamps are the trace's `CLOCK_MONOTONIC` in µs (with ns decimals), so traces of several
 //! processes of one host line up.
+//!
+//! `isolate export --format memory-viz` (PyTorch's memory snapshot pickle) is in [`memviz`].
 
 use crate::Error;
 use crate::source::{Progress, analyze};
@@ -22,6 +24,9 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io::Write;
 use std::path::Path;
+
+pub mod memviz;
+pub use memviz::{DEFAULT_MAX_EVENTS, MemoryVizStats, PyFrame, Stacks, memory_viz};
 
 /// µs with three decimals, exactly.
 fn us(ns: u64) -> String {

@@ -5,6 +5,8 @@
 //! just given back ([`graph`]), everything that ever lived at one address ([`who`]), how two runs
 //! differ ([`diff`]) and whether a run stays within a baseline's budget ([`check`]). [`report`]
 //! renders one self-contained HTML page and [`export`] writes the timeline for Perfetto.
+//! [`stacks`] symbolises the call stacks of format-version-2 traces offline, and [`sites`]
+//! ranks allocation sites.
 //!
 //! Every analysis streams over the trace once: memory is bounded by what is live at once and a
 //! few fixed windows (the last frees remembered, the reordering window, capped lists), not by the
@@ -37,7 +39,9 @@ pub mod order;
 pub mod regions;
 pub mod report;
 pub mod run;
+pub mod sites;
 mod source;
+pub mod stacks;
 pub mod summary;
 pub mod track;
 pub mod util;

@@ -7,7 +7,7 @@
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use isolate_analyzer::{
-    self as ia, Progress, check, diff, export, graph, report, run, summary, util, who,
+    self as ia, Progress, check, diff, export, graph, report, run, sites, summary, util, who,
 };
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
@@ -43,7 +43,8 @@ const ERROR_EXITCODE: &str = "Exit with status N when the traces hold a finding:
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a command with libisolate.so preloaded (it must lie beside this executable), then say
-    /// which traces it wrote and how to read them.
+    /// which traces it wrote and how to read them. Also sets NVTX_INJECTION64_PATH to the library
+    /// (unless set), so that NVTX ranges become regions in the trace.
     Run {
         /// What the library does [default: log, or ISOLATE_MODE from the environment].
         #[arg(long, value_name = "MODE", value_parser = mode_values())]
@@ -127,6 +128,22 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Allocation sites (call stacks) ranked by the device memory they allocated or by how many
+    /// allocations they made, as memray stats and heaptrack_print do.
+    Sites {
+        /// Rank by bytes allocated or by allocations made.
+        #[arg(long, value_enum, default_value = "bytes")]
+        by: SitesBy,
+        /// Show the first N sites (0: all).
+        #[arg(long, value_name = "N", default_value_t = 20)]
+        top: usize,
+        /// Print JSON instead of text (every frame of every site's stack).
+        #[arg(long)]
+        json: bool,
+        /// Trace files; sites of the same name in several are added up.
+        #[arg(required = true, value_name = "TRACE")]
+        traces: Vec<PathBuf>,
+    },
     /// Compare two runs, addresses aside.
     Diff {
         /// The trace of the earlier run.
@@ -172,17 +189,22 @@ enum Cmd {
         #[arg(short, long, value_name = "FILE")]
         output: PathBuf,
     },
-    /// The timeline for Perfetto / chrome://tracing.
+    /// The timeline for Perfetto / chrome://tracing, or PyTorch's memory snapshot.
     Export {
-        /// The output format (the Trace Event JSON that ui.perfetto.dev opens).
+        /// The output format: the Trace Event JSON that ui.perfetto.dev opens, or the pickle
+        /// that pytorch.org/memory_viz and torch.cuda._memory_viz open.
         #[arg(long, value_enum)]
         format: ExportFormat,
-        /// Trace files; processes line up on one clock.
+        /// Trace files; processes line up on one clock (memory-viz: one trace, one process).
         #[arg(required = true, value_name = "TRACE")]
         traces: Vec<PathBuf>,
-        /// The JSON file to write.
+        /// The file to write (JSON, or the snapshot pickle for memory-viz).
         #[arg(short, long, value_name = "FILE")]
         output: PathBuf,
+        /// memory-viz: keep the most recent N entries of the allocation history (as PyTorch's
+        /// max_entries does); older ones are dropped, and the command says so.
+        #[arg(long, value_name = "N", default_value_t = export::DEFAULT_MAX_EVENTS)]
+        max_events: usize,
     },
 }
 
@@ -201,6 +223,14 @@ fn mode_values() -> clap::builder::PossibleValuesParser {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SitesBy {
+    /// Bytes allocated over the run.
+    Bytes,
+    /// Allocations made over the run.
+    Calls,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum GraphFormat {
     /// A screenful for a person.
     Text,
@@ -210,10 +240,12 @@ enum GraphFormat {
     Dot,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ExportFormat {
     /// Trace Event format JSON (Perfetto, chrome://tracing).
     ChromeTrace,
+    /// PyTorch's memory snapshot pickle (pytorch.org/memory_viz, torch.cuda._memory_viz).
+    MemoryViz,
 }
 
 /// A progress bar on standard error, for big files, only when it is a terminal.
@@ -484,6 +516,29 @@ fn real_main() -> Result<ExitCode> {
                 None => Ok(exit_for(truncated)),
             }
         }
+        Cmd::Sites {
+            by,
+            top,
+            json,
+            traces,
+        } => {
+            let by = match by {
+                SitesBy::Bytes => sites::By::Bytes,
+                SitesBy::Calls => sites::By::Calls,
+            };
+            let s = sites::sites(&traces, by, top, &mut bar)?;
+            if json {
+                print_json(&s)?;
+            } else {
+                print_text(&sites::render_text(&s))?;
+            }
+            let t: Vec<_> = s
+                .traces
+                .iter()
+                .map(|t| (t.file.clone(), t.truncated))
+                .collect();
+            Ok(exit_for(warn_truncated(&t)))
+        }
         Cmd::Graph {
             format,
             traces,
@@ -666,12 +721,29 @@ fn real_main() -> Result<ExitCode> {
             Ok(exit_for(warn_truncated(&t)))
         }
         Cmd::Export {
-            format: ExportFormat::ChromeTrace,
+            format,
             traces,
             output,
+            max_events,
         } => {
+            if format == ExportFormat::MemoryViz && traces.len() != 1 {
+                anyhow::bail!(
+                    "export: --format memory-viz takes one trace (a snapshot is one process's), not {}: export each to its own file",
+                    traces.len()
+                );
+            }
             let mut f = out_file(&output)?;
-            let infos = export::chrome_trace(&traces, &mut f, &mut bar)?;
+            let infos = match format {
+                ExportFormat::ChromeTrace => export::chrome_trace(&traces, &mut f, &mut bar)?,
+                ExportFormat::MemoryViz => {
+                    let (info, stats) =
+                        export::memory_viz(&traces[0], &mut f, max_events, &mut bar)?;
+                    for l in stats.describe() {
+                        eprintln!("isolate: {l}");
+                    }
+                    vec![info]
+                }
+            };
             let t: Vec<_> = infos
                 .iter()
                 .map(|t| (t.file.clone(), t.truncated_at))

@@ -540,6 +540,11 @@ pub fn run(opts: &RunOptions) -> Result<Finished, Error> {
     if let Some(m) = &opts.mode {
         cmd.env("ISOLATE_MODE", m);
     }
+    // NVTX ranges (torch.cuda.nvtx.range, emit_nvtx(), NCCL's) become regions: the library is
+    // also the NVTX injection, unless the user named another tool (Nsight Systems sets its own).
+    if opts.effective_mode() != "off" && std::env::var_os("NVTX_INJECTION64_PATH").is_none() {
+        cmd.env("NVTX_INJECTION64_PATH", &opts.library);
+    }
     if let Some(t) = &opts.trace {
         cmd.env("ISOLATE_TRACE", t);
     }

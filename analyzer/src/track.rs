@@ -121,6 +121,9 @@ pub struct Node {
     pub handle_node: Option<u64>,
     /// For a mapping: the reservation that contains it.
     pub reservation: Option<u64>,
+    /// The call stack of the call that started it (a [`Stack`](isolate_trace::Stack)'s id; 0
+    /// when the trace has none).
+    pub stack: u32,
 }
 
 impl Node {
@@ -153,6 +156,8 @@ pub struct Ended {
     pub how: EndHow,
     /// For [`EndHow::Lost`]: the node that was handed its address.
     pub by: Option<u64>,
+    /// The call stack of the call that ended it (0 when none).
+    pub stack: u32,
 }
 
 /// What an invalid call tried to give back.
@@ -588,6 +593,7 @@ impl Tracker {
             ts_ns: ev.ts_ns,
             handle_node: None,
             reservation: None,
+            stack: ev.stack,
         }
     }
 
@@ -610,6 +616,7 @@ impl Tracker {
             tid: ev.tid,
             how,
             by: None,
+            stack: ev.stack,
         };
         match kind {
             Kind::Alloc => {
@@ -747,6 +754,7 @@ impl Tracker {
                 tid: ev.tid,
                 how: EndHow::Lost,
                 by: Some(n.id),
+                stack: ev.stack,
             };
             obs.ended(&o, &e, &self.live);
         }
@@ -772,6 +780,7 @@ impl Tracker {
                     tid: ev.tid,
                     how: EndHow::Freed,
                     by: None,
+                    stack: ev.stack,
                 };
                 self.freed
                     .insert(Freed::key(kind, ev.ptr, ev.handle, ev.api.memory()), n, e);

@@ -2,6 +2,7 @@
 
 use crate::Error;
 use crate::source::{Progress, analyze};
+use crate::stacks::{self, ShownStack, StackTable};
 use crate::track::{Category, EndHow, Ended, Invalid, Live, Node, Observer};
 use crate::util::{hex, human_bytes, human_ns, ser_hex};
 use isolate_trace::Record;
@@ -53,6 +54,11 @@ pub struct Occupant {
     pub handle_node: Option<u64>,
     pub handle_size: Option<u64>,
     pub reservation: Option<u64>,
+    /// Trace format 2: the stacks of the call that started it and of the one that ended it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alloc_stack: Option<ShownStack>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub free_stack: Option<ShownStack>,
 }
 
 /// A record that names the address.
@@ -67,6 +73,12 @@ pub struct Incident {
     pub ptr: u64,
     /// Kernel name for stale launches, changed bytes for violations.
     pub detail: String,
+    /// Trace format 2: the stack of the call (invalid frees) or launch (stale launches and
+    /// values).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stack: Option<ShownStack>,
+    #[serde(skip)]
+    stack_id: u32,
 }
 
 /// What one trace says about the address.
@@ -84,6 +96,9 @@ pub struct WhoTrace {
     pub reservations: Vec<Occupant>,
     pub incidents: Vec<Incident>,
     pub truncated: Option<u64>,
+    /// Why there are no stacks (said once in text; not in JSON).
+    #[serde(skip)]
+    pub no_stacks: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -109,6 +124,7 @@ struct Watch {
     /// Live handles: node id → size.
     handles: FxHashMap<u64, u64>,
     incidents: Vec<Incident>,
+    table: StackTable,
 }
 
 fn list_of(c: Category) -> usize {
@@ -153,6 +169,8 @@ impl Observer for Watch {
                 api: ev.api.name().into(),
                 ptr: ev.ptr,
                 detail: format!("{} of memory that was not live", inv.kind.name()),
+                stack: None,
+                stack_id: ev.stack,
             });
         }
     }
@@ -172,6 +190,8 @@ impl Observer for Watch {
                         "{} bytes changed from offset {} after the free (alloc seq {}, free seq {})",
                         v.changed_bytes, v.first_offset, v.alloc_seq, v.free_seq
                     ),
+                    stack: None,
+                    stack_id: 0,
                 });
             }
             Record::StaleLaunch(s)
@@ -189,6 +209,8 @@ impl Observer for Watch {
                         "kernel {} param {} points into freed memory (alloc seq {}, freed seq {})",
                         s.kernel, s.param_index, s.alloc_seq, s.free_seq
                     ),
+                    stack: None,
+                    stack_id: 0,
                 });
             }
             Record::StaleValue(s)
@@ -207,14 +229,18 @@ impl Observer for Watch {
                          (alloc seq {}, freed seq {}); harmless unless a device fault followed",
                         s.kernel, s.param_index, s.alloc_seq, s.free_seq
                     ),
+                    stack: None,
+                    stack_id: 0,
                 });
             }
-            _ => {}
+            _ => {
+                self.table.record(rec);
+            }
         }
     }
 }
 
-fn occupants(addr: u64, list: &[Entry]) -> Vec<Occupant> {
+fn occupants(addr: u64, list: &[Entry], table: &StackTable) -> Vec<Occupant> {
     let mut out = Vec::with_capacity(list.len());
     for (i, (n, e, handle_size)) in list.iter().enumerate() {
         let next = list.get(i + 1).map(|(m, _, _)| Next {
@@ -248,6 +274,8 @@ fn occupants(addr: u64, list: &[Entry]) -> Vec<Occupant> {
             handle_node: n.handle_node,
             handle_size: *handle_size,
             reservation: n.reservation,
+            alloc_stack: stacks::shown(table, n.stack),
+            free_stack: e.and_then(|e| stacks::shown(table, e.stack)),
         });
     }
     out
@@ -267,16 +295,25 @@ pub fn who<P: AsRef<Path>>(
             open: FxHashMap::default(),
             handles: FxHashMap::default(),
             incidents: Vec::new(),
+            table: StackTable::new(),
         };
         let info = analyze(p.as_ref(), progress, &mut w)?;
+        for i in &mut w.incidents {
+            if i.stack_id == 0 && i.kind != "invalid_free" {
+                i.stack_id = w.table.stack_of(i.seq);
+            }
+            i.stack = stacks::shown(&w.table, i.stack_id);
+        }
+        let t = &w.table;
         traces.push(WhoTrace {
             trace: i,
             file: info.file.clone(),
             pid: info.header.pid,
             rank: info.header.rank,
-            history: occupants(addr, &w.lists[0]),
-            mappings: occupants(addr, &w.lists[1]),
-            reservations: occupants(addr, &w.lists[2]),
+            history: occupants(addr, &w.lists[0], t),
+            mappings: occupants(addr, &w.lists[1], t),
+            reservations: occupants(addr, &w.lists[2], t),
+            no_stacks: stacks::why_none(info.format_version, t, &info.header.config),
             incidents: w.incidents,
             truncated: info.truncated_at,
         });
@@ -339,6 +376,8 @@ pub fn render_text(w: &Who) -> String {
                     x.tid,
                     life
                 );
+                stack_text(&mut o, "allocated at", x.alloc_stack.as_ref());
+                stack_text(&mut o, "freed at", x.free_stack.as_ref());
                 if let Some(ho) = x.handle_offset {
                     let _ = writeln!(
                         o,
@@ -380,7 +419,25 @@ pub fn render_text(w: &Who) -> String {
                 hex(i.ptr),
                 i.detail.escape_debug()
             );
+            stack_text(&mut o, "at", i.stack.as_ref());
+        }
+        if let Some(why) = &t.no_stacks
+            && !(t.history.is_empty() && t.incidents.is_empty())
+        {
+            let _ = writeln!(o, "({why})");
         }
     }
     o
+}
+
+/// Frames of a stack shown under a node or an incident.
+const WHO_FRAMES: usize = 3;
+
+/// `          allocated at  make_buffer (prog.c:14)` and the next frames under it.
+fn stack_text(o: &mut String, label: &str, s: Option<&ShownStack>) {
+    let Some(s) = s else { return };
+    for (i, l) in s.text_lines(WHO_FRAMES).into_iter().enumerate() {
+        let head = if i == 0 { label } else { "" };
+        let _ = writeln!(o, "          {head:<12}  {}", l.escape_debug());
+    }
 }

@@ -112,6 +112,52 @@ fn with_regions(from: &Path, to: &Path) {
     std::fs::write(to, html).unwrap();
 }
 
+/// A version-2 trace whose first allocation (64 MiB, the bottom band all along) was made and
+/// freed from Python functions, with small allocations coming and going above it.
+fn stacks_trace(dir: &Path) -> PathBuf {
+    use isolate_trace::{Api, Event, Frame, PyCode, Record, Stack};
+    let mut t = common::TraceBuilder::new();
+    for (id, name, line) in [
+        (1, "Model.step", 10),
+        (2, "<module>", 1),
+        (3, "cleanup", 28),
+    ] {
+        t.record(Record::PyCode(PyCode {
+            id,
+            file: "train.py".into(),
+            name: name.into(),
+            first_line: line,
+        }));
+    }
+    let py = |code, line| Frame::Python { code, line };
+    for (id, frames) in [
+        (1, vec![py(1, 14), py(2, 40)]),
+        (2, vec![py(3, 30), py(2, 41)]),
+    ] {
+        t.record(Record::Stack(Stack {
+            id,
+            frames,
+            truncated: false,
+        }));
+    }
+    let ev = |api, ptr, size, stack| Event {
+        api,
+        ptr,
+        size,
+        stack,
+        ..Event::default()
+    };
+    t.event(ev(Api::CudaMalloc, common::A, 64 * common::MIB, 1));
+    for i in 0..40 {
+        let p = common::A + 0x1000_0000 + i * 0x10_0000;
+        t.event(ev(Api::CudaMalloc, p, 4 * common::MIB, 1));
+        t.event(ev(Api::CudaFree, p, 0, 2));
+    }
+    t.event(ev(Api::CudaFree, common::A, 0, 2));
+    t.end(Default::default());
+    t.write(dir, "stacks.trace")
+}
+
 #[test]
 fn report_pages_in_headless_chromium() {
     let Some(chromium) = chromium() else {
@@ -160,6 +206,8 @@ fn report_pages_in_headless_chromium() {
         &dir.join("mlp.html"),
     );
     with_regions(&dir.join("mlp.html"), &dir.join("regions.html"));
+    let stacked = stacks_trace(dir);
+    report(&debug, &stacked, &dir.join("stacks.html"));
     let big = dir.join("big.trace");
     let t = Instant::now();
     write_one_live(&big, BIG).unwrap();
@@ -193,6 +241,10 @@ fn report_pages_in_headless_chromium() {
          "shot_zoomed": "training-zoomed", "zoom_at": 0.75, "trimmed": true,
          "findings": ["Possible leak: 1 allocation (1.0 MiB) still held at exit that nothing explains"]},
         {"name": "regions", "file": dir.join("regions.html"), "trimmed": true, "regions": true},
+        {"name": "call stacks", "file": dir.join("stacks.html"),
+         "stacks": ["allocation #0: cudaMalloc of 64.0 MiB", "allocated at:",
+                    "train.py:14 in Model.step", "train.py:40 in <module>", "freed at:",
+                    "train.py:30 in cleanup"]},
         {"name": "4M events", "file": dir.join("big.html"), "shot": "4m-events", "clean": true,
          "max_load_ms": BIG_LOAD_MS},
     ]);

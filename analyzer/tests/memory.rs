@@ -63,6 +63,7 @@ fn commands(trace: &Path, out: &Path) -> Vec<(&'static str, Vec<String>)> {
         ),
         ("graph (text)", v(&["graph", &t, "-o", &o("g.txt")])),
         ("who --json", v(&["who", "--json", "0x7f0000000000", &t])),
+        ("sites", v(&["sites", &t])),
         ("report", v(&["report", &t, "-o", &o("r.html")])),
         (
             "export",

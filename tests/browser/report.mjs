@@ -7,7 +7,9 @@
 //
 // pages.json: [{ "name", "file", "badge"?, "findings"?: [text…], "clean"?: bool,
 //                "trimmed"?: bool, "markers"?: bool, "regions"?: bool, "max_load_ms"?, "shot"?,
-//                "shot_zoomed"?, "zoom_at"? }]
+//                "shot_zoomed"?, "zoom_at"?, "stacks"?: [text…] }]
+// "stacks": a click at the bottom of the plot's middle (the first allocation's band) shows
+// these lines of its call stacks below the chart.
 // "trimmed": the first view leaves a quiet start or end out; "zoom_at": where across the plot
 // the wheel zooms (0..1, default 0.6).
 // Exit 0 when every check passed; otherwise every failure is printed and it exits 1.
@@ -199,6 +201,17 @@ for (const p of manifest) {
     await frames(page);
     const tipText = await page.evaluate(() => { const t = document.querySelector(".tip"); return t.style.display === "block" ? t.textContent : ""; });
     check(tipText.includes("device memory in use"), `${where}: hovering shows no tooltip (${JSON.stringify(tipText)})`);
+
+    // A click on an allocation's band shows where it was allocated and freed.
+    if (p.stacks) {
+      await page.mouse.click(cbox.x + cbox.width * 0.5, cbox.y + cbox.height - 30);
+      await frames(page);
+      const panel = await page.evaluate(() => document.querySelector(".stackpanel").textContent);
+      for (const want of p.stacks) check(panel.includes(want), `${where}: clicking the band does not show ${JSON.stringify(want)}: ${JSON.stringify(panel)}`);
+    } else if (!p.clean) {
+      const panel = await page.evaluate(() => document.querySelector(".stackpanel").textContent);
+      check(panel.length > 0 && !panel.includes("undefined"), `${where}: the call-stack line is empty or broken: ${JSON.stringify(panel)}`);
+    }
 
     // Pan by dragging.
     await page.mouse.move(cbox.x + cbox.width * 0.5, cbox.y + cbox.height * 0.5);

@@ -6,6 +6,11 @@
   --model resnet  torchvision ResNet-18 (100 classes) on 4 fixed batches of 64 random
                   64x64 images, SGD with momentum
 
+  --model gpt2      transformers GPT2LMHeadModel (GPT2Config defaults, 12 layers), AdamW,
+                    batch 8 x 256 tokens, 4 fixed batches (a model no one here wrote)
+  --model resnet50  torchvision ResNet-50 (1000 classes), SGD with momentum, batch 32 x 224^2
+  --model vit       timm vit_small_patch16_224, AdamW, batch 32 x 224^2
+
 RESULT: the loss of every step, ms/step (median over the timed steps, each timed to
 torch.cuda.synchronize), torch.cuda.max_memory_reserved / max_memory_allocated, and device
 memory in use as the driver reports it (torch.cuda.mem_get_info, sampled after every step),
@@ -90,9 +95,67 @@ def build_resnet(torch, seed: int):
     return model, opt, step
 
 
+def build_gpt2(torch, seed: int):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(GPT2Config()).cuda()
+    g = torch.Generator().manual_seed(seed + 1)
+    batches = [torch.randint(0, 50257, (8, 256), generator=g).cuda() for _ in range(4)]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(i):
+        x = batches[i % len(batches)]
+        return model(input_ids=x, labels=x).loss
+
+    return model, opt, step
+
+
+def build_images(torch, seed: int, model, classes: int, lr_opt):
+    torch.manual_seed(seed)
+    model = model.cuda()
+    g = torch.Generator().manual_seed(seed + 1)
+    images = torch.randn(4, 32, 3, 224, 224, generator=g).cuda()
+    labels = torch.randint(0, classes, (4, 32), generator=g).cuda()
+    opt = lr_opt(model.parameters())
+
+    def step(i):
+        j = i % len(images)
+        return torch.nn.functional.cross_entropy(model(images[j]), labels[j])
+
+    return model, opt, step
+
+
+def build_resnet50(torch, seed: int):
+    import torchvision
+
+    torch.manual_seed(seed)
+    m = torchvision.models.resnet50(weights=None)
+    return build_images(
+        torch, seed, m, 1000, lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)
+    )
+
+
+def build_vit(torch, seed: int):
+    import timm
+
+    torch.manual_seed(seed)
+    m = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=1000)
+    return build_images(torch, seed, m, 1000, lambda p: torch.optim.AdamW(p, lr=1e-4))
+
+
+BUILDERS = {
+    "lm": build_lm,
+    "resnet": build_resnet,
+    "gpt2": build_gpt2,
+    "resnet50": build_resnet50,
+    "vit": build_vit,
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["lm", "resnet"], required=True)
+    parser.add_argument("--model", choices=sorted(BUILDERS), required=True)
     parser.add_argument("--steps", type=int, default=200, help="timed steps")
     parser.add_argument("--warmup", type=int, default=20, help="steps before the timed ones")
     parser.add_argument("--seed", type=int, default=0)
@@ -107,7 +170,7 @@ def main() -> int:
     memory = workload.DeviceMemory()
     workload.start_history(args)
 
-    build = build_lm if args.model == "lm" else build_resnet
+    build = BUILDERS[args.model]
     model, opt, loss_of_step = build(torch, args.seed)
     model.train()
 

@@ -8,6 +8,11 @@
  *   quarantine budget   20 x 1 MiB allocated, all freed, then 16 more: where do they come from
  *   quarantine stream   a copy and a kernel read X on a stream, then cudaFreeAsync(X) on it
  *   quarantine double   double frees (runtime, stream-ordered, driver, a thread with no context)
+ *   quarantine pool     the default pool's used-memory counters (what PyTorch's memory_allocated
+ *                       reads on its stream-ordered backend) around stream-ordered frees
+ *   quarantine async    4 threads, each on its own stream, 300 x cudaMallocAsync, a stream-
+ *                       ordered write, cudaFreeAsync; thread 0 writes through a freed pointer
+ *                       on its stream (8 bytes at offset 100) after the free
  *
  * Lines that print where memory came from or what freed memory holds (`b==a`, `... bytes:`,
  * `index`) differ between isolate mode and a plain run by design; every other line must not.
@@ -361,6 +366,79 @@ static int double_free(void) {
     return 0;
 }
 
+static void pool_used(cudaMemPool_t pool, const char *when) {
+    cuuint64_t used = 0, high = 0;
+    int a = cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
+    int b = cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high);
+    say("%s: used %d %llu high %d %llu", when, a, (unsigned long long)used, b,
+        (unsigned long long)high);
+}
+
+static int pool_stats(void) {
+    cudaMemPool_t pool = NULL;
+    int rc = cudaDeviceGetDefaultMemPool(&pool, 0);
+    say("cudaDeviceGetDefaultMemPool %d", rc);
+    if (rc)
+        return 1;
+    void *p[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++)
+        say("cudaMallocAsync %d", cudaMallocAsync(&p[i], MIB, 0));
+    pool_used(pool, "3 live");
+    say("cudaFreeAsync %d", cudaFreeAsync(p[0], 0));
+    say("cudaFreeAsync %d", cudaFreeAsync(p[1], 0));
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(0));
+    pool_used(pool, "1 live");
+    cuuint64_t zero = 0;
+    say("reset high %d", cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+    pool_used(pool, "after reset");
+    say("cudaFreeAsync %d", cudaFreeAsync(p[2], 0));
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(0));
+    pool_used(pool, "0 live");
+    return 0;
+}
+
+#define ASYNC_THREADS 4
+#define ASYNC_ROUNDS 300
+
+static void *async_worker(void *arg) {
+    int id = (int)(intptr_t)arg;
+    cudaStream_t s = NULL;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking))
+        return (void *)1;
+    intptr_t bad = 0;
+    for (int i = 0; i < ASYNC_ROUNDS; i++) {
+        size_t size = 16384 + (size_t)((i * 7 + id * 3) % 16) * 4096;
+        void *p = NULL;
+        if (cudaMallocAsync(&p, size, s)) {
+            bad++;
+            continue;
+        }
+        bad += cudaMemsetAsync(p, 0x5A, size, s) != 0;
+        bad += cudaFreeAsync(p, s) != 0;
+        if (id == 0 && i == ASYNC_ROUNDS / 2) {
+            /* A stale write, queued on the stream after the free. */
+            bad += cudaMemsetAsync((char *)p + 100, 0x01, 8, s) != 0;
+        }
+    }
+    bad += cudaStreamSynchronize(s) != 0;
+    bad += cudaStreamDestroy(s) != 0;
+    return (void *)bad;
+}
+
+static int async_release(void) {
+    pthread_t t[ASYNC_THREADS];
+    for (int i = 0; i < ASYNC_THREADS; i++)
+        pthread_create(&t[i], NULL, async_worker, (void *)(intptr_t)i);
+    intptr_t bad = 0;
+    for (int i = 0; i < ASYNC_THREADS; i++) {
+        void *r = NULL;
+        pthread_join(t[i], &r);
+        bad += (intptr_t)r;
+    }
+    say("async calls failed %ld", (long)bad);
+    return bad != 0;
+}
+
 int main(int argc, char **argv) {
     setup();
     const char *what = argc > 1 ? argv[1] : "";
@@ -377,8 +455,12 @@ int main(int argc, char **argv) {
         r = stream();
     else if (!strcmp(what, "double"))
         r = double_free();
+    else if (!strcmp(what, "pool"))
+        r = pool_stats();
+    else if (!strcmp(what, "async"))
+        r = async_release();
     else {
-        say("usage: quarantine reuse|stale|oom|budget|stream|double");
+        say("usage: quarantine reuse|stale|oom|budget|stream|double|pool|async");
         return 2;
     }
     say("done %d", r);

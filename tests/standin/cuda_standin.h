@@ -33,7 +33,9 @@
  * - Kernels: standin_register_kernel() gives a CUfunction (also the `func` of cudaLaunchKernel);
  *   launches copy the parameter values at enqueue and call the host function when the stream
  *   runs, on whichever thread drains the stream. cuModuleLoadData accepts any image;
- *   cuModuleGetFunction finds registered kernels by name in any module.
+ *   cuModuleGetFunction finds registered kernels by name in any module. An image with
+ *   isolate's `isolate_verify_many` kernel gets it, run on the host, and its isolate_ring
+ *   global (cuModuleGetGlobal_v2), so CI runs isolate's asynchronous release as a GPU does.
  * - Device faults: only standin_touch() makes one (an access to memory that is not accessible,
  *   such as unmapped VMM space); the context then keeps CUDA_ERROR_ILLEGAL_ADDRESS as its sticky
  *   error, returned by synchronisations, launches, device allocations and frees, copies and sets.
@@ -372,6 +374,8 @@ CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEn
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuModuleUnload(CUmodule hmod);
 CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
+/* Only isolate's verification module has a global (isolate_ring); see driver_launch.c. */
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name);
 CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
                             size_t *paramSize);
 CUresult cuFuncGetName(const char **name, CUfunction hfunc);

@@ -267,6 +267,8 @@ HIDDEN extern atomic_ulong g_kernels_run;
 
 /* Exported, but not in cuda_standin.h (programs reach it with dlsym): declared here for the
  * cuGetProcAddress table. */
+/* 1 when [p, p+n) is inside a module global (driver_launch.c). */
+int standin_module_global(uintptr_t p, size_t n);
 CUfunction standin_reregister_kernel(CUfunction f, const char *name, standin_kernel_fn fn,
                                      unsigned nparams, const size_t *offsets,
                                      const size_t *sizes);

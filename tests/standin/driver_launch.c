@@ -24,6 +24,9 @@ struct CUfunc_st {
 
 struct CUmod_st {
     int alive;
+    /* isolate's verification module (its image names isolate_verify_many): the module global
+     * isolate_ring lives here. */
+    unsigned char *ring;
 };
 
 static atomic_ulong g_param_info_calls;
@@ -133,6 +136,13 @@ CUfunction standin_reregister_kernel(CUfunction f, const char *name, standin_ker
     return old;
 }
 
+static void isolate_verify_many(void **params);
+
+static void register_isolate_kernels(void) {
+    static const size_t sizes[4] = {8, 4, 4, 8};
+    standin_register_kernel("isolate_verify_many", isolate_verify_many, 4, NULL, sizes);
+}
+
 unsigned long standin_param_info_calls(void) { return atomic_load(&g_param_info_calls); }
 unsigned long standin_kernels_run(void) { return atomic_load(&g_kernels_run); }
 
@@ -159,6 +169,47 @@ int standin_touch(CUdeviceptr p, size_t n) {
     return ok;
 }
 
+/* isolate_verify_many(descs, count, pattern, out), as isolate's PTX defines it, run on the
+ * host: for each i < count, descs[2i] = ptr, descs[2i+1] = len; out[2i] += the bytes of
+ * [ptr, ptr+len) that differ from the pattern's byte, out[2i+1] = min(out[2i+1], the first
+ * such offset). Lets CI run isolate's asynchronous release exactly as a GPU would. */
+static void isolate_verify_many(void **params) {
+    const uint64_t *descs = (const uint64_t *)(uintptr_t) * (uint64_t *)params[0];
+    unsigned count = *(unsigned *)params[1];
+    unsigned char byte = (unsigned char)(*(unsigned *)params[2] & 0xff);
+    uint64_t *out = (uint64_t *)(uintptr_t) * (uint64_t *)params[3];
+    for (unsigned i = 0; i < count; i++) {
+        const unsigned char *p = (const unsigned char *)(uintptr_t)descs[2 * i];
+        uint64_t len = descs[2 * i + 1], changed = 0, first = UINT64_MAX;
+        if (!standin_touch((CUdeviceptr)(uintptr_t)p, len))
+            return;
+        for (uint64_t k = 0; k < len; k++)
+            if (p[k] != byte) {
+                changed++;
+                if (first == UINT64_MAX)
+                    first = k;
+            }
+        out[2 * i] += changed;
+        if (changed && first < out[2 * i + 1])
+            out[2 * i + 1] = first;
+    }
+}
+
+#define ISOLATE_RING_BYTES 65536
+#define MAX_RINGS 64
+
+/* Module globals are device memory: copies and sets may touch them (driver_copy.c asks). */
+static uintptr_t g_rings[MAX_RINGS];
+static atomic_int g_nrings;
+
+int standin_module_global(uintptr_t p, size_t n) {
+    int k = atomic_load(&g_nrings);
+    for (int i = 0; i < k && i < MAX_RINGS; i++)
+        if (g_rings[i] && p >= g_rings[i] && p + n <= g_rings[i] + ISOLATE_RING_BYTES)
+            return 1;
+    return 0;
+}
+
 CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     NEED_CTX();
     if (!module || !image)
@@ -167,7 +218,32 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     if (!m)
         return CUDA_ERROR_OUT_OF_MEMORY;
     m->alive = 1;
+    if (strstr((const char *)image, ".entry isolate_verify_many(")) {
+        static pthread_once_t once = PTHREAD_ONCE_INIT;
+        int slot = atomic_fetch_add(&g_nrings, 1);
+        m->ring = slot < MAX_RINGS ? calloc(1, ISOLATE_RING_BYTES) : NULL;
+        if (!m->ring) {
+            free(m);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        g_rings[slot] = (uintptr_t)m->ring;
+        pthread_once(&once, register_isolate_kernels);
+    }
     *module = m;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name) {
+    NEED_CTX();
+    if (!hmod || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUmod_st *m = hmod;
+    if (!m->ring || strcmp(name, "isolate_ring") != 0)
+        return CUDA_ERROR_NOT_FOUND;
+    if (dptr)
+        *dptr = (CUdeviceptr)(uintptr_t)m->ring;
+    if (bytes)
+        *bytes = ISOLATE_RING_BYTES;
     return CUDA_SUCCESS;
 }
 

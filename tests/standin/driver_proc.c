@@ -108,6 +108,7 @@ static const struct proc g_procs[] = {
     {"cuModuleLoadData", 2000, F(cuModuleLoadData), NULL},
     {"cuModuleUnload", 2000, F(cuModuleUnload), NULL},
     {"cuModuleGetFunction", 2000, F(cuModuleGetFunction), NULL},
+    {"cuModuleGetGlobal", 3020, F(cuModuleGetGlobal_v2), NULL},
     {"cuFuncGetParamInfo", 12040, F(cuFuncGetParamInfo), NULL},
     {"cuFuncGetName", 12030, F(cuFuncGetName), NULL},
     {"cuLaunchKernel", 4000, F(cuLaunchKernel), F(cuLaunchKernel_ptsz)},

@@ -608,10 +608,19 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
         ("guard", &["recycle"]),
         ("guard", &["touch"]),
         ("guard", &["first"]),
+        // tests/stacks.rs (its stacks are checked there).
+        ("stacks", &["stale"]),
         // tests/run_signals.rs (its signal modes are run there).
         ("sigchild", &["-", "exit", "0"]),
         // tests/hostile.rs (its other modes are run there).
         ("hostile", &["masks"]),
+        // tests/nvtx.rs (without NVTX_INJECTION64_PATH it loads nothing; the injection is run
+        // there) and tests/frameworks.rs (log mode sets nothing).
+        ("nvtx", &[]),
+        (
+            "getenv",
+            &["XLA_PYTHON_CLIENT_ALLOCATOR", "NVTX_INJECTION64_PATH"],
+        ),
     ];
     let dir = isolate_tests::workspace_root().join("tests/programs");
     for entry in std::fs::read_dir(&dir).unwrap().flatten() {

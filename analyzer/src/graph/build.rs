@@ -254,6 +254,9 @@ pub struct GraphBuilder<'a, S: GraphSink> {
     reuse: Vec<(u64, u64, u64)>,
     overlaps: Vec<(u64, u64)>,
     error: Option<std::io::Error>,
+    /// The trace's stacks, and the ids its emitted nodes name.
+    table: crate::stacks::StackTable,
+    used_stacks: std::collections::BTreeSet<u32>,
 }
 
 impl<'a, S: GraphSink> GraphBuilder<'a, S> {
@@ -282,6 +285,8 @@ impl<'a, S: GraphSink> GraphBuilder<'a, S> {
             reuse: Vec::new(),
             overlaps: Vec::new(),
             error: None,
+            table: Default::default(),
+            used_stacks: Default::default(),
         }
     }
 
@@ -297,7 +302,14 @@ impl<'a, S: GraphSink> GraphBuilder<'a, S> {
         }
         self.handle_maps.clear();
         self.wanted_handles.clear();
+        self.table = Default::default();
+        self.used_stacks.clear();
         let info = analyze(path, progress, self)?;
+        let stacks = self
+            .used_stacks
+            .iter()
+            .filter_map(|&id| Some((id, crate::stacks::shown(&self.table, id)?)))
+            .collect();
         // The layers start afresh with the next trace: what they remember retires.
         for l in 0..LAYERS {
             while let Some((_, _, id)) = self.layers[l].freed.pop_front() {
@@ -316,6 +328,7 @@ impl<'a, S: GraphSink> GraphBuilder<'a, S> {
             argv: info.header.argv.clone(),
             truncated: info.truncated_at,
             complete: info.complete(),
+            stacks,
         });
         Ok(info)
     }
@@ -429,7 +442,14 @@ impl<'a, S: GraphSink> GraphBuilder<'a, S> {
             lost: end.is_some_and(|e| e.how == EndHow::Lost),
             reservation: n.reservation.map(|r| self.base + r),
             handle_node: n.handle_node.map(|h| self.base + h),
+            stack: n.stack,
+            free_stack: end.map_or(0, |e| e.stack),
         };
+        for s in [g.stack, g.free_stack] {
+            if s != 0 {
+                self.used_stacks.insert(s);
+            }
+        }
         if let Err(e) = self.sink.node(&g) {
             self.error = Some(e);
         }
@@ -642,6 +662,9 @@ impl<S: GraphSink> Observer for GraphBuilder<'_, S> {
                     first_offset: v.first_offset,
                     changed_bytes: v.changed_bytes,
                 });
+            }
+            Record::Module(_) | Record::Stack(_) | Record::PyCode(_) | Record::StackOf(_) => {
+                self.table.record(rec);
             }
             Record::StaleValue(s) => {
                 let node = self.freed_owner(s.ptr).map(|p| p.id);

@@ -91,6 +91,16 @@ pub struct GraphNode {
     /// For a mapping: the reservation holding it and the handle it maps.
     pub reservation: Option<u64>,
     pub handle_node: Option<u64>,
+    /// Trace format 2: the stack ids of the call that started it and of the one that ended it
+    /// (absent: none); the stacks are in its trace's `stacks`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub stack: u32,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub free_stack: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 /// What an edge says.
@@ -230,6 +240,10 @@ pub struct GraphTrace {
     pub argv: Vec<String>,
     pub truncated: Option<u64>,
     pub complete: bool,
+    /// Trace format 2: stack id → the stack, for every stack a node of this trace names
+    /// (absent without stacks).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub stacks: std::collections::BTreeMap<u32, crate::stacks::ShownStack>,
 }
 
 /// Where a graph goes.

@@ -68,7 +68,16 @@ struct TracePage {
     errors: BTreeMap<String, String>,
     leaks: Vec<Leak>,
     leak_count: usize,
+    /// Trace format 2: stack id → the lines the page shows for it (frames, hidden ones
+    /// counted), for the stacks of the bands (shown when a band is clicked).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    stacks: BTreeMap<u32, Vec<String>>,
+    /// Why the trace has no stacks, when it has none.
+    no_stacks: Option<String>,
 }
+
+/// Frames a clicked allocation's stack shows.
+const STACK_LINES: usize = 16;
 
 #[derive(Serialize)]
 struct Page {
@@ -86,11 +95,14 @@ fn one(
         Summarizer::new(index),
         (
             TimelineObs::new(),
-            GraphBuilder::new(&mut sink, Filter::default()),
+            (
+                GraphBuilder::new(&mut sink, Filter::default()),
+                crate::stacks::StackTable::new(),
+            ),
         ),
     );
     let info = analyze(path, progress, &mut obs)?;
-    let (summ, (tl, builder)) = obs;
+    let (summ, (tl, (builder, table))) = obs;
     builder.finish()?;
     let mut summary = summ.into_summary(&info);
     summary.totals.invalid_frees.truncate(200);
@@ -117,6 +129,18 @@ fn one(
         .cloned()
         .collect();
     let (timeline, seen) = tl.into_timeline();
+    let mut stacks = BTreeMap::new();
+    for b in &timeline.bands {
+        for id in [b.stack, b.free_stack] {
+            if id != 0 && !stacks.contains_key(&id) {
+                let lines = crate::stacks::shown(&table, id)
+                    .map(|s| s.text_lines(STACK_LINES))
+                    .unwrap_or_default();
+                stacks.insert(id, lines);
+            }
+        }
+    }
+    let no_stacks = summary.totals.no_stacks.clone();
     let verdict = findings::verdict(&summary, &timeline, &seen, &anomalies);
     let errors = findings::error_names(&summary);
     Ok((
@@ -130,6 +154,8 @@ fn one(
             chains,
             leaks,
             leak_count,
+            stacks,
+            no_stacks,
         },
         info,
     ))

@@ -56,6 +56,16 @@ pub struct Band {
     pub from_ns: u64,
     /// Null when never freed.
     pub to_ns: Option<u64>,
+    /// Trace format 2: the stack ids of its allocation and of its free (the page's `stacks`
+    /// has them); absent when none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub stack: u32,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub free_stack: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 /// Something to point at on the timeline.
@@ -163,6 +173,8 @@ struct NodeLite {
     start: u64,
     end: Option<u64>,
     api: isolate_trace::Api,
+    stack: u32,
+    free_stack: u32,
 }
 
 pub(super) struct TimelineObs {
@@ -335,7 +347,7 @@ impl TimelineObs {
         }
     }
 
-    fn offer(&mut self, n: &Node, end: Option<u64>) {
+    fn offer(&mut self, n: &Node, end: Option<u64>, free_stack: u32) {
         if !n.category.is_device_memory() {
             return;
         }
@@ -350,6 +362,8 @@ impl TimelineObs {
                 start: n.ts_ns,
                 end,
                 api: n.api,
+                stack: n.stack,
+                free_stack,
             },
         };
         if self.top.len() < BANDS {
@@ -376,6 +390,8 @@ impl TimelineObs {
                 ptr: hex(s.node.ptr),
                 from_ns: rel(s.node.start),
                 to_ns: s.node.end.map(rel),
+                stack: s.node.stack,
+                free_stack: s.node.free_stack,
             })
             .collect();
         bands.sort_by_key(|b| b.id);
@@ -594,7 +610,7 @@ impl Observer for TimelineObs {
     }
     fn ended(&mut self, n: &Node, e: &Ended, live: &Live) {
         self.sample(e.ts_ns, live, 1);
-        self.offer(n, Some(e.ts_ns));
+        self.offer(n, Some(e.ts_ns), e.stack);
     }
     fn invalid(&mut self, inv: &Invalid, _live: &Live) {
         let ev = inv.event;
@@ -726,7 +742,7 @@ impl Observer for TimelineObs {
             self.sample(end, live, 0);
         }
         for n in still {
-            self.offer(n, None);
+            self.offer(n, None, 0);
         }
     }
 }

@@ -25,6 +25,8 @@ use std::path::Path;
 pub const LIST_CAP: usize = 10_000;
 /// Marks kept in a summary (all are counted).
 pub const MARKS_CAP: usize = 1_000;
+/// Allocation sites listed in `sites_at_end` and `sites_at_peak`.
+pub const SITES_SHOWN: usize = 10;
 /// How many of the last events a summary keeps.
 pub const LAST_EVENTS: usize = 16;
 
@@ -95,6 +97,11 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
         t.live_at_end.add(x.live_at_end);
         t.held_at_exit.add(&x.held_at_exit);
         t.possible_leaks.extend(x.possible_leaks.iter().cloned());
+        merge_sites(&mut t.sites_at_end, &x.sites_at_end);
+        merge_sites(&mut t.sites_at_peak, &x.sites_at_peak);
+        if t.no_stacks.is_none() {
+            t.no_stacks = x.no_stacks.clone();
+        }
         add(&mut t.findings, x.findings);
         add(&mut t.invalid_free_count, x.invalid_free_count);
         add(&mut t.double_free_count, x.double_free_count);
@@ -170,6 +177,10 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
         }
         t.complete &= x.complete;
     }
+    for v in [&mut t.sites_at_end, &mut t.sites_at_peak] {
+        v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)));
+        v.truncate(SITES_SHOWN);
+    }
     t.peak_is_sum_of_processes = traces.len() > 1;
     t.invalid_frees.truncate(LIST_CAP);
     t.possible_leaks.truncate(LIST_CAP);
@@ -181,4 +192,18 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
     let skip = last.len().saturating_sub(LAST_EVENTS);
     t.last_events = last.split_off(skip);
     Summary { totals: t, traces }
+}
+
+/// Adds `from`'s sites to `into`: the same sites (the same shown frames: stack ids differ
+/// between processes) add up.
+fn merge_sites(into: &mut Vec<SiteEntry>, from: &[SiteEntry]) {
+    for s in from {
+        match into.iter_mut().find(|x| x.stack.key() == s.stack.key()) {
+            Some(x) => {
+                add(&mut x.count, s.count);
+                add(&mut x.bytes, s.bytes);
+            }
+            None => into.push(s.clone()),
+        }
+    }
 }

@@ -2,11 +2,13 @@
 //! pass — calls, categories, devices, findings (capped lists beside full counts), notes, the
 //! writer's counters and the last events.
 
-use super::{DEVICE_MEMORY, LAST_EVENTS, LIST_CAP, MARKS_CAP, types::*};
+use super::{DEVICE_MEMORY, LAST_EVENTS, LIST_CAP, MARKS_CAP, SITES_SHOWN, types::*};
 use crate::regions::{Closed, Regions, UserNote, user_note};
 use crate::source::TraceInfo;
+use crate::stacks::{self, StackTable};
 use crate::track::{Category, EndHow, Ended, Invalid, Live, Node, Observer, saturate};
 use isolate_trace::{Api, EndReason, Event, Header, NoteKind, Record};
+use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 
 const N_API: usize = Api::ALL.len();
@@ -23,7 +25,7 @@ pub struct Summarizer {
     /// (allocation event, the call that made it, the call that freed it) of freed device
     /// memory, in the slot `allocation event % FREED_CAP` (a later free takes the slot over):
     /// names the calls in stale-write and stale-launch findings.
-    freed_calls: Vec<(u64, Api, Api)>,
+    freed_calls: Vec<FreedCall>,
     /// False in log mode (and off), which has no stale writes or launches to name: the slots
     /// cost a cache miss a free.
     remember_frees: bool,
@@ -72,7 +74,20 @@ pub struct Summarizer {
     ring_len: usize,
     header: Header,
     live_end: Live,
+    /// The trace's stacks, modules and code objects (format version 2).
+    stacks: StackTable,
+    /// Stack id → live device memory allocations from it (count, bytes), once the trace has
+    /// stacks.
+    site_live: FxHashMap<u32, (u64, u64)>,
+    /// `site_live` at the peak; `peak_dirty` while the peak is the current state (the copy is
+    /// made when memory first goes down from it).
+    site_peak: Vec<(u32, u64, u64)>,
+    peak_dirty: bool,
+    site_end: Vec<(u32, u64, u64)>,
 }
+
+/// (allocation event, the call that made it, the call that freed it, their stacks).
+type FreedCall = (u64, Api, Api, u32, u32);
 
 /// Guarded stale values kept waiting for a fault that would make them stale launches.
 const PENDING_CAP: usize = 4096;
@@ -172,6 +187,11 @@ impl Summarizer {
             ring_len: 0,
             header: Header::default(),
             live_end: Live::default(),
+            stacks: StackTable::new(),
+            site_live: FxHashMap::default(),
+            site_peak: Vec::new(),
+            peak_dirty: false,
+            site_end: Vec::new(),
         }
     }
 
@@ -187,7 +207,9 @@ impl Summarizer {
     }
 
     /// The finished summary of this trace.
-    pub fn into_summary(self, info: &TraceInfo) -> TraceSummary {
+    pub fn into_summary(mut self, info: &TraceInfo) -> TraceSummary {
+        let no_stacks = stacks::why_none(info.format_version, &self.stacks, &self.header.config);
+        let (sites_at_end, sites_at_peak) = self.symbolise();
         let names = |a: &[u64; N_API]| -> BTreeMap<String, u64> {
             Api::ALL
                 .iter()
@@ -284,6 +306,9 @@ impl Summarizer {
             },
             held_at_exit: self.held,
             possible_leaks: self.leaks,
+            sites_at_end,
+            sites_at_peak,
+            no_stacks,
             findings,
             invalid_free_count: self.invalid_count,
             double_free_count: self.double_count,
@@ -361,7 +386,16 @@ impl Observer for Summarizer {
         c.bytes_started = c.bytes_started.saturating_add(n.size);
         c.peak_live_bytes = c.peak_live_bytes.max(live.bytes(n.category));
         if n.category.is_device_memory() {
-            self.peak = self.peak.max(live.device_bytes());
+            if self.stacks.has_stacks() {
+                let e = self.site_live.entry(n.stack).or_default();
+                e.0 += 1;
+                e.1 = e.1.saturating_add(n.size);
+            }
+            let now = live.device_bytes();
+            if now > self.peak {
+                self.peak = now;
+                self.peak_dirty = true;
+            }
             if !self.regions.none_open() {
                 self.regions.sample(live.device_bytes());
             }
@@ -383,7 +417,10 @@ impl Observer for Summarizer {
         }
         if n.category.is_device_memory() {
             if self.remember_frees && e.how == EndHow::Freed && n.category != Category::Handle {
-                self.remember_free(n.seq, n.api, e.api);
+                self.remember_free((n.seq, n.api, e.api, n.stack, e.stack));
+            }
+            if self.stacks.has_stacks() {
+                self.site_ended(n);
             }
             let d = self.device(n.device);
             if e.how == EndHow::Freed {
@@ -426,6 +463,14 @@ impl Observer for Summarizer {
                     tid: n.tid,
                     api: n.api.name().into(),
                 }),
+                stack: None,
+                first_free_stack: None,
+                alloc_stack: None,
+                stack_ids: [
+                    e.stack,
+                    inv.previous.map_or(0, |(_, f)| f.stack),
+                    inv.previous.map_or(0, |(n, _)| n.stack),
+                ],
             });
         }
     }
@@ -440,7 +485,8 @@ impl Observer for Summarizer {
             Record::Violation(v) => {
                 self.violation_count += 1;
                 if self.violations.len() < LIST_CAP {
-                    let alloc_api = self.freed_call(v.alloc_seq).map(|(a, _)| a.name().into());
+                    let call = self.freed_call(v.alloc_seq);
+                    let alloc_api = call.map(|c| c.1.name().into());
                     self.violations.push(PoisonViolation {
                         trace: self.trace,
                         pid: self.pid,
@@ -456,6 +502,9 @@ impl Observer for Summarizer {
                         freed_at_ns: v.free_ts_ns,
                         free_api: v.free_api.name().into(),
                         alloc_api,
+                        alloc_stack: None,
+                        free_stack: None,
+                        stack_ids: call.map_or([0, 0], |c| [c.3, c.4]),
                     });
                 }
             }
@@ -524,7 +573,9 @@ impl Observer for Summarizer {
                     EndReason::Exec => "exec".into(),
                 });
             }
-            Record::Module(_) | Record::Stack(_) | Record::PyCode(_) | Record::StackOf(_) => {}
+            Record::Module(_) | Record::Stack(_) | Record::PyCode(_) | Record::StackOf(_) => {
+                self.stacks.record(rec);
+            }
         }
     }
 
@@ -534,6 +585,18 @@ impl Observer for Summarizer {
             self.region_closed(c);
         }
         self.classify_held(still);
+        if self.stacks.has_stacks() {
+            if self.peak_dirty {
+                self.snapshot_peak();
+            }
+            let mut by: FxHashMap<u32, (u64, u64)> = FxHashMap::default();
+            for n in still.iter().filter(|n| n.category.is_device_memory()) {
+                let e = by.entry(n.stack).or_default();
+                e.0 += 1;
+                e.1 = e.1.saturating_add(n.size);
+            }
+            self.site_end = ranked(by.into_iter().map(|(k, (c, b))| (k, c, b)).collect());
+        }
     }
 }
 
@@ -599,26 +662,106 @@ impl Summarizer {
     }
 
     #[inline]
-    fn remember_free(&mut self, alloc_seq: u64, alloc: Api, free: Api) {
-        let slot = (alloc_seq % FREED_CAP as u64) as usize;
+    fn remember_free(&mut self, call: FreedCall) {
+        let slot = (call.0 % FREED_CAP as u64) as usize;
         match self.freed_calls.get_mut(slot) {
-            Some(s) => *s = (alloc_seq, alloc, free),
-            None => self.first_free(slot, (alloc_seq, alloc, free)),
+            Some(s) => *s = call,
+            None => self.first_free(slot, call),
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn first_free(&mut self, slot: usize, call: (u64, Api, Api)) {
-        self.freed_calls = vec![(u64::MAX, Api::default(), Api::default()); FREED_CAP];
+    fn first_free(&mut self, slot: usize, call: FreedCall) {
+        self.freed_calls = vec![(u64::MAX, Api::default(), Api::default(), 0, 0); FREED_CAP];
         self.freed_calls[slot] = call;
     }
 
-    fn freed_call(&self, alloc_seq: u64) -> Option<(Api, Api)> {
-        let (seq, a, f) = *self
+    /// The calls (and their stacks) that made and freed the allocation of event `alloc_seq`.
+    fn freed_call(&self, alloc_seq: u64) -> Option<FreedCall> {
+        let c = *self
             .freed_calls
             .get((alloc_seq % FREED_CAP as u64) as usize)?;
-        (seq == alloc_seq).then_some((a, f))
+        (c.0 == alloc_seq).then_some(c)
+    }
+
+    /// A device memory node of site `n.stack` ended: the peak's picture is taken first when
+    /// memory goes down from a peak.
+    fn site_ended(&mut self, n: &Node) {
+        if self.peak_dirty {
+            self.snapshot_peak();
+        }
+        if let Some(e) = self.site_live.get_mut(&n.stack) {
+            e.0 = e.0.saturating_sub(1);
+            e.1 = e.1.saturating_sub(n.size);
+            if e.0 == 0 {
+                self.site_live.remove(&n.stack);
+            }
+        }
+    }
+
+    #[cold]
+    fn snapshot_peak(&mut self) {
+        self.peak_dirty = false;
+        self.site_peak = ranked(
+            self.site_live
+                .iter()
+                .map(|(&k, &(c, b))| (k, c, b))
+                .collect(),
+        );
+    }
+
+    /// Symbolises the stacks the summary shows; returns the sites at the end and at the peak.
+    fn symbolise(&mut self) -> (Vec<SiteEntry>, Vec<SiteEntry>) {
+        if !self.stacks.has_stacks() {
+            return (Vec::new(), Vec::new());
+        }
+        let t = &self.stacks;
+        let show = |id: u32| stacks::shown(t, id);
+        for v in &mut self.violations {
+            v.alloc_stack = show(v.stack_ids[0]);
+            v.free_stack = show(v.stack_ids[1]);
+        }
+        for s in self.stale.iter_mut().chain(self.pending_values.iter_mut()) {
+            s.stack_ids[0] = t.stack_of(s.seq);
+            s.launch_stack = show(s.stack_ids[0]);
+            s.alloc_stack = show(s.stack_ids[1]);
+            s.free_stack = show(s.stack_ids[2]);
+        }
+        for f in &mut self.invalid {
+            f.stack = show(f.stack_ids[0]);
+            f.first_free_stack = show(f.stack_ids[1]);
+            f.alloc_stack = show(f.stack_ids[2]);
+        }
+        for l in &mut self.leaks {
+            l.alloc_stack = show(l.stack_id);
+        }
+        let trace = self.trace;
+        // Stacks that differ only in hidden frames are one site.
+        let sites = |v: &[(u32, u64, u64)]| -> Vec<SiteEntry> {
+            let mut out: Vec<SiteEntry> = Vec::new();
+            for &(id, count, bytes) in v {
+                let Some(stack) = show(id) else { continue };
+                let key = stack.key();
+                match out.iter_mut().find(|x| x.stack.key() == key) {
+                    Some(x) => {
+                        x.count = x.count.saturating_add(count);
+                        x.bytes = x.bytes.saturating_add(bytes);
+                    }
+                    None => out.push(SiteEntry {
+                        trace,
+                        site: stack.site.clone(),
+                        count,
+                        bytes,
+                        stack,
+                    }),
+                }
+            }
+            out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)));
+            out.truncate(SITES_SHOWN);
+            out
+        };
+        (sites(&self.site_end), sites(&self.site_peak))
     }
 
     /// Tells the device memory still live at the end apart (see [`HeldAtExit`]).
@@ -667,6 +810,8 @@ impl Summarizer {
                         ptr: n.ptr,
                         handle: n.handle,
                         size: n.size,
+                        alloc_stack: None,
+                        stack_id: n.stack,
                     });
                 }
             }
@@ -676,6 +821,10 @@ impl Summarizer {
     fn stale_entry(&self, s: &isolate_trace::StaleLaunch, fault: Option<u64>) -> StaleLaunchEntry {
         let calls = self.freed_call(s.alloc_seq);
         StaleLaunchEntry {
+            launch_stack: None,
+            alloc_stack: None,
+            free_stack: None,
+            stack_ids: [0, calls.map_or(0, |c| c.3), calls.map_or(0, |c| c.4)],
             trace: self.trace,
             pid: self.pid,
             seq: s.seq,
@@ -695,8 +844,8 @@ impl Summarizer {
                 ts_ns: s.free_ts_ns,
             },
             fault,
-            alloc_api: calls.map(|(a, _)| a.name().into()),
-            free_api: calls.map(|(_, f)| f.name().into()),
+            alloc_api: calls.map(|c| c.1.name().into()),
+            free_api: calls.map(|c| c.2.name().into()),
         }
     }
 }
@@ -760,4 +909,12 @@ impl Summarizer {
         w.queue_waits = w.queue_waits.max(s.queue_waits);
         w.queue_wait_ns = w.queue_wait_ns.max(s.queue_wait_ns);
     }
+}
+
+/// Sites (stack id, count, bytes) by bytes, then count, largest first (stack 0, no stack,
+/// is left out); the summary keeps [`SITES_SHOWN`] once stacks of one site are merged.
+fn ranked(mut v: Vec<(u32, u64, u64)>) -> Vec<(u32, u64, u64)> {
+    v.retain(|x| x.0 != 0 && x.1 > 0);
+    v.sort_unstable_by(|a, b| b.2.cmp(&a.2).then(b.1.cmp(&a.1)).then(a.0.cmp(&b.0)));
+    v
 }

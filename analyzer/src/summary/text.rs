@@ -67,10 +67,23 @@ fn trace_text(o: &mut String, t: &TraceSummary) {
     }
     let f = findings(t);
     let _ = writeln!(o, "{}", findings_headline(&f, None));
-    for line in f.lines.iter() {
+    for (i, line) in f.lines.iter().enumerate() {
         let _ = writeln!(o, "  {line}");
+        for d in f.details.get(i).into_iter().flatten() {
+            let _ = writeln!(o, "    {d}");
+        }
+    }
+    if f.total() > 0
+        && let Some(why) = &t.totals.no_stacks
+    {
+        let _ = writeln!(o, "  ({why})");
     }
     held_text(o, &t.totals.held_at_exit, Some(t));
+    sites_text(o, HELD_AT_EXIT, &t.totals.sites_at_end);
+    sites_text(o, "device memory at the peak", &t.totals.sites_at_peak);
+    for p in stack_problems(&t.totals) {
+        let _ = writeln!(o, "symbols  {}", p.escape_debug());
+    }
     let _ = writeln!(
         o,
         "mode     {}   host {}   library {}",
@@ -291,6 +304,8 @@ struct Findings {
     leaks: u64,
     leak_bytes: u64,
     lines: Vec<String>,
+    /// Lines under `lines[i]` (its call stacks), indented, in a trace's own section only.
+    details: Vec<Vec<String>>,
     /// Findings not given a line (past the caps).
     unlisted: usize,
 }
@@ -346,8 +361,21 @@ impl Findings {
 
     /// Adds the lines of one kind, at most [`SHOWN`], and a last line for the rest.
     fn list<T>(&mut self, items: &[T], total: u64, what: &str, line: impl Fn(&T) -> String) {
+        self.list_with(items, total, what, |it| (line(it), Vec::new()));
+    }
+
+    /// [`Findings::list`] with lines under each (call stacks).
+    fn list_with<T>(
+        &mut self,
+        items: &[T],
+        total: u64,
+        what: &str,
+        line: impl Fn(&T) -> (String, Vec<String>),
+    ) {
         for it in items.iter().take(SHOWN) {
-            self.lines.push(line(it));
+            let (l, d) = line(it);
+            self.lines.push(l);
+            self.details.push(d);
         }
         let listed = items.len().min(SHOWN) as u64;
         if total > listed {
@@ -355,6 +383,7 @@ impl Findings {
             self.unlisted += usize::try_from(more).unwrap_or(usize::MAX);
             self.lines
                 .push(format!("… and {} more", plural(more, what)));
+            self.details.push(Vec::new());
         }
     }
 }
@@ -385,22 +414,27 @@ fn findings(t: &TraceSummary) -> Findings {
         leak_bytes: x.held_at_exit.possible_leak.bytes,
         ..Findings::default()
     };
-    f.list(
+    f.list_with(
         &x.poison_violations,
         x.poison_violation_count,
         STALE_WRITE,
-        stale_write_line,
+        |v| {
+            let mut d = stack_lines("allocated at", v.alloc_stack.as_ref());
+            d.extend(stack_lines("freed at", v.free_stack.as_ref()));
+            (stale_write_line(v), d)
+        },
     );
-    f.list(
-        &x.stale_launches,
-        x.stale_launch_count,
-        STALE_LAUNCH,
-        stale_launch_line,
-    );
+    f.list_with(&x.stale_launches, x.stale_launch_count, STALE_LAUNCH, |s| {
+        let mut d = stack_lines("launched at", s.launch_stack.as_ref());
+        d.extend(stack_lines("allocated at", s.alloc_stack.as_ref()));
+        d.extend(stack_lines("freed at", s.free_stack.as_ref()));
+        (stale_launch_line(s), d)
+    });
     f.device_faults = x.device_fault_count;
     if x.device_faults.is_empty() {
         if let Some(c) = &t.first_faulted_call {
             f.lines.push(faulted_call_line(c));
+            f.details.push(Vec::new());
         }
     } else {
         f.list(
@@ -410,19 +444,116 @@ fn findings(t: &TraceSummary) -> Findings {
             device_fault_line,
         );
     }
-    f.list(
+    f.list_with(
         &x.invalid_frees,
         x.invalid_free_count,
         "invalid or double free",
-        invalid_free_line,
+        |i| {
+            let mut d = stack_lines(
+                if i.double_free {
+                    "freed again at"
+                } else {
+                    "freed at"
+                },
+                i.stack.as_ref(),
+            );
+            d.extend(stack_lines("first freed at", i.first_free_stack.as_ref()));
+            d.extend(stack_lines("allocated at", i.alloc_stack.as_ref()));
+            (invalid_free_line(i), d)
+        },
     );
-    f.list(
+    f.list_with(
         &x.possible_leaks,
         x.held_at_exit.possible_leak.count,
         LEAK,
-        leak_line,
+        |l| {
+            (
+                leak_line(l),
+                stack_lines("allocated at", l.alloc_stack.as_ref()),
+            )
+        },
     );
     f
+}
+
+/// Width of `allocated at`, `first freed at`, … under a finding.
+const STACK_LABEL: usize = 14;
+/// Frames of a stack shown under a finding.
+const STACK_FRAMES_SHOWN: usize = 4;
+
+/// `allocated at  make_buffer (prog.c:14)` and the next frames under it, aligned.
+fn stack_lines(label: &str, s: Option<&crate::stacks::ShownStack>) -> Vec<String> {
+    let Some(s) = s else { return Vec::new() };
+    let pad = " ".repeat(label.chars().count().max(STACK_LABEL));
+    let mut out = Vec::new();
+    for (i, l) in s.text_lines(STACK_FRAMES_SHOWN).into_iter().enumerate() {
+        let l = l.escape_debug().to_string();
+        if i == 0 {
+            out.push(format!("{label:<STACK_LABEL$}  {l}"));
+        } else {
+            out.push(format!("{pad}  {l}"));
+        }
+    }
+    out
+}
+
+/// What got in the way of symbolising the stacks a trace's text shows, each said once.
+fn stack_problems(t: &Totals) -> Vec<String> {
+    let mut all: Vec<&crate::stacks::ShownStack> = Vec::new();
+    for v in &t.poison_violations {
+        all.extend(v.alloc_stack.iter().chain(&v.free_stack));
+    }
+    for s in &t.stale_launches {
+        all.extend(
+            s.launch_stack
+                .iter()
+                .chain(&s.alloc_stack)
+                .chain(&s.free_stack),
+        );
+    }
+    for f in &t.invalid_frees {
+        all.extend(
+            f.stack
+                .iter()
+                .chain(&f.first_free_stack)
+                .chain(&f.alloc_stack),
+        );
+    }
+    all.extend(
+        t.possible_leaks
+            .iter()
+            .filter_map(|l| l.alloc_stack.as_ref()),
+    );
+    all.extend(
+        t.sites_at_end
+            .iter()
+            .chain(&t.sites_at_peak)
+            .map(|s| &s.stack),
+    );
+    let mut out: Vec<String> = Vec::new();
+    for p in all.iter().flat_map(|s| &s.problems) {
+        if !out.contains(p) {
+            out.push(p.clone());
+        }
+    }
+    out
+}
+
+/// `held at exit by allocation site` / `at the peak by allocation site`, one line a site.
+fn sites_text(o: &mut String, what: &str, sites: &[crate::summary::SiteEntry]) {
+    if sites.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "{what} by allocation site (largest first):");
+    for s in sites {
+        let _ = writeln!(
+            o,
+            "  {:>10}  {:>16}  {}",
+            size(s.bytes),
+            plural(s.count, "allocation"),
+            s.site.escape_debug()
+        );
+    }
 }
 
 /// `the 4.0 MiB allocation at 0x… (cudaMalloc, event 0)`.

@@ -1,6 +1,7 @@
 //! The summary's types. They are also its JSON form (`isolate summary --json`, through serde),
 //! so their field names and order are part of the output.
 
+use crate::stacks::ShownStack;
 use crate::util::ser_hex;
 use isolate_trace::{Event, Header};
 use serde::Serialize;
@@ -15,7 +16,7 @@ pub struct CountBytes {
 
 impl CountBytes {
     /// Adds `o`, saturating at `u64::MAX`.
-    pub(super) fn add(&mut self, o: CountBytes) {
+    pub(crate) fn add(&mut self, o: CountBytes) {
         self.count = self.count.saturating_add(o.count);
         self.bytes = self.bytes.saturating_add(o.bytes);
     }
@@ -64,6 +65,15 @@ pub struct PoisonViolation {
     pub free_api: String,
     /// The call that made the allocation, when the summary still knew it (null otherwise).
     pub alloc_api: Option<String>,
+    /// Trace format 2: the stacks of the call that made the allocation and of the free
+    /// (absent when the trace has none or the summary no longer knew them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alloc_stack: Option<ShownStack>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub free_stack: Option<ShownStack>,
+    /// Stack ids (allocation, free) until the stacks are symbolised.
+    #[serde(skip)]
+    pub(crate) stack_ids: [u32; 2],
 }
 
 /// Where a stale launch's pointer led: the allocation and its free.
@@ -101,6 +111,17 @@ pub struct StaleLaunchEntry {
     /// The calls that made and freed the allocation, when the summary still knew them.
     pub alloc_api: Option<String>,
     pub free_api: Option<String>,
+    /// Trace format 2: the stack of the launch, and of the calls that made and freed the
+    /// allocation (absent when unknown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub launch_stack: Option<ShownStack>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alloc_stack: Option<ShownStack>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub free_stack: Option<ShownStack>,
+    /// Stack ids (launch, allocation, free) until the stacks are symbolised.
+    #[serde(skip)]
+    pub(crate) stack_ids: [u32; 3],
 }
 
 /// A device fault that a call the library saw returned.
@@ -155,6 +176,17 @@ pub struct InvalidFree {
     pub double_free: bool,
     pub first_free: Option<CallRef>,
     pub allocated: Option<CallRef>,
+    /// Trace format 2: the stack of this call, of the first free (double frees) and of the
+    /// allocation (absent when unknown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stack: Option<ShownStack>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_free_stack: Option<ShownStack>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alloc_stack: Option<ShownStack>,
+    /// Stack ids (this call, first free, allocation) until the stacks are symbolised.
+    #[serde(skip)]
+    pub(crate) stack_ids: [u32; 3],
 }
 
 impl InvalidFree {
@@ -313,6 +345,23 @@ pub struct HeldAllocation {
     #[serde(serialize_with = "ser_hex")]
     pub handle: u64,
     pub size: u64,
+    /// Trace format 2: the stack of the call that made it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alloc_stack: Option<ShownStack>,
+    #[serde(skip)]
+    pub(crate) stack_id: u32,
+}
+
+/// Device memory of one allocation site (one call stack): how much of it was live at a moment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SiteEntry {
+    pub trace: usize,
+    /// The site's name: its first shown frame (see [`crate::stacks`]).
+    pub site: String,
+    /// Live allocations from that site, and their bytes.
+    pub count: u64,
+    pub bytes: u64,
+    pub stack: ShownStack,
 }
 
 /// The header of a trace, as the summary shows it.
@@ -386,6 +435,17 @@ pub struct Totals {
     pub held_at_exit: HeldAtExit,
     /// The first [`LIST_CAP`](super::LIST_CAP) allocations of `held_at_exit.possible_leak`.
     pub possible_leaks: Vec<HeldAllocation>,
+    /// Trace format 2: device memory held at exit by allocation site, largest first (at most
+    /// [`SITES_SHOWN`](super::SITES_SHOWN); several traces: sites of the same name added up).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sites_at_end: Vec<SiteEntry>,
+    /// The same at the moment of the peak (`peak_live_bytes`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sites_at_peak: Vec<SiteEntry>,
+    /// Why the findings have no stacks (`no call stacks: the trace is format version 1, …`),
+    /// said once in text; not in JSON, where the stack fields are just absent.
+    #[serde(skip)]
+    pub no_stacks: Option<String>,
     /// Findings, all kinds together: stale writes, stale launches, invalid frees (double frees
     /// included), device faults (a trace whose calls returned a fault code without a
     /// device-fault note counts one) and possible leaks (allocations).

@@ -33,6 +33,30 @@ pub enum Budget {
     Percent(f64),
 }
 
+/// Which call stacks are captured (`ISOLATE_STACKS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stacks {
+    None,
+    Native,
+    Python,
+    All,
+}
+
+impl Stacks {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stacks::None => "none",
+            Stacks::Native => "native",
+            Stacks::Python => "python",
+            Stacks::All => "all",
+        }
+    }
+}
+
+/// `ISOLATE_STACK_DEPTH`'s default and bounds.
+pub const STACK_DEPTH_DEFAULT: u32 = 64;
+pub const STACK_DEPTH_MAX: u32 = 256;
+
 #[derive(Clone, Debug)]
 pub struct Config {
     pub mode: Mode,
@@ -45,6 +69,12 @@ pub struct Config {
     /// Guard on the low side (left-aligned) instead of past the end.
     pub guard_underflow: bool,
     pub check_launch: bool,
+    /// Call stacks captured at each event, and the most frames each may have.
+    pub stacks: Stacks,
+    pub stack_depth: u32,
+    /// Stream-ordered frees leave quarantine on the library's own stream, without a host wait
+    /// (`ISOLATE_RELEASE=async`, the default); `sync` is the older way, kept for comparison.
+    pub async_release: bool,
     /// Test hook: make recording panic, to prove panics never cross into C.
     pub test_panic: bool,
     /// Internal test hook: the writer sleeps this long after writing the header.
@@ -72,6 +102,9 @@ pub const VARIABLES: &[(&str, &str)] = &[
         "end (catch overflows), start (catch underflows)",
     ),
     ("ISOLATE_CHECK_LAUNCH", "on, off"),
+    ("ISOLATE_STACKS", "all, native, python, none"),
+    ("ISOLATE_STACK_DEPTH", "a number of frames from 1 to 256"),
+    ("ISOLATE_RELEASE", "async, sync"),
     ("ISOLATE_TEST_PANIC", "1 (internal test hook)"),
     (
         "ISOLATE_TEST_WRITER_STALL_MS",
@@ -247,6 +280,33 @@ pub fn from_env(
         None => mode == Mode::Isolate,
         Some(v) => on_off("ISOLATE_CHECK_LAUNCH", &v)?,
     };
+    let async_release = match var("ISOLATE_RELEASE").as_deref() {
+        None | Some("async") => true,
+        Some("sync") => false,
+        Some(v) => return Err(bad("ISOLATE_RELEASE", v)),
+    };
+    let stacks = match var("ISOLATE_STACKS")
+        .map(|v| v.to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("all") => Stacks::All,
+        Some("native") => Stacks::Native,
+        Some("python") => Stacks::Python,
+        Some("none") => Stacks::None,
+        Some(_) => {
+            return Err(bad(
+                "ISOLATE_STACKS",
+                &var("ISOLATE_STACKS").unwrap_or_default(),
+            ));
+        }
+    };
+    let stack_depth = match var("ISOLATE_STACK_DEPTH") {
+        None => STACK_DEPTH_DEFAULT,
+        Some(v) => match v.trim().parse::<u32>() {
+            Ok(d) if (1..=STACK_DEPTH_MAX).contains(&d) => d,
+            _ => return Err(bad("ISOLATE_STACK_DEPTH", &v)),
+        },
+    };
     if guard && mode != Mode::Isolate {
         return Err("ISOLATE_GUARD=on needs ISOLATE_MODE=isolate".to_string());
     }
@@ -284,10 +344,20 @@ pub fn from_env(
             "ISOLATE_CHECK_LAUNCH".to_string(),
             if check_launch { "on" } else { "off" }.to_string(),
         ),
+        (
+            "ISOLATE_RELEASE".to_string(),
+            if async_release { "async" } else { "sync" }.to_string(),
+        ),
+        ("ISOLATE_STACKS".to_string(), stacks.name().to_string()),
+        ("ISOLATE_STACK_DEPTH".to_string(), stack_depth.to_string()),
     ];
     // PyTorch's allocator settings, when set: the analyzer tells a caching allocator's held
     // memory from a leak by them (recorded, never read by the library).
-    for k in ["PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF"] {
+    for k in [
+        "PYTORCH_NO_CUDA_MEMORY_CACHING",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_ALLOC_CONF",
+    ] {
         if let Some(v) = var(k) {
             pairs.push((k.to_string(), v));
         }
@@ -301,6 +371,9 @@ pub fn from_env(
         guard_min_size,
         guard_underflow,
         check_launch,
+        stacks,
+        stack_depth,
+        async_release,
         test_panic,
         test_writer_stall_ms,
         pairs,
@@ -388,6 +461,49 @@ mod tests {
             cfg(&[("ISOLATE_MOD", "log")])
                 .unwrap_err()
                 .contains("ISOLATE_MOD is not a setting")
+        );
+    }
+
+    #[test]
+    fn stacks_settings() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(
+            (c.stacks, c.stack_depth),
+            (Stacks::All, STACK_DEPTH_DEFAULT)
+        );
+        let c = cfg(&[("ISOLATE_STACKS", "native"), ("ISOLATE_STACK_DEPTH", "30")]).unwrap();
+        assert_eq!((c.stacks, c.stack_depth), (Stacks::Native, 30));
+        assert!(
+            c.pairs
+                .contains(&("ISOLATE_STACKS".into(), "native".into()))
+        );
+        assert!(
+            c.pairs
+                .contains(&("ISOLATE_STACK_DEPTH".into(), "30".into()))
+        );
+        assert_eq!(
+            cfg(&[("ISOLATE_STACKS", "none")]).unwrap().stacks,
+            Stacks::None
+        );
+        assert_eq!(
+            cfg(&[("ISOLATE_STACKS", "python")]).unwrap().stacks,
+            Stacks::Python
+        );
+        assert_eq!(
+            cfg(&[("ISOLATE_STACKS", "some")]).unwrap_err(),
+            "ISOLATE_STACKS=\"some\" is not valid; accepted: all, native, python, none"
+        );
+        for bad in ["0", "257", "-1", "deep", ""] {
+            assert!(
+                cfg(&[("ISOLATE_STACK_DEPTH", bad)])
+                    .unwrap_err()
+                    .contains("ISOLATE_STACK_DEPTH"),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            cfg(&[("ISOLATE_STACK_DEPTH", "256")]).unwrap().stack_depth,
+            256
         );
     }
 

@@ -182,6 +182,11 @@ reals! {
         CTX_SET_CURRENT = cuCtxSetCurrent: fn(CUcontext) -> CUresult;
         CTX_SYNCHRONIZE = cuCtxSynchronize: fn() -> CUresult;
         STREAM_SYNCHRONIZE = cuStreamSynchronize: fn(CUstream) -> CUresult;
+        STREAM_CREATE = cuStreamCreate: fn(*mut CUstream, c_uint) -> CUresult;
+        STREAM_WAIT_EVENT = cuStreamWaitEvent: fn(CUstream, *mut c_void, c_uint) -> CUresult;
+        EVENT_QUERY = cuEventQuery: fn(*mut c_void) -> CUresult;
+        MEMCPY_DTOH_ASYNC = cuMemcpyDtoHAsync_v2: fn(*mut c_void, CUdeviceptr, usize, CUstream) -> CUresult;
+        MEMCPY_HTOD_ASYNC = cuMemcpyHtoDAsync_v2: fn(CUdeviceptr, *const c_void, usize, CUstream) -> CUresult;
         DEVICE_TOTAL_MEM = cuDeviceTotalMem_v2: fn(*mut usize, CUdevice) -> CUresult;
         MEM_GET_ALLOCATION_GRANULARITY = cuMemGetAllocationGranularity: fn(*mut usize, *const CUmemAllocationProp, i32) -> CUresult;
         MEMSET_D8 = cuMemsetD8_v2: fn(CUdeviceptr, u8, usize) -> CUresult;
@@ -226,6 +231,9 @@ reals! {
         IPC_CLOSE_MEM_HANDLE_RT = cudaIpcCloseMemHandle: fn(*mut c_void) -> cudaError_t;
         // Called by the policies.
         GET_LAST_ERROR = cudaGetLastError: fn() -> cudaError_t;
+        // Wrapped: pool statistics (hooks/pool.rs).
+        MEM_POOL_GET_ATTRIBUTE_RT = cudaMemPoolGetAttribute: fn(CUmemoryPool, c_int, *mut c_void) -> cudaError_t;
+        MEM_POOL_SET_ATTRIBUTE_RT = cudaMemPoolSetAttribute: fn(CUmemoryPool, c_int, *mut c_void) -> cudaError_t;
     }
     Libc {
         // Wrapped: the ways out of a process.

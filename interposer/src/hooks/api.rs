@@ -1,6 +1,8 @@
 //! The library's own small C API, for programs that know they run under it (the Python package
 //! `cuda_isolate` calls it through ctypes): marks and nested regions written into the trace as
-//! notes, the running counters, and a peak window. Every function returns 0 when it recorded, -1 when
+//! notes, the running counters, a peak window, and a check of the quarantine on demand
+//! (`isolate_check_now`). The marks and the per-thread region stack are shared with NVTX's
+//! default domain (nvtx.rs). Every function returns 0 when it recorded, -1 when
 //! recording is off (`ISOLATE_MODE=off`, or the trace was closed), -2 for a bad argument, and
 //! `isolate_region_pop` -3 when this thread has no region open. None of them ever unwinds into
 //! the caller.
@@ -20,13 +22,13 @@ use std::cell::RefCell;
 use std::ffi::{CStr, c_char, c_int};
 
 /// Recorded.
-const OK: c_int = 0;
+pub const OK: c_int = 0;
 /// Recording is off.
-const OFF: c_int = -1;
+pub const OFF: c_int = -1;
 /// A null pointer or a size too small.
-const BAD: c_int = -2;
+pub const BAD: c_int = -2;
 /// `isolate_region_pop` with no region open on this thread.
-const NO_REGION: c_int = -3;
+pub const NO_REGION: c_int = -3;
 
 thread_local! {
     static REGIONS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
@@ -49,7 +51,8 @@ pub struct IsolateCounters {
     pub window_peak_device_bytes: u64,
 }
 
-fn recording() -> bool {
+/// True while marks and regions are written (intercepting, and the trace not closed).
+pub fn recording() -> bool {
     policy::intercepting() && writer::active()
 }
 
@@ -80,9 +83,7 @@ pub unsafe extern "C" fn isolate_mark(text_: *const c_char) -> c_int {
         if !recording() {
             return OFF;
         }
-        let depth = REGIONS.with(|r| r.borrow().len());
-        note(NoteKind::Mark, t, depth);
-        OK
+        mark(t)
     })
 }
 
@@ -94,37 +95,63 @@ pub unsafe extern "C" fn isolate_mark(text_: *const c_char) -> c_int {
 pub unsafe extern "C" fn isolate_region_push(name: *const c_char) -> c_int {
     guarded(|| {
         let Some(n) = text(name) else { return BAD };
-        if !recording() {
-            return OFF;
+        match region_push(n) {
+            Ok(_) => OK,
+            Err(e) => e,
         }
-        let depth = REGIONS.with(|r| {
-            let mut r = r.borrow_mut();
-            r.push(n.clone());
-            r.len()
-        });
-        note(NoteKind::RegionPush, n, depth);
-        OK
     })
 }
 
 /// Closes the region this thread opened last.
 #[unsafe(no_mangle)]
 pub extern "C" fn isolate_region_pop() -> c_int {
-    guarded(|| {
-        if !recording() {
-            return OFF;
-        }
-        let popped = REGIONS.with(|r| {
-            let mut r = r.borrow_mut();
-            let depth = r.len();
-            r.pop().map(|n| (n, depth))
-        });
-        let Some((n, depth)) = popped else {
-            return NO_REGION;
-        };
-        note(NoteKind::RegionPop, n, depth);
-        OK
+    guarded(|| match region_pop() {
+        Ok(_) => OK,
+        Err(e) => e,
     })
+}
+
+/// Writes a mark on this thread (the C API's and NVTX's marks): [`OK`] or [`OFF`].
+pub fn mark(text: String) -> c_int {
+    if !recording() {
+        return OFF;
+    }
+    let depth = REGIONS.with(|r| r.borrow().len());
+    note(NoteKind::Mark, text, depth);
+    OK
+}
+
+/// Opens a region on this thread's stack (shared by the C API and NVTX's default domain):
+/// the depth after the push (1 for an outermost region), or [`OFF`].
+pub fn region_push(name: String) -> Result<usize, c_int> {
+    if !recording() {
+        return Err(OFF);
+    }
+    let depth = REGIONS.with(|r| {
+        let mut r = r.borrow_mut();
+        r.push(name.clone());
+        r.len()
+    });
+    note(NoteKind::RegionPush, name, depth);
+    Ok(depth)
+}
+
+/// Closes this thread's innermost region: its depth (1 for an outermost region), or [`OFF`],
+/// or [`NO_REGION`].
+pub fn region_pop() -> Result<usize, c_int> {
+    if !recording() {
+        return Err(OFF);
+    }
+    let popped = REGIONS.with(|r| {
+        let mut r = r.borrow_mut();
+        let depth = r.len();
+        r.pop().map(|n| (n, depth))
+    });
+    let Some((n, depth)) = popped else {
+        return Err(NO_REGION);
+    };
+    note(NoteKind::RegionPop, n, depth);
+    Ok(depth)
 }
 
 /// Starts a new peak window: `window_peak_device_bytes` becomes the device bytes live now and
@@ -176,4 +203,19 @@ pub unsafe extern "C" fn isolate_counters(out: *mut IsolateCounters, size: usize
         };
         if recording() { OK } else { OFF }
     })
+}
+
+/// Checks the quarantine now instead of only when memory leaves it (at the latest at exit): every
+/// freed allocation held so far is compared with its poison. Returns the number of stale writes
+/// found so far in this process, this check's included (0 in log mode, where nothing is held),
+/// or -1 when recording is off. The pytest plugin calls it at the end of each test.
+#[unsafe(no_mangle)]
+pub extern "C" fn isolate_check_now() -> i64 {
+    std::panic::catch_unwind(|| {
+        if !policy::intercepting() {
+            return OFF as i64;
+        }
+        i64::try_from(policy::verify_now()).unwrap_or(i64::MAX)
+    })
+    .unwrap_or(BAD as i64)
 }

@@ -90,6 +90,8 @@ pub mod api;
 pub mod dl;
 pub mod dlopen;
 pub mod driver;
+pub mod nvtx;
+pub mod pool;
 pub mod process;
 pub mod runtime;
 pub mod shape;

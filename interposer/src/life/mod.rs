@@ -158,6 +158,7 @@ extern "C" fn child_after_fork() {
     sys::forget_tid();
     writer::after_fork_child();
     event::after_fork_child();
+    crate::record::stacks::after_fork_child();
     crate::policy::after_fork_child();
 }
 

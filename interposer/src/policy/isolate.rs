@@ -6,7 +6,7 @@
 //!
 //! Layer: policies. Uses the base, recording, [`super::log`] and [`super::guard`].
 
-use super::{guard, log};
+use super::{guard, log, release};
 use crate::base::config::{self, Budget};
 use crate::base::cuda::*;
 use crate::base::real::{self, *};
@@ -29,6 +29,8 @@ static VERIFY_PTX: &str = concat!(include_str!("verify.ptx"), "\0");
 struct Live {
     size: u64,
     seq: u64,
+    /// From a stream-ordered pool: counted in [`POOL_LIVE`].
+    pooled: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -53,8 +55,12 @@ pub struct Entry {
     pub free_api: Api,
     device: i32,
     ctx: usize,
-    /// Event recorded on the freeing stream after the poison, for stream-ordered frees.
+    /// Event recorded on the freeing stream after the poison, for stream-ordered frees
+    /// (`ISOLATE_RELEASE=sync`: made for this entry, destroyed at its release).
     event: usize,
+    /// The freeing stream's event from [`release::mark`], recorded after this poison (shared by
+    /// the stream's later frees, never destroyed): what the asynchronous release waits for.
+    mark: usize,
     held: Held,
 }
 
@@ -111,15 +117,88 @@ macro_rules! st {
 }
 
 /// Before `main`: PyTorch's caching allocator hands freed blocks straight back out, which is
-/// what isolation exists to stop, so switch it off unless the user chose.
+/// what isolation exists to stop. Unless the user chose, PyTorch is switched to its
+/// stream-ordered backend (`backend:cudaMallocAsync`: every tensor one `cudaMallocAsync` and
+/// one `cudaFreeAsync`, which isolation poisons and releases in stream order, without waiting
+/// for the device). Where the user set other allocator options, the cache is switched off
+/// instead (`PYTORCH_NO_CUDA_MEMORY_CACHING=1`, every free a `cudaFree`), as before.
 pub fn before_main() {
-    if std::env::var_os("PYTORCH_NO_CUDA_MEMORY_CACHING").is_none() {
-        unsafe { libc::setenv(c"PYTORCH_NO_CUDA_MEMORY_CACHING".as_ptr(), c"1".as_ptr(), 1) };
+    let say = |what: &str| {
         if !SAID_PYTORCH.swap(true, Relaxed) {
-            warn(
-                "isolate mode: set PYTORCH_NO_CUDA_MEMORY_CACHING=1 (PyTorch's caching allocator off)",
+            warn(&format!("isolate mode: {what}"));
+        }
+    };
+    match pytorch_substrate(
+        std::env::var("PYTORCH_NO_CUDA_MEMORY_CACHING").ok(),
+        std::env::var("PYTORCH_ALLOC_CONF").ok(),
+        std::env::var("PYTORCH_CUDA_ALLOC_CONF").ok(),
+    ) {
+        Substrate::UserChose => {}
+        Substrate::StreamOrdered => {
+            unsafe {
+                libc::setenv(
+                    c"PYTORCH_CUDA_ALLOC_CONF".as_ptr(),
+                    c"backend:cudaMallocAsync".as_ptr(),
+                    1,
+                )
+            };
+            say(
+                "set PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (PyTorch's caching allocator off; \
+                 each tensor from the driver's stream-ordered pool)",
             );
         }
+        Substrate::NoCaching(name) => {
+            unsafe { libc::setenv(c"PYTORCH_NO_CUDA_MEMORY_CACHING".as_ptr(), c"1".as_ptr(), 1) };
+            say(&format!(
+                "set PYTORCH_NO_CUDA_MEMORY_CACHING=1 (PyTorch's caching allocator off; {name} \
+                 is set without backend:cudaMallocAsync, which isolates faster)"
+            ));
+        }
+    }
+}
+
+/// What isolate mode does to PyTorch's allocator, from the user's settings.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Substrate {
+    /// The user switched the cache off or chose the stream-ordered backend: nothing to do.
+    UserChose,
+    /// Nothing set: the stream-ordered backend.
+    StreamOrdered,
+    /// Allocator options set (named) without a backend: the cache off.
+    NoCaching(&'static str),
+}
+
+pub fn pytorch_substrate(
+    no_caching: Option<String>,
+    alloc_conf: Option<String>,
+    cuda_alloc_conf: Option<String>,
+) -> Substrate {
+    if no_caching.is_some() {
+        return Substrate::UserChose;
+    }
+    let confs = [
+        ("PYTORCH_ALLOC_CONF", alloc_conf),
+        ("PYTORCH_CUDA_ALLOC_CONF", cuda_alloc_conf),
+    ];
+    let stream_ordered = |v: &str| {
+        v.split(',').any(|kv| {
+            let mut it = kv.splitn(2, ':');
+            it.next().map(str::trim) == Some("backend")
+                && it.next().map(str::trim) == Some("cudaMallocAsync")
+        })
+    };
+    if confs
+        .iter()
+        .any(|(_, v)| v.as_deref().is_some_and(stream_ordered))
+    {
+        return Substrate::UserChose;
+    }
+    match confs
+        .iter()
+        .find(|(_, v)| v.as_deref().is_some_and(|v| !v.trim().is_empty()))
+    {
+        Some((name, _)) => Substrate::NoCaching(name),
+        None => Substrate::StreamOrdered,
     }
 }
 
@@ -128,6 +207,8 @@ pub fn before_main() {
 pub fn after_fork_child() {
     STATE.reset_in_child(None);
     KERNELS.reset_in_child(Vec::new());
+    INFLIGHT.reset_in_child(VecDeque::new());
+    release::after_fork_child();
 }
 
 fn quarantinable(api: Api) -> bool {
@@ -163,6 +244,11 @@ pub fn alloc(
     let mut r = first;
     if r == CUDA_ERROR_OUT_OF_MEMORY && quarantinable(proto.api) {
         // Isolation must never cause an out-of-memory a normal run would not have had.
+        // First the batches already on their way out: their frees run on the release stream.
+        if !INFLIGHT.lock().is_empty() {
+            reap(true);
+            r = attempt();
+        }
         let mut released = 0u64;
         while r == CUDA_ERROR_OUT_OF_MEMORY {
             let n = release_oldest(proto.size.max(1));
@@ -200,12 +286,17 @@ pub fn alloc(
         p.ev.ptr = out.read();
     }
     after(&mut p.ev);
+    if r == CUDA_SUCCESS && stream_ordered_alloc(proto.api) && p.ev.ptr != 0 {
+        let now = POOL_LIVE.fetch_add(p.ev.size, Relaxed) + p.ev.size;
+        POOL_PEAK.fetch_max(now, Relaxed);
+    }
     if r == CUDA_SUCCESS && quarantinable(proto.api) && p.ev.ptr != 0 {
         st!(state()).live.insert(
             p.ev.ptr,
             Live {
                 size: p.ev.size,
                 seq: p.ev.seq,
+                pooled: stream_ordered_alloc(proto.api),
             },
         );
     }
@@ -239,6 +330,9 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     };
     p.ev.size = live.size;
     let ordered = stream_ordered(proto.api);
+    if live.pooled {
+        let _ = POOL_LIVE.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(live.size)));
+    }
     if guard::owns(proto.ptr) {
         let r = guard::free(proto.ptr, ordered.then_some(proto.stream as CUstream));
         p.finish(r);
@@ -246,11 +340,18 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         quarantine_index_only(freed(&proto, live, seq, Held::Guarded));
         return r;
     }
+    let t0 = now_ns();
     let r = poison(proto.ptr, live.size, ordered, proto.stream as CUstream);
     let mut entry = freed(&proto, live, seq, Held::Allocation);
     if ordered {
-        entry.event = record_event(proto.stream as CUstream);
+        if release::enabled() {
+            entry.mark = release::mark(entry.ctx, proto.stream as usize);
+        } else {
+            entry.event = record_event(proto.stream as CUstream);
+        }
     }
+    POISON_NS.fetch_add(now_ns().saturating_sub(t0), Relaxed);
+    POISONED.fetch_add(1, Relaxed);
     p.finish(r);
     quarantine(entry);
     r
@@ -269,6 +370,7 @@ fn freed(proto: &Event, live: Live, seq: u64, held: Held) -> Entry {
         device: event::current_device(),
         ctx: current_ctx(),
         event: 0,
+        mark: 0,
         held,
     }
 }
@@ -339,6 +441,7 @@ fn unmap(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     let mapping = Live {
         size: proto.size,
         seq: u64::MAX,
+        pooled: false,
     };
     quarantine(freed(&proto, mapping, seq, Held::Mapping));
     CUDA_SUCCESS
@@ -499,7 +602,7 @@ fn quarantine(entry: Entry) {
             over.push(old);
         }
     }
-    release_batch(&over, true);
+    release_batch(&over, Release::Budget);
 }
 
 /// A guard-mode free: in the index for the launch check, never released, never verified
@@ -527,7 +630,7 @@ fn release_oldest(need: u64) -> u64 {
         }
     }
     Q_EARLY.fetch_add(taken.len() as u64, Relaxed);
-    release_batch(&taken, true);
+    release_batch(&taken, Release::Now);
     bytes
 }
 
@@ -558,17 +661,194 @@ fn release_overlapping(ptr: u64, size: u64) {
             }
         }
     }
-    release_batch(&taken, true);
+    release_batch(&taken, Release::Now);
 }
 
 /// Verifies, then really frees (or unmaps) entries: per context, every check is launched first
 /// and the results come back in one copy.
-fn release_batch(entries: &[Entry], free: bool) {
+fn release_batch(entries: &[Entry], how: Release) {
     if entries.is_empty() {
         return;
     }
+    let t0 = now_ns();
+    let free = how != Release::CheckOnly;
     if free {
         Q_RELEASES.fetch_add(entries.len() as u64, Relaxed);
+    }
+    reap(false);
+    let entries = &if how == Release::Budget {
+        release_async(entries)
+    } else {
+        entries.to_vec()
+    };
+    release_sync(entries, free, false);
+    RELEASE_NS.fetch_add(now_ns().saturating_sub(t0), Relaxed);
+}
+
+/// How entries leave quarantine.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Release {
+    /// Over the budget: stream-ordered frees go the asynchronous way.
+    Budget,
+    /// Memory is needed at once (an allocation ran out, a range is mapped again): freed before
+    /// the call returns.
+    Now,
+    /// Checked, not freed (exit, a test's check).
+    CheckOnly,
+}
+
+/// Stream-ordered frees of device memory leave quarantine on the release stream (see
+/// [`release`]): verified and freed there, their results read later by [`reap`]. Returns the
+/// entries that must go the synchronous way (not stream-ordered, mappings, or where the
+/// context has no release stream).
+fn release_async(entries: &[Entry]) -> Vec<Entry> {
+    let Some(byte) = config::get().poison else {
+        return entries.to_vec();
+    };
+    if !release::enabled() {
+        return entries.to_vec();
+    }
+    let (mut rest, mut ours): (Vec<Entry>, Vec<Entry>) = (Vec::new(), Vec::new());
+    for e in entries {
+        if e.held == Held::Allocation && e.mark != 0 && e.ctx != 0 {
+            ours.push(*e);
+        } else {
+            rest.push(*e);
+        }
+    }
+    if ours.is_empty() {
+        return rest;
+    }
+    let cur = current_ctx();
+    let mut ctxs: Vec<usize> = ours.iter().map(|e| e.ctx).collect();
+    ctxs.sort_unstable();
+    ctxs.dedup();
+    for ctx in ctxs {
+        let switch = ctx != cur;
+        if switch && let Some(set) = CTX_SET_CURRENT.get() {
+            unsafe { set(ctx as CUcontext) };
+        }
+        let group: Vec<Entry> = ours.iter().filter(|e| e.ctx == ctx).copied().collect();
+        if !release::available(ctx) {
+            rest.extend(group);
+        } else {
+            for chunk in group.chunks(release::BATCH) {
+                let mut waits: Vec<usize> = chunk.iter().map(|e| e.mark).collect();
+                waits.sort_unstable();
+                waits.dedup();
+                let items: Vec<(u64, u64)> = chunk.iter().map(|e| (e.ptr, e.size)).collect();
+                let frees: Vec<u64> = chunk.iter().map(|e| e.ptr).collect();
+                // Every slot in flight (here or on another thread): wait for the oldest batch
+                // of this context, then try again; a few tries, then the synchronous way.
+                let mut launched = None;
+                for _ in 0..4 {
+                    if !release::slot_free(ctx) && !reap_oldest(ctx) {
+                        continue;
+                    }
+                    launched = release::launch(ctx, &waits, &items, &frees, byte);
+                    if launched.is_some() || release::slot_free(ctx) {
+                        break;
+                    }
+                }
+                match launched {
+                    Some(l) => {
+                        ASYNC_BATCHES.fetch_add(1, Relaxed);
+                        ON_DEVICE.fetch_add(chunk.len() as u64, Relaxed);
+                        INFLIGHT.lock().push_back((l, chunk.to_vec()));
+                    }
+                    None => rest.extend_from_slice(chunk),
+                }
+            }
+        }
+        if switch && let Some(set) = CTX_SET_CURRENT.get() {
+            unsafe { set(cur as CUcontext) };
+        }
+    }
+    rest
+}
+
+/// A batch whose check has run: its entries and, for each, (first changed offset, changed
+/// bytes).
+type Checked = (Vec<Entry>, Vec<(u64, u64)>);
+
+/// Batches on the release streams whose results have not been read.
+static INFLIGHT: ForkLock<VecDeque<(release::Launched, Vec<Entry>)>> =
+    ForkLock::new(VecDeque::new());
+
+/// Reads the results of the batches whose checks have run (all of them, waiting, with
+/// `wait`), in order, and reports what changed. One thread reads at a time (the queue's lock is
+/// held while it polls: a batch's slot is free again once polled); without `wait`, a thread
+/// that finds another reading leaves it to that one.
+fn reap(wait: bool) {
+    let t0 = now_ns();
+    let done = {
+        let q = if wait {
+            Some(INFLIGHT.lock())
+        } else {
+            INFLIGHT.try_lock()
+        };
+        let Some(mut q) = q else { return };
+        take_done(&mut q, wait, usize::MAX)
+    };
+    if wait {
+        WAIT_NS.fetch_add(now_ns().saturating_sub(t0), Relaxed);
+    }
+    report_all(done);
+}
+
+/// Pops the batches at the head of `q` whose checks have run, with their results: with
+/// `wait`, every one up to and including the `upto`-th (all when `upto` is past the end).
+fn take_done(
+    q: &mut VecDeque<(release::Launched, Vec<Entry>)>,
+    wait: bool,
+    upto: usize,
+) -> Vec<Checked> {
+    let mut done = Vec::new();
+    let mut i = 0;
+    while let Some((l, _)) = q.front() {
+        let l = *l;
+        let Some(found) = release::poll(&l, wait && i <= upto) else {
+            break;
+        };
+        if let Some((_, entries)) = q.pop_front() {
+            done.push((entries, found));
+        }
+        i += 1;
+    }
+    done
+}
+
+fn report_all(done: Vec<Checked>) {
+    for (entries, found) in done {
+        for (e, (first, changed)) in entries.iter().zip(found) {
+            report(e, first, changed);
+        }
+    }
+}
+
+/// Waits for the oldest batch in flight of context `ctx` (and reads every batch before it);
+/// false when there is none.
+fn reap_oldest(ctx: usize) -> bool {
+    let t0 = now_ns();
+    let done = {
+        let mut q = INFLIGHT.lock();
+        let Some(pos) = q.iter().position(|(l, _)| l.ctx() == ctx) else {
+            return false;
+        };
+        take_done(&mut q, true, pos)
+    };
+    WAIT_NS.fetch_add(now_ns().saturating_sub(t0), Relaxed);
+    report_all(done);
+    true
+}
+
+/// The way every release went before the release stream: the host waits for the freeing
+/// streams' events, checks each allocation with a launch and one copy per batch, and frees.
+/// With `repoison`, an allocation found changed is filled with the poison again (it stays in
+/// quarantine), so that the next check reports only what is written after this one.
+fn release_sync(entries: &[Entry], free: bool, repoison: bool) {
+    if entries.is_empty() {
+        return;
     }
     let cur = current_ctx();
     let mut ctxs: Vec<usize> = entries.iter().map(|e| e.ctx).collect();
@@ -580,6 +860,7 @@ fn release_batch(entries: &[Entry], free: bool) {
             unsafe { set(ctx as CUcontext) };
         }
         let group: Vec<&Entry> = entries.iter().filter(|e| e.ctx == ctx).collect();
+        let t0 = now_ns();
         for e in &group {
             if e.event != 0 {
                 if let Some(s) = EVENT_SYNCHRONIZE.get() {
@@ -590,6 +871,15 @@ fn release_batch(entries: &[Entry], free: bool) {
                 }
             }
         }
+        let mut marks: Vec<usize> = group.iter().map(|e| e.mark).filter(|&m| m != 0).collect();
+        marks.sort_unstable();
+        marks.dedup();
+        for m in marks {
+            if let Some(s) = EVENT_SYNCHRONIZE.get() {
+                unsafe { s(m as *mut c_void) };
+            }
+        }
+        WAIT_NS.fetch_add(now_ns().saturating_sub(t0), Relaxed);
         if let Some(byte) = config::get().poison {
             for chunk in group.chunks(BATCH) {
                 let found = verify_batch_on_device(chunk, byte);
@@ -606,6 +896,12 @@ fn release_batch(entries: &[Entry], free: bool) {
                     };
                     if let Some((first, changed)) = r {
                         report(e, first, changed);
+                        if repoison
+                            && changed > 0
+                            && let Some(set) = MEMSET_D8.get()
+                        {
+                            unsafe { set(e.ptr, byte, e.size as usize) };
+                        }
                     }
                 }
             }
@@ -640,12 +936,53 @@ const BATCH: usize = 256;
 /// the driver cannot load the kernel): noted at exit.
 static ON_DEVICE: AtomicU64 = AtomicU64::new(0);
 static ON_HOST: AtomicU64 = AtomicU64::new(0);
+/// Where isolation's time goes, noted at exit: frees poisoned and the time the calling threads
+/// spent on them (poison, events), time in releases, of it waiting for the device, and the
+/// batches released on the release streams.
+static POISONED: AtomicU64 = AtomicU64::new(0);
+static POISON_NS: AtomicU64 = AtomicU64::new(0);
+static RELEASE_NS: AtomicU64 = AtomicU64::new(0);
+static WAIT_NS: AtomicU64 = AtomicU64::new(0);
+static ASYNC_BATCHES: AtomicU64 = AtomicU64::new(0);
+/// Stale writes found so far.
+static FOUND: AtomicU64 = AtomicU64::new(0);
+/// Bytes of the stream-ordered allocations the program holds, and their peak since the last
+/// reset: what its pool statistics report in isolate mode (hooks/pool.rs).
+static POOL_LIVE: AtomicU64 = AtomicU64::new(0);
+static POOL_PEAK: AtomicU64 = AtomicU64::new(0);
+
+pub fn pool_used(peak: bool) -> u64 {
+    if peak {
+        POOL_PEAK.load(Relaxed)
+    } else {
+        POOL_LIVE.load(Relaxed)
+    }
+}
+
+pub fn pool_peak_reset() {
+    POOL_PEAK.store(POOL_LIVE.load(Relaxed), Relaxed);
+}
+
+fn stream_ordered_alloc(api: Api) -> bool {
+    matches!(
+        api,
+        Api::CudaMallocAsync
+            | Api::CudaMallocAsyncPtsz
+            | Api::CudaMallocFromPoolAsync
+            | Api::CudaMallocFromPoolAsyncPtsz
+            | Api::CuMemAllocAsync
+            | Api::CuMemAllocAsyncPtsz
+            | Api::CuMemAllocFromPoolAsync
+            | Api::CuMemAllocFromPoolAsyncPtsz
+    )
+}
 
 /// Records a violation (and says so on stderr) when the poison changed.
 fn report(e: &Entry, first: u64, changed: u64) {
     if changed == 0 {
         return;
     }
+    FOUND.fetch_add(1, Relaxed);
     let v = Violation {
         seq: event::next_seq(),
         ts_ns: now_ns(),
@@ -800,6 +1137,7 @@ extern "C" fn verify_all_at_exit() {
 
 /// At exit: every allocation still in quarantine is checked (not freed: the process is ending).
 pub fn at_exit() {
+    reap(true);
     let entries: Vec<Entry> = {
         let mut g = state();
         let s = st!(g);
@@ -807,7 +1145,7 @@ pub fn at_exit() {
         s.held = 0;
         s.queue.drain(..).collect()
     };
-    release_batch(&entries, false);
+    release_batch(&entries, Release::CheckOnly);
     // Only into a trace that exists: a process that never touched CUDA leaves no file.
     if !writer::started() {
         return;
@@ -822,6 +1160,42 @@ pub fn at_exit() {
             format!("poison verified for {device} allocations on the device, {host} on the host"),
         );
     }
+    let poisoned = POISONED.load(Relaxed);
+    if poisoned > 0 {
+        let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
+        event::note(
+            NoteKind::Info,
+            0,
+            poisoned,
+            ASYNC_BATCHES.load(Relaxed),
+            format!(
+                "isolation's time: {poisoned} frees poisoned, {:.1} ms on the freeing threads \
+                 ({:.2} us each); releases {:.1} ms, of it {:.1} ms waiting for the device; \
+                 {} batches released on the release stream",
+                ms(&POISON_NS),
+                ms(&POISON_NS) * 1e3 / poisoned as f64,
+                ms(&RELEASE_NS),
+                ms(&WAIT_NS),
+                ASYNC_BATCHES.load(Relaxed)
+            ),
+        );
+    }
+}
+
+/// Checks every allocation in quarantine now (they stay there) and every batch on its way out;
+/// returns the stale writes found so far in the process, these included. For a test
+/// framework's "no stale write in this test" at the end of each test.
+pub fn verify_now() -> u64 {
+    let _inside = Inside::enter();
+    reap(true);
+    let entries: Vec<Entry> = {
+        let g = STATE.lock();
+        g.as_ref()
+            .map(|s| s.queue.iter().copied().collect())
+            .unwrap_or_default()
+    };
+    release_sync(&entries, false, true);
+    FOUND.load(Relaxed)
 }
 
 /// Drops index entries inside [ptr, ptr+size): guard mode gave that address range back.
@@ -856,5 +1230,55 @@ pub fn lookup_each(words: &[u64], mut found: impl FnMut(usize, Entry)) {
     // Called without the lock: `found` records and may wait for the writer.
     for (i, e) in hits {
         found(i, e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Substrate, pytorch_substrate};
+
+    fn s(v: &str) -> Option<String> {
+        Some(v.to_string())
+    }
+
+    #[test]
+    fn pytorch_gets_the_stream_ordered_backend_unless_the_user_chose() {
+        assert_eq!(
+            pytorch_substrate(None, None, None),
+            Substrate::StreamOrdered
+        );
+        assert_eq!(
+            pytorch_substrate(None, None, s("")),
+            Substrate::StreamOrdered
+        );
+        assert_eq!(pytorch_substrate(s("1"), None, None), Substrate::UserChose);
+        assert_eq!(
+            pytorch_substrate(s("0"), None, s("x:1")),
+            Substrate::UserChose
+        );
+        assert_eq!(
+            pytorch_substrate(None, None, s("backend:cudaMallocAsync")),
+            Substrate::UserChose
+        );
+        assert_eq!(
+            pytorch_substrate(
+                None,
+                s("expandable_segments:True, backend: cudaMallocAsync"),
+                None
+            ),
+            Substrate::UserChose
+        );
+        assert_eq!(
+            pytorch_substrate(None, None, s("expandable_segments:True")),
+            Substrate::NoCaching("PYTORCH_CUDA_ALLOC_CONF")
+        );
+        assert_eq!(
+            pytorch_substrate(None, s("max_split_size_mb:128"), None),
+            Substrate::NoCaching("PYTORCH_ALLOC_CONF")
+        );
+        assert_eq!(
+            pytorch_substrate(None, None, s("backend:native")),
+            Substrate::NoCaching("PYTORCH_CUDA_ALLOC_CONF")
+        );
     }
 }

@@ -18,7 +18,7 @@ use crate::base::cuda::*;
 use crate::base::real::*;
 use crate::base::sys::ForkLock;
 use crate::base::sys::{gettid, now_ns, warn};
-use crate::record::{event, writer};
+use crate::record::{event, stacks, writer};
 use isolate_trace::{Api, NoteKind, Record, StaleLaunch};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::{CStr, c_void};
@@ -115,9 +115,18 @@ pub struct Hit {
     ts: u64,
     tid: u32,
     device: i32,
+    /// The launching thread's stack (captured only when a stale pointer is found).
+    stack: u32,
 }
 
 impl Hit {
+    /// Hands the record to the writer, with its stack (a `StackOf` record) after it.
+    fn submit(&self, kind: fn(StaleLaunch) -> Record) {
+        let seq = event::next_seq();
+        writer::submit(kind(self.record(seq)));
+        stacks::stack_of(seq, self.stack);
+    }
+
     /// The kernel, told apart by its layout: a handle reused for another kernel (after a module
     /// unload) gets a new layout, so its reports are not taken for the old kernel's.
     fn kernel(&self) -> usize {
@@ -170,7 +179,7 @@ struct Found {
 impl Found {
     fn found(&mut self, (index, offset): (u32, u32), ptr: u64, e: isolate::Entry) {
         HITS.fetch_add(1, Relaxed);
-        let h = Hit {
+        let mut h = Hit {
             api: self.api,
             layout: self.layout,
             index,
@@ -180,14 +189,18 @@ impl Found {
             ts: now_ns(),
             tid: gettid(),
             device: event::current_device(),
+            stack: 0,
         };
         let first = WARNED
             .lock()
             .get_or_insert_with(HashSet::new)
             .insert((h.kernel(), e.alloc_seq ^ e.ptr));
+        if first || e.guarded() {
+            h.stack = stacks::capture();
+        }
         if e.guarded() {
             if first {
-                writer::submit(Record::StaleValue(h.record(event::next_seq())));
+                h.submit(Record::StaleValue);
             }
             self.guarded.push(h);
         } else if first {
@@ -197,7 +210,7 @@ impl Found {
                  allocation 0x{:x} ({} bytes) freed at event {}",
                 h.layout.name, e.ptr, e.size, e.free_seq
             ));
-            writer::submit(Record::StaleLaunch(h.record(event::next_seq())));
+            h.submit(Record::StaleLaunch);
         }
     }
 }
@@ -391,7 +404,7 @@ pub fn device_fault(api: Api, r: i32) {
              ({} bytes) freed at event {}",
             h.layout.name, h.ptr, h.index, h.offset, h.e.ptr, h.e.size, h.e.free_seq
         ));
-        writer::submit(Record::StaleLaunch(h.record(event::next_seq())));
+        h.submit(Record::StaleLaunch);
     }
 }
 

@@ -6,10 +6,12 @@
 //! memory up in isolate mode's quarantine); each uses only the base and recording, and none
 //! uses this file.
 
+pub mod frameworks;
 pub mod guard;
 pub mod isolate;
 pub mod launch;
 pub mod log;
+pub mod release;
 pub mod sync;
 
 use crate::base::config::{self, Mode};
@@ -68,14 +70,42 @@ pub fn check_launches() -> bool {
     c.mode == Mode::Isolate && c.check_launch
 }
 
+/// Isolate mode: the bytes of stream-ordered allocations the program holds now (or their peak
+/// since the last reset), for the pool statistics it reads; `None` in other modes.
+pub fn pool_used(peak: bool) -> Option<u64> {
+    isolating().then(|| isolate::pool_used(peak))
+}
+
+/// The program reset its pool's high-water mark.
+pub fn pool_peak_reset() {
+    if isolating() {
+        isolate::pool_peak_reset();
+    }
+}
+
 #[inline]
 fn isolating() -> bool {
     config::get().mode == Mode::Isolate
 }
 
-/// From the constructor, before `main`, in isolate mode.
+/// From the constructor, before `main`, in isolate mode: PyTorch's caching allocator off
+/// (isolate.rs), other frameworks' pools off (frameworks.rs).
 pub fn before_main() {
     isolate::before_main();
+    frameworks::before_main();
+}
+
+/// Checks the quarantine now (isolate mode; nothing is held in log mode): the stale writes found
+/// so far, this check's included. Never unwinds.
+pub fn verify_now() -> u64 {
+    std::panic::catch_unwind(|| {
+        if isolating() {
+            isolate::verify_now()
+        } else {
+            crate::record::tally::get().stale_writes
+        }
+    })
+    .unwrap_or(0)
 }
 
 pub fn at_exit() {

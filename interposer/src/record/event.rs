@@ -1,8 +1,8 @@
 //! Events: sequence numbers, timing, the device, and handing the finished event to the writer.
 //!
-//! Layer: recording. Uses the base and [`super::writer`].
+//! Layer: recording. Uses the base, [`super::writer`] and [`super::stacks`].
 
-use super::writer;
+use super::{stacks, writer};
 use crate::base::config;
 use crate::base::cuda::*;
 use crate::base::real::CTX_GET_DEVICE;
@@ -83,6 +83,8 @@ impl Pending {
         if config::get().test_panic {
             panic!("isolate: forced internal error (ISOLATE_TEST_PANIC=1)");
         }
+        // On the calling thread, after the real call: its definition is queued before this.
+        self.ev.stack = stacks::capture();
         writer::submit(Record::Event(self.ev));
     }
 }

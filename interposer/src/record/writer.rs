@@ -29,6 +29,8 @@ static SESSION: AtomicPtr<Session> = AtomicPtr::new(std::ptr::null_mut());
 /// Messages the hooks have handed over (the writer counts what it received against this).
 static ACCEPTED: AtomicU64 = AtomicU64::new(0);
 static RECEIVED: AtomicU64 = AtomicU64::new(0);
+/// Of those, the stack table's definitions (Module, PyCode, Stack, StackOf): not events.
+static DEFINITIONS: AtomicU64 = AtomicU64::new(0);
 static QUEUE_WAITS: AtomicU64 = AtomicU64::new(0);
 static QUEUE_WAIT_NS: AtomicU64 = AtomicU64::new(0);
 /// Quarantine figures, kept by the isolation policy and written with the stats.
@@ -148,6 +150,13 @@ pub fn submit(rec: Record) {
     if waited_since != 0 {
         QUEUE_WAIT_NS.fetch_add(now_ns().saturating_sub(waited_since), Relaxed);
     }
+}
+
+/// [`submit`] for a record of the stack table (Module, PyCode, Stack, StackOf), which the
+/// `Stats` and `End` records' event count leaves out.
+pub fn submit_definition(rec: Record) {
+    DEFINITIONS.fetch_add(1, Relaxed);
+    submit(rec);
 }
 
 #[cold]
@@ -278,6 +287,7 @@ pub fn after_fork_child() {
     SESSION.store(std::ptr::null_mut(), Release); // leaked on purpose: the parent owns it
     super::tally::after_fork_child();
     ACCEPTED.store(0, Release);
+    DEFINITIONS.store(0, Release);
     RECEIVED.store(0, Release);
     FLUSH_GEN.store(0, Release);
     FLUSH_DONE.store(0, Release);
@@ -298,7 +308,9 @@ pub fn after_fork_child() {
 fn stats() -> Stats {
     Stats {
         ts_ns: now_ns(),
-        events: ACCEPTED.load(Relaxed),
+        events: ACCEPTED
+            .load(Relaxed)
+            .saturating_sub(DEFINITIONS.load(Relaxed)),
         queue_waits: QUEUE_WAITS.load(Relaxed),
         queue_wait_ns: QUEUE_WAIT_NS.load(Relaxed),
         quarantine_peak_bytes: Q_PEAK.load(Relaxed),

@@ -6,7 +6,8 @@
 
 Inside such a process this module writes marks and regions into the trace and reads the
 library's running counters, through the library's small C API (``isolate_mark``,
-``isolate_region_push``/``_pop``, ``isolate_counters``, ``isolate_peak_reset``), found with
+``isolate_region_push``/``_pop``, ``isolate_counters``, ``isolate_peak_reset``,
+``isolate_check_now``), found with
 ``ctypes.CDLL(None)``: only when the library is already loaded. Without it every function is a
 no-op that says so once (``warnings.warn``), and :func:`counters` returns ``None``.
 """
@@ -24,6 +25,7 @@ __all__ = [
     "region",
     "counters",
     "peak_reset",
+    "check_now",
     "parse_size",
 ]
 
@@ -99,6 +101,12 @@ def _lib():
                 api["peak_reset"].restype = ctypes.c_int
                 api["counters"].argtypes = [ctypes.POINTER(_Counters), ctypes.c_size_t]
                 api["counters"].restype = ctypes.c_int
+                # Newer than the rest: absent from an older library.
+                check = getattr(proc, "isolate_check_now", None)
+                if check is not None:
+                    check.argtypes = []
+                    check.restype = ctypes.c_int64
+                api["check_now"] = check
                 _api = api
             except (AttributeError, OSError):
                 _api = None
@@ -186,6 +194,21 @@ def counters():
             out[name] = getattr(c, name)
     out["recording"] = rc == 0
     return out
+
+
+def check_now():
+    """Checks the quarantine now (isolate mode): every freed allocation held so far is compared
+    with its poison, instead of only when it leaves quarantine or at exit. Returns the number of
+    stale writes found so far in this process (this check's included; 0 in log mode), or None
+    when the library is not loaded, is too old to have the call, or is not recording."""
+    api = _lib()
+    if api is None:
+        _absent()
+        return None
+    if api.get("check_now") is None:
+        return None
+    n = api["check_now"]()
+    return n if n >= 0 else None
 
 
 def peak_reset():

@@ -4,7 +4,8 @@ Each test runs inside a region named by its node id, and these markers are check
 libisolate.so is loaded (``pytest --isolate``, ``isolate run -- pytest``, or ``LD_PRELOAD``):
 
 - ``@pytest.mark.isolate_no_findings``: fail if a stale write, a stale launch or an invalid free
-  was found while the test ran;
+  was found while the test ran (the quarantine is checked at the end of the test,
+  ``isolate_check_now``, so a stale write the test made is found then);
 - ``@pytest.mark.isolate_limit_peak("2 GiB")``: fail if device memory held at once during the
   test went above the limit;
 - ``@pytest.mark.isolate_limit_leak("100 MiB")``: fail if the test left more than that much more
@@ -76,6 +77,8 @@ def _reexec(config):
     env = dict(os.environ)
     env[_REEXEC] = "1"
     env["LD_PRELOAD"] = lib + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
+    # NVTX ranges become regions too (as under `isolate run`), unless another tool is named.
+    env.setdefault("NVTX_INJECTION64_PATH", lib)
     mode = config.getoption("isolate_mode")
     if mode:
         env["ISOLATE_MODE"] = mode
@@ -126,15 +129,21 @@ def pytest_runtest_call(item):
     leak_limit = _limit(item, "isolate_limit_leak")
     api.peak_reset()
     before = api.counters()
+    no_findings = item.get_closest_marker("isolate_no_findings") is not None
     with api.region(item.nodeid):
         result = yield
+    checked = None
+    if no_findings:
+        # The quarantine checked now, so that a stale write made during this test fails this
+        # test (not only found when its memory leaves quarantine, or at exit).
+        checked = api.check_now()
     after = api.counters()
     if before is None or after is None:
         return result
     problems = []
-    if item.get_closest_marker("isolate_no_findings") is not None and _findings(after) > _findings(
-        before
-    ):
+    if checked is not None and checked > after["stale_writes"]:
+        after["stale_writes"] = checked
+    if no_findings and _findings(after) > _findings(before):
         problems.append(
             "isolate_no_findings: new findings during the test: %d stale write(s), %d stale "
             "launch(es), %d invalid free(s) (see the trace: isolate summary)"

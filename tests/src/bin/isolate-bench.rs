@@ -11,6 +11,12 @@
 //! - bytes per event: (trace size − preamble and header) / events, read with
 //!   `isolate_trace::Reader`.
 //!
+//! Then the cost of call stacks (issue 13): `tests/programs/stacks.c bench` (200,000
+//! allocation/free pairs made 30 native frames deep, built `-O2` without frame pointers) and
+//! `tests/programs/stacks.py bench` (python3, 20,000 pairs 10 Python calls deep) in log mode with
+//! `ISOLATE_STACK_DEPTH=30` and each `ISOLATE_STACKS` value, interleaved; printed side by side:
+//! wall time, its ratio to stacks off, and the added ns per captured stack.
+//!
 //! ```text
 //! cargo build --release --workspace && ./target/release/isolate-bench [--rounds N]
 //! ```
@@ -217,7 +223,132 @@ fn bench(rounds: usize) -> Result<(), String> {
         bytes[1],
         verdict(bytes.iter().all(|&b| b <= GOAL_BYTES)),
     );
+    stacks_section(rounds, &lib)
+}
+
+/// Call stacks: the same work with `ISOLATE_STACKS` none, native, python and all.
+fn stacks_section(rounds: usize, lib: &Path) -> Result<(), String> {
+    const MODES: [&str; 4] = ["none", "native", "python", "all"];
+    const C_PAIRS: u64 = 200_000;
+    const PY_PAIRS: u64 = 20_000;
+    let c_prog = Path::new(STANDIN_BIN).join("stacks");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("programs/stacks.py");
+    let python_ok = Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .status()
+        .is_ok_and(|s| s.success());
+    // 26 levels of stacks_bench + main + libc's two + _start: 30 native frames.
+    let c_cmd = |mode: &str| {
+        let mut c = Command::new(&c_prog);
+        c.args(["bench", &C_PAIRS.to_string(), "26"]);
+        (c, mode.to_string())
+    };
+    let py_cmd = |mode: &str| {
+        let mut c = Command::new("python3");
+        c.arg(&script).args(["bench", &PY_PAIRS.to_string()]);
+        (c, mode.to_string())
+    };
+    let mut c_ms: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
+    let mut py_ms: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
+    for round in 0..rounds {
+        for (i, m) in MODES.iter().enumerate() {
+            let i = if round % 2 == 0 {
+                i
+            } else {
+                MODES.len() - 1 - i
+            };
+            let m = if round % 2 == 0 { *m } else { MODES[i] };
+            c_ms[i].push(stacks_run(c_cmd(m), lib)?);
+            if python_ok {
+                py_ms[i].push(stacks_run(py_cmd(m), lib)?);
+            }
+        }
+        eprintln!("  stacks round {} done", round + 1);
+    }
+    println!();
+    println!(
+        "Call stacks (log mode, ISOLATE_STACK_DEPTH=30; median of {rounds} interleaved runs each):"
+    );
+    println!();
+    println!(
+        "| program | ISOLATE_STACKS | wall (ms, range) | ratio to none | added ns per stack |"
+    );
+    println!("|---|---|---:|---:|---:|");
+    let mut rows = vec![(
+        format!("stacks.c: {} pairs, 30 native frames", thousands(C_PAIRS)),
+        &c_ms,
+        2 * C_PAIRS,
+    )];
+    if python_ok {
+        rows.push((
+            format!(
+                "stacks.py: {} pairs, 10 Python frames (python3)",
+                thousands(PY_PAIRS)
+            ),
+            &py_ms,
+            2 * PY_PAIRS,
+        ));
+    }
+    for (name, ms_by_mode, stacks) in rows {
+        let none = median(ms_by_mode[0].clone());
+        for (i, m) in MODES.iter().enumerate() {
+            let v = median(ms_by_mode[i].clone());
+            let added = (v - none) * 1e6 / stacks as f64;
+            println!(
+                "| {name} | {m} | {v:.1} ({}) | {:.2}x | {} |",
+                range(&ms_by_mode[i]),
+                v / none,
+                if i == 0 {
+                    "–".to_string()
+                } else {
+                    format!("{added:.0}")
+                }
+            );
+        }
+    }
+    if !python_ok {
+        println!();
+        println!("python3 not found: the Python rows are left out.");
+    }
     Ok(())
+}
+
+/// One run under the preload with `ISOLATE_STACKS` = `mode`: its wall time, ms.
+fn stacks_run((mut cmd, mode): (Command, String), lib: &Path) -> Result<f64, String> {
+    let tmp = tempfile::Builder::new()
+        .prefix("isolate-bench-")
+        .tempdir()
+        .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("ISOLATE_") || k.starts_with("STANDIN_") || k.starts_with("LD_") {
+            cmd.env_remove(k.as_ref());
+        }
+    }
+    cmd.current_dir(tmp.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .env("LD_LIBRARY_PATH", STANDIN_DIR)
+        .env("LD_PRELOAD", lib)
+        .env("ISOLATE_MODE", "log")
+        .env("ISOLATE_STACKS", &mode)
+        .env("ISOLATE_STACK_DEPTH", "30")
+        .env("ISOLATE_TRACE", tmp.path().join("bench-%p.trace"));
+    let t0 = Instant::now();
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    let wall = t0.elapsed();
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?} (ISOLATE_STACKS={mode}) failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(ms(wall))
 }
 
 fn run(

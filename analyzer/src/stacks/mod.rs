@@ -1,0 +1,304 @@
+//! Call stacks (trace format version 2): the table of a trace's stacks, modules and Python code
+//! objects ([`StackTable`]), their offline symbolisation ([`Symbolizer`], in `symbolize.rs`)
+//! and how they are shown ([`ShownStack`]).
+//!
+//! The library writes each distinct stack once and names it by id from the events (`stack`),
+//! and from stale launches and stale values through `StackOf` records. Nothing is symbolised
+//! while a trace is read: an analysis keeps the ids it will show and symbolises those at the
+//! end ([`shown`], [`Symbolizer::stack`]), each module opened once per process.
+//!
+//! **What is shown.** A stack runs from the innermost frame (the call into CUDA) outwards.
+//! Frames in the CUDA runtime and driver (`libcudart`, `libcuda`, `libnvidia-*`), in
+//! `libisolate` itself, in PyTorch's caching allocator (`c10::cuda::…CachingAllocator…`,
+//! `libc10_cuda`), in the C library's start-up (`_start`, `__libc_start_main`) and, in a stack
+//! that has Python frames, the interpreter's own C frames (`libpython*`, `_Py*`/`Py*`
+//! functions, `ctypes`/`libffi` call machinery) are **hidden** in text: they say how CUDA was
+//! reached, not where in the program. JSON keeps every frame, with `hidden` set on those.
+//! When every frame would be hidden, none is.
+//!
+//! **Allocation site.** The site of an allocation is its whole stack (one stack id of the
+//! trace), named by its **first shown frame** (the innermost frame that is not hidden):
+//! `make_buffer (prog.c:14)`, `train.py:42 in step`. Rankings (`isolate sites`, the summary's
+//! memory by site) count per stack; across traces (`diff`, `check`, several traces at once),
+//! where ids and addresses differ, sites with the same shown frames are the same site.
+
+mod symbolize;
+
+pub use symbolize::{Symbolizer, export_frames, with_symbolizer};
+
+use isolate_trace::{Frame, Module, PyCode, Record};
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+/// The stacks, modules and Python code objects of one trace, as its records define them.
+///
+/// Memory grows with the number of *distinct* stacks (call sites), not with the number of
+/// events; `StackOf` entries (one per stale launch or stale value) are capped at
+/// [`STACK_OF_CAP`].
+#[derive(Default, Debug, Clone)]
+pub struct StackTable {
+    /// Sorted by start address.
+    modules: Vec<Module>,
+    stacks: FxHashMap<u32, (Box<[Frame]>, bool)>,
+    codes: FxHashMap<u32, PyCode>,
+    stack_of: FxHashMap<u64, u32>,
+    /// True once any version-2 stack record was seen.
+    seen: bool,
+}
+
+/// `StackOf` entries kept (stale launches and values are rare; a hostile trace cannot make
+/// the table grow past this).
+pub const STACK_OF_CAP: usize = 1 << 20;
+
+impl StackTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Takes the record when it is a stack record (`Module`, `Stack`, `PyCode`, `StackOf`) and
+    /// returns true; returns false for every other record.
+    pub fn record(&mut self, rec: &Record) -> bool {
+        match rec {
+            Record::Module(m) => {
+                self.seen = true;
+                let at = self.modules.partition_point(|x| x.start < m.start);
+                self.modules.insert(at, m.clone());
+            }
+            Record::Stack(s) => {
+                self.seen = true;
+                self.stacks
+                    .insert(s.id, (s.frames.clone().into_boxed_slice(), s.truncated));
+            }
+            Record::PyCode(c) => {
+                self.seen = true;
+                self.codes.insert(c.id, c.clone());
+            }
+            Record::StackOf(s) => {
+                self.seen = true;
+                if self.stack_of.len() < STACK_OF_CAP || self.stack_of.contains_key(&s.seq) {
+                    self.stack_of.insert(s.seq, s.stack);
+                }
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// True when the trace defined any stack, module or code object.
+    pub fn has_stacks(&self) -> bool {
+        self.seen
+    }
+
+    /// The stack of the non-event record with sequence number `seq` (0: none).
+    pub fn stack_of(&self, seq: u64) -> u32 {
+        self.stack_of.get(&seq).copied().unwrap_or(0)
+    }
+
+    /// The frames of stack `id`, innermost first, and whether the depth limit cut it.
+    pub fn stack(&self, id: u32) -> Option<(&[Frame], bool)> {
+        self.stacks.get(&id).map(|(f, t)| (&f[..], *t))
+    }
+
+    /// Every stack id defined, in no particular order.
+    pub fn stack_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.stacks.keys().copied()
+    }
+
+    /// The module whose loaded range holds `addr`.
+    pub fn module_at(&self, addr: u64) -> Option<&Module> {
+        let i = self.modules.partition_point(|m| m.start <= addr);
+        let m = self.modules.get(i.checked_sub(1)?)?;
+        (addr < m.end).then_some(m)
+    }
+
+    pub fn modules(&self) -> &[Module] {
+        &self.modules
+    }
+
+    pub fn code(&self, id: u32) -> Option<&PyCode> {
+        self.codes.get(&id)
+    }
+
+    /// Reads only the stack records of the trace at `path` (no model, no reordering).
+    pub fn read(path: &std::path::Path) -> Result<StackTable, crate::Error> {
+        let mut t = StackTable::new();
+        let mut r = isolate_trace::FastReader::open(path)?;
+        while let Some(rec) = r.next_record()? {
+            t.record(&rec);
+        }
+        Ok(t)
+    }
+}
+
+/// A table is an observer too: it takes the stack records of the trace it is driven over.
+impl crate::track::Observer for StackTable {
+    fn other(&mut self, rec: &Record, _live: &crate::track::Live) {
+        self.record(rec);
+    }
+}
+
+/// One frame, symbolised. A native frame inlined into its caller gives several of these, the
+/// inlined ones first (`inlined: true`), all with the same `addr`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SymFrame {
+    /// `native` or `python`.
+    pub kind: &'static str,
+    /// Native frames: the return address as recorded (`0x…`); null for Python frames.
+    pub addr: Option<String>,
+    /// Native frames: the file of the module it is in (null when no module holds it).
+    pub module: Option<String>,
+    /// Native frames: the address's offset in that module's file (`0x…`, after subtracting the
+    /// load bias).
+    pub offset: Option<String>,
+    /// Function name (demangled), null when unknown.
+    pub function: Option<String>,
+    /// Source file (DWARF, or the Python code object's file), null when unknown.
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// True for a frame the compiler inlined into the next one.
+    pub inlined: bool,
+    /// True for frames the text leaves out (CUDA, the interpreter, libisolate: see the module
+    /// documentation).
+    pub hidden: bool,
+}
+
+impl SymFrame {
+    /// The frame in one line: `file:line in function` for Python, `function (file:line)`,
+    /// `function (module+0xoff)` or `module+0xoff` for native frames.
+    pub fn label(&self) -> String {
+        if self.kind == "python" {
+            return format!(
+                "{}:{} in {}",
+                self.file.as_deref().unwrap_or("?"),
+                self.line.unwrap_or(0),
+                self.function.as_deref().unwrap_or("?")
+            );
+        }
+        let place = match (&self.file, self.line) {
+            (Some(f), Some(l)) if l > 0 => Some(format!("{f}:{l}")),
+            (Some(f), _) => Some(f.clone()),
+            _ => None,
+        };
+        let in_module = || match (&self.module, &self.offset) {
+            (Some(m), Some(o)) => format!("{}+{o}", base_name(m)),
+            _ => format!(
+                "{} (in no module of the trace)",
+                self.addr.as_deref().unwrap_or("?")
+            ),
+        };
+        match (&self.function, place) {
+            (Some(f), Some(p)) => format!("{f} ({p})"),
+            (Some(f), None) => format!("{f} ({})", in_module()),
+            (None, Some(p)) => format!("{} ({p})", in_module()),
+            (None, None) => in_module(),
+        }
+    }
+}
+
+/// A stack as outputs show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ShownStack {
+    /// The stack's id in its trace.
+    pub id: u32,
+    /// The allocation site's name: the first frame that is not hidden.
+    pub site: String,
+    /// Every frame, innermost first (inlined frames expanded).
+    pub frames: Vec<SymFrame>,
+    /// How many of `frames` are hidden.
+    pub hidden: usize,
+    /// True when the library's depth limit cut the stack (outermost frames missing).
+    pub truncated: bool,
+    /// What got in the way of symbolising it (a module file missing or of another build),
+    /// one sentence each; empty when nothing did.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+}
+
+impl ShownStack {
+    /// The frames the text shows.
+    pub fn visible(&self) -> impl Iterator<Item = &SymFrame> {
+        self.frames.iter().filter(|f| !f.hidden)
+    }
+
+    /// What tells sites apart: the shown frames, one a line (two stacks that differ only in
+    /// hidden frames, or in addresses between runs, are the same site).
+    pub fn key(&self) -> String {
+        let v: Vec<String> = self.visible().map(|f| f.label()).collect();
+        if v.is_empty() {
+            self.site.clone()
+        } else {
+            v.join("\n")
+        }
+    }
+
+    /// The shown frame after the site's own (its caller), for telling apart sites of one name.
+    pub fn caller(&self) -> Option<String> {
+        self.visible().nth(1).map(|f| f.label())
+    }
+
+    /// Lines of text for this stack: the first `max` visible frames, one a line, and a last
+    /// line counting what was left out (`… 3 more frames, 12 hidden (CUDA, interpreter)`).
+    pub fn text_lines(&self, max: usize) -> Vec<String> {
+        let visible: Vec<&SymFrame> = self.visible().collect();
+        let mut out: Vec<String> = visible.iter().take(max).map(|f| f.label()).collect();
+        let more = visible.len().saturating_sub(max);
+        let mut tail = Vec::new();
+        if more > 0 {
+            tail.push(format!(
+                "{more} more frame{}",
+                if more == 1 { "" } else { "s" }
+            ));
+        }
+        if self.hidden > 0 {
+            tail.push(format!(
+                "{} hidden frame{} (CUDA, runtime, interpreter)",
+                self.hidden,
+                if self.hidden == 1 { "" } else { "s" }
+            ));
+        }
+        if self.truncated {
+            tail.push("cut at the depth limit".into());
+        }
+        if !tail.is_empty() {
+            out.push(format!("… {}", tail.join(", ")));
+        }
+        out
+    }
+}
+
+/// The last path component.
+pub(crate) fn base_name(s: &str) -> &str {
+    s.rsplit('/').next().unwrap_or(s)
+}
+
+/// Symbolises stack `id` of `table` with this thread's [`Symbolizer`]; `None` for id 0.
+pub fn shown(table: &StackTable, id: u32) -> Option<ShownStack> {
+    if id == 0 {
+        return None;
+    }
+    Some(with_symbolizer(|s| s.stack(table, id)))
+}
+
+/// Why a trace has no stacks, for the one line that says so: `None` when it has some.
+pub fn why_none(
+    format_version: u32,
+    table: &StackTable,
+    config: &[(String, String)],
+) -> Option<String> {
+    if table.has_stacks() {
+        return None;
+    }
+    if format_version < 2 {
+        return Some(format!(
+            "no call stacks: the trace is format version {format_version}, recorded before stacks"
+        ));
+    }
+    let set = config
+        .iter()
+        .find(|(k, _)| k == "ISOLATE_STACKS")
+        .map(|(_, v)| v.as_str());
+    Some(match set {
+        Some(v) => format!("no call stacks: recorded with ISOLATE_STACKS={v}"),
+        None => "no call stacks in the trace".into(),
+    })
+}

@@ -1,0 +1,66 @@
+//! The statistics a program reads from a stream-ordered pool (`cudaMemPoolGetAttribute`), kept
+//! truthful in isolate mode. Isolation holds freed stream-ordered allocations in quarantine
+//! without giving them back to the pool, so the pool counts them as used: PyTorch's
+//! `torch.cuda.memory_allocated()` and `max_memory_allocated()` (read from
+//! `cudaMemPoolAttrUsedMemCurrent` / `UsedMemHigh` on its `backend:cudaMallocAsync`) would
+//! report the quarantine as the program's memory. In isolate mode these two answers are capped
+//! by what the program itself holds (its live stream-ordered allocations, and their peak since
+//! the last reset of `UsedMemHigh`); every other attribute, every other mode, and every failed
+//! call pass through untouched. Not recorded as events (no memory changes hands).
+//!
+//! Layer: hooks. Uses the policies and the base.
+
+#![allow(non_snake_case)]
+
+use crate::base::cuda::*;
+use crate::base::real::{MEM_POOL_GET_ATTRIBUTE_RT, MEM_POOL_SET_ATTRIBUTE_RT};
+use crate::policy;
+use std::ffi::{c_int, c_void};
+
+/// `cudaMemPoolAttrUsedMemCurrent` and `cudaMemPoolAttrUsedMemHigh` (the driver's
+/// `CU_MEMPOOL_ATTR_USED_MEM_*` have the same numbers).
+const USED_MEM_CURRENT: c_int = 7;
+const USED_MEM_HIGH: c_int = 8;
+
+/// # Safety
+/// As `cudaMemPoolGetAttribute`: `value` points at the attribute's type (a `cuuint64_t` for the
+/// memory counters).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaMemPoolGetAttribute(
+    pool: CUmemoryPool,
+    attr: c_int,
+    value: *mut c_void,
+) -> cudaError_t {
+    let Some(real) = MEM_POOL_GET_ATTRIBUTE_RT.get() else {
+        return CUDA_ERROR_SYMBOL_NOT_FOUND_RT;
+    };
+    let r = unsafe { real(pool, attr, value) };
+    if r == 0 && !value.is_null() && matches!(attr, USED_MEM_CURRENT | USED_MEM_HIGH) {
+        let v = value as *mut u64;
+        let _ = std::panic::catch_unwind(|| {
+            if let Some(ours) = policy::pool_used(attr == USED_MEM_HIGH) {
+                unsafe { *v = (*v).min(ours) };
+            }
+        });
+    }
+    r
+}
+
+/// # Safety
+/// As `cudaMemPoolSetAttribute`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaMemPoolSetAttribute(
+    pool: CUmemoryPool,
+    attr: c_int,
+    value: *mut c_void,
+) -> cudaError_t {
+    let Some(real) = MEM_POOL_SET_ATTRIBUTE_RT.get() else {
+        return CUDA_ERROR_SYMBOL_NOT_FOUND_RT;
+    };
+    let r = unsafe { real(pool, attr, value) };
+    if r == 0 && attr == USED_MEM_HIGH {
+        // Setting the high-water mark (to 0) resets it to the current value.
+        let _ = std::panic::catch_unwind(policy::pool_peak_reset);
+    }
+    r
+}

@@ -1,0 +1,323 @@
+//! The asynchronous release of stream-ordered frees: quarantined memory is verified and really
+//! freed in stream order on a stream of the library's own, so no host thread waits for the
+//! device.
+//!
+//! A stream-ordered free is poisoned on its stream, and that stream's event (one per stream,
+//! recorded again at each free: [`mark`]) then stands for "every poison queued on it so far".
+//! When a batch leaves quarantine, the release stream waits for those events, checks up to
+//! [`BATCH`] allocations with one launch of `isolate_verify_many`, copies the results to pinned
+//! host memory, frees the allocations with `cuMemFreeAsync` behind the check, and records a
+//! completion event. The results are read when that event has passed ([`poll`]): at the next
+//! release, or at exit. Descriptors and results live in [`SLOTS`] slots of a module global, so
+//! the library makes no allocation of device memory through the API it hooks.
+//!
+//! Layer: policies. Uses the base only.
+
+use crate::base::config;
+use crate::base::cuda::*;
+use crate::base::real::*;
+use crate::base::sys::ForkLock;
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+/// Allocations checked by one launch (the result copy of one slot).
+pub const BATCH: usize = 256;
+/// Batches that can be in flight at once per context.
+pub const SLOTS: usize = 8;
+const SLOT_BYTES: usize = BATCH * 32;
+
+/// The verification kernels, JIT-compiled by the driver on first use in each context.
+static PTX: &str = concat!(include_str!("verify.ptx"), "\0");
+
+/// What one context needs: the release stream, the kernel, the slots on both sides.
+struct Res {
+    stream: CUstream,
+    func: CUfunction,
+    ring: CUdeviceptr,
+    host: *mut u8,
+    busy: [bool; SLOTS],
+}
+
+// SAFETY: CUDA handles and pinned memory are usable from any thread; access is under a lock.
+unsafe impl Send for Res {}
+
+struct State {
+    /// Per context: its resources, `None` where they could not be made (then the caller
+    /// releases the old, synchronous way).
+    res: Vec<(usize, Option<Res>)>,
+    /// Per (context, stream): the event recorded after the stream's latest poison.
+    marks: HashMap<(usize, usize), usize>,
+}
+
+static STATE: ForkLock<Option<State>> = ForkLock::new(None);
+
+/// In a fork child: the parent's handles are not the child's.
+pub fn after_fork_child() {
+    STATE.reset_in_child(None);
+}
+
+fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
+    let mut g = STATE.lock();
+    let s = g.get_or_insert_with(|| State {
+        res: Vec::new(),
+        marks: HashMap::new(),
+    });
+    f(s)
+}
+
+/// After a stream-ordered poison on `stream` of context `ctx`: records the stream's event, and
+/// returns it (0 when no event could be made: the caller then cannot release asynchronously).
+pub fn mark(ctx: usize, stream: usize) -> usize {
+    let stream = stream as CUstream;
+    let (Some(create), Some(record)) = (EVENT_CREATE.get(), EVENT_RECORD.get()) else {
+        return 0;
+    };
+    let key = (ctx, stream as usize);
+    let mut ev = with(|s| s.marks.get(&key).copied()).unwrap_or(0);
+    if ev == 0 {
+        let mut e: *mut c_void = std::ptr::null_mut();
+        // CU_EVENT_DISABLE_TIMING = 2
+        if unsafe { create(&mut e, 2) } != CUDA_SUCCESS {
+            return 0;
+        }
+        ev = e as usize;
+        with(|s| s.marks.insert(key, ev));
+    }
+    if unsafe { record(ev as *mut c_void, stream) } != CUDA_SUCCESS {
+        return 0;
+    }
+    ev
+}
+
+/// One batch on its way: read its results with [`poll`].
+#[derive(Clone, Copy)]
+pub struct Launched {
+    ctx: usize,
+    slot: usize,
+    n: usize,
+    done: usize,
+}
+
+impl Launched {
+    /// The context whose release stream it is on.
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+}
+
+/// The context's resources, made on first use; `None` where the driver cannot load the kernel
+/// (e.g. the CI stand-in without its emulation) or any piece fails.
+fn resources(s: &mut State, ctx: usize) -> Option<&mut Res> {
+    if !s.res.iter().any(|(c, _)| *c == ctx) {
+        let made = make();
+        s.res.push((ctx, made));
+    }
+    s.res
+        .iter_mut()
+        .find(|(c, _)| *c == ctx)
+        .and_then(|(_, r)| r.as_mut())
+}
+
+fn make() -> Option<Res> {
+    let load = MODULE_LOAD_DATA.get()?;
+    let get = MODULE_GET_FUNCTION.get()?;
+    let global = MODULE_GET_GLOBAL.get()?;
+    let screate = STREAM_CREATE.get()?;
+    let halloc = MEM_ALLOC_HOST.get()?;
+    // Every function the release calls must exist before anything is queued.
+    STREAM_WAIT_EVENT.get()?;
+    EVENT_QUERY.get()?;
+    MEMCPY_HTOD_ASYNC.get()?;
+    MEMCPY_DTOH_ASYNC.get()?;
+    MEM_FREE_ASYNC.get()?;
+    real::LAUNCH_KERNEL.get()?;
+    let mut module: *mut c_void = std::ptr::null_mut();
+    if unsafe { load(&mut module, PTX.as_ptr().cast()) } != CUDA_SUCCESS {
+        return None;
+    }
+    let mut func: CUfunction = std::ptr::null_mut();
+    if unsafe { get(&mut func, module, c"isolate_verify_many".as_ptr()) } != CUDA_SUCCESS {
+        return None;
+    }
+    let (mut ring, mut bytes): (CUdeviceptr, usize) = (0, 0);
+    if unsafe { global(&mut ring, &mut bytes, module, c"isolate_ring".as_ptr()) } != CUDA_SUCCESS
+        || bytes < SLOTS * SLOT_BYTES
+    {
+        return None;
+    }
+    let mut host: *mut c_void = std::ptr::null_mut();
+    if unsafe { halloc(&mut host, SLOTS * SLOT_BYTES) } != CUDA_SUCCESS || host.is_null() {
+        return None;
+    }
+    let mut stream: CUstream = std::ptr::null_mut();
+    // CU_STREAM_NON_BLOCKING = 1: never ordered behind the legacy default stream.
+    if unsafe { screate(&mut stream, 1) } != CUDA_SUCCESS {
+        return None;
+    }
+    Some(Res {
+        stream,
+        func,
+        ring,
+        host: host.cast(),
+        busy: [false; SLOTS],
+    })
+}
+
+use crate::base::real;
+
+/// Whether context `ctx` can release asynchronously (loads its resources on first use).
+pub fn available(ctx: usize) -> bool {
+    with(|s| resources(s, ctx).is_some())
+}
+
+/// Whether a slot of `ctx` is free for [`launch`].
+pub fn slot_free(ctx: usize) -> bool {
+    with(|s| resources(s, ctx).is_some_and(|r| r.busy.iter().any(|b| !b)))
+}
+
+/// Queues on the release stream of `ctx` (which must be current): a wait for each of
+/// `waits` (stream events from [`mark`]), the check of `items` (ptr, size; at most
+/// [`BATCH`]), the result copy, then `cuMemFreeAsync` of each of `frees`, and the completion
+/// event. `None` when nothing could be queued (no resources, no free slot, a call failed before
+/// the check): the caller then releases these the synchronous way. Once the check is queued the
+/// frees follow whatever they return (they are the program's memory, given back late).
+pub fn launch(
+    ctx: usize,
+    waits: &[usize],
+    items: &[(u64, u64)],
+    frees: &[u64],
+    byte: u8,
+) -> Option<Launched> {
+    let n = items.len().min(BATCH);
+    with(|s| {
+        let r = resources(s, ctx)?;
+        let slot = r.busy.iter().position(|b| !b)?;
+        let wait = STREAM_WAIT_EVENT.get()?;
+        let htod = MEMCPY_HTOD_ASYNC.get()?;
+        let dtoh = MEMCPY_DTOH_ASYNC.get()?;
+        let launch = real::LAUNCH_KERNEL.get()?;
+        let free = MEM_FREE_ASYNC.get()?;
+        let (create, record) = (EVENT_CREATE.get()?, EVENT_RECORD.get()?);
+        for &ev in waits {
+            if unsafe { wait(r.stream, ev as *mut c_void, 0) } != CUDA_SUCCESS {
+                return None;
+            }
+        }
+        // Descriptors then initial results ({0, MAX}) in the slot's host half, one copy down.
+        let host = unsafe { r.host.add(slot * SLOT_BYTES) } as *mut u64;
+        for (i, &(p, len)) in items[..n].iter().enumerate() {
+            unsafe {
+                *host.add(2 * i) = p;
+                *host.add(2 * i + 1) = len;
+                *host.add(2 * BATCH + 2 * i) = 0;
+                *host.add(2 * BATCH + 2 * i + 1) = u64::MAX;
+            }
+        }
+        let dev = r.ring + (slot * SLOT_BYTES) as u64;
+        let res_off = (BATCH * 16) as u64;
+        if unsafe { htod(dev, host.cast(), n * 16, r.stream) } != CUDA_SUCCESS
+            || unsafe { htod(dev + res_off, host.add(2 * BATCH).cast(), n * 16, r.stream) }
+                != CUDA_SUCCESS
+        {
+            return None;
+        }
+        let longest = items[..n].iter().map(|i| i.1).max().unwrap_or(0);
+        let bx = (longest / 4).div_ceil(256).clamp(1, 64) as u32;
+        let mut descs = dev;
+        let mut count = n as u32;
+        let mut pat = u32::from_ne_bytes([byte; 4]);
+        let mut out = dev + res_off;
+        let mut params: [*mut c_void; 4] = [
+            (&mut descs as *mut u64).cast(),
+            (&mut count as *mut u32).cast(),
+            (&mut pat as *mut u32).cast(),
+            (&mut out as *mut u64).cast(),
+        ];
+        let launched = unsafe {
+            launch(
+                r.func,
+                bx,
+                n as u32,
+                1,
+                256,
+                1,
+                1,
+                0,
+                r.stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        if launched != CUDA_SUCCESS {
+            return None;
+        }
+        let copied = unsafe { dtoh(host.add(2 * BATCH).cast(), dev + res_off, n * 16, r.stream) };
+        for &p in frees {
+            unsafe { free(p, r.stream) };
+        }
+        let mut done: *mut c_void = std::ptr::null_mut();
+        if copied != CUDA_SUCCESS
+            || unsafe { create(&mut done, 2) } != CUDA_SUCCESS
+            || unsafe { record(done, r.stream) } != CUDA_SUCCESS
+        {
+            // The check is queued but its results cannot be waited for: wait here instead.
+            if let Some(sync) = STREAM_SYNCHRONIZE.get() {
+                unsafe { sync(r.stream) };
+            }
+            done = std::ptr::null_mut();
+        }
+        r.busy[slot] = true;
+        Some(Launched {
+            ctx,
+            slot,
+            n,
+            done: done as usize,
+        })
+    })
+}
+
+/// The results of `l` — (first changed offset, changed bytes) per item — once its check has
+/// run; `None` while it has not (`wait` makes it wait). The slot is free again afterwards.
+pub fn poll(l: &Launched, wait: bool) -> Option<Vec<(u64, u64)>> {
+    if l.done != 0 {
+        let ev = l.done as *mut c_void;
+        if wait {
+            let sync = EVENT_SYNCHRONIZE.get()?;
+            unsafe { sync(ev) };
+        } else {
+            let query = EVENT_QUERY.get()?;
+            if unsafe { query(ev) } != CUDA_SUCCESS {
+                return None;
+            }
+        }
+        if let Some(d) = EVENT_DESTROY.get() {
+            unsafe { d(ev) };
+        }
+    }
+    with(|s| {
+        let r = s
+            .res
+            .iter_mut()
+            .find(|(c, _)| *c == l.ctx)
+            .and_then(|(_, r)| r.as_mut())?;
+        let host = unsafe { r.host.add(l.slot * SLOT_BYTES) } as *const u64;
+        let out = (0..l.n)
+            .map(|i| {
+                let (changed, first) = unsafe {
+                    (
+                        *host.add(2 * BATCH + 2 * i),
+                        *host.add(2 * BATCH + 2 * i + 1),
+                    )
+                };
+                (if changed == 0 { 0 } else { first }, changed)
+            })
+            .collect();
+        r.busy[l.slot] = false;
+        Some(out)
+    })
+}
+
+/// Whether the asynchronous release is on (`ISOLATE_RELEASE`, on by default).
+pub fn enabled() -> bool {
+    config::get().async_release
+}

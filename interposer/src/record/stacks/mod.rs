@@ -1,0 +1,306 @@
+//! Call stacks: captured on the calling thread at every recorded event (and at a stale launch),
+//! interned, and written once each into the trace (format version 2) as `Stack` records with
+//! the `Module` and `PyCode` records they name, so the analyzer symbolises offline.
+//!
+//! [`capture`] walks the native frames ([`native`], DWARF unwinding through `framehop`) and the
+//! Python frames ([`python`], read from CPython's structures), merges them — each activation of
+//! `_PyEval_EvalFrameDefault` among the native frames is replaced by the Python frames it runs —
+//! and returns the stack's id. The hot path takes no lock: a per-thread table maps a 128-bit
+//! hash of the raw frames to the id. Only a stack this thread has not seen takes the process's
+//! lock, and a stack the process has not seen is described there (modules, code objects,
+//! lines) and submitted, with every definition it names, **while the lock is held**: no thread
+//! can hand the writer a record naming an id before its definition is queued.
+//!
+//! Layer: recording. Uses the base, [`super::writer`] and its own [`modules`], [`native`],
+//! [`python`].
+
+pub mod modules;
+pub mod native;
+pub mod python;
+
+use super::writer;
+use crate::base::config::{self, Stacks};
+use crate::base::sys::ForkLock;
+use isolate_trace::{Frame, Module, PyCode, Record, Stack, StackOf};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU32, Ordering::*};
+
+/// The most frames a stack may have (`ISOLATE_STACK_DEPTH` is at most this).
+pub const MAX_DEPTH: usize = 256;
+/// Native frames read before merging: Python replaces some, so read more than the depth.
+const NATIVE_MAX: usize = 2 * MAX_DEPTH;
+
+/// One frame before it is described.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum RawFrame {
+    Native(u64),
+    Python(python::Raw),
+}
+
+struct Table {
+    stacks: HashMap<Box<[RawFrame]>, u32>,
+    /// (start, end, bias) of a loaded object → its Module id.
+    modules: HashMap<(u64, u64, u64), u32>,
+    /// (code, file, name, first line) → PyCode id.
+    codes: HashMap<(u64, u64, u64, i32), u32>,
+    next_stack: u32,
+    next_module: u32,
+    next_code: u32,
+}
+
+impl Table {
+    fn new() -> Table {
+        Table {
+            stacks: HashMap::new(),
+            modules: HashMap::new(),
+            codes: HashMap::new(),
+            next_stack: 1,
+            next_module: 1,
+            next_code: 1,
+        }
+    }
+}
+
+static TABLE: ForkLock<Option<Table>> = ForkLock::new(None);
+/// Bumped when the table starts again (a fork child): per-thread entries of older generations
+/// are stale.
+static GENERATION: AtomicU32 = AtomicU32::new(1);
+
+const SLOTS: usize = 256;
+
+thread_local! {
+    // (hash, hash2, id, generation); const-initialised, no destructor.
+    static SEEN: [Cell<(u64, u64, u32, u32)>; SLOTS] =
+        const { [const { Cell::new((0, 0, 0, 0)) }; SLOTS] };
+}
+
+/// The calling thread's stack, interned: its id, or 0 when stacks are off (`ISOLATE_STACKS=none`),
+/// nothing could be captured, or recording is off. Never fails the caller: a capture that
+/// panics gives 0.
+pub fn capture() -> u32 {
+    let cfg = config::get();
+    if cfg.stacks == Stacks::None || !writer::active() {
+        return 0;
+    }
+    std::panic::catch_unwind(|| capture_inner(cfg.stacks, cfg.stack_depth as usize)).unwrap_or(0)
+}
+
+/// Records that the record numbered `seq` (a stale launch, a stale value) was made from
+/// `stack` (from [`capture`] on the thread that made it). Nothing for stack 0.
+pub fn stack_of(seq: u64, stack: u32) {
+    if stack != 0 {
+        writer::submit_definition(Record::StackOf(StackOf { seq, stack }));
+    }
+}
+
+/// In a fork child: its trace starts empty, so every stack, module and code object is written
+/// again there.
+pub fn after_fork_child() {
+    TABLE.reset_in_child(None);
+    GENERATION.fetch_add(1, AcqRel);
+    modules::after_fork_child();
+}
+
+fn capture_inner(mode: Stacks, depth: usize) -> u32 {
+    let want_native = matches!(mode, Stacks::Native | Stacks::All);
+    let want_python = matches!(mode, Stacks::Python | Stacks::All);
+    let Some(mut snap) = modules::current(false) else {
+        return 0;
+    };
+    // Not zeroed: 26 KiB of buffers would cost more than the walk (only what is written is read).
+    let mut native_store = [const { MaybeUninit::<u64>::uninit() }; NATIVE_MAX];
+    let (mut nn, mut native_more) = (0, false);
+    if want_native {
+        let limit = if want_python { NATIVE_MAX } else { depth };
+        (nn, native_more) = native::unwind(snap, &mut native_store[..limit]);
+        // Ended in code no known object holds: loaded since the snapshot? Look now.
+        if nn > 0
+            && snap
+                .find(unsafe { native_store[nn - 1].assume_init() })
+                .is_none()
+            && let Some(fresh) = modules::current(true)
+            && !std::ptr::eq(fresh, snap)
+        {
+            snap = fresh;
+            (nn, native_more) = native::unwind(snap, &mut native_store[..limit]);
+        }
+    }
+    // SAFETY: `unwind` wrote the first `nn`.
+    let native_buf: &[u64] =
+        unsafe { std::slice::from_raw_parts(native_store.as_ptr().cast(), nn) };
+    let mut py_store = [const { MaybeUninit::<python::Raw>::uninit() }; MAX_DEPTH];
+    let mut pw = python::Walk {
+        n: 0,
+        truncated: false,
+    };
+    if want_python {
+        pw = python::frames(snap.generation, &mut py_store[..depth]);
+    }
+    // SAFETY: `frames` wrote the first `pw.n`.
+    let py: &[python::Raw] = unsafe { std::slice::from_raw_parts(py_store.as_ptr().cast(), pw.n) };
+    let mut frames = [const { MaybeUninit::<RawFrame>::uninit() }; MAX_DEPTH];
+    let mut n = 0usize;
+    let mut truncated = false;
+    let mut push = |f: RawFrame, n: &mut usize| -> bool {
+        if *n == depth {
+            truncated = true;
+            return false;
+        }
+        frames[*n].write(f);
+        *n += 1;
+        true
+    };
+    // The merge: each native frame inside the evaluation loop is replaced by the Python frames
+    // of the next activation; activations left over (native unwinding stopped early, or the
+    // loop's range is unknown) go after the native frames, outermost last.
+    let eval = if want_native && !py.is_empty() {
+        python::eval_range(snap.generation)
+    } else {
+        None
+    };
+    let mut pi = 0usize;
+    'native: for &pc in &native_buf[..nn] {
+        if let Some((lo, hi)) = eval
+            && pi < py.len()
+            && pc > lo
+            && pc <= hi
+        {
+            let act = py[pi].act;
+            while pi < py.len() && py[pi].act == act {
+                if !push(RawFrame::Python(py[pi]), &mut n) {
+                    break 'native;
+                }
+                pi += 1;
+            }
+            continue;
+        }
+        if !push(RawFrame::Native(pc), &mut n) {
+            break;
+        }
+    }
+    while pi < py.len() {
+        if !push(RawFrame::Python(py[pi]), &mut n) {
+            break;
+        }
+        pi += 1;
+    }
+    let truncated = truncated || native_more || pw.truncated;
+    if n == 0 {
+        return 0;
+    }
+    // SAFETY: `push` wrote the first `n`.
+    let frames: &[RawFrame] = unsafe { std::slice::from_raw_parts(frames.as_ptr().cast(), n) };
+    intern(frames, truncated, snap)
+}
+
+fn hashes(frames: &[RawFrame], truncated: bool) -> (u64, u64) {
+    // Two fixed-key hashers: the same stack hashes the same on every thread.
+    const K1: u64 = 0x9e37_79b9_7f4a_7c15;
+    const K2: u64 = 0xc2b2_ae3d_27d4_eb4f;
+    let mut a = K1 ^ frames.len() as u64 ^ ((truncated as u64) << 63);
+    let mut b = K2.wrapping_add(frames.len() as u64);
+    let mut mix = |x: u64| {
+        a = (a ^ x).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(29);
+        b = (b.rotate_left(17) ^ x).wrapping_mul(K1 | 1);
+    };
+    for f in frames {
+        match f {
+            RawFrame::Native(pc) => mix(*pc),
+            RawFrame::Python(p) => {
+                mix(p.code ^ 0x5059);
+                mix(p.file);
+                mix(p.name);
+                mix(((p.first_line as u32 as u64) << 32) | p.offset as u32 as u64);
+            }
+        }
+    }
+    (a ^ (a >> 31), b ^ (b >> 29))
+}
+
+fn intern(frames: &[RawFrame], truncated: bool, snap: &modules::Snapshot) -> u32 {
+    let (h1, h2) = hashes(frames, truncated);
+    let generation = GENERATION.load(Acquire);
+    let slot = (h1 as usize) % SLOTS;
+    if let Ok(Some(id)) = SEEN.try_with(|s| {
+        let (a, b, id, g) = s[slot].get();
+        (a == h1 && b == h2 && g == generation && id != 0).then_some(id)
+    }) {
+        return id;
+    }
+    let id = intern_locked(frames, truncated, snap);
+    if id != 0 {
+        let _ = SEEN.try_with(|s| s[slot].set((h1, h2, id, generation)));
+    }
+    id
+}
+
+#[cold]
+fn intern_locked(frames: &[RawFrame], truncated: bool, snap: &modules::Snapshot) -> u32 {
+    let mut guard = TABLE.lock();
+    let t = guard.get_or_insert_with(Table::new);
+    // The truncation flag is part of the key: the same frames cut short or not are two stacks.
+    let mut key: Vec<RawFrame> = frames.to_vec();
+    if truncated {
+        key.push(RawFrame::Native(u64::MAX));
+    }
+    if let Some(&id) = t.stacks.get(key.as_slice()) {
+        return id;
+    }
+    let mut out = Vec::with_capacity(frames.len());
+    for f in frames {
+        match *f {
+            RawFrame::Native(pc) => {
+                if let Some((_, o)) = snap.find(pc)
+                    && !t.modules.contains_key(&(o.start, o.end, o.bias))
+                {
+                    let id = t.next_module;
+                    t.next_module += 1;
+                    t.modules.insert((o.start, o.end, o.bias), id);
+                    writer::submit_definition(Record::Module(Module {
+                        id,
+                        path: o.path.clone(),
+                        base: o.bias,
+                        start: o.start,
+                        end: o.end,
+                        build_id: o.build_id.clone(),
+                    }));
+                }
+                out.push(Frame::Native(pc));
+            }
+            RawFrame::Python(p) => {
+                let ckey = (p.code, p.file, p.name, p.first_line);
+                let code = match t.codes.get(&ckey) {
+                    Some(&id) => id,
+                    None => {
+                        let id = t.next_code;
+                        t.next_code += 1;
+                        t.codes.insert(ckey, id);
+                        let (file, name) = python::describe(snap.generation, &p);
+                        writer::submit_definition(Record::PyCode(PyCode {
+                            id,
+                            file,
+                            name,
+                            first_line: p.first_line.max(0) as u32,
+                        }));
+                        id
+                    }
+                };
+                out.push(Frame::Python {
+                    code,
+                    line: python::line(snap.generation, &p),
+                });
+            }
+        }
+    }
+    let id = t.next_stack;
+    t.next_stack += 1;
+    writer::submit_definition(Record::Stack(Stack {
+        id,
+        frames: out,
+        truncated,
+    }));
+    t.stacks.insert(key.into_boxed_slice(), id);
+    id
+}

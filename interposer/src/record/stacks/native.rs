@@ -1,0 +1,112 @@
+//! Native frames of the calling thread, by unwinding with the DWARF call-frame information
+//! every object carries in `.eh_frame` (no frame pointers, no debug info needed), through
+//! `framehop` with a per-thread rule cache: after the first stack through a piece of code, a
+//! frame costs a cache look-up and one or two stack reads.
+//!
+//! Every stack read is checked against the thread's own stack bounds (`pthread_getattr_np`,
+//! once per thread), so a wrong rule ends the walk instead of faulting.
+//!
+//! Layer: recording. Uses the base and [`super::modules`].
+
+use super::modules::Snapshot;
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
+use framehop::{FrameAddress, Unwinder};
+use std::cell::{Cell, RefCell};
+use std::mem::MaybeUninit;
+
+thread_local! {
+    // Const-initialised, no destructor: usable during thread teardown.
+    static BOUNDS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    static CACHE: RefCell<Option<Box<CacheX86_64>>> = const { RefCell::new(None) };
+}
+
+/// The calling thread's stack: lowest and one-past-highest address.
+fn stack_bounds() -> Option<(u64, u64)> {
+    let b = BOUNDS.try_with(|b| b.get()).unwrap_or((0, 0));
+    if b.1 != 0 {
+        return Some(b);
+    }
+    let mut attr: libc::pthread_attr_t = unsafe { std::mem::zeroed() };
+    if unsafe { libc::pthread_getattr_np(libc::pthread_self(), &mut attr) } != 0 {
+        return None;
+    }
+    let mut addr: *mut libc::c_void = std::ptr::null_mut();
+    let mut size = 0usize;
+    let rc = unsafe { libc::pthread_attr_getstack(&attr, &mut addr, &mut size) };
+    unsafe { libc::pthread_attr_destroy(&mut attr) };
+    if rc != 0 || size == 0 {
+        return None;
+    }
+    let b = (addr as u64, addr as u64 + size as u64);
+    let _ = BOUNDS.try_with(|c| c.set(b));
+    Some(b)
+}
+
+/// Writes into `out` the return addresses of the calling thread, innermost first, leaving out
+/// the frames of this library that lead up to here. Returns how many were written and whether
+/// there were more than `out` holds.
+#[inline(never)]
+pub fn unwind(snap: &Snapshot, out: &mut [MaybeUninit<u64>]) -> (usize, bool) {
+    let (ip, sp, bp): (u64, u64, u64);
+    // The three registers at one instruction: the unwind rules for `ip` apply to this `sp`.
+    unsafe {
+        std::arch::asm!(
+            "lea {ip}, [rip]",
+            "mov {sp}, rsp",
+            "mov {bp}, rbp",
+            ip = out(reg) ip,
+            sp = out(reg) sp,
+            bp = out(reg) bp,
+            options(nomem, nostack, preserves_flags)
+        );
+    }
+    let Some((_, hi)) = stack_bounds() else {
+        return (0, false);
+    };
+    let lo = sp;
+    let mut read = |addr: u64| -> Result<u64, ()> {
+        if addr >= lo && addr.checked_add(8).is_some_and(|e| e <= hi) && addr.is_multiple_of(8) {
+            Ok(unsafe { *(addr as *const u64) })
+        } else {
+            Err(())
+        }
+    };
+    let mut walk = |cache: &mut CacheX86_64, read: &mut dyn FnMut(u64) -> Result<u64, ()>| {
+        let mut read = |a: u64| read(a);
+        let regs = UnwindRegsX86_64::new(ip, sp, bp);
+        let mut it = snap.unwinder.iter_frames(ip, regs, cache, &mut read);
+        let mut n = 0usize;
+        let mut leading = true;
+        let mut more = false;
+        // The first frame is this function's own instruction pointer.
+        while let Ok(Some(f)) = it.next() {
+            let FrameAddress::ReturnAddress(ra) = f else {
+                continue;
+            };
+            let ra = ra.get();
+            if leading && snap.is_own(ra) {
+                continue;
+            }
+            leading = false;
+            if n == out.len() {
+                more = true;
+                break;
+            }
+            out[n].write(ra);
+            n += 1;
+        }
+        (n, more)
+    };
+    let from_cache = CACHE.try_with(|c| {
+        let Ok(mut c) = c.try_borrow_mut() else {
+            return None;
+        };
+        let cache = c.get_or_insert_with(|| Box::new(CacheX86_64::new()));
+        Some(walk(cache, &mut read))
+    });
+    match from_cache {
+        Ok(Some(r)) => r,
+        // Thread teardown (the cache is gone) or re-entered: a cache of its own this once.
+        _ => walk(&mut CacheX86_64::new(), &mut read),
+    }
+}

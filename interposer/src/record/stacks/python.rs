@@ -1,0 +1,577 @@
+//! Python frames of the calling thread, read straight from CPython's own structures, for
+//! CPython 3.10 – 3.13, whether or not the thread holds the GIL: the GIL is never taken (a
+//! thread that released it to call into CUDA may be waited on by the one that holds it) and no
+//! Python API that allocates or needs the GIL is called.
+//!
+//! - The thread's state: `PyGILState_GetThisThreadState()` (a thread-local read, no GIL).
+//! - Its innermost frame: 3.10 `PyThreadState.frame` (a `PyFrameObject`); 3.11
+//!   `cframe->current_frame`, 3.12 `cframe->current_frame` (`_PyInterpreterFrame`); 3.13
+//!   `current_frame`, with every offset taken from `_Py_DebugOffsets` at the start of
+//!   `_PyRuntime` (the table CPython keeps for out-of-process debuggers).
+//! - Each frame's code object and instruction (3.10 `f_lasti`; 3.11/3.12 `prev_instr`; 3.13
+//!   `instr_ptr`), and which activation of `_PyEval_EvalFrameDefault` runs it: 3.10 one frame
+//!   per activation; 3.11 the frame with `is_entry` set is the outermost of its activation;
+//!   3.12/3.13 each activation starts with a shim frame owned by the C stack
+//!   (`FRAME_OWNED_BY_CSTACK`), which is not a Python frame and is left out.
+//! - The line: `PyCode_Addr2Line(code, byte offset)`, a pure function of the code object's
+//!   line table (called only for a stack not seen before). Strings (`co_filename`,
+//!   `co_qualname` / `co_name`) read from the `PyUnicode` object's data (compact strings of any
+//!   kind; layout per version), never through `PyUnicode_AsUTF8`.
+//!
+//! Fail-safe: the first walk of the process reads every word with `process_vm_readv` on our own
+//! pid (a bad address is an error, not a fault) and checks that each code object's type is
+//! `PyCode_Type`; later walks read directly and still check each code object's type. Any
+//! mismatch turns Python frames off for the process, with one line on stderr. A process without
+//! Python pays nothing; an unsupported version is said once and gets native frames only.
+//!
+//! Offsets were checked against the CPython sources and measured on 3.10.13, 3.11.7, 3.12.1 and
+//! 3.13.0 builds (`tests/tests/stacks.rs` runs every one it finds).
+//!
+//! Layer: recording. Uses the base.
+
+use crate::base::resolve::dlsym_in;
+use crate::base::sys::warn;
+use std::ffi::{c_int, c_void};
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
+
+/// One Python frame as read: enough to tell it apart and, later, to describe it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Raw {
+    pub code: u64,
+    pub file: u64,
+    pub name: u64,
+    pub first_line: i32,
+    /// Byte offset of the instruction in the code, -1 before the first.
+    pub offset: i32,
+    /// Which activation of the evaluation loop runs it, 0 = the innermost.
+    pub act: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    minor: u8,
+    /// 3.10: `frame`; 3.11/3.12: `cframe`; 3.13: `current_frame`.
+    ts_frame: u64,
+    /// 3.11/3.12: `current_frame` inside the `_PyCFrame`.
+    cframe_current: Option<u64>,
+    prev: u64,
+    code: u64,
+    /// 3.10: `f_lasti` (an int, in code units); later: the instruction pointer.
+    instr: u64,
+    owner: Option<u64>,
+    is_entry: Option<u64>,
+    co_file: u64,
+    co_name: u64,
+    co_first: u64,
+    co_code: u64,
+    /// Size of `PyASCIIObject` and `PyCompactUnicodeObject`.
+    str_ascii: u64,
+    str_compact: u64,
+}
+
+const FRAME_OWNED_BY_CSTACK: u8 = 3;
+
+struct Py {
+    layout: Layout,
+    this_ts: unsafe extern "C" fn() -> *mut c_void,
+    addr2line: unsafe extern "C" fn(*mut c_void, c_int) -> c_int,
+    code_type: u64,
+    str_type: u64,
+    /// `_PyEval_EvalFrameDefault`'s address range.
+    eval: (u64, u64),
+}
+
+const UNKNOWN: u8 = 0;
+/// No Python in the process (looked again when objects are loaded).
+const ABSENT: u8 = 1;
+/// Found, first walk not yet checked.
+const CHECKING: u8 = 2;
+const ON: u8 = 3;
+/// Unsupported or failed a check: never again.
+const OFF: u8 = 4;
+
+static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+static PY: AtomicPtr<Py> = AtomicPtr::new(std::ptr::null_mut());
+/// The loader generation at which Python was last looked for.
+static LOOKED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
+
+fn get(generation: u64) -> Option<&'static Py> {
+    let s = STATE.load(Acquire);
+    match s {
+        CHECKING | ON => return Some(unsafe { &*PY.load(Acquire) }),
+        OFF => return None,
+        ABSENT if LOOKED_AT.load(Relaxed) == generation => return None,
+        _ => {}
+    }
+    LOOKED_AT.store(generation, Relaxed);
+    match find() {
+        Found::Absent => {
+            let _ = STATE.compare_exchange(s, ABSENT, AcqRel, Relaxed);
+            None
+        }
+        Found::Unsupported(why) => {
+            if STATE.swap(OFF, AcqRel) != OFF {
+                warn(&why);
+            }
+            None
+        }
+        Found::Yes(py) => {
+            let p = Box::into_raw(Box::new(py));
+            match PY.compare_exchange(std::ptr::null_mut(), p, AcqRel, Acquire) {
+                Ok(_) => {}
+                Err(_) => drop(unsafe { Box::from_raw(p) }),
+            }
+            let _ = STATE.compare_exchange(s, CHECKING, AcqRel, Relaxed);
+            let s = STATE.load(Acquire);
+            (s == CHECKING || s == ON).then(|| unsafe { &*PY.load(Acquire) })
+        }
+    }
+}
+
+enum Found {
+    Absent,
+    Unsupported(String),
+    Yes(Py),
+}
+
+fn sym(name: &std::ffi::CStr) -> u64 {
+    dlsym_in(libc::RTLD_DEFAULT, name) as u64
+}
+
+fn find() -> Found {
+    let ts = sym(c"PyGILState_GetThisThreadState");
+    if ts == 0 {
+        return Found::Absent;
+    }
+    let (a2l, code_type, str_type, eval) = (
+        sym(c"PyCode_Addr2Line"),
+        sym(c"PyCode_Type"),
+        sym(c"PyUnicode_Type"),
+        sym(c"_PyEval_EvalFrameDefault"),
+    );
+    if a2l == 0 || code_type == 0 || str_type == 0 {
+        return Found::Unsupported(
+            "Python is loaded but lacks PyCode_Addr2Line/PyCode_Type: stacks are native only"
+                .into(),
+        );
+    }
+    let (major, minor) = version();
+    let layout = match (major, minor) {
+        (3, 10) => Layout {
+            minor: 10,
+            ts_frame: 24,
+            cframe_current: None,
+            prev: 24,
+            code: 32,
+            instr: 96,
+            owner: None,
+            is_entry: None,
+            co_file: 104,
+            co_name: 112,
+            co_first: 40,
+            co_code: 0,
+            str_ascii: 48,
+            str_compact: 72,
+        },
+        (3, 11) => Layout {
+            minor: 11,
+            ts_frame: 56,
+            cframe_current: Some(8),
+            prev: 48,
+            code: 32,
+            instr: 56,
+            owner: None,
+            is_entry: Some(68),
+            co_file: 112,
+            co_name: 128,
+            co_first: 72,
+            co_code: 184,
+            str_ascii: 48,
+            str_compact: 72,
+        },
+        (3, 12) => Layout {
+            minor: 12,
+            ts_frame: 56,
+            cframe_current: Some(0),
+            prev: 8,
+            code: 0,
+            instr: 56,
+            owner: Some(70),
+            is_entry: None,
+            co_file: 112,
+            co_name: 128,
+            co_first: 68,
+            co_code: 192,
+            str_ascii: 40,
+            str_compact: 56,
+        },
+        (3, 13) => match debug_offsets() {
+            Some(l) => l,
+            None => {
+                return Found::Unsupported(
+                    "Python 3.13's _Py_DebugOffsets not as expected: Python frames off, stacks \
+                     are native only"
+                        .into(),
+                );
+            }
+        },
+        _ => {
+            return Found::Unsupported(format!(
+                "Python {major}.{minor}: Python frames are read for 3.10 to 3.13 only; stacks \
+                 are native only"
+            ));
+        }
+    };
+    Found::Yes(Py {
+        layout,
+        this_ts: unsafe { std::mem::transmute::<u64, unsafe extern "C" fn() -> *mut c_void>(ts) },
+        addr2line: unsafe {
+            std::mem::transmute::<u64, unsafe extern "C" fn(*mut c_void, c_int) -> c_int>(a2l)
+        },
+        code_type,
+        str_type,
+        eval: symbol_range(eval),
+    })
+}
+
+/// (major, minor): `Py_Version` (3.11+) or `Py_GetVersion()`'s leading "3.10".
+fn version() -> (u32, u32) {
+    let v = sym(c"Py_Version");
+    if v != 0 {
+        let hex = unsafe { *(v as *const u32) };
+        return (hex >> 24, (hex >> 16) & 0xff);
+    }
+    let f = sym(c"Py_GetVersion");
+    if f == 0 {
+        return (0, 0);
+    }
+    let f = unsafe { std::mem::transmute::<u64, unsafe extern "C" fn() -> *const i8>(f) };
+    let s = unsafe { std::ffi::CStr::from_ptr(f()) }.to_string_lossy();
+    let mut it = s.split(|c: char| !c.is_ascii_digit());
+    let major = it.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+    let minor = it.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+    (major, minor)
+}
+
+/// 3.13: the offsets from `_Py_DebugOffsets` (`_PyRuntime` starts with it), as 3.13.0 lays the
+/// table out: cookie, version, free_threaded, then groups of u64 offsets, each group led by
+/// its struct's size.
+fn debug_offsets() -> Option<Layout> {
+    let rt = sym(c"_PyRuntime");
+    if rt == 0 {
+        return None;
+    }
+    let w = |i: u64| unsafe { *((rt + 8 * i) as *const u64) };
+    let cookie = unsafe { std::slice::from_raw_parts(rt as *const u8, 8) };
+    if cookie != b"xdebugpy" || (w(1) >> 16) != 0x030d || w(2) != 0 {
+        return None;
+    }
+    // Groups: runtime_state 3..6, interpreter_state 6..19, thread_state 19..28,
+    // interpreter_frame 28..34, code_object 34..44.
+    let (ts_size, frame_size, code_size) = (w(19), w(28), w(34));
+    let l = Layout {
+        minor: 13,
+        ts_frame: w(23),
+        cframe_current: None,
+        prev: w(29),
+        code: w(30),
+        instr: w(31),
+        owner: Some(w(33)),
+        is_entry: None,
+        co_file: w(35),
+        co_name: w(37),
+        co_first: w(39),
+        co_code: w(43),
+        str_ascii: 40,
+        str_compact: 56,
+    };
+    let fits = |off: u64, size: u64, width: u64| off + width <= size && size < 1 << 20;
+    (fits(l.ts_frame, ts_size, 8)
+        && fits(l.prev, frame_size, 8)
+        && fits(l.code, frame_size, 8)
+        && fits(l.instr, frame_size, 8)
+        && fits(w(33), frame_size, 1)
+        && fits(l.co_file, code_size, 8)
+        && fits(l.co_name, code_size, 8)
+        && fits(l.co_first, code_size, 4)
+        && l.co_code <= code_size)
+        .then_some(l)
+}
+
+/// The address range of the function at `addr` (its symbol's size), `(0, 0)` when unknown.
+fn symbol_range(addr: u64) -> (u64, u64) {
+    unsafe extern "C" {
+        fn dladdr1(
+            addr: *const c_void,
+            info: *mut libc::Dl_info,
+            extra: *mut *mut c_void,
+            flags: c_int,
+        ) -> c_int;
+    }
+    const RTLD_DL_SYMENT: c_int = 1;
+    if addr == 0 {
+        return (0, 0);
+    }
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let mut sym: *mut c_void = std::ptr::null_mut();
+    if unsafe { dladdr1(addr as *const c_void, &mut info, &mut sym, RTLD_DL_SYMENT) } == 0
+        || sym.is_null()
+    {
+        return (0, 0);
+    }
+    let sym = unsafe { &*(sym as *const libc::Elf64_Sym) };
+    (addr, addr + sym.st_size.max(1))
+}
+
+/// Reads one word; `None` where it cannot be read.
+trait Mem {
+    fn word(&self, addr: u64) -> Option<u64>;
+    fn u32_at(&self, addr: u64) -> Option<u32> {
+        let w = self.word(addr & !7)?;
+        let shift = (addr & 7) * 8;
+        (shift <= 32).then(|| (w >> shift) as u32)
+    }
+    fn u8_at(&self, addr: u64) -> Option<u8> {
+        let w = self.word(addr & !7)?;
+        Some((w >> ((addr & 7) * 8)) as u8)
+    }
+}
+
+/// Direct reads: after the first walk was checked.
+struct Direct;
+impl Mem for Direct {
+    #[inline]
+    fn word(&self, addr: u64) -> Option<u64> {
+        if addr < 4096 || !addr.is_multiple_of(8) {
+            return None;
+        }
+        Some(unsafe { *(addr as *const u64) })
+    }
+}
+
+/// Reads through `process_vm_readv` on our own pid: an unmapped address is an error.
+struct Checked;
+impl Mem for Checked {
+    fn word(&self, addr: u64) -> Option<u64> {
+        if addr < 4096 || !addr.is_multiple_of(8) {
+            return None;
+        }
+        let mut v = 0u64;
+        let local = libc::iovec {
+            iov_base: (&mut v as *mut u64).cast(),
+            iov_len: 8,
+        };
+        let remote = libc::iovec {
+            iov_base: addr as *mut c_void,
+            iov_len: 8,
+        };
+        let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        (n == 8).then_some(v)
+    }
+}
+
+/// What a walk gives: the frames, and whether there were more.
+pub struct Walk {
+    pub n: usize,
+    pub truncated: bool,
+}
+
+/// `_PyEval_EvalFrameDefault`'s range, where Python is there.
+pub fn eval_range(generation: u64) -> Option<(u64, u64)> {
+    get(generation).map(|p| p.eval).filter(|r| r.1 > r.0)
+}
+
+/// Writes into `out` the calling thread's Python frames, innermost first. Nothing (n = 0) when
+/// the thread runs no Python or Python frames are off.
+pub fn frames(generation: u64, out: &mut [MaybeUninit<Raw>]) -> Walk {
+    let none = Walk {
+        n: 0,
+        truncated: false,
+    };
+    let Some(py) = get(generation) else {
+        return none;
+    };
+    if STATE.load(Acquire) == ON {
+        match walk(py, &Direct, out) {
+            Ok(w) => w,
+            Err(why) => {
+                turn_off(&why);
+                none
+            }
+        }
+    } else {
+        match walk(py, &Checked, out) {
+            Ok(w) => {
+                if w.n > 0 {
+                    let _ = STATE.compare_exchange(CHECKING, ON, AcqRel, Relaxed);
+                }
+                w
+            }
+            Err(why) => {
+                turn_off(&why);
+                none
+            }
+        }
+    }
+}
+
+fn turn_off(why: &str) {
+    if STATE.swap(OFF, AcqRel) != OFF {
+        warn(&format!(
+            "Python frames turned off for this process ({why}); stacks are native only"
+        ));
+    }
+}
+
+fn walk(py: &Py, m: &impl Mem, out: &mut [MaybeUninit<Raw>]) -> Result<Walk, String> {
+    let l = &py.layout;
+    let ts = unsafe { (py.this_ts)() } as u64;
+    if ts == 0 {
+        return Ok(Walk {
+            n: 0,
+            truncated: false,
+        });
+    }
+    let bad = |what: &str, at: u64| format!("unreadable {what} at 0x{at:x}");
+    let mut f = match l.cframe_current {
+        Some(cur) => {
+            let cf = m
+                .word(ts + l.ts_frame)
+                .ok_or_else(|| bad("thread state", ts))?;
+            if cf == 0 {
+                0
+            } else {
+                m.word(cf + cur).ok_or_else(|| bad("C frame", cf))?
+            }
+        }
+        None => m
+            .word(ts + l.ts_frame)
+            .ok_or_else(|| bad("thread state", ts))?,
+    };
+    let (mut n, mut act, mut steps) = (0usize, 0u32, 0u32);
+    while f != 0 {
+        steps += 1;
+        if steps > 100_000 {
+            return Err("a frame chain that does not end".into());
+        }
+        let prev = m.word(f + l.prev).ok_or_else(|| bad("frame", f))?;
+        if let Some(o) = l.owner
+            && m.u8_at(f + o).ok_or_else(|| bad("frame", f))? == FRAME_OWNED_BY_CSTACK
+        {
+            act += 1;
+            f = prev;
+            continue;
+        }
+        if n == out.len() {
+            return Ok(Walk { n, truncated: true });
+        }
+        let code = m.word(f + l.code).ok_or_else(|| bad("frame", f))?;
+        if m.word(code + 8) != Some(py.code_type) {
+            return Err(format!("frame 0x{f:x}: 0x{code:x} is not a code object"));
+        }
+        let offset = if l.minor == 10 {
+            let lasti = m.u32_at(f + l.instr).ok_or_else(|| bad("frame", f))? as i32;
+            if lasti < 0 {
+                -1
+            } else {
+                lasti.saturating_mul(2)
+            }
+        } else {
+            let ip = m.word(f + l.instr).ok_or_else(|| bad("frame", f))?;
+            let start = code + l.co_code;
+            if ip < start || ip - start > i32::MAX as u64 {
+                -1
+            } else {
+                (ip - start) as i32
+            }
+        };
+        out[n].write(Raw {
+            code,
+            file: m.word(code + l.co_file).ok_or_else(|| bad("code", code))?,
+            name: m.word(code + l.co_name).ok_or_else(|| bad("code", code))?,
+            first_line: m
+                .u32_at(code + l.co_first)
+                .ok_or_else(|| bad("code", code))? as i32,
+            offset,
+            act,
+        });
+        n += 1;
+        let entry = match l.is_entry {
+            Some(o) => m.u8_at(f + o).ok_or_else(|| bad("frame", f))? != 0,
+            None => l.minor == 10,
+        };
+        if entry {
+            act += 1;
+        }
+        f = prev;
+    }
+    Ok(Walk {
+        n,
+        truncated: false,
+    })
+}
+
+/// The line a frame is at (`PyCode_Addr2Line`: pure, no GIL needed).
+pub fn line(generation: u64, r: &Raw) -> u32 {
+    match get(generation) {
+        Some(py) => unsafe { (py.addr2line)(r.code as *mut c_void, r.offset) }.max(0) as u32,
+        None => 0,
+    }
+}
+
+/// A code object's file and name, read from the string objects.
+pub fn describe(generation: u64, r: &Raw) -> (String, String) {
+    match get(generation) {
+        Some(py) => (string(py, r.file), string(py, r.name)),
+        None => (String::new(), String::new()),
+    }
+}
+
+fn string(py: &Py, obj: u64) -> String {
+    let m = &Direct;
+    let l = &py.layout;
+    if m.word(obj + 8) != Some(py.str_type) {
+        return "?".into();
+    }
+    let (Some(len), Some(state)) = (m.word(obj + 16), m.u32_at(obj + 32)) else {
+        return "?".into();
+    };
+    let kind = (state >> 2) & 7;
+    let compact = (state >> 5) & 1 == 1;
+    let ascii = (state >> 6) & 1 == 1;
+    if !compact || len > 1 << 16 {
+        return "?".into();
+    }
+    let len = len as usize;
+    let data = obj + if ascii { l.str_ascii } else { l.str_compact };
+    unsafe {
+        match kind {
+            1 => std::slice::from_raw_parts(data as *const u8, len)
+                .iter()
+                .map(|&b| b as char)
+                .collect(),
+            2 => char::decode_utf16(
+                std::slice::from_raw_parts(data as *const u16, len)
+                    .iter()
+                    .copied(),
+            )
+            .map(|c| c.unwrap_or('?'))
+            .collect(),
+            4 => std::slice::from_raw_parts(data as *const u32, len)
+                .iter()
+                .map(|&c| char::from_u32(c).unwrap_or('?'))
+                .collect(),
+            _ => "?".into(),
+        }
+    }
+}
+
+/// In a fork child nothing changes: Python's structures are the same memory.
+pub fn status() -> &'static str {
+    match STATE.load(Relaxed) {
+        ON | CHECKING => "on",
+        OFF => "off",
+        _ => "absent",
+    }
+}

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Isolation at caching-allocator speed (issue 14): step time, memory and losses side by side.
+
+    python3 tests/gpu/fast_isolate.py --lib target/gpu/libisolate.so \\
+        --old-lib target/gpu/libisolate-old.so --isolate target/gpu/isolate \\
+        [--models lm,gpt2,resnet50] [--rounds 3] [--steps 60] [--warmup 15]
+
+Configurations, interleaved (round -> model -> configurations in a rotated order):
+  default      no preload, PyTorch's caching allocator (the baseline of every ratio)
+  nocache      no preload, PYTORCH_NO_CUDA_MEMORY_CACHING=1
+  isolate-old  isolate mode of the library as it was before issue 14 (--old-lib): every free a
+               synchronising cudaFree on the no-caching substrate
+  isolate-new  isolate mode of this library, defaults (PyTorch on backend:cudaMallocAsync,
+               stream-ordered poison, release on the library's own stream)
+  isolate-stacks  isolate-new with call stacks (ISOLATE_STACKS=all; the others run with none)
+  isolate-sync the same substrate with ISOLATE_RELEASE=sync (where the release stream's gain is)
+  log          log mode of this library, cache on (goal: within 1% of default)
+  log-stacks   the same with call stacks
+Each traced run's summary must show 0 findings on correct code; losses are compared with the
+default run of the same round. Prints one table (median ms/step, ratio of medians to default,
+per-round ratios, peak device memory from cudaMemGetInfo, torch.cuda.max_memory_allocated,
+findings, loss agreement) and isolation's own account of its time (the trace's "isolation's
+time" note). Writes $OUT/fast_isolate.json and the runs' logs to $OUT/fast_isolate/.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+CONFIGS = {
+    "default": ({}, None, None),
+    "nocache": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, None, None),
+    "isolate-old": ({}, "old", "isolate"),
+    "isolate-new": ({"ISOLATE_STACKS": "none"}, "new", "isolate"),
+    "isolate-stacks": ({"ISOLATE_STACKS": "all"}, "new", "isolate"),
+    "isolate-sync": ({"ISOLATE_RELEASE": "sync", "ISOLATE_STACKS": "none"}, "new", "isolate"),
+    "log": ({"ISOLATE_STACKS": "none"}, "new", "log"),
+    "log-stacks": ({"ISOLATE_STACKS": "all"}, "new", "log"),
+}
+
+
+def run_one(args, model, cfg, rnd, outdir):
+    env_add, lib, mode = CONFIGS[cfg]
+    env = dict(os.environ)
+    for k in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        env.pop(k, None)
+    env.update(env_add)
+    tag = f"{model}-{cfg}-r{rnd}"
+    trace_dir = os.path.join(outdir, "traces")
+    os.makedirs(trace_dir, exist_ok=True)
+    if lib:
+        env["LD_PRELOAD"] = os.path.abspath(args.lib if lib == "new" else args.old_lib)
+        env["ISOLATE_MODE"] = mode
+        env["ISOLATE_TRACE"] = os.path.join(trace_dir, tag + "-%p.trace")
+    cmd = [sys.executable, os.path.join(HERE, "train_small.py"), "--model", model,
+           "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out, err = 124, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
+    wall = time.time() - t0
+    with open(os.path.join(outdir, tag + ".log"), "w") as f:
+        f.write(f"$ {' '.join(cmd)}\nrc={rc} wall={wall:.1f}s\n--- stdout\n{out}\n--- stderr\n{err}\n")
+    res = {"model": model, "config": cfg, "round": rnd, "rc": rc, "wall_s": wall}
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            res.update(json.loads(line[7:]))
+    if lib:
+        traces = sorted(os.path.join(trace_dir, t) for t in os.listdir(trace_dir) if t.startswith(tag + "-"))
+        res["traces"] = traces
+        findings, notes = 0, []
+        for t in traces:
+            s = subprocess.run([args.isolate, "summary", "--json", t], capture_output=True, text=True)
+            try:
+                d = json.loads(s.stdout)
+                for k in ("poison_violation_count", "stale_launch_count", "invalid_free_count",
+                          "double_free_count", "device_fault_count"):
+                    findings += int(d.get(k) or 0)
+                res.setdefault("events", 0)
+                res["events"] += int(d.get("events") or 0)
+            except Exception as e:  # noqa: BLE001
+                findings += 1000
+                res["summary_error"] = f"{e}: {s.stderr[-300:]}"
+            data = open(t, "rb").read()
+            m = re.search(rb"isolation's time: [ -~]*?release stream", data)
+            if m:
+                notes.append(m.group(0).decode())
+        res["findings"] = findings
+        res["isolation_time"] = notes
+        res["stderr_isolate"] = [l for l in err.splitlines() if l.startswith("isolate:")][:6]
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--old-lib", default=None)
+    ap.add_argument("--isolate", required=True)
+    ap.add_argument("--models", default="lm,gpt2,resnet50")
+    ap.add_argument("--configs", default="default,nocache,isolate-old,isolate-new,isolate-sync,log")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=15)
+    ap.add_argument("--timeout", type=int, default=150)
+    ap.add_argument("--budget-s", type=float, default=float(os.environ.get("BUDGET_S", "480")))
+    args = ap.parse_args()
+    out = os.environ.get("OUT", "/tmp/fast-isolate-out")
+    outdir = os.path.join(out, "fast_isolate")
+    os.makedirs(outdir, exist_ok=True)
+    models = args.models.split(",")
+    configs = [c for c in args.configs.split(",") if c != "isolate-old" or args.old_lib]
+    start = time.time()
+    results = []
+    for rnd in range(args.rounds):
+        for model in models:
+            k = rnd % len(configs)
+            order = configs[k:] + configs[:k]
+            for cfg in order:
+                if time.time() - start > args.budget_s:
+                    print(f"budget reached: round {rnd} {model} {cfg} skipped", flush=True)
+                    continue
+                r = run_one(args, model, cfg, rnd, outdir)
+                results.append(r)
+                ms = r.get("ms_per_step")
+                print(f"r{rnd} {model:9s} {cfg:12s} rc={r['rc']} {ms and round(ms, 2)} ms/step "
+                      f"findings={r.get('findings', '-')} wall={r['wall_s']:.0f}s", flush=True)
+    # Table.
+    print()
+    print(f"{'model':9s} {'config':12s} {'ms/step':>8s} {'x default':>9s} {'per-round':>20s} "
+          f"{'dev peak GiB':>12s} {'max_alloc GiB':>13s} {'findings':>8s} {'loss':>6s}")
+    table = []
+    for model in models:
+        base = {r["round"]: r for r in results if r["model"] == model and r["config"] == "default" and r.get("ms_per_step")}
+        base_med = statistics.median([r["ms_per_step"] for r in base.values()]) if base else None
+        for cfg in configs:
+            rs = [r for r in results if r["model"] == model and r["config"] == cfg]
+            ok = [r for r in rs if r.get("ms_per_step") and r["rc"] == 0]
+            if not ok:
+                print(f"{model:9s} {cfg:12s} {'FAILED':>8s} rc={[r['rc'] for r in rs]}")
+                table.append({"model": model, "config": cfg, "failed": True})
+                continue
+            med = statistics.median(r["ms_per_step"] for r in ok)
+            per = [r["ms_per_step"] / base[r["round"]]["ms_per_step"] for r in ok if r["round"] in base]
+            peak = max(r.get("device_used_delta", 0) for r in ok) / 2**30
+            mal = max(r.get("max_memory_allocated", 0) for r in ok) / 2**30
+            fnd = sum(r.get("findings", 0) for r in ok)
+            same = all(
+                r["round"] in base and len(r["losses"]) == len(base[r["round"]]["losses"]) and
+                all(abs(a - b) <= 1e-3 * max(1.0, abs(b)) for a, b in zip(r["losses"], base[r["round"]]["losses"]))
+                for r in ok)
+            ratio = med / base_med if base_med else None
+            row = {"model": model, "config": cfg, "ms_per_step": med, "ratio": ratio, "per_round": per,
+                   "device_peak_gib": peak, "max_memory_allocated_gib": mal, "findings": fnd,
+                   "losses_match": same, "runs": len(ok),
+                   "isolation_time": [n for r in ok for n in r.get("isolation_time", [])][:3]}
+            table.append(row)
+            per_s = ",".join(f"{x:.2f}" for x in per)
+            print(f"{model:9s} {cfg:12s} {med:8.2f} {ratio and f'{ratio:.3f}':>9s} {per_s:>20s} "
+                  f"{peak:12.2f} {mal:13.2f} {fnd:8d} {'same' if same else 'DIFF':>6s}")
+    print()
+    for row in table:
+        for n in row.get("isolation_time", [])[:1]:
+            print(f"{row['model']} {row['config']}: {n}")
+    with open(os.path.join(out, "fast_isolate.json"), "w") as f:
+        json.dump({"results": results, "table": table, "args": vars(args)}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

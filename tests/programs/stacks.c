@@ -1,0 +1,108 @@
+// link: cudart
+// cflags: -O2 -g0 -fomit-frame-pointer
+/* Call stacks (issue 13), built the way libraries users run are: -O2, no debug information, no
+ * frame pointers. Each scenario allocates and frees in functions of their own (never inlined,
+ * never cloned), so the stacks in the trace must name them through the symbol table alone.
+ *
+ *   stacks stale       allocate in stacks_make_buffer, free in stacks_release_buffer, then a
+ *                      stale write through the freed pointer (as stale_write.c)
+ *   stacks sites N     N allocations (and frees), in turn from three call sites
+ *   stacks deep D      one allocation D calls deep (stacks_recurse), for the depth limit
+ *   stacks bench N D   N allocations and frees D calls deep (isolate-bench: cost per stack)
+ */
+#include "common.h"
+
+#define SIZE (1 << 20)
+#define NOINLINE __attribute__((noinline, noclone))
+
+NOINLINE void *stacks_make_buffer(size_t n) {
+    void *p = NULL;
+    int rc = cudaMalloc(&p, n);
+    ev("cudaMalloc", rc, "size=%zu ptr=%s", n, AP(rc, U64(p), "a"));
+    return p;
+}
+
+NOINLINE void stacks_release_buffer(void *p) {
+    int rc = cudaFree(p);
+    ev("cudaFree", rc, "ptr=@a");
+}
+
+static int stale(void) {
+    void *a = stacks_make_buffer(SIZE);
+    stacks_release_buffer(a);
+    void *b = NULL;
+    int rc = cudaMalloc(&b, SIZE);
+    ev("cudaMalloc", rc, "size=%d ptr=%s", SIZE, AP(rc, U64(b), "b"));
+    /* the stale write */
+    rc = cudaMemset((char *)a + 4096, 0x11, 16);
+    say("cudaMemset through a %d", rc);
+    rc = cudaFree(b);
+    ev("cudaFree", rc, "ptr=@b");
+    return 0;
+}
+
+/* The three sites: each allocates and frees through the same two calls. */
+static volatile int sink;
+NOINLINE void stacks_free_one(void *p) { sink += cudaFree(p); }
+NOINLINE void stacks_site_a(void) { void *p; sink += cudaMalloc(&p, 256); stacks_free_one(p); }
+NOINLINE void stacks_site_b(void) { void *p; sink += cudaMalloc(&p, 512); stacks_free_one(p); }
+NOINLINE void stacks_site_c(void) { void *p; sink += cudaMalloc(&p, 768); stacks_free_one(p); }
+
+NOINLINE void stacks_sites(long n) {
+    for (long i = 0; i < n; i++) {
+        switch (i % 3) {
+        case 0: stacks_site_a(); break;
+        case 1: stacks_site_b(); break;
+        default: stacks_site_c(); break;
+        }
+    }
+}
+
+NOINLINE int stacks_recurse(int d) {
+    if (d <= 1) {
+        void *p = NULL;
+        int rc = cudaMalloc(&p, 4096);
+        ev("cudaMalloc", rc, "size=4096 ptr=%s", AP(rc, U64(p), "d"));
+        rc = cudaFree(p);
+        ev("cudaFree", rc, "ptr=@d");
+        return rc;
+    }
+    int r = stacks_recurse(d - 1);
+    sink += d; /* not a tail call */
+    return r;
+}
+
+NOINLINE int stacks_bench(int d, long n) {
+    if (d > 1) {
+        int r = stacks_bench(d - 1, n);
+        sink += d; /* not a tail call */
+        return r;
+    }
+    for (long i = 0; i < n; i++) {
+        void *p;
+        sink += cudaMalloc(&p, 256);
+        sink += cudaFree(p);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setup();
+    const char *what = argc > 1 ? argv[1] : "stale";
+    if (!strcmp(what, "stale"))
+        return stale();
+    if (!strcmp(what, "sites")) {
+        long n = argc > 2 ? atol(argv[2]) : 1000;
+        stacks_sites(n);
+        say("sites %ld done", n);
+        return 0;
+    }
+    if (!strcmp(what, "deep")) {
+        int d = argc > 2 ? atoi(argv[2]) : 10;
+        return stacks_recurse(d) != 0;
+    }
+    if (!strcmp(what, "bench") && argc > 3)
+        return stacks_bench(atoi(argv[3]), atol(argv[2]));
+    fprintf(stderr, "usage: stacks stale | sites N | deep D | bench N D\n");
+    return 2;
+}

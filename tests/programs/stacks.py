@@ -1,0 +1,78 @@
+"""Call stacks from Python (issue 13): allocations and frees through ctypes into the CUDA runtime
+(the stand-in's libcudart in CI), from named Python functions, once through ctypes.CDLL (the GIL
+is released during the call) and once through ctypes.PyDLL (the GIL is held), so the trace's
+Python frames must come from the thread's own frame chain either way.
+
+    python3 stacks.py cdll|pydll|both [N]
+    python3 stacks.py bench N      N allocations and frees 10 Python calls deep, quietly
+                                   (isolate-bench: the cost of a stack with Python frames)
+
+Prints one line per call: "<how> <function> line <L> rc <rc>", where L is the line of the
+ctypes call in that function (read from this file, so the test needs no line numbers of its own).
+"""
+
+import ctypes
+import sys
+import threading
+
+HERE = open(__file__).read().splitlines()
+
+
+def line_of(marker):
+    return next(i + 1 for i, l in enumerate(HERE) if l.rstrip().endswith("# " + marker))
+
+
+def runtime(how):
+    loader = ctypes.PyDLL if how == "pydll" else ctypes.CDLL
+    rt = loader("libcudart.so.13")
+    rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    rt.cudaFree.argtypes = [ctypes.c_void_p]
+    return rt
+
+
+def allocate_tensor(rt, size):
+    p = ctypes.c_void_p()
+    rc = rt.cudaMalloc(ctypes.byref(p), size)  # ALLOC
+    return p, rc
+
+
+def release_tensor(rt, p):
+    return rt.cudaFree(p)  # FREE
+
+
+def training_step(rt, how):
+    p, rc = allocate_tensor(rt, 1 << 20)
+    print(f"{how} allocate_tensor line {line_of('ALLOC')} rc {rc}", flush=True)
+    rc = release_tensor(rt, p)
+    print(f"{how} release_tensor line {line_of('FREE')} rc {rc}", flush=True)
+
+
+def bench_level(rt, depth, n):
+    if depth > 1:
+        return bench_level(rt, depth - 1, n)
+    p = ctypes.c_void_p()
+    for _ in range(n):
+        rt.cudaMalloc(ctypes.byref(p), 256)
+        rt.cudaFree(p)
+
+
+def main():
+    what = sys.argv[1] if len(sys.argv) > 1 else "both"
+    if what == "bench":
+        bench_level(runtime("cdll"), 10, int(sys.argv[2]))
+        return
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    hows = ["cdll", "pydll"] if what == "both" else [what]
+    for how in hows:
+        rt = runtime(how)
+        for _ in range(n):
+            training_step(rt, how)
+    if what == "both":
+        # And from a second thread, which has a thread state of its own.
+        t = threading.Thread(target=training_step, args=(runtime("cdll"), "thread"))
+        t.start()
+        t.join()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+//! Frameworks' pools off in isolate mode (interposer/src/policy/frameworks.rs; PyTorch's in
+//! isolate.rs), and `isolate run` naming the library as the NVTX injection: what a program
+//! sees of its environment (tests/programs/getenv.c prints the variables it is given).
+
+use isolate_tests::{Run, analyzer_path};
+use std::process::Command;
+
+/// PyTorch's setting is isolate.rs's (how it switches the caching allocator off is its own
+/// business); only that log mode leaves it alone is checked here.
+const VARS: [&str; 2] = [
+    "XLA_PYTHON_CLIENT_ALLOCATOR",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+];
+
+fn getenv(mode: &str) -> Run {
+    Run::program("getenv")
+        .args(VARS)
+        .env("ISOLATE_MODE", mode)
+        .env_remove("XLA_PYTHON_CLIENT_ALLOCATOR")
+        .env_remove("PYTORCH_NO_CUDA_MEMORY_CACHING")
+}
+
+fn said(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("isolate: isolate mode: set "))
+        .collect()
+}
+
+#[test]
+fn isolate_mode_turns_jax_pool_off_before_main_and_says_so_once() {
+    let out = getenv("isolate").run();
+    out.assert_success();
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l == "XLA_PYTHON_CLIENT_ALLOCATOR=platform"),
+        "{}",
+        out.stdout
+    );
+    let lines = said(&out.stderr);
+    assert_eq!(
+        lines
+            .iter()
+            .filter(
+                |l| l.contains("XLA_PYTHON_CLIENT_ALLOCATOR=platform (JAX/XLA's memory pool off)")
+            )
+            .count(),
+        1,
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn a_value_the_user_set_is_kept_and_log_mode_sets_nothing() {
+    let out = getenv("isolate")
+        .env("XLA_PYTHON_CLIENT_ALLOCATOR", "bfc")
+        .run();
+    out.assert_success();
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l == "XLA_PYTHON_CLIENT_ALLOCATOR=bfc"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        !out.stderr.contains("XLA_PYTHON_CLIENT_ALLOCATOR"),
+        "{}",
+        out.stderr
+    );
+    let log = getenv("log").run();
+    log.assert_success();
+    for v in VARS {
+        assert!(
+            log.stdout.lines().any(|l| l == format!("{v} unset")),
+            "{}",
+            log.stdout
+        );
+    }
+    assert!(said(&log.stderr).is_empty(), "{}", log.stderr);
+}
+
+/// `isolate run` sets NVTX_INJECTION64_PATH to the library beside it, unless the user set it
+/// (another NVTX tool, such as Nsight Systems) or the mode is off.
+#[test]
+fn isolate_run_names_the_library_as_the_nvtx_injection_unless_set() {
+    let prog = isolate_tests::program_path("getenv");
+    let lib = analyzer_path().with_file_name("libisolate.so");
+    let run = |mode: &str, nvtx: Option<&str>| {
+        let d = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(analyzer_path());
+        cmd.current_dir(d.path())
+            .env_remove("LD_PRELOAD")
+            .env_remove("ISOLATE_MODE")
+            .env_remove("ISOLATE_TRACE")
+            .env_remove("NVTX_INJECTION64_PATH");
+        if let Some(v) = nvtx {
+            cmd.env("NVTX_INJECTION64_PATH", v);
+        }
+        cmd.args(["run", "--mode", mode, "--"])
+            .arg(&prog)
+            .arg("NVTX_INJECTION64_PATH");
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert_eq!(
+        run("log", None).trim(),
+        format!("NVTX_INJECTION64_PATH={}", lib.display())
+    );
+    assert_eq!(
+        run("isolate", Some("/opt/nsight/libToolsInjection64.so")).trim(),
+        "NVTX_INJECTION64_PATH=/opt/nsight/libToolsInjection64.so"
+    );
+    assert_eq!(run("off", None).trim(), "NVTX_INJECTION64_PATH unset");
+}

@@ -1,0 +1,528 @@
+//! Call stacks in the trace (issue 13, format version 2), on the stand-in CUDA:
+//!
+//! - `tests/programs/stacks.c`, built `-O2`, no `-g`, no frame pointers: the allocation's and
+//!   the free's native frames fall into the program and, symbolised with its ELF symbol table
+//!   (`nm`), name the two functions they were made in; the stale write is found as before;
+//! - 10^6 allocations from three call sites give exactly three allocation stacks;
+//! - `ISOLATE_STACK_DEPTH` cuts a deep stack short and says so; `ISOLATE_STACKS=none` records
+//!   none; `native` has no Python frames;
+//! - `tests/programs/stacks.py` allocates and frees through ctypes (`CDLL`: GIL released;
+//!   `PyDLL`: GIL held; and from a second thread) from named Python functions: the Python frames
+//!   give the functions, the file and the lines, under every CPython 3.10 – 3.13 found
+//!   (`python3`, `python3.1x`, pyenv's versions), merged with the native frames;
+//! - in every trace, each Module and PyCode a Stack names, and each Stack an event or a
+//!   `StackOf` names, comes before the record that names it.
+
+use isolate_tests::{Run, Trace, preload_path, program_path, standin_dir, workspace_root};
+use isolate_trace::{Api, EndReason, Event, Frame, Module, PyCode, Record, Stack};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The stack records of a trace, by id.
+struct Stacks {
+    stacks: HashMap<u32, Stack>,
+    modules: Vec<Module>,
+    codes: HashMap<u32, PyCode>,
+}
+
+impl Stacks {
+    /// Reads them, checking that every definition comes before its first use.
+    fn of(t: &Trace) -> Stacks {
+        let mut s = Stacks {
+            stacks: HashMap::new(),
+            modules: Vec::new(),
+            codes: HashMap::new(),
+        };
+        for r in &t.records {
+            match r {
+                Record::Module(m) => {
+                    assert!(
+                        s.modules.iter().all(|o| o.id != m.id),
+                        "module {} twice",
+                        m.id
+                    );
+                    s.modules.push(m.clone());
+                }
+                Record::PyCode(c) => {
+                    assert!(
+                        s.codes.insert(c.id, c.clone()).is_none(),
+                        "code {} twice",
+                        c.id
+                    );
+                }
+                Record::Stack(st) => {
+                    for f in &st.frames {
+                        match f {
+                            Frame::Native(pc) => {
+                                // A frame outside every module is possible (JIT code), never
+                                // one in a module written later.
+                                let _ = pc;
+                            }
+                            Frame::Python { code, .. } => assert!(
+                                s.codes.contains_key(code),
+                                "stack {} names code {code} before its PyCode record",
+                                st.id
+                            ),
+                        }
+                    }
+                    assert!(
+                        s.stacks.insert(st.id, st.clone()).is_none(),
+                        "stack {} written twice",
+                        st.id
+                    );
+                }
+                Record::Event(e) if e.stack != 0 => assert!(
+                    s.stacks.contains_key(&e.stack),
+                    "event {} names stack {} before its Stack record",
+                    e.seq,
+                    e.stack
+                ),
+                Record::StackOf(so) => assert!(
+                    s.stacks.contains_key(&so.stack),
+                    "StackOf {} names stack {} before its Stack record",
+                    so.seq,
+                    so.stack
+                ),
+                _ => {}
+            }
+        }
+        // Every native frame inside a loaded object has that object's Module before the stack.
+        let mut seen_modules: Vec<&Module> = Vec::new();
+        for r in &t.records {
+            match r {
+                Record::Module(m) => seen_modules.push(m),
+                Record::Stack(st) => {
+                    for f in &st.frames {
+                        if let Frame::Native(pc) = f
+                            && let Some(m) = s.module(*pc)
+                        {
+                            assert!(
+                                seen_modules.iter().any(|o| o.id == m.id),
+                                "stack {} has a frame in {} before its Module record",
+                                st.id,
+                                m.path
+                            );
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        s
+    }
+
+    fn module(&self, pc: u64) -> Option<&Module> {
+        self.modules.iter().find(|m| m.start <= pc && pc < m.end)
+    }
+
+    fn get(&self, id: u32) -> &Stack {
+        self.stacks
+            .get(&id)
+            .unwrap_or_else(|| panic!("no stack {id}"))
+    }
+
+    /// A stack in words: `name (file:line)` for Python frames, `symbol` (or `module+0x..`) for
+    /// native ones, innermost first.
+    fn render(&self, id: u32, syms: &mut Symbols) -> Vec<String> {
+        self.get(id)
+            .frames
+            .iter()
+            .map(|f| match f {
+                Frame::Python { code, line } => {
+                    let c = &self.codes[code];
+                    format!("py {} ({}:{line})", c.name, c.file)
+                }
+                Frame::Native(pc) => match self.module(*pc) {
+                    Some(m) => match syms.name(&m.path, pc - m.base - 1) {
+                        Some(n) => n,
+                        None => format!("{}+0x{:x}", m.path, pc - m.base),
+                    },
+                    None => format!("0x{pc:x}"),
+                },
+            })
+            .collect()
+    }
+}
+
+/// Function symbols of ELF files, from `nm` (the symbol table; no debug information needed).
+#[derive(Default)]
+struct Symbols {
+    files: HashMap<String, Vec<(u64, String)>>,
+}
+
+impl Symbols {
+    fn name(&mut self, path: &str, addr: u64) -> Option<String> {
+        let syms = self.files.entry(path.to_string()).or_insert_with(|| {
+            let mut v = Vec::new();
+            for args in [&["--defined-only"][..], &["-D", "--defined-only"][..]] {
+                let Ok(out) = Command::new("nm").args(args).arg(path).output() else {
+                    continue;
+                };
+                for l in String::from_utf8_lossy(&out.stdout).lines() {
+                    let mut w = l.split_whitespace();
+                    if let (Some(a), Some(k), Some(n)) = (w.next(), w.next(), w.next())
+                        && matches!(k, "T" | "t" | "W" | "w")
+                        && let Ok(a) = u64::from_str_radix(a, 16)
+                    {
+                        v.push((a, n.to_string()));
+                    }
+                }
+            }
+            v.sort();
+            v
+        });
+        let i = syms.partition_point(|(a, _)| *a <= addr);
+        i.checked_sub(1).map(|i| syms[i].1.clone())
+    }
+}
+
+fn events_of(t: &Trace, api: Api) -> Vec<Event> {
+    let mut v: Vec<Event> = t.events().into_iter().filter(|e| e.api == api).collect();
+    v.sort_by_key(|e| e.seq);
+    v
+}
+
+#[test]
+fn c_stale_write_stacks_name_the_allocating_and_freeing_functions() {
+    let out = Run::program("stacks")
+        .arg("stale")
+        .env("ISOLATE_MODE", "isolate")
+        .run();
+    out.assert_success();
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    out.assert_trace_matches(t, None);
+    assert_eq!(t.violations().len(), 1, "the stale write is found");
+    let s = Stacks::of(t);
+    let mut syms = Symbols::default();
+    let exe = program_path("stacks");
+    let exe = std::fs::canonicalize(&exe).unwrap();
+    let mallocs = events_of(t, Api::CudaMalloc);
+    let frees = events_of(t, Api::CudaFree);
+    for (e, func) in [
+        (&mallocs[0], "stacks_make_buffer"),
+        (&frees[0], "stacks_release_buffer"),
+    ] {
+        assert_ne!(e.stack, 0, "event {} has no stack", e.seq);
+        let words = s.render(e.stack, &mut syms);
+        let st = s.get(e.stack);
+        // The innermost frame is the program's own, in the function that made the call.
+        let Frame::Native(pc) = st.frames[0] else {
+            panic!("{words:?}")
+        };
+        let m = s.module(pc).expect("innermost frame in a module");
+        assert_eq!(Path::new(&m.path), exe, "{words:?}");
+        assert!(!m.build_id.is_empty(), "the program has a GNU build id");
+        assert_eq!(words[0], func, "{words:?}");
+        assert!(words.iter().any(|w| w == "main"), "{words:?}");
+        assert!(!st.truncated);
+    }
+    // The second allocation comes from main itself (stale() inlined), a stack of its own.
+    assert_ne!(mallocs[1].stack, mallocs[0].stack);
+    assert_eq!(s.render(mallocs[1].stack, &mut syms)[0], "main");
+    // The header records the settings.
+    let cfg: BTreeMap<_, _> = t.header.config.iter().cloned().collect();
+    assert_eq!(cfg.get("ISOLATE_STACKS").map(String::as_str), Some("all"));
+    assert_eq!(
+        cfg.get("ISOLATE_STACK_DEPTH").map(String::as_str),
+        Some("64")
+    );
+}
+
+#[test]
+fn a_million_allocations_from_three_call_sites_are_three_stacks() {
+    let n = 1_000_000;
+    let out = Run::program("stacks")
+        .args(["sites", &n.to_string()])
+        .timeout(std::time::Duration::from_secs(300))
+        .run();
+    out.assert_success();
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    let s = Stacks::of(t);
+    let mut syms = Symbols::default();
+    let mallocs = events_of(t, Api::CudaMalloc);
+    assert_eq!(mallocs.len(), n);
+    let alloc_stacks: BTreeSet<u32> = mallocs.iter().map(|e| e.stack).collect();
+    let named: BTreeSet<String> = alloc_stacks
+        .iter()
+        .map(|id| s.render(*id, &mut syms)[0].clone())
+        .collect();
+    assert_eq!(alloc_stacks.len(), 3, "{named:?}");
+    assert_eq!(
+        named,
+        ["stacks_site_a", "stacks_site_b", "stacks_site_c"]
+            .map(String::from)
+            .into()
+    );
+    let free_stacks: BTreeSet<u32> = events_of(t, Api::CudaFree)
+        .iter()
+        .map(|e| e.stack)
+        .collect();
+    assert_eq!(
+        free_stacks.len(),
+        3,
+        "one free site called from three functions"
+    );
+    // And the table holds nothing else: 6 stacks in all.
+    assert_eq!(s.stacks.len(), 6);
+}
+
+#[test]
+fn the_depth_limit_cuts_the_outermost_frames() {
+    let out = Run::program("stacks")
+        .args(["deep", "100"])
+        .env("ISOLATE_STACK_DEPTH", "30")
+        .run();
+    out.assert_success();
+    let t = out.only_trace();
+    let s = Stacks::of(t);
+    let mut syms = Symbols::default();
+    let e = &events_of(t, Api::CudaMalloc)[0];
+    let st = s.get(e.stack);
+    assert_eq!(st.frames.len(), 30);
+    assert!(st.truncated);
+    let words = s.render(e.stack, &mut syms);
+    assert!(words.iter().all(|w| w == "stacks_recurse"), "{words:?}");
+    // Without the limit: every level and main.
+    let out = Run::program("stacks")
+        .args(["deep", "100"])
+        .env("ISOLATE_STACK_DEPTH", "256")
+        .run();
+    let t = out.only_trace();
+    let s = Stacks::of(t);
+    let e = &events_of(t, Api::CudaMalloc)[0];
+    let words = s.render(e.stack, &mut syms);
+    assert_eq!(
+        words.iter().filter(|w| *w == "stacks_recurse").count(),
+        100,
+        "{words:?}"
+    );
+    assert!(words.iter().any(|w| w == "main"), "{words:?}");
+    assert!(!s.get(e.stack).truncated);
+}
+
+#[test]
+fn stacks_none_records_no_stack() {
+    let out = Run::program("stacks")
+        .arg("stale")
+        .env("ISOLATE_STACKS", "none")
+        .run();
+    out.assert_success();
+    let t = out.only_trace();
+    assert!(t.events().iter().all(|e| e.stack == 0));
+    assert!(!t.records.iter().any(|r| matches!(
+        r,
+        Record::Stack(_) | Record::Module(_) | Record::PyCode(_) | Record::StackOf(_)
+    )));
+}
+
+#[test]
+fn a_malformed_stack_setting_is_refused_by_name() {
+    for (k, v) in [
+        ("ISOLATE_STACKS", "everything"),
+        ("ISOLATE_STACK_DEPTH", "0"),
+    ] {
+        let out = Run::program("stacks").arg("stale").env(k, v).run();
+        assert_eq!(out.code(), Some(2), "{k}={v}");
+        assert!(out.stderr.contains(k), "{k}={v}: {}", out.stderr);
+    }
+}
+
+// ------------------------------------------------------------------------------------ Python
+
+/// Every CPython 3.10 – 3.13 this machine has: `python3`, `python3.1x` on the PATH, and
+/// pyenv's versions. One per minor version.
+fn pythons() -> Vec<(String, PathBuf)> {
+    let mut found: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut candidates: Vec<PathBuf> = [
+        "python3",
+        "python3.10",
+        "python3.11",
+        "python3.12",
+        "python3.13",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
+    if let Some(home) = std::env::var_os("HOME") {
+        let root = Path::new(&home).join(".pyenv/versions");
+        if let Ok(rd) = std::fs::read_dir(root) {
+            let mut v: Vec<PathBuf> = rd
+                .filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin/python3"))
+                .collect();
+            v.sort();
+            candidates.extend(v);
+        }
+    }
+    for p in candidates {
+        let Ok(out) = Command::new(&p)
+            .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+            .output()
+        else {
+            continue;
+        };
+        let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if out.status.success() && ["3.10", "3.11", "3.12", "3.13"].contains(&v.as_str()) {
+            found.entry(v).or_insert(p);
+        }
+    }
+    found.into_iter().collect()
+}
+
+/// Runs `tests/programs/stacks.py` under the preload; the output and the one trace.
+fn run_python(python: &Path, args: &[&str], env: &[(&str, &str)]) -> (String, Trace) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(python);
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("ISOLATE_") || k.starts_with("LD_") || k.starts_with("PYTHON") {
+            cmd.env_remove(k.as_ref());
+        }
+    }
+    cmd.current_dir(dir.path())
+        .env("LD_LIBRARY_PATH", standin_dir())
+        .env("LD_PRELOAD", preload_path())
+        .env("ISOLATE_TRACE", dir.path().join("isolate-%p.trace"))
+        .arg(workspace_root().join("tests/programs/stacks.py"))
+        .args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "{}: {stdout}\n{stderr}",
+        python.display()
+    );
+    assert!(
+        !stderr.contains("Python frames"),
+        "{}: Python frames were turned off: {stderr}",
+        python.display()
+    );
+    let traces: Vec<PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "trace"))
+        .collect();
+    assert_eq!(traces.len(), 1, "{traces:?}");
+    (stdout, Trace::read(&traces[0]))
+}
+
+#[test]
+fn python_frames_name_function_file_and_line_with_and_without_the_gil() {
+    let pythons = pythons();
+    assert!(
+        !pythons.is_empty() || std::env::var_os("CI").is_none(),
+        "no CPython 3.10 - 3.13 found"
+    );
+    let script = workspace_root().join("tests/programs/stacks.py");
+    let script = script.to_string_lossy().into_owned();
+    for (version, python) in &pythons {
+        eprintln!("Python {version}: {}", python.display());
+        let (stdout, t) = run_python(python, &["both"], &[]);
+        let s = Stacks::of(&t);
+        let mut syms = Symbols::default();
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.len(), 6, "{stdout}");
+        let mallocs = events_of(&t, Api::CudaMalloc);
+        let frees = events_of(&t, Api::CudaFree);
+        assert_eq!((mallocs.len(), frees.len()), (3, 3));
+        // cdll, pydll, thread: in that order in the output and the trace.
+        for (i, how) in ["cdll", "pydll", "thread"].iter().enumerate() {
+            for (e, func) in [
+                (&mallocs[i], "allocate_tensor"),
+                (&frees[i], "release_tensor"),
+            ] {
+                let want = lines
+                    .iter()
+                    .find(|l| l.starts_with(&format!("{how} {func} line ")))
+                    .unwrap();
+                let line: u32 = want.split_whitespace().nth(3).unwrap().parse().unwrap();
+                let words = s.render(e.stack, &mut syms);
+                let py: Vec<&String> = words.iter().filter(|w| w.starts_with("py ")).collect();
+                let ctx = format!("Python {version}, {how}: {words:#?}");
+                assert_eq!(*py[0], format!("py {func} ({script}:{line})"), "{ctx}");
+                assert!(py[1].starts_with("py training_step ("), "{ctx}");
+                if *how == "thread" {
+                    assert!(py.iter().any(|w| w.contains("run (")), "{ctx}");
+                } else {
+                    assert!(py[2].starts_with("py main ("), "{ctx}");
+                    assert!(py[3].starts_with("py <module> ("), "{ctx}");
+                }
+                // Merged: native frames below the innermost Python frame (ctypes, libffi),
+                // and none of the evaluation loop left where Python frames replaced it.
+                let first_py = words.iter().position(|w| w.starts_with("py ")).unwrap();
+                assert!(first_py > 0, "{ctx}");
+                assert!(
+                    !words.iter().any(|w| w == "_PyEval_EvalFrameDefault"),
+                    "{ctx}"
+                );
+                assert!(!s.get(e.stack).truncated, "{ctx}");
+            }
+        }
+        // Python only: the Python frames and nothing else.
+        let (_, t) = run_python(python, &["cdll"], &[("ISOLATE_STACKS", "python")]);
+        let s = Stacks::of(&t);
+        let e = &events_of(&t, Api::CudaMalloc)[0];
+        let st = s.get(e.stack);
+        assert!(st.frames.iter().all(|f| matches!(f, Frame::Python { .. })));
+        assert_eq!(
+            st.frames.len(),
+            4,
+            "{version}: {:?}",
+            s.render(e.stack, &mut syms)
+        );
+        // Native only: no Python frames, no code objects.
+        let (_, t) = run_python(python, &["cdll"], &[("ISOLATE_STACKS", "native")]);
+        assert!(!t.records.iter().any(|r| matches!(r, Record::PyCode(_))));
+        let s = Stacks::of(&t);
+        let e = &events_of(&t, Api::CudaMalloc)[0];
+        let words = s.render(e.stack, &mut syms);
+        assert!(
+            words.iter().any(|w| w == "_PyEval_EvalFrameDefault"),
+            "{version}: {words:#?}"
+        );
+    }
+}
+
+/// A stale launch gets the launching thread's stack (`StackOf`), captured only then.
+#[test]
+fn a_stale_launch_has_the_launching_threads_stack() {
+    let out = Run::program("guard")
+        .arg("stale")
+        .env("ISOLATE_MODE", "isolate")
+        .run();
+    out.assert_success();
+    let t = out.only_trace();
+    let s = Stacks::of(t);
+    let mut syms = Symbols::default();
+    let launches = t.stale_launches();
+    assert_eq!(launches.len(), 2, "{}", out.stderr);
+    let of: HashMap<u64, u32> = t
+        .records
+        .iter()
+        .filter_map(|r| match r {
+            Record::StackOf(so) => Some((so.seq, so.stack)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        of.len(),
+        2,
+        "one StackOf per stale launch, none for clean launches"
+    );
+    for l in &launches {
+        let id = of[&l.seq];
+        let words = s.render(id, &mut syms);
+        // guard.c's `stale` is static and may be inlined into main; either names the launch.
+        assert!(
+            words.iter().take(3).any(|w| w == "stale" || w == "main"),
+            "{words:?}"
+        );
+    }
+}
