@@ -8,6 +8,8 @@
  *   quarantine budget   20 x 1 MiB allocated, all freed, then 16 more: where do they come from
  *   quarantine stream   a copy and a kernel read X on a stream, then cudaFreeAsync(X) on it
  *   quarantine double   double frees (runtime, stream-ordered, driver, a thread with no context)
+ *   quarantine capture  a stream-ordered free on a stream capturing a CUDA graph (the stand-in's
+ *                       standin_set_capturing), then the same size again on that stream
  *   quarantine pool     the default pool's used-memory counters (what PyTorch's memory_allocated
  *                       reads on its stream-ordered backend) around stream-ordered frees
  *   quarantine async    4 threads, each on its own stream, 300 x cudaMallocAsync, a stream-
@@ -366,6 +368,29 @@ static int double_free(void) {
     return 0;
 }
 
+typedef int (*PFN_set_capturing)(CUstream, int);
+
+static int capture(void) {
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
+    PFN_set_capturing set = drv ? (PFN_set_capturing)dlsym(drv, "standin_set_capturing") : NULL;
+    say("stand-in capture switch %d", set != NULL);
+    if (!set)
+        return 1;
+    cudaStream_t s = NULL;
+    say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    void *a = NULL, *b = NULL;
+    say("cudaMallocAsync %d", cudaMallocAsync(&a, MIB, s));
+    say("capturing %d", set(s, 1));
+    say("cudaFreeAsync %d", cudaFreeAsync(a, s));
+    say("not capturing %d", set(s, 0));
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(s));
+    say("cudaMallocAsync %d", cudaMallocAsync(&b, MIB, s));
+    say("b==a %d", a == b);
+    say("cudaFreeAsync %d", cudaFreeAsync(b, s));
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(s));
+    return 0;
+}
+
 static void pool_used(cudaMemPool_t pool, const char *when) {
     cuuint64_t used = 0, high = 0;
     int a = cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
@@ -455,12 +480,14 @@ int main(int argc, char **argv) {
         r = stream();
     else if (!strcmp(what, "double"))
         r = double_free();
+    else if (!strcmp(what, "capture"))
+        r = capture();
     else if (!strcmp(what, "pool"))
         r = pool_stats();
     else if (!strcmp(what, "async"))
         r = async_release();
     else {
-        say("usage: quarantine reuse|stale|oom|budget|stream|double|pool|async");
+        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|pool|async");
         return 2;
     }
     say("done %d", r);

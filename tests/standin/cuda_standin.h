@@ -358,6 +358,10 @@ CUresult cuStreamDestroy_v2(CUstream hStream);
 CUresult cuStreamSynchronize(CUstream hStream);
 CUresult cuStreamSynchronize_ptsz(CUstream hStream);
 CUresult cuStreamQuery(CUstream hStream);
+/* Capture is not emulated: standin_set_capturing marks a created stream, cuStreamIsCapturing
+ * reports it (0 none, 1 active). */
+CUresult cuStreamIsCapturing(CUstream hStream, int *status);
+int standin_set_capturing(CUstream hStream, int on);
 CUresult cuStreamQuery_ptsz(CUstream hStream);
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
 CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);

@@ -95,6 +95,7 @@ static const struct proc g_procs[] = {
     {"cuStreamDestroy", 4000, F(cuStreamDestroy_v2), NULL},
     {"cuStreamSynchronize", 2000, F(cuStreamSynchronize), F(cuStreamSynchronize_ptsz)},
     {"cuStreamQuery", 2000, F(cuStreamQuery), F(cuStreamQuery_ptsz)},
+    {"cuStreamIsCapturing", 10000, F(cuStreamIsCapturing), NULL},
     {"cuStreamWaitEvent", 3020, F(cuStreamWaitEvent), F(cuStreamWaitEvent_ptsz)},
     {"cuEventCreate", 2000, F(cuEventCreate), NULL},
     {"cuEventRecord", 2000, F(cuEventRecord), F(cuEventRecord_ptsz)},

@@ -14,6 +14,7 @@
 struct CUstream_st {
     unsigned flags;
     int priority;
+    int capturing; /* standin_set_capturing: what cuStreamIsCapturing says */
     struct op *head, *tail;
     struct CUstream_st *next;
 };
@@ -306,6 +307,30 @@ CUresult cuStreamSynchronize_ptsz(CUstream hStream) { return stream_sync(hStream
 /* A query runs the stream's work and reports it done (never CUDA_ERROR_NOT_READY), so that a
  * polling loop always ends. */
 CUresult cuStreamQuery(CUstream hStream) { return stream_sync(hStream, 0); }
+
+/* Stream capture is not emulated: a test marks a created stream as capturing (1) or not (0),
+ * and cuStreamIsCapturing reports it (CU_STREAM_CAPTURE_STATUS_ACTIVE = 1). */
+int standin_set_capturing(CUstream hStream, int on) {
+    enum stream_kind kind;
+    struct CUstream_st *s;
+    if (resolve_stream(hStream, 0, &kind, &s) || !s)
+        return -1;
+    s->capturing = on;
+    return 0;
+}
+
+CUresult cuStreamIsCapturing(CUstream hStream, int *status) {
+    NEED_CTX();
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    enum stream_kind kind;
+    struct CUstream_st *s;
+    CUresult r = resolve_stream(hStream, 0, &kind, &s);
+    if (r)
+        return r;
+    *status = s ? s->capturing : 0;
+    return CUDA_SUCCESS;
+}
 CUresult cuStreamQuery_ptsz(CUstream hStream) { return stream_sync(hStream, 1); }
 
 CUresult cuCtxSynchronize(void) {

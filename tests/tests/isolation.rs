@@ -580,3 +580,35 @@ fn pool_statistics_do_not_count_the_quarantine() {
     };
     assert_eq!(lines(&out), lines(&plain), "{}", out.stdout);
 }
+
+/// A stream-ordered free on a stream that is capturing a CUDA graph is the graph's business:
+/// isolate mode passes it to the driver (nothing may be queued on a capturing stream that the
+/// graph does not own, and the graph must free what it allocated), so the program sees exactly
+/// what it sees without the preload (here: the next allocation of that size gets the address
+/// back), and the exit note counts it. An ordinary stream-ordered free is still held.
+#[test]
+fn a_free_during_graph_capture_goes_to_the_driver() {
+    let plain = quarantine("capture").preload(false).run();
+    plain.assert_success();
+    has_line(&plain, "stand-in capture switch 1");
+    has_line(&plain, "b==a 1");
+    let out = isolate(quarantine("capture")).run();
+    out.assert_success();
+    assert_eq!(out.stdout, plain.stdout);
+    let t = out.only_trace();
+    let info: Vec<String> = notes(t, NoteKind::Info)
+        .into_iter()
+        .map(|n| n.text)
+        .collect();
+    assert!(
+        info.iter().any(|t| t
+            .starts_with("1 stream-ordered frees during CUDA graph capture went to the driver")),
+        "{info:?}"
+    );
+    // The second free was not during capture: held, so one free poisoned.
+    assert!(
+        info.iter()
+            .any(|t| t.starts_with("isolation's time: 1 frees poisoned")),
+        "{info:?}"
+    );
+}

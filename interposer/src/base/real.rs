@@ -183,6 +183,7 @@ reals! {
         CTX_SYNCHRONIZE = cuCtxSynchronize: fn() -> CUresult;
         STREAM_SYNCHRONIZE = cuStreamSynchronize: fn(CUstream) -> CUresult;
         STREAM_CREATE = cuStreamCreate: fn(*mut CUstream, c_uint) -> CUresult;
+        STREAM_IS_CAPTURING = cuStreamIsCapturing: fn(CUstream, *mut c_int) -> CUresult;
         STREAM_WAIT_EVENT = cuStreamWaitEvent: fn(CUstream, *mut c_void, c_uint) -> CUresult;
         EVENT_QUERY = cuEventQuery: fn(*mut c_void) -> CUresult;
         MEMCPY_DTOH_ASYNC = cuMemcpyDtoHAsync_v2: fn(*mut c_void, CUdeviceptr, usize, CUstream) -> CUresult;

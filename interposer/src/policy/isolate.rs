@@ -340,6 +340,15 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         quarantine_index_only(freed(&proto, live, seq, Held::Guarded));
         return r;
     }
+    if ordered && capturing(proto.stream as CUstream) {
+        // A free recorded into a CUDA graph (stream capture): the graph must free what it
+        // allocated, and nothing may be queued on a capturing stream that the graph does not
+        // own, so the free goes to the driver as it is (not quarantined).
+        let r = call();
+        p.finish(r);
+        CAPTURED.fetch_add(1, Relaxed);
+        return r;
+    }
     let t0 = now_ns();
     let r = poison(proto.ptr, live.size, ordered, proto.stream as CUstream);
     let mut entry = freed(&proto, live, seq, Held::Allocation);
@@ -946,6 +955,18 @@ static WAIT_NS: AtomicU64 = AtomicU64::new(0);
 static ASYNC_BATCHES: AtomicU64 = AtomicU64::new(0);
 /// Stale writes found so far.
 static FOUND: AtomicU64 = AtomicU64::new(0);
+/// Stream-ordered frees made during stream capture, passed to the driver (noted at exit).
+static CAPTURED: AtomicU64 = AtomicU64::new(0);
+
+/// Whether `stream` is capturing a CUDA graph (false where the driver cannot say).
+fn capturing(stream: CUstream) -> bool {
+    let Some(f) = STREAM_IS_CAPTURING.get() else {
+        return false;
+    };
+    let mut status: std::ffi::c_int = 0;
+    let r = unsafe { f(stream, &mut status) };
+    r == CUDA_SUCCESS && status != 0
+}
 /// Bytes of the stream-ordered allocations the program holds, and their peak since the last
 /// reset: what its pool statistics report in isolate mode (hooks/pool.rs).
 static POOL_LIVE: AtomicU64 = AtomicU64::new(0);
@@ -1158,6 +1179,19 @@ pub fn at_exit() {
             device,
             host,
             format!("poison verified for {device} allocations on the device, {host} on the host"),
+        );
+    }
+    let captured = CAPTURED.load(Relaxed);
+    if captured > 0 {
+        event::note(
+            NoteKind::Info,
+            0,
+            captured,
+            0,
+            format!(
+                "{captured} stream-ordered frees during CUDA graph capture went to the driver \
+                 unquarantined"
+            ),
         );
     }
     let poisoned = POISONED.load(Relaxed);
