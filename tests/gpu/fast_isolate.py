@@ -13,6 +13,7 @@ Configurations, interleaved (round -> model -> configurations in a rotated order
   isolate-new  isolate mode of this library, defaults (PyTorch on backend:cudaMallocAsync,
                stream-ordered poison, release on the library's own stream)
   isolate-stacks  isolate-new with call stacks (ISOLATE_STACKS=all; the others run with none)
+  isolate-q4   isolate-stacks with a 4 GiB quarantine (how much of the cost is the pool growing)
   isolate-sync the same substrate with ISOLATE_RELEASE=sync (where the release stream's gain is)
   log          log mode of this library, cache on (goal: within 1% of default)
   log-stacks   the same with call stacks
@@ -39,6 +40,7 @@ CONFIGS = {
     "isolate-old": ({}, "old", "isolate"),
     "isolate-new": ({"ISOLATE_STACKS": "none"}, "new", "isolate"),
     "isolate-stacks": ({"ISOLATE_STACKS": "all"}, "new", "isolate"),
+    "isolate-q4": ({"ISOLATE_QUARANTINE": "4GiB"}, "new", "isolate"),
     "isolate-sync": ({"ISOLATE_RELEASE": "sync", "ISOLATE_STACKS": "none"}, "new", "isolate"),
     "log": ({"ISOLATE_STACKS": "none"}, "new", "log"),
     "log-stacks": ({"ISOLATE_STACKS": "all"}, "new", "log"),
@@ -90,9 +92,11 @@ def run_one(args, model, cfg, rnd, outdir):
                 findings += 1000
                 res["summary_error"] = f"{e}: {s.stderr[-300:]}"
             data = open(t, "rb").read()
-            m = re.search(rb"isolation's time: [ -~]*?release stream", data)
-            if m:
-                notes.append(m.group(0).decode())
+            for pat in (rb"isolation's time: [ -~]*?release stream",
+                        rb"call stacks: [ -~]*?calling threads"):
+                m = re.search(pat, data)
+                if m:
+                    notes.append(m.group(0).decode())
         res["findings"] = findings
         res["isolation_time"] = notes
         res["stderr_isolate"] = [l for l in err.splitlines() if l.startswith("isolate:")][:6]
@@ -160,14 +164,14 @@ def main():
             row = {"model": model, "config": cfg, "ms_per_step": med, "ratio": ratio, "per_round": per,
                    "device_peak_gib": peak, "max_memory_allocated_gib": mal, "findings": fnd,
                    "losses_match": same, "runs": len(ok),
-                   "isolation_time": [n for r in ok for n in r.get("isolation_time", [])][:3]}
+                   "isolation_time": [n for r in ok for n in r.get("isolation_time", [])][:4]}
             table.append(row)
             per_s = ",".join(f"{x:.2f}" for x in per)
             print(f"{model:9s} {cfg:12s} {med:8.2f} {ratio and f'{ratio:.3f}':>9s} {per_s:>20s} "
                   f"{peak:12.2f} {mal:13.2f} {fnd:8d} {'same' if same else 'DIFF':>6s}")
     print()
     for row in table:
-        for n in row.get("isolation_time", [])[:1]:
+        for n in row.get("isolation_time", [])[:2]:
             print(f"{row['model']} {row['config']}: {n}")
     with open(os.path.join(out, "fast_isolate.json"), "w") as f:
         json.dump({"results": results, "table": table, "args": vars(args)}, f, indent=1)

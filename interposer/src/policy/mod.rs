@@ -115,6 +115,19 @@ pub fn at_exit() {
             launch::note_at_exit();
         }
     }
+    let (n, ns) = crate::record::stacks::cost();
+    if n > 0 && crate::record::writer::started() {
+        crate::record::event::note(
+            isolate_trace::NoteKind::Info,
+            0,
+            n,
+            ns,
+            format!(
+                "call stacks: {n} captured, {:.2} us each on the calling threads",
+                ns as f64 / 1e3 / n as f64
+            ),
+        );
+    }
 }
 
 /// In a fork child (the fork handlers ran): every policy starts over; no lock another thread

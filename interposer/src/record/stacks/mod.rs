@@ -84,7 +84,24 @@ pub fn capture() -> u32 {
     if cfg.stacks == Stacks::None || !writer::active() {
         return 0;
     }
-    std::panic::catch_unwind(|| capture_inner(cfg.stacks, cfg.stack_depth as usize)).unwrap_or(0)
+    let t0 = crate::base::sys::now_ns();
+    let id = std::panic::catch_unwind(|| capture_inner(cfg.stacks, cfg.stack_depth as usize))
+        .unwrap_or(0);
+    CAPTURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    CAPTURE_NS.fetch_add(
+        crate::base::sys::now_ns().saturating_sub(t0),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    id
+}
+
+static CAPTURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static CAPTURE_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Stacks captured so far and the time the calling threads spent on them (ns): noted at exit.
+pub fn cost() -> (u64, u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (CAPTURES.load(Relaxed), CAPTURE_NS.load(Relaxed))
 }
 
 /// Records that the record numbered `seq` (a stale launch, a stale value) was made from
