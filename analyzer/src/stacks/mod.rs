@@ -238,10 +238,30 @@ impl ShownStack {
 
     /// Lines of text for this stack: the first `max` visible frames, one a line, and a last
     /// line counting what was left out (`… 3 more frames, 12 hidden (CUDA, interpreter)`).
+    ///
+    /// Where the stack has Python frames, they lead: the native frames inside the innermost
+    /// one (the framework's C++ between the program's line and the CUDA call) become one last
+    /// `via …` line naming the outermost of them (the operator, e.g. `at::native::empty_cuda`)
+    /// and how many there are. `--json` keeps every frame in order.
     pub fn text_lines(&self, max: usize) -> Vec<String> {
         let visible: Vec<&SymFrame> = self.visible().collect();
-        let mut out: Vec<String> = visible.iter().take(max).map(|f| f.label()).collect();
-        let more = visible.len().saturating_sub(max);
+        let first_python = visible.iter().position(|f| f.kind == "python");
+        let (lead, inner): (Vec<&SymFrame>, &[&SymFrame]) = match first_python {
+            Some(i) if i > 0 => (visible[i..].to_vec(), &visible[..i]),
+            _ => (visible.clone(), &[]),
+        };
+        let mut out: Vec<String> = lead.iter().take(max).map(|f| f.label()).collect();
+        if let Some(op) = inner.last() {
+            out.push(format!(
+                "via {}{}",
+                op.label(),
+                match inner.len() {
+                    1 => String::new(),
+                    n => format!(" and {} native frames inside it", n - 1),
+                }
+            ));
+        }
+        let more = lead.len().saturating_sub(max);
         let mut tail = Vec::new();
         if more > 0 {
             tail.push(format!(
@@ -301,4 +321,82 @@ pub fn why_none(
         Some(v) => format!("no call stacks: recorded with ISOLATE_STACKS={v}"),
         None => "no call stacks in the trace".into(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn native(f: &str, hidden: bool) -> SymFrame {
+        SymFrame {
+            kind: "native",
+            addr: Some("0x1".into()),
+            module: Some("/lib/libtorch_cuda.so".into()),
+            offset: Some("0x1".into()),
+            function: Some(f.into()),
+            file: None,
+            line: None,
+            inlined: false,
+            hidden,
+        }
+    }
+
+    fn python(f: &str, line: u32) -> SymFrame {
+        SymFrame {
+            kind: "python",
+            addr: None,
+            module: None,
+            offset: None,
+            function: Some(f.into()),
+            file: Some("train.py".into()),
+            line: Some(line),
+            inlined: false,
+            hidden: false,
+        }
+    }
+
+    /// A PyTorch allocation: CUDA (hidden), three libtorch frames, two Python frames, the
+    /// interpreter (hidden). The text leads with the program's lines and names the outermost
+    /// libtorch frame once; JSON order is untouched.
+    #[test]
+    fn python_frames_lead_and_the_framework_collapses_into_one_via_line() {
+        let s = ShownStack {
+            id: 1,
+            site: String::new(),
+            frames: vec![
+                native("cudaMallocAsync", true),
+                native("at::detail::empty_generic", false),
+                native("at::native::empty_cuda", false),
+                native("THPVariable_zeros", false),
+                python("step", 12),
+                python("main", 40),
+                native("_PyEval_EvalFrameDefault", true),
+            ],
+            hidden: 2,
+            truncated: false,
+            problems: vec![],
+        };
+        assert_eq!(
+            s.text_lines(8),
+            vec![
+                "train.py:12 in step",
+                "train.py:40 in main",
+                "via THPVariable_zeros (libtorch_cuda.so+0x1) and 2 native frames inside it",
+                "… 2 hidden frames (CUDA, runtime, interpreter)",
+            ]
+        );
+        // Without Python frames: native frames as they are.
+        let c = ShownStack {
+            frames: vec![native("make_buffer", false), native("main", false)],
+            hidden: 0,
+            ..s.clone()
+        };
+        assert_eq!(
+            c.text_lines(8),
+            vec![
+                "make_buffer (libtorch_cuda.so+0x1)",
+                "main (libtorch_cuda.so+0x1)"
+            ]
+        );
+    }
 }

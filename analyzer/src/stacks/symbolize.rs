@@ -157,9 +157,13 @@ impl Symbolizer {
             }
         }
         let hidden = out.iter().filter(|f| f.hidden).count();
+        // The site is the program's own line: the innermost Python frame where the stack has
+        // one (a PyTorch allocation's innermost native frame is the same few functions of
+        // libtorch for every tensor), else the first frame shown.
         let site = out
             .iter()
-            .find(|f| !f.hidden)
+            .find(|f| !f.hidden && f.kind == "python")
+            .or_else(|| out.iter().find(|f| !f.hidden))
             .map(|f| f.label())
             .unwrap_or_else(|| "(empty stack)".into());
         ShownStack {
