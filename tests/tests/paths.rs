@@ -297,15 +297,23 @@ fn launches_in_isolate_mode_report_the_freed_pointer_once_per_kernel() {
         (s1[0].param_index, s1[0].param_offset, s1[0].ptr),
         (1, 16, a.ptr)
     );
-    let s2 = by_kernel("ks_p2");
-    assert_eq!(s2.len(), 1, "{stale:#?}");
+    // ks_p2's struct holds A + 4096: inside a by-value struct, a word that is not exactly an
+    // allocation's start may as well be two 32-bit integers (cuBLAS's CUTLASS pairs read as
+    // such addresses on an H200): a stale value, recorded, not a stale launch.
+    assert!(by_kernel("ks_p2").is_empty(), "{stale:#?}");
+    let values: Vec<_> = t
+        .stale_values()
+        .into_iter()
+        .filter(|v| v.kernel == "ks_p2")
+        .collect();
+    assert_eq!(values.len(), 1, "{values:#?}");
     assert_eq!(
-        (s2[0].param_index, s2[0].param_offset, s2[0].ptr),
+        (values[0].param_index, values[0].param_offset, values[0].ptr),
         (1, 32, a.ptr + 4096)
     );
     assert_eq!(
         stale.len(),
-        7,
+        6,
         "the live pointer and the integer are no reports"
     );
     // Every launch comes after the free of A, so every one is checked. A kernel's layout is
@@ -321,7 +329,7 @@ fn launches_in_isolate_mode_report_the_freed_pointer_once_per_kernel() {
     );
     assert_eq!(
         out.stderr.matches("STALE LAUNCH").count(),
-        7,
+        6,
         "{}",
         out.stderr
     );

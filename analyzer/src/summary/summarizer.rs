@@ -600,6 +600,25 @@ impl Observer for Summarizer {
     }
 }
 
+/// Functions that allocate device memory a framework keeps for the life of the process: PyTorch's
+/// cuBLAS workspace per handle and stream, and its cuBLASLt workspace (seen held at exit in every
+/// GPT-2 run on the H200 with the cache off).
+const WORKSPACE_FUNCTIONS: &[&str] = &[
+    "at::cuda::setWorkspaceForHandle",
+    "at::cuda::getCUDABlasLtWorkspace",
+];
+
+/// Whether stack `id` allocates inside one of [`WORKSPACE_FUNCTIONS`].
+fn framework_workspace(table: &crate::stacks::StackTable, id: u32) -> bool {
+    crate::stacks::shown(table, id).is_some_and(|s| {
+        s.frames.iter().any(|f| {
+            f.function
+                .as_deref()
+                .is_some_and(|name| WORKSPACE_FUNCTIONS.iter().any(|w| name.starts_with(w)))
+        })
+    })
+}
+
 /// The last path component: `/usr/bin/python3.12` → `python3.12`.
 fn base_name(s: &str) -> &str {
     s.rsplit('/').next().unwrap_or(s)
@@ -793,6 +812,8 @@ impl Summarizer {
                 h.expandable_segments.add(one);
             } else if python && n.category == Category::Device && !n.api.is_runtime() {
                 h.library.add(one);
+            } else if python && n.stack != 0 && framework_workspace(&self.stacks, n.stack) {
+                h.framework_workspaces.add(one);
             } else if died {
                 h.process_died.add(one);
             } else {

@@ -766,6 +766,14 @@ fn held_text(o: &mut String, h: &HeldAtExit, t: Option<&TraceSummary>) {
                 share(&h.library)
             );
         }
+        if h.framework_workspaces.count > 0 {
+            let _ = writeln!(
+                o,
+                "  {}: {HELD_AT_EXIT} by PyTorch for the whole run (normal): its cuBLAS and \
+                 cuBLASLt workspaces",
+                share(&h.framework_workspaces)
+            );
+        }
         if h.process_died.count > 0 {
             let who = match t {
                 Some(t) => format!("a process that died ({})", died_how(t)),

@@ -305,6 +305,11 @@ pub struct HeldAtExit {
     /// Held by CUDA libraries below the runtime (normal): driver allocations (`cuMemAlloc_v2`,
     /// `cuMemAllocAsync`) in a Python process, cuBLAS's workspaces among them.
     pub library: CountBytes,
+    /// Held for the life of the process by the framework (normal), told by the allocation's
+    /// call stack: PyTorch's cuBLAS and cuBLASLt workspaces (`at::cuda::setWorkspaceForHandle`,
+    /// `getCUDABlasLtWorkspace`), which it allocates through its allocator and never frees.
+    /// Only traces with stacks can say so.
+    pub framework_workspaces: CountBytes,
     /// The rest, when the process did not exit (killed by a signal, no End record): not judged.
     pub process_died: CountBytes,
     /// The rest, when the process exited: memory nothing explains, listed in `possible_leaks`.
@@ -320,6 +325,7 @@ impl HeldAtExit {
         self.caching_allocator.add(o.caching_allocator);
         self.expandable_segments.add(o.expandable_segments);
         self.library.add(o.library);
+        self.framework_workspaces.add(o.framework_workspaces);
         self.process_died.add(o.process_died);
         self.possible_leak.add(o.possible_leak);
         self.address_space.add(o.address_space);

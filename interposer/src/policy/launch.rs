@@ -207,11 +207,15 @@ impl Found {
         // 0x4_0000_1000 that land inside freed allocations: a stale *value*, listed but not a
         // finding (as in guard mode without a fault). A pointer-sized parameter of its own is
         // a pointer: a stale launch.
-        let wide = self
-            .layout
-            .params
-            .get(index as usize)
-            .is_some_and(|&(_, size)| size > 8);
+        // Such a word is taken for a pointer when it is exactly the start of the freed
+        // allocation (what a framework hands a kernel: a tensor's data pointer); anywhere else
+        // inside it, it is a value.
+        let wide = ptr != e.ptr
+            && self
+                .layout
+                .params
+                .get(index as usize)
+                .is_some_and(|&(_, size)| size > 8);
         if e.guarded() {
             if first {
                 h.submit(Record::StaleValue);

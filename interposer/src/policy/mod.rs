@@ -117,16 +117,21 @@ pub fn at_exit() {
     }
     let (n, ns) = crate::record::stacks::cost();
     if n > 0 && crate::record::writer::started() {
-        crate::record::event::note(
-            isolate_trace::NoteKind::Info,
-            0,
-            n,
-            ns,
-            format!(
-                "call stacks: {n} captured, {:.2} us each on the calling threads",
-                ns as f64 / 1e3 / n as f64
-            ),
-        );
+        // Written as the stack table's own records are: not counted as an accepted event.
+        crate::record::writer::submit_definition(isolate_trace::Record::Note(
+            isolate_trace::Note {
+                seq: crate::record::event::next_seq(),
+                ts_ns: crate::base::sys::now_ns(),
+                kind: isolate_trace::NoteKind::Info,
+                ptr: 0,
+                size: n,
+                value: ns,
+                text: format!(
+                    "call stacks: {n} captured, {:.2} us each on the calling threads",
+                    ns as f64 / 1e3 / n as f64
+                ),
+            },
+        ));
     }
 }
 
