@@ -25,10 +25,7 @@ const SMALL: u64 = BIG / 4;
 
 /// The release `isolate`, or `ISOLATE_MEMORY_BIN`.
 fn release_binary() -> PathBuf {
-    match std::env::var_os("ISOLATE_MEMORY_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => common::release_isolate("memory"),
-    }
+    common::memory_bin("memory")
 }
 
 /// Runs `bin ARGS` to its end; returns its exit code and peak RSS in KiB.

@@ -16,11 +16,9 @@ const LIMIT_KIB: i64 = 64 * 1024;
 const BIG: u64 = 2_000_000;
 const SMALL: u64 = BIG / 4;
 
+/// The release `isolate`, or `ISOLATE_MEMORY_BIN`.
 fn release_binary() -> PathBuf {
-    match std::env::var_os("ISOLATE_MEMORY_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => common::release_isolate("memviz_memory"),
-    }
+    common::memory_bin("memviz_memory")
 }
 
 /// Exports `trace`; returns the exit code, peak RSS in KiB and the pickle's size.

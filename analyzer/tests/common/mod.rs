@@ -46,6 +46,15 @@ pub fn release_isolate(who: &str) -> PathBuf {
         })
 }
 
+/// The binary the memory tests measure: `ISOLATE_MEMORY_BIN`, else the release `isolate`
+/// built for test `tag` ([`release_isolate`]).
+pub fn memory_bin(tag: &str) -> PathBuf {
+    match std::env::var_os("ISOLATE_MEMORY_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => release_isolate(tag),
+    }
+}
+
 /// Builds a trace event by event: sequence numbers count up from 0, each event is 1 µs after
 /// the one before (from 1 ms), on thread 1000 of device 0, unless told otherwise.
 pub struct TraceBuilder {
