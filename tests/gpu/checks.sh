@@ -25,8 +25,10 @@ for w in $want; do
     issue15) step issue15 300 python3 tests/gpu/issue15.py --lib "$LIB" --isolate "$ISOLATE" --out "$W/issue15" ;;
     memviz)
         mkdir -p "$W/memviz"
-        step memviz-run 120 "$ISOLATE" run --trace "$W/memviz/mlp-%p.trace" -- python3 tests/gpu/train_mlp.py --steps 20
-        step memviz 180 bash -c "python3 tests/gpu/memviz_check.py '$ISOLATE' $W/memviz/mlp-*.trace --out '$W/memviz'" ;;
+        # A real model (transformers' GPT-2), isolate mode: allocations and frees both.
+        step memviz-run 180 "$ISOLATE" run --mode isolate --trace "$W/memviz/gpt2-%p.trace" -- \
+            python3 tests/gpu/train_small.py --model gpt2 --steps 4 --warmup 2
+        step memviz 180 bash -c "python3 tests/gpu/memviz_check.py '$ISOLATE' $W/memviz/gpt2-*.trace --out '$W/memviz'" ;;
     host) step host 240 env ISOLATE_LIB_PATH="$LIB" ISOLATE_CLI_PATH="$ISOLATE" python3 tests/gpu/host_first.py --out "$W/host" ;;
     esac
 done
