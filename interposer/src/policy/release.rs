@@ -26,8 +26,9 @@ pub const BATCH: usize = 256;
 pub const SLOTS: usize = 8;
 const SLOT_BYTES: usize = BATCH * 32;
 
-/// The verification kernels, JIT-compiled by the driver on first use in each context.
-static PTX: &str = concat!(include_str!("verify.ptx"), "\0");
+/// The verification kernels (`isolate_verify` for the synchronous release, `isolate_verify_many`
+/// for this one), JIT-compiled by the driver on first use in each context.
+pub static PTX: &str = concat!(include_str!("verify.ptx"), "\0");
 
 /// What one context needs: the release stream, the kernel, the slots on both sides.
 struct Res {
@@ -130,7 +131,7 @@ fn make() -> Option<Res> {
     MEMCPY_HTOD_ASYNC.get()?;
     MEMCPY_DTOH_ASYNC.get()?;
     MEM_FREE_ASYNC.get()?;
-    real::LAUNCH_KERNEL.get()?;
+    LAUNCH_KERNEL.get()?;
     let mut module: *mut c_void = std::ptr::null_mut();
     if unsafe { load(&mut module, PTX.as_ptr().cast()) } != CUDA_SUCCESS {
         return None;
@@ -163,8 +164,6 @@ fn make() -> Option<Res> {
     })
 }
 
-use crate::base::real;
-
 /// Whether context `ctx` can release asynchronously (loads its resources on first use).
 pub fn available(ctx: usize) -> bool {
     with(|s| resources(s, ctx).is_some())
@@ -195,7 +194,7 @@ pub fn launch(
         let wait = STREAM_WAIT_EVENT.get()?;
         let htod = MEMCPY_HTOD_ASYNC.get()?;
         let dtoh = MEMCPY_DTOH_ASYNC.get()?;
-        let launch = real::LAUNCH_KERNEL.get()?;
+        let launch = LAUNCH_KERNEL.get()?;
         let free = MEM_FREE_ASYNC.get()?;
         let (create, record) = (EVENT_CREATE.get()?, EVENT_RECORD.get()?);
         for &ev in waits {
