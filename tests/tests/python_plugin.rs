@@ -23,8 +23,20 @@ fn python_with_pytest() -> bool {
     ok
 }
 
-/// Runs pytest on the cases in `dir`; `preload`: with LD_PRELOAD; `args`: more pytest options.
+/// Runs pytest on python/tests/test_plugin_cases.py in `dir`; `preload`: with LD_PRELOAD;
+/// `args`: more pytest options.
 fn pytest(dir: &Path, preload: bool, args: &[&str]) -> (String, bool) {
+    pytest_cases(dir, "test_plugin_cases.py", preload, &[], args)
+}
+
+/// Runs pytest on python/tests/`cases` in `dir`, with `env` set too.
+fn pytest_cases(
+    dir: &Path,
+    cases: &str,
+    preload: bool,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> (String, bool) {
     let mut cmd = Command::new("python3");
     cmd.current_dir(dir);
     for (k, _) in std::env::vars_os() {
@@ -50,8 +62,9 @@ fn pytest(dir: &Path, preload: bool, args: &[&str]) -> (String, bool) {
         "no:cacheprovider",
         "-rA",
     ])
+    .envs(env.iter().copied())
     .args(args)
-    .arg(workspace_root().join("python/tests/test_plugin_cases.py"));
+    .arg(workspace_root().join("python/tests").join(cases));
     let out = cmd.output().expect("run python3 -m pytest");
     let text = format!(
         "{}{}",
@@ -194,4 +207,40 @@ fn without_the_library_everything_runs_and_the_header_says_markers_are_not_check
         outcomes(&text).iter().all(|(_, o)| *o == "PASSED"),
         "{text}"
     );
+}
+
+/// The isolate_no_findings marker checks the quarantine at the end of each test
+/// (`isolate_check_now`): the stale write of one test fails that test, with the finding; the
+/// tests before and after it pass (python/tests/test_check_now_cases.py, isolate mode).
+#[test]
+fn a_stale_write_fails_the_test_that_made_it_at_its_end() {
+    if !python_with_pytest() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (text, ok) = pytest_cases(
+        dir.path(),
+        "test_check_now_cases.py",
+        true,
+        &[("ISOLATE_MODE", "isolate")],
+        &[],
+    );
+    assert!(!ok, "one case fails:\n{text}");
+    let outcome = |name: &str| {
+        outcomes(&text)
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, o)| o)
+            .unwrap_or_else(|| panic!("no outcome of {name}:\n{text}"))
+    };
+    assert_eq!(outcome("test_pass_clean_before"), "PASSED", "{text}");
+    assert_eq!(outcome("test_fail_stale_write"), "FAILED", "{text}");
+    assert_eq!(outcome("test_pass_clean_after"), "PASSED", "{text}");
+    assert_eq!(outcome("test_pass_check_now_counts"), "PASSED", "{text}");
+    assert!(
+        text.contains("isolate_no_findings: new findings during the test: 1 stale write(s)"),
+        "{text}"
+    );
+    // Found by the check at the end of the test: said on stderr before the next test ran.
+    assert!(text.contains("STALE WRITE"), "{text}");
 }

@@ -1,35 +1,28 @@
-//! The Python package's start-up hook (python/cuda_isolate.pth → cuda_isolate/startup.py) and
-//! the isolate_no_findings marker's end-of-test check (`isolate_check_now`), on the stand-in
-//! CUDA:
+//! The Python package's start-up hook (python/cuda_isolate.pth → cuda_isolate/startup.py), on
+//! the stand-in CUDA:
 //!
 //! - the `.pth` line, processed as `site` processes it (`site.addsitedir`), with a fake `cupy`
 //!   package on `sys.path` that records its allocator calls: in isolate mode under the preload,
 //!   importing `cupy` switches its device and pinned pools off (one stderr line), and the hook
 //!   leaves `sys.meta_path`; in log mode nothing is switched; without the preload the line
 //!   imports nothing at all; in every preloaded process `NVTX_INJECTION64_PATH` names the loaded
-//!   library unless set;
-//! - a pytest test that writes through a stale pointer fails at its own end, with the finding,
-//!   not only at exit (python/tests/test_check_now_cases.py).
+//!   library unless set.
 //!
-//! Skipped, saying so, only when python3 (or, for the plugin, pytest) is missing; with `CI` set
-//! that fails instead.
+//! (The isolate_no_findings marker's end-of-test check is in python_plugin.rs.) Skipped, saying
+//! so, only when python3 is missing; with `CI` set that fails instead.
 
 use isolate_tests::{preload_path, standin_dir, workspace_root};
 use std::path::Path;
 use std::process::Command;
 
-fn python(module: Option<&str>) -> bool {
-    let code = match module {
-        Some(m) => format!("import {m}"),
-        None => "pass".to_owned(),
-    };
+fn python() -> bool {
     let ok = Command::new("python3")
-        .args(["-c", &code])
+        .args(["-c", "pass"])
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !ok {
-        let msg = format!("python3 (with {module:?}) not found: the start-up hook is not tested");
+        let msg = "python3 not found: the start-up hook is not tested";
         assert!(std::env::var_os("CI").is_none(), "{msg}");
         eprintln!("SKIPPED: {msg}");
     }
@@ -135,7 +128,7 @@ fn line<'a>(out: &'a str, key: &str) -> &'a str {
 
 #[test]
 fn the_pth_hook_switches_cupys_pools_off_in_isolate_mode_only() {
-    if !python(None) {
+    if !python() {
         return;
     }
     let f = Fixture::new();
@@ -172,7 +165,7 @@ fn the_pth_hook_switches_cupys_pools_off_in_isolate_mode_only() {
 
 #[test]
 fn without_the_preload_the_pth_line_imports_nothing() {
-    if !python(None) {
+    if !python() {
         return;
     }
     let f = Fixture::new();
@@ -186,7 +179,7 @@ fn without_the_preload_the_pth_line_imports_nothing() {
 
 #[test]
 fn cupy_imported_before_the_hook_is_switched_off_at_once() {
-    if !python(None) {
+    if !python() {
         return;
     }
     let f = Fixture::new();
@@ -205,57 +198,4 @@ fn cupy_imported_before_the_hook_is_switched_off_at_once() {
         String::from_utf8_lossy(&out.stdout).trim(),
         "[('device', None), ('pinned', None)]"
     );
-}
-
-/// The stale write of one test fails that test (the quarantine is checked at its end), with
-/// the finding; the tests before and after it pass.
-#[test]
-fn a_stale_write_fails_the_test_that_made_it_at_its_end() {
-    if !python(Some("pytest")) {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let out = py(dir.path(), &workspace_root().join("python/src"))
-        .env("LD_PRELOAD", preload_path())
-        .env("ISOLATE_MODE", "isolate")
-        .args([
-            "-m",
-            "pytest",
-            "-p",
-            "cuda_isolate.pytest_plugin",
-            "-p",
-            "no:cacheprovider",
-            "-rA",
-        ])
-        .arg(workspace_root().join("python/tests/test_check_now_cases.py"))
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!out.status.success(), "one case fails:\n{text}");
-    let outcome = |name: &str| {
-        text.lines()
-            .find_map(|l| {
-                let (word, rest) = l.split_once(' ')?;
-                (rest
-                    .split_whitespace()
-                    .next()?
-                    .ends_with(&format!("::{name}")))
-                .then_some(word)
-            })
-            .unwrap_or_else(|| panic!("no outcome of {name}:\n{text}"))
-    };
-    assert_eq!(outcome("test_pass_clean_before"), "PASSED", "{text}");
-    assert_eq!(outcome("test_fail_stale_write"), "FAILED", "{text}");
-    assert_eq!(outcome("test_pass_clean_after"), "PASSED", "{text}");
-    assert_eq!(outcome("test_pass_check_now_counts"), "PASSED", "{text}");
-    assert!(
-        text.contains("isolate_no_findings: new findings during the test: 1 stale write(s)"),
-        "{text}"
-    );
-    // Found by the check at the end of the test: said on stderr before the next test ran.
-    assert!(text.contains("STALE WRITE"), "{text}");
 }
