@@ -57,14 +57,21 @@ pub fn recording() -> bool {
 }
 
 fn guarded(f: impl FnOnce() -> c_int) -> c_int {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(BAD)
+    safe(BAD, f)
 }
 
-fn text(p: *const c_char) -> Option<String> {
+/// `f()`, or `fallback` when it panics: nothing unwinds into the C caller (the C API's and
+/// NVTX's callbacks).
+pub(super) fn safe<R>(fallback: R, f: impl FnOnce() -> R) -> R {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(fallback)
+}
+
+/// A C string as text; `None` for a null pointer.
+pub(super) fn text(p: *const c_char) -> Option<String> {
     if p.is_null() {
         return None;
     }
-    // SAFETY: the caller passes a NUL-terminated string (the C API's contract).
+    // SAFETY: the caller passes a NUL-terminated string (the C API's and NVTX's contract).
     Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
@@ -80,9 +87,6 @@ fn note(kind: NoteKind, what: String, depth: usize) {
 pub unsafe extern "C" fn isolate_mark(text_: *const c_char) -> c_int {
     guarded(|| {
         let Some(t) = text(text_) else { return BAD };
-        if !recording() {
-            return OFF;
-        }
         mark(t)
     })
 }
@@ -127,13 +131,25 @@ pub fn region_push(name: String) -> Result<usize, c_int> {
     if !recording() {
         return Err(OFF);
     }
-    let depth = REGIONS.with(|r| {
-        let mut r = r.borrow_mut();
-        r.push(name.clone());
-        r.len()
-    });
-    note(NoteKind::RegionPush, name, depth);
-    Ok(depth)
+    Ok(REGIONS.with(|r| push_onto(&mut r.borrow_mut(), gettid() as u64, name)))
+}
+
+/// Pushes `name` onto `stack` and writes its `RegionPush` note, `ptr` = `key` (a thread id, or
+/// NVTX's per-domain and per-range keys): the depth after the push.
+pub(super) fn push_onto(stack: &mut Vec<String>, key: u64, name: String) -> usize {
+    stack.push(name.clone());
+    let depth = stack.len();
+    event::note(NoteKind::RegionPush, key, 0, depth as u64, name);
+    depth
+}
+
+/// Pops `stack`'s innermost region and writes its `RegionPop` note, `ptr` = `key`: the depth
+/// before the pop, `None` when the stack is empty.
+pub(super) fn pop_from(stack: &mut Vec<String>, key: u64) -> Option<usize> {
+    let depth = stack.len();
+    let name = stack.pop()?;
+    event::note(NoteKind::RegionPop, key, 0, depth as u64, name);
+    Some(depth)
 }
 
 /// Closes this thread's innermost region: its depth (1 for an outermost region), or [`OFF`],
@@ -142,16 +158,9 @@ pub fn region_pop() -> Result<usize, c_int> {
     if !recording() {
         return Err(OFF);
     }
-    let popped = REGIONS.with(|r| {
-        let mut r = r.borrow_mut();
-        let depth = r.len();
-        r.pop().map(|n| (n, depth))
-    });
-    let Some((n, depth)) = popped else {
-        return Err(NO_REGION);
-    };
-    note(NoteKind::RegionPop, n, depth);
-    Ok(depth)
+    REGIONS
+        .with(|r| pop_from(&mut r.borrow_mut(), gettid() as u64))
+        .ok_or(NO_REGION)
 }
 
 /// Starts a new peak window: `window_peak_device_bytes` becomes the device bytes live now and

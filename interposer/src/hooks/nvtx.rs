@@ -28,7 +28,7 @@
 //! Layer: hooks, the top. Uses the C API (api.rs: the shared region stack and marks), recording
 //! (notes) and the base (thread id, resolving).
 
-use super::api;
+use super::api::{self, safe, text as ascii};
 use crate::base::resolve;
 use crate::base::sys::{ForkLock, gettid};
 use crate::policy;
@@ -36,7 +36,7 @@ use crate::record::event;
 use isolate_trace::NoteKind;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 /// `NVTX_ETID_CALLBACKS`.
@@ -126,18 +126,6 @@ static STRINGS: ForkLock<Option<HashMap<String, usize>>> = ForkLock::new(None);
 thread_local! {
     /// This thread's domain stacks: domain number → names, innermost last.
     static DOMAIN_STACKS: RefCell<HashMap<u32, Vec<String>>> = RefCell::new(HashMap::new());
-}
-
-fn safe<R>(fallback: R, f: impl FnOnce() -> R) -> R {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(fallback)
-}
-
-fn ascii(p: *const c_char) -> Option<String> {
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: NVTX's contract: a NUL-terminated string.
-    Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
 /// A `wchar_t` string (UTF-32 on Linux).
@@ -231,12 +219,12 @@ fn push(d: Option<&Domain>, msg: String) -> c_int {
     }
     let name = named(Some(d), msg);
     let depth = DOMAIN_STACKS.with(|s| {
-        let mut s = s.borrow_mut();
-        let stack = s.entry(d.number).or_default();
-        stack.push(name.clone());
-        stack.len()
+        api::push_onto(
+            s.borrow_mut().entry(d.number).or_default(),
+            domain_key(d),
+            name,
+        )
     });
-    event::note(NoteKind::RegionPush, domain_key(d), 0, depth as u64, name);
     depth as c_int - 1
 }
 
@@ -251,17 +239,9 @@ fn pop(d: Option<&Domain>) -> c_int {
     if !api::recording() {
         return NO_PUSH_POP_TRACKING;
     }
-    let popped = DOMAIN_STACKS.with(|s| {
-        let mut s = s.borrow_mut();
-        let stack = s.get_mut(&d.number)?;
-        let depth = stack.len();
-        stack.pop().map(|n| (n, depth))
-    });
-    let Some((name, depth)) = popped else {
-        return -1;
-    };
-    event::note(NoteKind::RegionPop, domain_key(d), 0, depth as u64, name);
-    depth as c_int - 1
+    let popped =
+        DOMAIN_STACKS.with(|s| api::pop_from(s.borrow_mut().get_mut(&d.number)?, domain_key(d)));
+    popped.map_or(-1, |depth| depth as c_int - 1)
 }
 
 fn domain_key(d: &Domain) -> u64 {

@@ -6,7 +6,7 @@
 //! - JAX/XLA: `XLA_PYTHON_CLIENT_ALLOCATOR=platform` (XLA allocates and frees each buffer with the
 //!   driver instead of out of its BFC pool; `XLA_PYTHON_CLIENT_PREALLOCATE` does not matter then).
 //! - CuPy has no variable for it: the Python package's start-up hook switches its pool off when
-//!   CuPy is imported (python/src/cuda_isolate/_startup.py).
+//!   CuPy is imported (python/src/cuda_isolate/startup.py).
 //!
 //! The table of what isolation sees in each framework is in docs/isolation.md.
 //!
