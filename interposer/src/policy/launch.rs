@@ -102,8 +102,6 @@ const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
 /// that its launches were checked at all.
 pub static CHECKED: AtomicU64 = AtomicU64::new(0);
 pub static HITS: AtomicU64 = AtomicU64::new(0);
-/// Stale values recorded outside guard mode (words inside wide by-value parameters).
-pub static VALUES: AtomicU64 = AtomicU64::new(0);
 
 /// A pointer into freed memory found in a launch's parameters.
 #[derive(Clone)]
@@ -204,12 +202,11 @@ impl Found {
         // CUTLASS's `Params`, PyTorch's `TensorIterator` offsets) may be a pointer or two
         // 32-bit integers side by side. On the H200, stream-ordered pools hand out addresses
         // such as 0x3_ffd1_d200, and cuBLAS's CUTLASS kernels carry pairs like (0x1000, 4) =
-        // 0x4_0000_1000 that land inside freed allocations: a stale *value*, listed but not a
-        // finding (as in guard mode without a fault). A pointer-sized parameter of its own is
-        // a pointer: a stale launch.
-        // Such a word is taken for a pointer when it is exactly the start of the freed
-        // allocation (what a framework hands a kernel: a tensor's data pointer); anywhere else
-        // inside it, it is a value.
+        // 0x4_0000_1000 that land inside freed allocations. Such a word is taken for a pointer
+        // (a stale launch) only when it is exactly the start of the freed allocation, what a
+        // framework hands a kernel as a tensor's data; anywhere else inside it, it is a stale
+        // *value*, listed but not a finding (as in guard mode without a fault). A
+        // pointer-sized parameter of its own is a pointer: a stale launch.
         let wide = ptr != e.ptr
             && self
                 .layout
@@ -223,7 +220,6 @@ impl Found {
             self.guarded.push(h);
         } else if wide {
             if first {
-                VALUES.fetch_add(1, Relaxed);
                 h.submit(Record::StaleValue);
             }
         } else if first {
