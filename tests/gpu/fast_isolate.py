@@ -8,6 +8,8 @@
 Configurations, interleaved (round -> model -> configurations in a rotated order):
   default      no preload, PyTorch's caching allocator (the baseline of every ratio)
   nocache      no preload, PYTORCH_NO_CUDA_MEMORY_CACHING=1
+  substrate    no preload, PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (isolate mode's
+               substrate alone: what the driver's pool costs without the library)
   isolate-old  isolate mode of the library as it was before issue 14 (--old-lib): every free a
                synchronising cudaFree on the no-caching substrate
   isolate-new  isolate mode of this library, defaults (PyTorch on backend:cudaMallocAsync,
@@ -15,6 +17,7 @@ Configurations, interleaved (round -> model -> configurations in a rotated order
   isolate-stacks  isolate-new with call stacks (ISOLATE_STACKS=all; the others run with none)
   isolate-q4   isolate-stacks with a 4 GiB quarantine (how much of the cost is the pool growing)
   isolate-sync the same substrate with ISOLATE_RELEASE=sync (where the release stream's gain is)
+  isolate-nolaunch  isolate-new with ISOLATE_CHECK_LAUNCH=off (the launch check's share)
   log          log mode of this library, cache on (goal: within 1% of default)
   log-stacks   the same with call stacks
 Each traced run's summary must show 0 findings on correct code; losses are compared with the
@@ -37,11 +40,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = {
     "default": ({}, None, None),
     "nocache": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, None, None),
+    "substrate": ({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, None, None),
     "isolate-old": ({}, "old", "isolate"),
     "isolate-new": ({"ISOLATE_STACKS": "none"}, "new", "isolate"),
     "isolate-stacks": ({"ISOLATE_STACKS": "all"}, "new", "isolate"),
     "isolate-q4": ({"ISOLATE_QUARANTINE": "4GiB"}, "new", "isolate"),
     "isolate-sync": ({"ISOLATE_RELEASE": "sync", "ISOLATE_STACKS": "none"}, "new", "isolate"),
+    "isolate-nolaunch": ({"ISOLATE_CHECK_LAUNCH": "off", "ISOLATE_STACKS": "none"}, "new", "isolate"),
     "log": ({"ISOLATE_STACKS": "none"}, "new", "log"),
     "log-stacks": ({"ISOLATE_STACKS": "all"}, "new", "log"),
 }

@@ -19,7 +19,7 @@ use crate::record::writer::{Q_EARLY, Q_PEAK, Q_RELEASES};
 use isolate_trace::{Api, Event, Kind, Memory, NoteKind, Record, Violation};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
 /// An allocation isolation handed out and still tracks.
 #[derive(Clone, Copy)]
@@ -205,6 +205,7 @@ pub fn after_fork_child() {
     STATE.reset_in_child(None);
     KERNELS.reset_in_child(Vec::new());
     INFLIGHT.reset_in_child(VecDeque::new());
+    IN_FLIGHT.store(0, Relaxed);
     release::after_fork_child();
 }
 
@@ -360,6 +361,10 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     POISONED.fetch_add(1, Relaxed);
     p.finish(r);
     quarantine(entry);
+    if IN_FLIGHT.load(Relaxed) > 0 && SINCE_POLL.fetch_add(1, Relaxed) % POLL_EVERY == 0 {
+        // Checked batches give their memory back soon, not only at the next release.
+        reap(false);
+    }
     r
 }
 
@@ -756,7 +761,6 @@ fn release_async(entries: &[Entry]) -> Vec<Entry> {
                 waits.sort_unstable();
                 waits.dedup();
                 let items: Vec<(u64, u64)> = chunk.iter().map(|e| (e.ptr, e.size)).collect();
-                let frees: Vec<u64> = chunk.iter().map(|e| e.ptr).collect();
                 // Every slot in flight (here or on another thread): wait for the oldest batch
                 // of this context, then try again; a few tries, then the synchronous way.
                 let mut launched = None;
@@ -764,7 +768,7 @@ fn release_async(entries: &[Entry]) -> Vec<Entry> {
                     if !release::slot_free(ctx) && !reap_oldest(ctx) {
                         continue;
                     }
-                    launched = release::launch(ctx, &waits, &items, &frees, byte);
+                    launched = release::launch(ctx, &waits, &items, byte);
                     if launched.is_some() || release::slot_free(ctx) {
                         break;
                     }
@@ -774,6 +778,7 @@ fn release_async(entries: &[Entry]) -> Vec<Entry> {
                         ASYNC_BATCHES.fetch_add(1, Relaxed);
                         ON_DEVICE.fetch_add(chunk.len() as u64, Relaxed);
                         INFLIGHT.lock().push_back((l, chunk.to_vec()));
+                        IN_FLIGHT.fetch_add(1, Relaxed);
                     }
                     None => rest.extend_from_slice(chunk),
                 }
@@ -806,10 +811,39 @@ fn reap(wait: bool) {
         let Some(mut q) = q else { return };
         take_done(&mut q, wait, usize::MAX)
     };
+    free_checked(&done, wait);
     if wait {
         WAIT_NS.fetch_add(now_ns().saturating_sub(t0), Relaxed);
     }
     report_all(done);
+}
+
+/// Batches in [`INFLIGHT`], read without its lock: the freeing path polls only when there are.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+/// Frees since the freeing path last polled the batches in flight.
+static SINCE_POLL: AtomicUsize = AtomicUsize::new(0);
+/// How many frees go by between two polls (each a `cuEventQuery` of the oldest batch).
+const POLL_EVERY: usize = 32;
+
+/// Gives back the memory of batches whose check has run (see [`release::free_all`]); with
+/// `wait`, it is free when this returns.
+fn free_checked(done: &[Checked], wait: bool) {
+    let entries: Vec<Entry> = done.iter().flat_map(|(e, _)| e.iter().copied()).collect();
+    if entries.is_empty() {
+        return;
+    }
+    IN_FLIGHT.fetch_sub(done.len(), Relaxed);
+    in_each_context(&entries, |ctx, group| {
+        let ptrs: Vec<u64> = group.iter().map(|e| e.ptr).collect();
+        if !release::free_all(ctx, &ptrs, wait)
+            && let Some(f) = MEM_FREE.get()
+        {
+            // Unreachable in practice (a batch was launched on this context's stream).
+            for p in ptrs {
+                unsafe { f(p) };
+            }
+        }
+    });
 }
 
 /// Pops the batches at the head of `q` whose checks have run, with their results: with
@@ -853,6 +887,7 @@ fn reap_oldest(ctx: usize) -> bool {
         };
         take_done(&mut q, true, pos)
     };
+    free_checked(&done, false);
     WAIT_NS.fetch_add(now_ns().saturating_sub(t0), Relaxed);
     report_all(done);
     true

@@ -6,9 +6,12 @@
 //! recorded again at each free: [`mark`]) then stands for "every poison queued on it so far".
 //! When a batch leaves quarantine, the release stream waits for those events, checks up to
 //! [`BATCH`] allocations with one launch of `isolate_verify_many`, copies the results to pinned
-//! host memory, frees the allocations with `cuMemFreeAsync` behind the check, and records a
-//! completion event. The results are read when that event has passed ([`poll`]): at the next
-//! release, or at exit. Descriptors and results live in [`SLOTS`] slots of a module global, so
+//! host memory, and records a completion event. The results are read when that event has passed
+//! ([`poll`]: every few frees, at the next release, or at exit), and only then are the
+//! allocations freed ([`free_all`], `cuMemFreeAsync` on the then idle release stream). Freed
+//! behind the check instead, they would be memory whose free has not happened yet when the
+//! program allocates again: the driver's pool then either makes the program's stream wait for
+//! the check (its internal dependencies) or grows. Descriptors and results live in [`SLOTS`] slots of a module global, so
 //! the library makes no allocation of device memory through the API it hooks.
 //!
 //! Layer: policies. Uses the base only.
@@ -176,17 +179,11 @@ pub fn slot_free(ctx: usize) -> bool {
 
 /// Queues on the release stream of `ctx` (which must be current): a wait for each of
 /// `waits` (stream events from [`mark`]), the check of `items` (ptr, size; at most
-/// [`BATCH`]), the result copy, then `cuMemFreeAsync` of each of `frees`, and the completion
-/// event. `None` when nothing could be queued (no resources, no free slot, a call failed before
-/// the check): the caller then releases these the synchronous way. Once the check is queued the
-/// frees follow whatever they return (they are the program's memory, given back late).
-pub fn launch(
-    ctx: usize,
-    waits: &[usize],
-    items: &[(u64, u64)],
-    frees: &[u64],
-    byte: u8,
-) -> Option<Launched> {
+/// [`BATCH`]), the result copy and the completion event. `None` when nothing could be queued
+/// (no resources, no free slot, a call failed before the check): the caller then releases these
+/// the synchronous way. Once the check is queued, the allocations are freed after [`poll`] has
+/// read its results, whatever they are (they are the program's memory, given back late).
+pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Option<Launched> {
     let n = items.len().min(BATCH);
     with(|s| {
         let r = resources(s, ctx)?;
@@ -195,7 +192,6 @@ pub fn launch(
         let htod = MEMCPY_HTOD_ASYNC.get()?;
         let dtoh = MEMCPY_DTOH_ASYNC.get()?;
         let launch = LAUNCH_KERNEL.get()?;
-        let free = MEM_FREE_ASYNC.get()?;
         let (create, record) = (EVENT_CREATE.get()?, EVENT_RECORD.get()?);
         for &ev in waits {
             if unsafe { wait(r.stream, ev as *mut c_void, 0) } != CUDA_SUCCESS {
@@ -251,9 +247,6 @@ pub fn launch(
             return None;
         }
         let copied = unsafe { dtoh(host.add(2 * BATCH).cast(), dev + res_off, n * 16, r.stream) };
-        for &p in frees {
-            unsafe { free(p, r.stream) };
-        }
         let mut done: *mut c_void = std::ptr::null_mut();
         if copied != CUDA_SUCCESS
             || unsafe { create(&mut done, 2) } != CUDA_SUCCESS
@@ -314,6 +307,27 @@ pub fn poll(l: &Launched, wait: bool) -> Option<Vec<(u64, u64)>> {
         r.busy[l.slot] = false;
         Some(out)
     })
+}
+
+/// Frees `ptrs` (stream-ordered allocations whose check has run) on the release stream of
+/// `ctx` (which must be current): nothing else is queued there by then, so each free happens at
+/// once and the driver's pool can hand the memory out again without making anyone wait. With
+/// `wait`, returns once they have (an allocation that ran out of memory is about to retry).
+/// False where `ctx` has no release stream.
+pub fn free_all(ctx: usize, ptrs: &[u64], wait: bool) -> bool {
+    let Some(free) = MEM_FREE_ASYNC.get() else {
+        return false;
+    };
+    let Some(stream) = with(|s| resources(s, ctx).map(|r| r.stream)) else {
+        return false;
+    };
+    for &p in ptrs {
+        unsafe { free(p, stream) };
+    }
+    if wait && let Some(sync) = STREAM_SYNCHRONIZE.get() {
+        unsafe { sync(stream) };
+    }
+    true
 }
 
 /// Whether the asynchronous release is on (`ISOLATE_RELEASE`, on by default).

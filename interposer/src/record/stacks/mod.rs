@@ -126,27 +126,7 @@ fn capture_inner(mode: Stacks, depth: usize) -> u32 {
     let Some(mut snap) = modules::current(false) else {
         return 0;
     };
-    // Not zeroed: 26 KiB of buffers would cost more than the walk (only what is written is read).
-    let mut native_store = [const { MaybeUninit::<u64>::uninit() }; NATIVE_MAX];
-    let (mut nn, mut native_more) = (0, false);
-    if want_native {
-        let limit = if want_python { NATIVE_MAX } else { depth };
-        (nn, native_more) = native::unwind(snap, &mut native_store[..limit]);
-        // Ended in code no known object holds: loaded since the snapshot? Look now.
-        if nn > 0
-            && snap
-                .find(unsafe { native_store[nn - 1].assume_init() })
-                .is_none()
-            && let Some(fresh) = modules::current(true)
-            && !std::ptr::eq(fresh, snap)
-        {
-            snap = fresh;
-            (nn, native_more) = native::unwind(snap, &mut native_store[..limit]);
-        }
-    }
-    // SAFETY: `unwind` wrote the first `nn`.
-    let native_buf: &[u64] =
-        unsafe { std::slice::from_raw_parts(native_store.as_ptr().cast(), nn) };
+    // Python first (cheap): the native walk stops once the merged stack is `depth` deep.
     let mut py_store = [const { MaybeUninit::<python::Raw>::uninit() }; MAX_DEPTH];
     let mut pw = python::Walk {
         n: 0,
@@ -157,6 +137,56 @@ fn capture_inner(mode: Stacks, depth: usize) -> u32 {
     }
     // SAFETY: `frames` wrote the first `pw.n`.
     let py: &[python::Raw] = unsafe { std::slice::from_raw_parts(py_store.as_ptr().cast(), pw.n) };
+    let eval = if want_native && !py.is_empty() {
+        python::eval_range(snap.generation)
+    } else {
+        None
+    };
+    // Not zeroed: 26 KiB of buffers would cost more than the walk (only what is written is read).
+    let mut native_store = [const { MaybeUninit::<u64>::uninit() }; NATIVE_MAX];
+    let (mut nn, mut native_more) = (0, false);
+    if want_native {
+        let limit = if want_python { NATIVE_MAX } else { depth };
+        // How deep the merge below will be after each frame: a frame of the evaluation loop
+        // stands for its activation's Python frames, any other for itself.
+        let keep_until_deep = |snap_eval: Option<(u64, u64)>| {
+            let (mut merged, mut pi) = (0usize, 0usize);
+            move |pc: u64| -> bool {
+                if merged >= depth {
+                    return false;
+                }
+                match snap_eval {
+                    Some((lo, hi)) if pi < py.len() && pc > lo && pc <= hi => {
+                        let act = py[pi].act;
+                        while pi < py.len() && py[pi].act == act {
+                            merged += 1;
+                            pi += 1;
+                        }
+                    }
+                    _ => merged += 1,
+                }
+                true
+            }
+        };
+        let mut keep = keep_until_deep(eval);
+        (nn, native_more) = native::unwind(snap, &mut native_store[..limit], &mut keep);
+        // Ended in code no known object holds: loaded since the snapshot? Look now.
+        if nn > 0
+            && !native_more
+            && snap
+                .find(unsafe { native_store[nn - 1].assume_init() })
+                .is_none()
+            && let Some(fresh) = modules::current(true)
+            && !std::ptr::eq(fresh, snap)
+        {
+            snap = fresh;
+            let mut keep = keep_until_deep(eval);
+            (nn, native_more) = native::unwind(snap, &mut native_store[..limit], &mut keep);
+        }
+    }
+    // SAFETY: `unwind` wrote the first `nn`.
+    let native_buf: &[u64] =
+        unsafe { std::slice::from_raw_parts(native_store.as_ptr().cast(), nn) };
     let mut frames = [const { MaybeUninit::<RawFrame>::uninit() }; MAX_DEPTH];
     let mut n = 0usize;
     let mut truncated = false;
@@ -172,11 +202,6 @@ fn capture_inner(mode: Stacks, depth: usize) -> u32 {
     // The merge: each native frame inside the evaluation loop is replaced by the Python frames
     // of the next activation; activations left over (native unwinding stopped early, or the
     // loop's range is unknown) go after the native frames, outermost last.
-    let eval = if want_native && !py.is_empty() {
-        python::eval_range(snap.generation)
-    } else {
-        None
-    };
     let mut pi = 0usize;
     'native: for &pc in &native_buf[..nn] {
         if let Some((lo, hi)) = eval

@@ -43,10 +43,15 @@ fn stack_bounds() -> Option<(u64, u64)> {
 }
 
 /// Writes into `out` the return addresses of the calling thread, innermost first, leaving out
-/// the frames of this library that lead up to here. Returns how many were written and whether
-/// there were more than `out` holds.
+/// the frames of this library that lead up to here, and stopping early where `keep` says no
+/// to a frame. Returns how many were written and whether there were more (than `out` holds, or
+/// than `keep` wanted).
 #[inline(never)]
-pub fn unwind(snap: &Snapshot, out: &mut [MaybeUninit<u64>]) -> (usize, bool) {
+pub fn unwind(
+    snap: &Snapshot,
+    out: &mut [MaybeUninit<u64>],
+    keep: &mut dyn FnMut(u64) -> bool,
+) -> (usize, bool) {
     let (ip, sp, bp): (u64, u64, u64);
     // The three registers at one instruction: the unwind rules for `ip` apply to this `sp`.
     unsafe {
@@ -88,7 +93,7 @@ pub fn unwind(snap: &Snapshot, out: &mut [MaybeUninit<u64>]) -> (usize, bool) {
                 continue;
             }
             leading = false;
-            if n == out.len() {
+            if n == out.len() || !keep(ra) {
                 more = true;
                 break;
             }

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""What isolate mode adds per tensor, on the host, piece by piece (issue 14's breakdown).
+
+    python3 tests/gpu/free_cost.py --lib target/gpu/libisolate.so [--rounds 3] [--pairs 20000]
+
+Two parts, printed as tables:
+  pieces  the driver calls a stream-ordered free costs the freeing thread in isolate mode,
+          timed one by one through ctypes on a PyTorch stream (no preload): cuMemsetD8Async and
+          cuMemsetD32Async of 1 MiB (the poison), cuEventRecord (the stream's mark), and a
+          cuCtxGetCurrent as the floor of a ctypes call.
+  pairs   `x = torch.empty(n); x.fill_(1); del x` in a loop on PyTorch's stream-ordered backend
+          (what isolate mode sets up), sizes 4 KiB and 1 MiB alternating: us per tensor without
+          the preload, in log mode, and in isolate mode with stacks off / launch check off /
+          stacks on. Configurations interleaved, each round in a rotated order; medians.
+"""
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+CONFIGS = {
+    "none": {},
+    "log": {"ISOLATE_MODE": "log", "ISOLATE_STACKS": "none"},
+    "isolate": {"ISOLATE_MODE": "isolate", "ISOLATE_STACKS": "none"},
+    "isolate-nolaunch": {"ISOLATE_MODE": "isolate", "ISOLATE_STACKS": "none",
+                         "ISOLATE_CHECK_LAUNCH": "off"},
+    "isolate-stacks": {"ISOLATE_MODE": "isolate", "ISOLATE_STACKS": "all"},
+}
+
+
+def pieces(n):
+    import torch
+    torch.cuda.init()
+    x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    cu = ctypes.CDLL("libcuda.so.1")
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    ptr = ctypes.c_uint64(x.data_ptr())
+    ev = ctypes.c_void_p()
+    assert cu.cuEventCreate(ctypes.byref(ev), 2) == 0
+    ctx = ctypes.c_void_p()
+    size = 1 << 20
+    calls = {
+        "cuCtxGetCurrent (ctypes floor)": lambda: cu.cuCtxGetCurrent(ctypes.byref(ctx)),
+        "cuMemsetD8Async 1 MiB": lambda: cu.cuMemsetD8Async(ptr, 0xFF, ctypes.c_size_t(size), stream),
+        "cuMemsetD32Async 1 MiB": lambda: cu.cuMemsetD32Async(ptr, 0xFFFFFFFF, ctypes.c_size_t(size // 4), stream),
+        "cuEventRecord": lambda: cu.cuEventRecord(ev, stream),
+    }
+    out = {}
+    for name, f in calls.items():
+        best = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                f()
+            best.append((time.perf_counter_ns() - t0) / n / 1e3)
+            torch.cuda.synchronize()
+        out[name] = statistics.median(best)
+    print("RESULT " + json.dumps(out))
+
+
+def pairs(n):
+    import torch
+    torch.cuda.init()
+    sizes = [1024, 256 << 10]  # float32 elements: 4 KiB and 1 MiB
+    for _ in range(200):
+        x = torch.empty(sizes[0], device="cuda")
+        x.fill_(1)
+        del x
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    for i in range(n):
+        x = torch.empty(sizes[i & 1], device="cuda")
+        x.fill_(1)
+        del x
+    torch.cuda.synchronize()
+    print("RESULT " + json.dumps({"us_per_tensor": (time.perf_counter_ns() - t0) / n / 1e3}))
+
+
+def run(mode, n, env_add, lib, tmp):
+    env = dict(os.environ)
+    for k in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        env.pop(k, None)
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
+    if env_add:
+        env.update(env_add)
+        env["LD_PRELOAD"] = os.path.abspath(lib)
+        env["ISOLATE_TRACE"] = os.path.join(tmp, "free-cost-%p.trace")
+    p = subprocess.run([sys.executable, __file__, "--child", mode, "--pairs", str(n)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    print(f"FAILED {mode} {env_add}: rc={p.returncode}\n{p.stderr[-1500:]}")
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="target/gpu/libisolate.so")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=20000)
+    ap.add_argument("--child", default=None)
+    a = ap.parse_args()
+    if a.child == "pieces":
+        return pieces(a.pairs)
+    if a.child == "pairs":
+        return pairs(a.pairs)
+    tmp = os.path.join(os.environ.get("OUT", "/tmp"), "free_cost")
+    os.makedirs(tmp, exist_ok=True)
+    got = run("pieces", a.pairs, None, a.lib, tmp)
+    print("driver calls on a PyTorch stream, us per call (median of 5 x %d, no preload)" % a.pairs)
+    for k, v in (got or {}).items():
+        print(f"  {k:34s} {v:7.2f}")
+    names = list(CONFIGS)
+    per = {k: [] for k in names}
+    for r in range(a.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for k in order:
+            res = run("pairs", a.pairs, CONFIGS[k], a.lib, tmp)
+            if res:
+                per[k].append(res["us_per_tensor"])
+    print(f"\nempty + fill_ + del on backend:cudaMallocAsync, us per tensor "
+          f"({a.pairs} tensors, {a.rounds} interleaved rounds)")
+    base = statistics.median(per["none"]) if per["none"] else None
+    for k in names:
+        if not per[k]:
+            print(f"  {k:18s} FAILED")
+            continue
+        m = statistics.median(per[k])
+        added = f"+{m - base:6.2f}" if base else ""
+        print(f"  {k:18s} {m:7.2f}  {added}   rounds: {', '.join(f'{x:.2f}' for x in per[k])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main() or 0)
