@@ -20,6 +20,7 @@ Configurations, interleaved (round -> model -> configurations in a rotated order
   isolate-nolaunch  isolate-new with ISOLATE_CHECK_LAUNCH=off (the launch check's share)
   log          log mode of this library, cache on (goal: within 1% of default)
   log-stacks   the same with call stacks
+  preload-off  the library preloaded with ISOLATE_MODE=off (what loading it costs, nothing hooked)
 Each traced run's summary must show 0 findings on correct code; losses are compared with the
 default run of the same round. Prints one table (median ms/step, ratio of medians to default,
 per-round ratios, peak device memory from cudaMemGetInfo, torch.cuda.max_memory_allocated,
@@ -49,6 +50,7 @@ CONFIGS = {
     "isolate-nolaunch": ({"ISOLATE_CHECK_LAUNCH": "off", "ISOLATE_STACKS": "none"}, "new", "isolate"),
     "log": ({"ISOLATE_STACKS": "none"}, "new", "log"),
     "log-stacks": ({"ISOLATE_STACKS": "all"}, "new", "log"),
+    "preload-off": ({}, "new", "off"),
 }
 
 

@@ -44,11 +44,20 @@ def pieces(n):
     assert cu.cuEventCreate(ctypes.byref(ev), 2) == 0
     ctx = ctypes.c_void_p()
     size = 1 << 20
+    # A real kernel handle (the library's own verification kernel) for cuFuncGetParamInfo,
+    # which the launch check calls twice per launch to see that a cached layout still fits.
+    ptx = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../interposer/src/policy/verify.ptx"), "rb").read() + b"\0"
+    mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    assert cu.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(ptx)) == 0
+    assert cu.cuModuleGetFunction(ctypes.byref(fn), mod, b"isolate_verify_many") == 0
+    off, sz = ctypes.c_size_t(), ctypes.c_size_t()
     calls = {
         "cuCtxGetCurrent (ctypes floor)": lambda: cu.cuCtxGetCurrent(ctypes.byref(ctx)),
         "cuMemsetD8Async 1 MiB": lambda: cu.cuMemsetD8Async(ptr, 0xFF, ctypes.c_size_t(size), stream),
         "cuMemsetD32Async 1 MiB": lambda: cu.cuMemsetD32Async(ptr, 0xFFFFFFFF, ctypes.c_size_t(size // 4), stream),
         "cuEventRecord": lambda: cu.cuEventRecord(ev, stream),
+        "cuFuncGetParamInfo (last)": lambda: cu.cuFuncGetParamInfo(fn, ctypes.c_size_t(3), ctypes.byref(off), ctypes.byref(sz)),
+        "cuFuncGetParamInfo (one past)": lambda: cu.cuFuncGetParamInfo(fn, ctypes.c_size_t(4), ctypes.byref(off), ctypes.byref(sz)),
     }
     out = {}
     for name, f in calls.items():

@@ -19,6 +19,8 @@ typedef CUfunction (*PFN_register)(const char *, standin_kernel_fn, unsigned, co
 typedef CUfunction (*PFN_reregister)(CUfunction, const char *, standin_kernel_fn, unsigned,
                                      const size_t *, const size_t *);
 typedef unsigned long (*PFN_count)(void);
+typedef CUresult (*PFN_load)(CUmodule *, const void *);
+typedef CUresult (*PFN_unload)(CUmodule);
 
 static int four_runs;
 static uint64_t four_saw[4];
@@ -59,6 +61,11 @@ int main(void) {
     if (!reg || !rereg || !info_calls)
         return 1;
     PFN_launch launch = (PFN_launch)rt_entry("cuLaunchKernel", cudaEnableDefault);
+    PFN_load load = (PFN_load)rt_entry("cuModuleLoadData", cudaEnableDefault);
+    PFN_unload unload = (PFN_unload)rt_entry("cuModuleUnload", cudaEnableDefault);
+    CUmodule mod = NULL;
+    if (!load || !unload || load(&mod, "the kernels' module") != CUDA_SUCCESS)
+        return 1;
 
     size_t off4[] = {0, 8, 16, 24}, sz4[] = {8, 8, 8, 8};
     CUfunction k = reg("reuse_four", k_four, 4, off4, sz4);
@@ -87,6 +94,7 @@ int main(void) {
     /* its module unloaded: B (its scratch) freed, and the handle now another kernel's */
     rc = cudaFree(B);
     ev("cudaFree", rc, "ptr=@B");
+    say("cuModuleUnload %d", unload(mod));
     size_t off1[] = {0}, sz1[] = {8};
     CUfunction k2 = rereg(k, "reuse_one", k_one, 1, off1, sz1);
     say("reregistered same handle %d", k2 == k);
@@ -109,6 +117,9 @@ int main(void) {
     void *params1[] = {&freed2};
     rc = launch(k, 1, 1, 1, 32, 1, 1, 0, NULL, params1, NULL);
     say("cuLaunchKernel reuse_one (freed A) %d", rc);
+    /* and once more: no unload since, so the layout is used as it is */
+    rc = launch(k, 1, 1, 1, 32, 1, 1, 0, NULL, params1, NULL);
+    say("cuLaunchKernel reuse_one (freed A, again) %d", rc);
     say("cudaDeviceSynchronize %d", cudaDeviceSynchronize());
     say("reuse_one runs %d saw B+8 %d saw A+128 %d", one_runs, one_saw[0] == U64(B) + 8,
         one_saw[1] == freed2);

@@ -176,6 +176,13 @@ reals! {
         LAUNCH_KERNEL_EX_PTSZ = cuLaunchKernelEx_ptsz: fn(*const CUlaunchConfig, CUfunction, *mut *mut c_void, *mut *mut c_void) -> CUresult;
         LAUNCH_COOPERATIVE_KERNEL = cuLaunchCooperativeKernel: fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void) -> CUresult;
         LAUNCH_COOPERATIVE_KERNEL_PTSZ = cuLaunchCooperativeKernel_ptsz: fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void) -> CUresult;
+        // Hooked when the launch check is on: what ends kernels' lives (their handles may be
+        // reused), so the check's cached parameter layouts are looked at again.
+        MODULE_UNLOAD = cuModuleUnload: fn(*mut c_void) -> CUresult;
+        LIBRARY_UNLOAD = cuLibraryUnload: fn(*mut c_void) -> CUresult;
+        CTX_DESTROY = cuCtxDestroy_v2: fn(CUcontext) -> CUresult;
+        PRIMARY_CTX_RESET = cuDevicePrimaryCtxReset_v2: fn(CUdevice) -> CUresult;
+        PRIMARY_CTX_RELEASE = cuDevicePrimaryCtxRelease_v2: fn(CUdevice) -> CUresult;
         // Called by the recorder and the policies themselves.
         CTX_GET_DEVICE = cuCtxGetDevice: fn(*mut CUdevice) -> CUresult;
         CTX_GET_CURRENT = cuCtxGetCurrent: fn(*mut CUcontext) -> CUresult;

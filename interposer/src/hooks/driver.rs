@@ -149,6 +149,17 @@ hooks! {
     cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
         shmem: c_uint, stream: CUstream, params: *mut *mut c_void)
         = LAUNCH_COOPERATIVE_KERNEL_PTSZ [launch CuLaunchCooperativeKernelPtsz, f, params, std::ptr::null_mut()];
+
+    /// Handed out only when the launch check is on: kernels of the module are gone.
+    cuModuleUnload(module: *mut c_void) = MODULE_UNLOAD [unloads];
+    /// Handed out only when the launch check is on: kernels of the library are gone.
+    cuLibraryUnload(library: *mut c_void) = LIBRARY_UNLOAD [unloads];
+    /// Handed out only when the launch check is on: the context's modules are gone.
+    cuCtxDestroy_v2(ctx: CUcontext) = CTX_DESTROY [unloads];
+    /// Handed out only when the launch check is on: the primary context's modules are gone.
+    cuDevicePrimaryCtxReset_v2(dev: CUdevice) = PRIMARY_CTX_RESET [unloads];
+    /// Handed out only when the launch check is on: the last release destroys the context.
+    cuDevicePrimaryCtxRelease_v2(dev: CUdevice) = PRIMARY_CTX_RELEASE [unloads];
 }
 
 /// Given what a real resolver (`cuGetProcAddress`, `cudaGetDriverEntryPoint*`) handed back,

@@ -8,6 +8,8 @@
 //!   [`crate::policy::Call`], `fill` puts the arguments in the event, `after` what only the
 //!   result tells;
 //! - `[launch Api, f, params, extra]`: a kernel launch, checked when the launch check is on;
+//! - `[unloads]`: a call that can end kernels' lives (module and library unloads, context
+//!   destruction), passed through, then told to the launch check;
 //! - `[resolver pfn]`: a resolver whose answer in `pfn` is swapped for our hook.
 //!
 //! The line also adds the hook to its table, by which the resolvers and `dlsym` hand hooks out.
@@ -15,7 +17,7 @@
 //!
 //! Layer: hooks, the top. Uses every layer below (policies, process life, recording, base).
 
-/// The body of one hook; see the module comment for the three forms.
+/// The body of one hook; see the module comment for the four forms.
 macro_rules! body {
     ($real:ident, ($($a:ident),*), [$api:ident, $kind:expr, |$e:ident| $fill:expr $(, then |$e2:ident| $after:expr)?]) => {
         $crate::hooks::shape::run(
@@ -42,6 +44,12 @@ macro_rules! body {
         let found = unsafe { $crate::policy::launch_check(isolate_trace::Api::$api, $f, $params, $extra) };
         let r = unsafe { $real($($a),*) };
         $crate::policy::launched(isolate_trace::Api::$api, found, r);
+        r
+    }};
+    ($real:ident, ($($a:ident),*), [unloads]) => {{
+        let r = unsafe { $real($($a),*) };
+        // After the call: a launch that looks a layout up from now on sees kernels gone.
+        $crate::policy::kernels_unloaded();
         r
     }};
     ($real:ident, ($($a:ident),*), [resolver $pfn:ident]) => {{

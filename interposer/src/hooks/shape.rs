@@ -70,7 +70,18 @@ pub struct Hooked {
 // SAFETY: the table is immutable.
 unsafe impl Sync for Hooked {}
 
-/// True for the launch hooks, which are handed out only when the launch check is on.
+/// True for the launch check's hooks (launches, and the calls that end kernels' lives), which
+/// are handed out only when the launch check is on.
 pub fn is_launch(h: &Hooked) -> bool {
-    h.name.to_bytes().starts_with(b"cuLaunch")
+    let n = h.name.to_bytes();
+    n.starts_with(b"cuLaunch") || UNLOADS.contains(&n)
 }
+
+/// The calls after which a kernel handle may stand for another kernel.
+const UNLOADS: [&[u8]; 5] = [
+    b"cuModuleUnload",
+    b"cuLibraryUnload",
+    b"cuCtxDestroy_v2",
+    b"cuDevicePrimaryCtxReset_v2",
+    b"cuDevicePrimaryCtxRelease_v2",
+];

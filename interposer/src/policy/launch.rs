@@ -28,25 +28,44 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 struct Layout {
     params: Vec<(u32, u32)>,
     name: String,
+    /// The [`UNLOADS`] count at which the layout was last seen to fit its handle.
+    fitted: AtomicU64,
 }
 
 static LAYOUTS: ForkLock<Option<HashMap<usize, &'static Layout>>> = ForkLock::new(None);
 static WARNED: ForkLock<Option<HashSet<(usize, u64)>>> = ForkLock::new(None);
+/// Calls that may have ended kernels' lives (module and library unloads, context
+/// destruction), counted after each returned.
+static UNLOADS: AtomicU64 = AtomicU64::new(0);
+
+/// A module or library was unloaded or a context destroyed: every cached layout is checked
+/// again at its kernel's next launch.
+pub fn kernels_unloaded() {
+    UNLOADS.fetch_add(1, AcqRel);
+}
 
 /// The layout of kernel `f`, cached by handle. A handle can be reused: a module unloaded and
 /// another loaded (XLA's autotuning does this all the time) may give a new kernel the address
 /// of an old `CUfunction`. Reading parameters with the old kernel's layout walks past the new
-/// kernel's parameter array (a crash in the host process, seen with JAX), so every use checks
-/// that the cached layout still fits: the parameter count (one past the last fails) and the
-/// last parameter's place and size. Two driver look-ups, no allocation.
+/// kernel's parameter array (a crash in the host process, seen with JAX), so after any call
+/// that can end a kernel's life ([`kernels_unloaded`]) a cached layout is used again only once
+/// it is seen to still fit: the parameter count (one past the last fails) and the last
+/// parameter's place and size. That look costs two driver calls (~3 us on the H200, as much as
+/// the rest of the check); without unloads a launch makes none.
 fn layout(f: CUfunction) -> Option<&'static Layout> {
     let info = FUNC_GET_PARAM_INFO.get()?;
+    // Read before looking: an unload counted after this makes the next launch look again.
+    let unloads = UNLOADS.load(Acquire);
     let mut g = LAYOUTS.lock();
     let map = g.get_or_insert_with(HashMap::new);
-    if let Some(l) = map.get(&(f as usize))
-        && still_fits(info, f, l)
-    {
-        return Some(*l);
+    if let Some(l) = map.get(&(f as usize)) {
+        if l.fitted.load(Relaxed) == unloads {
+            return Some(*l);
+        }
+        if still_fits(info, f, l) {
+            l.fitted.store(unloads, Relaxed);
+            return Some(*l);
+        }
     }
     let mut params = Vec::new();
     for i in 0..4096 {
@@ -69,7 +88,11 @@ fn layout(f: CUfunction) -> Option<&'static Layout> {
     }
     // Leaked on purpose: kernels live as long as their module, layouts are small, and a hit
     // may still name a replaced one.
-    let l: &'static Layout = Box::leak(Box::new(Layout { params, name }));
+    let l: &'static Layout = Box::leak(Box::new(Layout {
+        params,
+        name,
+        fitted: AtomicU64::new(unloads),
+    }));
     map.insert(f as usize, l);
     Some(l)
 }

@@ -158,6 +158,12 @@ pub unsafe fn launch_check(
     .unwrap_or(None)
 }
 
+/// Kernels may be gone (a module or library unloaded, a context destroyed): the launch check
+/// looks at its cached layouts again before it trusts them.
+pub fn kernels_unloaded() {
+    launch::kernels_unloaded();
+}
+
 /// After a checked launch returned `r` (never changes it).
 pub fn launched(api: isolate_trace::Api, found: Option<launch::Guarded>, r: CUresult) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
