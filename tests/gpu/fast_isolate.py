@@ -54,6 +54,29 @@ CONFIGS = {
 }
 
 
+def where_stuck(pid):
+    """Every thread's kernel wait channel and, where gdb or py-spy is installed, its stack."""
+    lines = []
+    try:
+        for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+            def rd(name):
+                try:
+                    return open(f"/proc/{pid}/task/{tid}/{name}").read().strip()
+                except OSError:
+                    return "?"
+            lines.append(f"thread {tid} {rd('comm')}: wchan {rd('wchan')}")
+    except OSError as e:
+        lines.append(f"/proc: {e}")
+    for tool in (["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 30"],
+                 ["py-spy", "dump", "--native", "--pid", str(pid)]):
+        try:
+            r = subprocess.run(tool, capture_output=True, text=True, timeout=60)
+            lines.append(f"$ {' '.join(tool)}\n{r.stdout[-20000:]}{r.stderr[-2000:]}")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            lines.append(f"{tool[0]}: {e}")
+    return "\n".join(lines)
+
+
 def run_one(args, model, cfg, rnd, outdir):
     env_add, lib, mode = CONFIGS[cfg]
     env = dict(os.environ)
@@ -70,11 +93,16 @@ def run_one(args, model, cfg, rnd, outdir):
     cmd = [sys.executable, os.path.join(HERE, "train_small.py"), "--model", model,
            "--steps", str(args.steps), "--warmup", str(args.warmup)]
     t0 = time.time()
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-        rc, out, err = p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, out, err = 124, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
+        out, err = p.communicate(timeout=args.timeout)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        # A run that does not end: say where every thread is before it is killed.
+        err = "timeout after %ds; where the threads were:\n%s" % (args.timeout, where_stuck(p.pid))
+        p.kill()
+        o, e = p.communicate()
+        out, err, rc = o, err + "\n--- stderr\n" + e, 124
     wall = time.time() - t0
     with open(os.path.join(outdir, tag + ".log"), "w") as f:
         f.write(f"$ {' '.join(cmd)}\nrc={rc} wall={wall:.1f}s\n--- stdout\n{out}\n--- stderr\n{err}\n")
@@ -177,6 +205,10 @@ def main():
             print(f"{model:9s} {cfg:12s} {med:8.2f} {ratio and f'{ratio:.3f}':>9s} {per_s:>20s} "
                   f"{peak:12.2f} {mal:13.2f} {fnd:8d} {'same' if same else 'DIFF':>6s}")
     print()
+    for r in results:
+        if r["rc"] != 0:
+            print(f"NOT IN THE TABLE: {r['model']} {r['config']} round {r['round']} rc={r['rc']} "
+                  f"(ms/step {r.get('ms_per_step')}; log {r['model']}-{r['config']}-r{r['round']}.log)")
     for row in table:
         for n in row.get("isolation_time", [])[:2]:
             print(f"{row['model']} {row['config']}: {n}")
