@@ -361,7 +361,7 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     POISONED.fetch_add(1, Relaxed);
     p.finish(r);
     quarantine(entry);
-    if IN_FLIGHT.load(Relaxed) > 0 && SINCE_POLL.fetch_add(1, Relaxed) % POLL_EVERY == 0 {
+    if IN_FLIGHT.load(Relaxed) > 0 && SINCE_POLL.fetch_add(1, Relaxed).is_multiple_of(POLL_EVERY) {
         // Checked batches give their memory back soon, not only at the next release.
         reap(false);
     }
