@@ -15,6 +15,8 @@
  *   quarantine async    4 threads, each on its own stream, 300 x cudaMallocAsync, a stream-
  *                       ordered write, cudaFreeAsync; thread 0 writes through a freed pointer
  *                       on its stream (8 bytes at offset 100) after the free
+ *   quarantine stuck    a stream-ordered free, then the device hangs (the stand-in's
+ *                       standin_device_stuck: nothing finishes any more) and the program exits
  *
  * Lines that print where memory came from or what freed memory holds (`b==a`, `... bytes:`,
  * `index`) differ between isolate mode and a plain run by design; every other line must not.
@@ -450,6 +452,23 @@ static void *async_worker(void *arg) {
     return (void *)bad;
 }
 
+typedef void (*PFN_stuck)(void);
+
+static int stuck(void) {
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
+    PFN_stuck hang = drv ? (PFN_stuck)dlsym(drv, "standin_device_stuck") : NULL;
+    say("stand-in stuck switch %d", hang != NULL);
+    if (!hang)
+        return 1;
+    cudaStream_t s = NULL;
+    say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    void *a = NULL;
+    say("cudaMallocAsync %d", cudaMallocAsync(&a, MIB, s));
+    say("cudaFreeAsync %d", cudaFreeAsync(a, s));
+    hang();
+    return 0;
+}
+
 static int async_release(void) {
     pthread_t t[ASYNC_THREADS];
     for (int i = 0; i < ASYNC_THREADS; i++)
@@ -486,8 +505,10 @@ int main(int argc, char **argv) {
         r = pool_stats();
     else if (!strcmp(what, "async"))
         r = async_release();
+    else if (!strcmp(what, "stuck"))
+        r = stuck();
     else {
-        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|pool|async");
+        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|pool|async|stuck");
         return 2;
     }
     say("done %d", r);

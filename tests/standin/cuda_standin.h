@@ -362,6 +362,9 @@ CUresult cuStreamQuery(CUstream hStream);
  * reports it (0 none, 1 active). */
 CUresult cuStreamIsCapturing(CUstream hStream, int *status);
 int standin_set_capturing(CUstream hStream, int on);
+/* From now on nothing on the device finishes: synchronising calls wait for good, queries say
+ * CUDA_ERROR_NOT_READY (a hung kernel, for the exit check's time limit). */
+void standin_device_stuck(void);
 CUresult cuStreamQuery_ptsz(CUstream hStream);
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
 CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);

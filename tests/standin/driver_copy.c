@@ -49,6 +49,7 @@ static int ranges_ok(uintptr_t dst, enum side dside, uintptr_t src, enum side ss
 /* Synchronous copies and sets run after everything queued on every stream. */
 static CUresult copy_sync(uintptr_t dst, enum side dside, uintptr_t src, enum side sside,
                           size_t n) {
+    stuck_wait();
     NEED_LIVE_CTX();
     if (n == 0)
         return CUDA_SUCCESS;
@@ -84,6 +85,7 @@ static CUresult copy_async(uintptr_t dst, enum side dside, uintptr_t src, enum s
 }
 
 static CUresult set_sync(uintptr_t dst, unsigned value, unsigned elem, size_t n) {
+    stuck_wait();
     NEED_LIVE_CTX();
     if (n == 0)
         return CUDA_SUCCESS;

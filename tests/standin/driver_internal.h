@@ -93,6 +93,8 @@ HIDDEN extern int g_ndev;
 HIDDEN extern size_t g_capacity;
 HIDDEN extern size_t g_gran;
 HIDDEN extern int g_sync;
+HIDDEN extern atomic_int g_stuck; /* standin_device_stuck: nothing on the device ever finishes */
+HIDDEN void stuck_wait(void);     /* a synchronising call on a stuck device: never returns */
 HIDDEN extern size_t g_used;     /* bytes held: arena blocks + cuMemCreate handles */
 HIDDEN extern size_t g_va_limit; /* STANDIN_VA_BYTES, 0: no limit */
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ================================================================ streams and events */
 
@@ -288,6 +289,17 @@ static CUresult stream_destroy(CUstream h) {
 CUresult cuStreamDestroy(CUstream hStream) { return stream_destroy(hStream); }
 CUresult cuStreamDestroy_v2(CUstream hStream) { return stream_destroy(hStream); }
 
+atomic_int g_stuck;
+
+/* A device that never finishes its work (a hung kernel): every synchronising call waits for
+ * good and every query says not ready. For the exit check's time limit (tests/tests/isolation.rs). */
+void standin_device_stuck(void) { atomic_store(&g_stuck, 1); }
+
+void stuck_wait(void) {
+    while (atomic_load(&g_stuck))
+        sleep(1);
+}
+
 static CUresult stream_sync(CUstream h, int ptsz) {
     NEED_CTX();
     enum stream_kind kind;
@@ -302,11 +314,19 @@ static CUresult stream_sync(CUstream h, int ptsz) {
     return ctx_fault();
 }
 
-CUresult cuStreamSynchronize(CUstream hStream) { return stream_sync(hStream, 0); }
-CUresult cuStreamSynchronize_ptsz(CUstream hStream) { return stream_sync(hStream, 1); }
+CUresult cuStreamSynchronize(CUstream hStream) {
+    stuck_wait();
+    return stream_sync(hStream, 0);
+}
+CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
+    stuck_wait();
+    return stream_sync(hStream, 1);
+}
 /* A query runs the stream's work and reports it done (never CUDA_ERROR_NOT_READY), so that a
  * polling loop always ends. */
-CUresult cuStreamQuery(CUstream hStream) { return stream_sync(hStream, 0); }
+CUresult cuStreamQuery(CUstream hStream) {
+    return atomic_load(&g_stuck) ? CUDA_ERROR_NOT_READY : stream_sync(hStream, 0);
+}
 
 /* Stream capture is not emulated: a test marks a created stream as capturing (1) or not (0),
  * and cuStreamIsCapturing reports it (CU_STREAM_CAPTURE_STATUS_ACTIVE = 1). */
@@ -331,9 +351,12 @@ CUresult cuStreamIsCapturing(CUstream hStream, int *status) {
     *status = s ? s->capturing : 0;
     return CUDA_SUCCESS;
 }
-CUresult cuStreamQuery_ptsz(CUstream hStream) { return stream_sync(hStream, 1); }
+CUresult cuStreamQuery_ptsz(CUstream hStream) {
+    return atomic_load(&g_stuck) ? CUDA_ERROR_NOT_READY : stream_sync(hStream, 1);
+}
 
 CUresult cuCtxSynchronize(void) {
+    stuck_wait();
     NEED_CTX();
     drain_all(0);
     return ctx_fault();
@@ -409,9 +432,14 @@ static CUresult event_complete(CUevent h) {
     return ctx_fault();
 }
 
-CUresult cuEventSynchronize(CUevent hEvent) { return event_complete(hEvent); }
+CUresult cuEventSynchronize(CUevent hEvent) {
+    stuck_wait();
+    return event_complete(hEvent);
+}
 /* Like cuStreamQuery: runs the work up to the event and reports it done. */
-CUresult cuEventQuery(CUevent hEvent) { return event_complete(hEvent); }
+CUresult cuEventQuery(CUevent hEvent) {
+    return atomic_load(&g_stuck) ? CUDA_ERROR_NOT_READY : event_complete(hEvent);
+}
 
 static CUresult event_destroy(CUevent h) {
     NEED_CTX();

@@ -612,3 +612,42 @@ fn a_free_during_graph_capture_goes_to_the_driver() {
         "{info:?}"
     );
 }
+
+/// A device that never finishes its work (a hung kernel) must not turn into a process that never
+/// ends because of the exit check, which waits for the device: it is given a time limit (30 s;
+/// here 0.5 s through the internal test hook), past which the exit goes on and says so. The
+/// library before the limit hung in that exit for good.
+#[test]
+fn a_device_that_never_finishes_does_not_hold_up_the_exit() {
+    let plain = quarantine("stuck")
+        .preload(false)
+        .timeout(std::time::Duration::from_secs(30))
+        .run();
+    plain.assert_success();
+    let started = std::time::Instant::now();
+    let out = isolate(quarantine("stuck"))
+        .env("ISOLATE_TEST_EXIT_CHECK_MS", "500")
+        .timeout(std::time::Duration::from_secs(30))
+        .run();
+    let took = started.elapsed();
+    out.assert_success();
+    out.assert_same_as(&plain);
+    has_line(&out, "stand-in stuck switch 1");
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+    let said = "the exit check of the quarantine did not finish within 0.5 s (waiting for the \
+                device?): the process exits without its results";
+    assert_eq!(
+        out.stderr.matches(said).count(),
+        1,
+        "said once, the destructor's check not started again:\n{}",
+        out.stderr
+    );
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    assert!(
+        notes(t, NoteKind::Info).iter().any(|n| n.text == said),
+        "{:?}",
+        notes(t, NoteKind::Info)
+    );
+    assert_eq!(t.events_by_seq().len(), 2, "the allocation and its free");
+}

@@ -79,6 +79,8 @@ pub struct Config {
     pub test_panic: bool,
     /// Internal test hook: the writer sleeps this long after writing the header.
     pub test_writer_stall_ms: u64,
+    /// Internal test hook: the exit check's time limit, in place of 30 s (0: the default).
+    pub test_exit_check_ms: u64,
     /// Every setting as the trace header records it.
     pub pairs: Vec<(String, String)>,
 }
@@ -108,6 +110,10 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("ISOLATE_TEST_PANIC", "1 (internal test hook)"),
     (
         "ISOLATE_TEST_WRITER_STALL_MS",
+        "milliseconds (internal test hook)",
+    ),
+    (
+        "ISOLATE_TEST_EXIT_CHECK_MS",
         "milliseconds (internal test hook)",
     ),
 ];
@@ -314,6 +320,9 @@ pub fn from_env(
     let test_writer_stall_ms = var("ISOLATE_TEST_WRITER_STALL_MS")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    let test_exit_check_ms = var("ISOLATE_TEST_EXIT_CHECK_MS")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let mut pairs = vec![
         ("ISOLATE_MODE".to_string(), mode.name().to_string()),
         ("ISOLATE_TRACE".to_string(), trace.clone()),
@@ -376,6 +385,7 @@ pub fn from_env(
         async_release,
         test_panic,
         test_writer_stall_ms,
+        test_exit_check_ms,
         pairs,
     })
 }

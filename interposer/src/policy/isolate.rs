@@ -19,7 +19,7 @@ use crate::record::writer::{Q_EARLY, Q_PEAK, Q_RELEASES};
 use isolate_trace::{Api, Event, Kind, Memory, NoteKind, Record, Violation};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
 /// An allocation isolation handed out and still tracks.
 #[derive(Clone, Copy)]
@@ -206,6 +206,7 @@ pub fn after_fork_child() {
     KERNELS.reset_in_child(Vec::new());
     INFLIGHT.reset_in_child(VecDeque::new());
     IN_FLIGHT.store(0, Relaxed);
+    EXIT_OWNER.store(unsafe { libc::getpid() } as u32, Release);
     release::after_fork_child();
 }
 
@@ -587,6 +588,7 @@ fn quarantine(entry: Entry) {
     if !ATEXIT.swap(true, AcqRel) {
         // Registered after the CUDA runtime's own exit handler, so it runs before the context
         // goes away.
+        EXIT_OWNER.store(unsafe { libc::getpid() } as u32, Release);
         unsafe { libc::atexit(verify_all_at_exit) };
     }
     let mut over = Vec::new();
@@ -1181,7 +1183,73 @@ fn verify_on_host(ptr: u64, size: u64, byte: u8) -> Option<(u64, u64)> {
 
 extern "C" fn verify_all_at_exit() {
     let _inside = Inside::enter();
-    let _ = std::panic::catch_unwind(at_exit);
+    let _ = std::panic::catch_unwind(at_exit_bounded);
+}
+
+/// The process whose quarantine this is (set when the first free is quarantined, and in a fork
+/// child); a `vfork` child sharing the parent's memory is not it.
+static EXIT_OWNER: AtomicU32 = AtomicU32::new(0);
+/// An exit check ran past its limit: later ones (the library's destructor) do not start.
+static EXIT_GAVE_UP: AtomicBool = AtomicBool::new(false);
+
+/// The longest the exit check may hold up the process's exit. It waits for the device (the
+/// batches in flight, the freeing streams, its own kernels); a device that never gets there must
+/// not turn into a process that never ends because of the library.
+const EXIT_CHECK_LIMIT_NS: u64 = 30_000_000_000;
+
+/// [`at_exit`] on a thread of its own (with the calling thread's context), waited for at most
+/// [`EXIT_CHECK_LIMIT_NS`]; past that the exit goes on without it, says so on stderr and in the
+/// trace, and the unfinished check is left to die with the process.
+pub fn at_exit_bounded() {
+    let owner = EXIT_OWNER.load(Acquire);
+    if owner != 0 && owner != unsafe { libc::getpid() } as u32 {
+        return; // a vfork child: the quarantine is its parent's, and so is the address space
+    }
+    if EXIT_GAVE_UP.load(Acquire) {
+        return; // an earlier check is still waiting for the device (and holds the queue)
+    }
+    let ctx = current_ctx();
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let flag = done.clone();
+    let spawned = std::thread::Builder::new()
+        .name("isolate-exit".into())
+        .spawn(move || {
+            let _inside = Inside::enter();
+            if ctx != 0
+                && let Some(set) = CTX_SET_CURRENT.get()
+            {
+                unsafe { set(ctx as CUcontext) };
+            }
+            let _ = std::panic::catch_unwind(at_exit);
+            flag.store(true, Release);
+        });
+    if spawned.is_err() {
+        at_exit(); // no thread to be had: the check runs here, unbounded
+        return;
+    }
+    let limit = match config::get().test_exit_check_ms {
+        0 => EXIT_CHECK_LIMIT_NS,
+        ms => ms * 1_000_000,
+    };
+    let deadline = now_ns() + limit;
+    while !done.load(Acquire) {
+        if now_ns() > deadline {
+            let text = format!(
+                "the exit check of the quarantine did not finish within {:.1} s (waiting for \
+                 the device?): the process exits without its results",
+                limit as f64 / 1e9
+            );
+            EXIT_GAVE_UP.store(true, Release);
+            warn(&text);
+            event::note(NoteKind::Info, 0, 0, 0, text);
+            return;
+        }
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+    }
 }
 
 /// At exit: every allocation still in quarantine is checked (not freed: the process is ending).

@@ -109,7 +109,7 @@ pub fn verify_now() -> u64 {
 
 pub fn at_exit() {
     if isolating() {
-        isolate::at_exit();
+        isolate::at_exit_bounded();
         if check_launches() && crate::record::writer::started() {
             launch::note_at_exit();
         }
