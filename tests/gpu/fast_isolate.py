@@ -128,7 +128,7 @@ def run_one(args, model, cfg, rnd, outdir):
                 res["summary_error"] = f"{e}: {s.stderr[-300:]}"
             data = open(t, "rb").read()
             for pat in (rb"isolation's time: [ -~]*?release stream",
-                        rb"call stacks: [ -~]*?calling threads"):
+                        rb"call stacks: [ -~]*?calling threads(?: \(native frames: [ -~]*?looked up\))?"):
                 m = re.search(pat, data)
                 if m:
                     notes.append(m.group(0).decode())

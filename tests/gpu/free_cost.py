@@ -6,8 +6,10 @@
 Two parts, printed as tables:
   pieces  the driver calls a stream-ordered free costs the freeing thread in isolate mode,
           timed one by one through ctypes on a PyTorch stream (no preload): cuMemsetD8Async and
-          cuMemsetD32Async of 1 MiB (the poison), cuEventRecord (the stream's mark), and a
-          cuCtxGetCurrent as the floor of a ctypes call.
+          cuMemsetD32Async of 1 MiB (the poison), cuEventRecord (the stream's mark), a launch
+          of a 32-bit fill kernel of 1 MiB (the poison as a kernel of our own),
+          cuFuncGetParamInfo (the launch check's layout look-ups), and a cuCtxGetCurrent as the
+          floor of a ctypes call.
   pairs   `x = torch.empty(n); x.fill_(1); del x` in a loop on PyTorch's stream-ordered backend
           (what isolate mode sets up), sizes 4 KiB and 1 MiB alternating: us per tensor without
           the preload, in log mode, and in isolate mode with stacks off / launch check off /
@@ -21,6 +23,34 @@ import statistics
 import subprocess
 import sys
 import time
+
+FILL_PTX = b"""
+.version 7.0
+.target sm_52
+.address_size 64
+.visible .entry fill32(.param .u64 p, .param .u64 n, .param .u32 v)
+{
+    .reg .pred %q;
+    .reg .b32 %r<6>;
+    .reg .b64 %rd<7>;
+    ld.param.u64 %rd1, [p];
+    ld.param.u64 %rd2, [n];
+    ld.param.u32 %r1, [v];
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.s32 %r5, %r2, %r3, %r4;
+    cvt.u64.u32 %rd3, %r5;
+    setp.ge.u64 %q, %rd3, %rd2;
+    @%q bra DONE;
+    cvta.to.global.u64 %rd4, %rd1;
+    shl.b64 %rd5, %rd3, 2;
+    add.s64 %rd6, %rd4, %rd5;
+    st.global.u32 [%rd6], %r1;
+DONE:
+    ret;
+}
+\0"""
 
 CONFIGS = {
     "none": {},
@@ -51,16 +81,28 @@ def pieces(n):
     assert cu.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(ptx)) == 0
     assert cu.cuModuleGetFunction(ctypes.byref(fn), mod, b"isolate_verify_many") == 0
     off, sz = ctypes.c_size_t(), ctypes.c_size_t()
+    # The poison as a kernel of our own (one launch, 32-bit stores) against the driver's memset.
+    fmod, fill = ctypes.c_void_p(), ctypes.c_void_p()
+    have_fill = (cu.cuModuleLoadData(ctypes.byref(fmod), ctypes.c_char_p(FILL_PTX)) == 0 and
+                 cu.cuModuleGetFunction(ctypes.byref(fill), fmod, b"fill32") == 0)
+    fp, fn_words, fv = ctypes.c_uint64(x.data_ptr()), ctypes.c_uint64(size // 4), ctypes.c_uint32(0xFFFFFFFF)
+    fargs = (ctypes.c_void_p * 3)(ctypes.cast(ctypes.byref(fp), ctypes.c_void_p),
+                                  ctypes.cast(ctypes.byref(fn_words), ctypes.c_void_p),
+                                  ctypes.cast(ctypes.byref(fv), ctypes.c_void_p))
     calls = {
         "cuCtxGetCurrent (ctypes floor)": lambda: cu.cuCtxGetCurrent(ctypes.byref(ctx)),
         "cuMemsetD8Async 1 MiB": lambda: cu.cuMemsetD8Async(ptr, 0xFF, ctypes.c_size_t(size), stream),
         "cuMemsetD32Async 1 MiB": lambda: cu.cuMemsetD32Async(ptr, 0xFFFFFFFF, ctypes.c_size_t(size // 4), stream),
         "cuEventRecord": lambda: cu.cuEventRecord(ev, stream),
+        "cuLaunchKernel fill32 1 MiB (a poison kernel)": (lambda: cu.cuLaunchKernel(
+            fill, (size // 4 + 255) // 256, 1, 1, 256, 1, 1, 0, stream, fargs, None)) if have_fill else None,
         "cuFuncGetParamInfo (last)": lambda: cu.cuFuncGetParamInfo(fn, ctypes.c_size_t(3), ctypes.byref(off), ctypes.byref(sz)),
         "cuFuncGetParamInfo (one past)": lambda: cu.cuFuncGetParamInfo(fn, ctypes.c_size_t(4), ctypes.byref(off), ctypes.byref(sz)),
     }
     out = {}
     for name, f in calls.items():
+        if f is None:
+            continue
         best = []
         for _ in range(5):
             torch.cuda.synchronize()

@@ -267,6 +267,28 @@ fn a_million_allocations_from_three_call_sites_are_three_stacks() {
     );
     // And the table holds nothing else: 6 stacks in all.
     assert_eq!(s.stacks.len(), 6);
+    // The exit note counts the captures and where the native frames' unwind rules came from:
+    // after the first walk through each site, from the thread's rule cache.
+    let note = t
+        .records
+        .iter()
+        .find_map(|r| match r {
+            Record::Note(n) if n.text.starts_with("call stacks: ") => Some(n.text.clone()),
+            _ => None,
+        })
+        .expect("a call stacks note");
+    let num = |after: &str| -> u64 {
+        let rest = &note[note.find(after).unwrap_or_else(|| panic!("{note}")) + after.len()..];
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(num("call stacks: "), 2 * n as u64, "{note}");
+    let (hits, misses) = (num("native frames: "), num("rule cache, "));
+    assert!(hits > 2 * n as u64, "{note}");
+    assert!(misses > 0 && misses < 1000, "{note}");
 }
 
 #[test]

@@ -13,11 +13,25 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{FrameAddress, Unwinder};
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 thread_local! {
     // Const-initialised, no destructor: usable during thread teardown.
     static BOUNDS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
     static CACHE: RefCell<Option<Box<CacheX86_64>>> = const { RefCell::new(None) };
+    /// The thread's cache's (hits, misses) when last added to [`HITS`] and [`MISSES`].
+    static SEEN: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+}
+
+/// Frames whose unwind rule came from a thread's rule cache, and frames that had to be looked
+/// up in the unwind information (noted at exit: a cache too small for a program's code shows
+/// as misses).
+static HITS: AtomicU64 = AtomicU64::new(0);
+static MISSES: AtomicU64 = AtomicU64::new(0);
+
+/// (hits, misses) of the unwinders' rule caches so far, all threads.
+pub fn cache_stats() -> (u64, u64) {
+    (HITS.load(Relaxed), MISSES.load(Relaxed))
 }
 
 /// The calling thread's stack: lowest and one-past-highest address.
@@ -107,7 +121,15 @@ pub fn unwind(
             return None;
         };
         let cache = c.get_or_insert_with(|| Box::new(CacheX86_64::new()));
-        Some(walk(cache, &mut read))
+        let r = walk(cache, &mut read);
+        let st = cache.stats();
+        let (hits, misses) = (st.hits(), st.misses());
+        let (h0, m0) = SEEN
+            .try_with(|s| s.replace((hits, misses)))
+            .unwrap_or((hits, misses));
+        HITS.fetch_add(hits.saturating_sub(h0), Relaxed);
+        MISSES.fetch_add(misses.saturating_sub(m0), Relaxed);
+        Some(r)
     });
     match from_cache {
         Ok(Some(r)) => r,
