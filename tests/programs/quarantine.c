@@ -372,16 +372,26 @@ static int double_free(void) {
 
 typedef int (*PFN_set_capturing)(CUstream, int);
 
-static int capture(void) {
+/* The stand-in's switch `fn` (NULL without it), then a non-blocking stream `s` with a 1 MiB
+ * stream-ordered allocation `a` on it. */
+static void *switch_and_stream(const char *fn, const char *what, cudaStream_t *s, void **a) {
     void *drv = dlopen("libcuda.so.1", RTLD_NOW);
-    PFN_set_capturing set = drv ? (PFN_set_capturing)dlsym(drv, "standin_set_capturing") : NULL;
-    say("stand-in capture switch %d", set != NULL);
+    void *f = drv ? dlsym(drv, fn) : NULL;
+    say("stand-in %s switch %d", what, f != NULL);
+    if (!f)
+        return NULL;
+    say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+    say("cudaMallocAsync %d", cudaMallocAsync(a, MIB, *s));
+    return f;
+}
+
+static int capture(void) {
+    cudaStream_t s = NULL;
+    void *a = NULL, *b = NULL;
+    PFN_set_capturing set =
+        (PFN_set_capturing)switch_and_stream("standin_set_capturing", "capture", &s, &a);
     if (!set)
         return 1;
-    cudaStream_t s = NULL;
-    say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    void *a = NULL, *b = NULL;
-    say("cudaMallocAsync %d", cudaMallocAsync(&a, MIB, s));
     say("capturing %d", set(s, 1));
     say("cudaFreeAsync %d", cudaFreeAsync(a, s));
     say("not capturing %d", set(s, 0));
@@ -455,15 +465,11 @@ static void *async_worker(void *arg) {
 typedef void (*PFN_stuck)(void);
 
 static int stuck(void) {
-    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
-    PFN_stuck hang = drv ? (PFN_stuck)dlsym(drv, "standin_device_stuck") : NULL;
-    say("stand-in stuck switch %d", hang != NULL);
+    cudaStream_t s = NULL;
+    void *a = NULL;
+    PFN_stuck hang = (PFN_stuck)switch_and_stream("standin_device_stuck", "stuck", &s, &a);
     if (!hang)
         return 1;
-    cudaStream_t s = NULL;
-    say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    void *a = NULL;
-    say("cudaMallocAsync %d", cudaMallocAsync(&a, MIB, s));
     say("cudaFreeAsync %d", cudaFreeAsync(a, s));
     hang();
     return 0;
