@@ -538,6 +538,20 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
             .iter()
             .find(|t| t.starts_with("isolation's time: 1200 frees poisoned"))
             .unwrap_or_else(|| panic!("{release}: {info:?}"));
+        // The bytes those frees held, as the trace's frees say.
+        let freed: u64 = t
+            .events_by_seq()
+            .iter()
+            .filter(|e| e.api == Api::CudaFreeAsync && e.result == 0)
+            .map(|e| e.size)
+            .sum();
+        assert!(freed > 0);
+        assert!(
+            time.starts_with(&format!(
+                "isolation's time: 1200 frees poisoned ({freed} bytes, written by the device once"
+            )),
+            "{release}: {time}"
+        );
         if release == "async" {
             assert!(
                 !time.ends_with(" 0 batches released on the release stream"),

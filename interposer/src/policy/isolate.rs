@@ -360,6 +360,7 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     }
     POISON_NS.fetch_add(now_ns().saturating_sub(t0), Relaxed);
     POISONED.fetch_add(1, Relaxed);
+    POISON_BYTES.fetch_add(live.size, Relaxed);
     p.finish(r);
     quarantine(entry);
     if IN_FLIGHT.load(Relaxed) > 0 && SINCE_POLL.fetch_add(1, Relaxed).is_multiple_of(POLL_EVERY) {
@@ -982,6 +983,8 @@ static ON_HOST: AtomicU64 = AtomicU64::new(0);
 /// spent on them (poison, events), time in releases, of it waiting for the device, and the
 /// batches released on the release streams.
 static POISONED: AtomicU64 = AtomicU64::new(0);
+/// Bytes those frees held: what the device writes with the poison, and reads again to check.
+static POISON_BYTES: AtomicU64 = AtomicU64::new(0);
 static POISON_NS: AtomicU64 = AtomicU64::new(0);
 static RELEASE_NS: AtomicU64 = AtomicU64::new(0);
 static WAIT_NS: AtomicU64 = AtomicU64::new(0);
@@ -1299,9 +1302,11 @@ pub fn at_exit() {
             poisoned,
             ASYNC_BATCHES.load(Relaxed),
             format!(
-                "isolation's time: {poisoned} frees poisoned, {:.1} ms on the freeing threads \
-                 ({:.2} us each); releases {:.1} ms, of it {:.1} ms waiting for the device; \
-                 {} batches released on the release stream",
+                "isolation's time: {poisoned} frees poisoned ({} bytes, written by the device \
+                 once and read once to check), {:.1} ms on the freeing threads ({:.2} us each); \
+                 releases {:.1} ms, of it {:.1} ms waiting for the device; {} batches released \
+                 on the release stream",
+                POISON_BYTES.load(Relaxed),
                 ms(&POISON_NS),
                 ms(&POISON_NS) * 1e3 / poisoned as f64,
                 ms(&RELEASE_NS),
