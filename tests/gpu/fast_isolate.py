@@ -18,6 +18,8 @@ Configurations, interleaved (round -> model -> configurations in a rotated order
   isolate-q4   isolate-stacks with a 4 GiB quarantine (how much of the cost is the pool growing)
   isolate-sync the same substrate with ISOLATE_RELEASE=sync (where the release stream's gain is)
   isolate-nolaunch  isolate-new with ISOLATE_CHECK_LAUNCH=off (the launch check's share)
+  isolate-kernel    isolate-stacks with ISOLATE_POISON_BY=kernel (the library's fill kernel as
+               the poison instead of cuMemsetD8Async)
   log          log mode of this library, cache on (goal: within 1% of default)
   log-stacks   the same with call stacks
   preload-off  the library preloaded with ISOLATE_MODE=off (what loading it costs, nothing hooked)
@@ -48,6 +50,7 @@ CONFIGS = {
     "isolate-q4": ({"ISOLATE_QUARANTINE": "4GiB"}, "new", "isolate"),
     "isolate-sync": ({"ISOLATE_RELEASE": "sync", "ISOLATE_STACKS": "none"}, "new", "isolate"),
     "isolate-nolaunch": ({"ISOLATE_CHECK_LAUNCH": "off", "ISOLATE_STACKS": "none"}, "new", "isolate"),
+    "isolate-kernel": ({"ISOLATE_POISON_BY": "kernel"}, "new", "isolate"),
     "log": ({"ISOLATE_STACKS": "none"}, "new", "log"),
     "log-stacks": ({"ISOLATE_STACKS": "all"}, "new", "log"),
     "preload-off": ({}, "new", "off"),

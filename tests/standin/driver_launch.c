@@ -137,10 +137,13 @@ CUfunction standin_reregister_kernel(CUfunction f, const char *name, standin_ker
 }
 
 static void isolate_verify_many(void **params);
+static void isolate_poison(void **params);
 
 static void register_isolate_kernels(void) {
     static const size_t sizes[4] = {8, 4, 4, 8};
     standin_register_kernel("isolate_verify_many", isolate_verify_many, 4, NULL, sizes);
+    static const size_t poison_sizes[3] = {8, 8, 4};
+    standin_register_kernel("isolate_poison", isolate_poison, 3, NULL, poison_sizes);
 }
 
 unsigned long standin_param_info_calls(void) { return atomic_load(&g_param_info_calls); }
@@ -193,6 +196,17 @@ static void isolate_verify_many(void **params) {
         if (changed && first < out[2 * i + 1])
             out[2 * i + 1] = first;
     }
+}
+
+/* isolate_poison(p, n, pattern), as isolate's PTX defines it, run on the host: [p, p+n) filled
+ * with the pattern's byte (ISOLATE_POISON_BY=kernel). */
+static void isolate_poison(void **params) {
+    unsigned char *p = (unsigned char *)(uintptr_t) * (uint64_t *)params[0];
+    uint64_t n = *(uint64_t *)params[1];
+    unsigned char byte = (unsigned char)(*(unsigned *)params[2] & 0xff);
+    if (!standin_touch((CUdeviceptr)(uintptr_t)p, n))
+        return;
+    memset(p, byte, n);
 }
 
 #define ISOLATE_RING_BYTES 65536

@@ -505,10 +505,13 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
         reused_too_early(log.only_trace(), budget).is_some(),
         "without isolation freed ranges come straight back"
     );
-    for release in ["async", "sync"] {
+    // (release, poison by): the release stream and the synchronous way, and the release stream
+    // with the library's own fill kernel as the poison.
+    for (release, by) in [("async", "memset"), ("sync", "memset"), ("async", "kernel")] {
         let out = isolate(quarantine("async"))
             .env("ISOLATE_QUARANTINE", "4MiB")
             .env("ISOLATE_RELEASE", release)
+            .env("ISOLATE_POISON_BY", by)
             .run();
         out.assert_success();
         has_line(&out, "async calls failed 0");
@@ -516,6 +519,7 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
         t.assert_complete(EndReason::Exit);
         assert_eq!(t.header.mode, "isolate");
         assert_eq!(config(t, "ISOLATE_RELEASE"), Some(release));
+        assert_eq!(config(t, "ISOLATE_POISON_BY"), Some(by));
         if let Some((f, a)) = reused_too_early(t, budget) {
             panic!("{release}: {a:?} got a range still held since {f:?}");
         }
@@ -546,11 +550,13 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
             .map(|e| e.size)
             .sum();
         assert!(freed > 0);
+        let by_kernel = if by == "kernel" { 1200 } else { 0 };
         assert!(
             time.starts_with(&format!(
-                "isolation's time: 1200 frees poisoned ({freed} bytes, written by the device once"
+                "isolation's time: 1200 frees poisoned ({freed} bytes, written by the device once \
+                 and read once to check; {by_kernel} by the library's fill kernel)"
             )),
-            "{release}: {time}"
+            "{release} {by}: {time}"
         );
         if release == "async" {
             assert!(

@@ -75,6 +75,9 @@ pub struct Config {
     /// Stream-ordered frees leave quarantine on the library's own stream, without a host wait
     /// (`ISOLATE_RELEASE=async`, the default); `sync` is the older way, kept for comparison.
     pub async_release: bool,
+    /// A stream-ordered free is poisoned by one launch of the library's own fill kernel
+    /// (`ISOLATE_POISON_BY=kernel`) instead of `cuMemsetD8Async` (`memset`, the default).
+    pub poison_kernel: bool,
     /// Test hook: make recording panic, to prove panics never cross into C.
     pub test_panic: bool,
     /// Internal test hook: the writer sleeps this long after writing the header.
@@ -107,6 +110,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("ISOLATE_STACKS", "all, native, python, none"),
     ("ISOLATE_STACK_DEPTH", "a number of frames from 1 to 256"),
     ("ISOLATE_RELEASE", "async, sync"),
+    ("ISOLATE_POISON_BY", "memset, kernel"),
     ("ISOLATE_TEST_PANIC", "1 (internal test hook)"),
     (
         "ISOLATE_TEST_WRITER_STALL_MS",
@@ -291,6 +295,11 @@ pub fn from_env(
         Some("sync") => false,
         Some(v) => return Err(bad("ISOLATE_RELEASE", v)),
     };
+    let poison_kernel = match var("ISOLATE_POISON_BY").as_deref() {
+        None | Some("memset") => false,
+        Some("kernel") => true,
+        Some(v) => return Err(bad("ISOLATE_POISON_BY", v)),
+    };
     let stacks = match var("ISOLATE_STACKS")
         .map(|v| v.to_ascii_lowercase())
         .as_deref()
@@ -357,6 +366,10 @@ pub fn from_env(
             "ISOLATE_RELEASE".to_string(),
             if async_release { "async" } else { "sync" }.to_string(),
         ),
+        (
+            "ISOLATE_POISON_BY".to_string(),
+            if poison_kernel { "kernel" } else { "memset" }.to_string(),
+        ),
         ("ISOLATE_STACKS".to_string(), stacks.name().to_string()),
         ("ISOLATE_STACK_DEPTH".to_string(), stack_depth.to_string()),
     ];
@@ -383,6 +396,7 @@ pub fn from_env(
         stacks,
         stack_depth,
         async_release,
+        poison_kernel,
         test_panic,
         test_writer_stall_ms,
         test_exit_check_ms,

@@ -529,6 +529,14 @@ fn current_ctx() -> usize {
 fn poison(ptr: u64, size: u64, ordered: bool, stream: CUstream) -> CUresult {
     let byte = config::get().poison;
     if ordered {
+        if let Some(b) = byte
+            && config::get().poison_kernel
+            && ptr.is_multiple_of(4)
+            && let Some(r) = release::poison(current_ctx(), stream as usize, ptr, size, b)
+        {
+            BY_KERNEL.fetch_add(1, Relaxed);
+            return r;
+        }
         if let (Some(b), Some(f)) = (byte, MEMSET_D8_ASYNC.get()) {
             return unsafe { f(ptr, b, size as usize, stream) };
         }
@@ -985,6 +993,8 @@ static ON_HOST: AtomicU64 = AtomicU64::new(0);
 static POISONED: AtomicU64 = AtomicU64::new(0);
 /// Bytes those frees held: what the device writes with the poison, and reads again to check.
 static POISON_BYTES: AtomicU64 = AtomicU64::new(0);
+/// Of those frees, the ones poisoned by the library's fill kernel (`ISOLATE_POISON_BY=kernel`).
+static BY_KERNEL: AtomicU64 = AtomicU64::new(0);
 static POISON_NS: AtomicU64 = AtomicU64::new(0);
 static RELEASE_NS: AtomicU64 = AtomicU64::new(0);
 static WAIT_NS: AtomicU64 = AtomicU64::new(0);
@@ -1303,10 +1313,11 @@ pub fn at_exit() {
             ASYNC_BATCHES.load(Relaxed),
             format!(
                 "isolation's time: {poisoned} frees poisoned ({} bytes, written by the device \
-                 once and read once to check), {:.1} ms on the freeing threads ({:.2} us each); \
-                 releases {:.1} ms, of it {:.1} ms waiting for the device; {} batches released \
-                 on the release stream",
+                 once and read once to check; {} by the library's fill kernel), {:.1} ms on the \
+                 freeing threads ({:.2} us each); releases {:.1} ms, of it {:.1} ms waiting for \
+                 the device; {} batches released on the release stream",
                 POISON_BYTES.load(Relaxed),
+                BY_KERNEL.load(Relaxed),
                 ms(&POISON_NS),
                 ms(&POISON_NS) * 1e3 / poisoned as f64,
                 ms(&RELEASE_NS),

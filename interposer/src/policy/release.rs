@@ -37,6 +37,8 @@ pub static PTX: &str = concat!(include_str!("verify.ptx"), "\0");
 struct Res {
     stream: CUstream,
     func: CUfunction,
+    /// `isolate_poison`, where the module has it (`ISOLATE_POISON_BY=kernel`).
+    fill: Option<CUfunction>,
     ring: CUdeviceptr,
     host: *mut u8,
     busy: [bool; SLOTS],
@@ -93,6 +95,37 @@ pub fn mark(ctx: usize, stream: usize) -> usize {
     ev
 }
 
+/// Poisons [ptr, ptr+len) (4-byte aligned) on `stream` of context `ctx` with one launch of
+/// `isolate_poison`; `None` where the kernel is not to be had (the caller then uses the
+/// driver's memset).
+pub fn poison(ctx: usize, stream: usize, ptr: u64, len: u64, byte: u8) -> Option<CUresult> {
+    let stream = stream as CUstream;
+    let fill = with(|s| resources(s, ctx).and_then(|r| r.fill))?;
+    let launch = LAUNCH_KERNEL.get()?;
+    let (mut p, mut n, mut pat) = (ptr, len, u32::from_ne_bytes([byte; 4]));
+    let mut params: [*mut c_void; 3] = [
+        (&mut p as *mut u64).cast(),
+        (&mut n as *mut u64).cast(),
+        (&mut pat as *mut u32).cast(),
+    ];
+    let blocks = (len / 4).div_ceil(256).clamp(1, 1024) as u32;
+    Some(unsafe {
+        launch(
+            fill,
+            blocks,
+            1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    })
+}
+
 /// One batch on its way: read its results with [`poll`].
 #[derive(Clone, Copy)]
 pub struct Launched {
@@ -143,6 +176,10 @@ fn make() -> Option<Res> {
     if unsafe { get(&mut func, module, c"isolate_verify_many".as_ptr()) } != CUDA_SUCCESS {
         return None;
     }
+    let mut fill: CUfunction = std::ptr::null_mut();
+    let fill = (unsafe { get(&mut fill, module, c"isolate_poison".as_ptr()) } == CUDA_SUCCESS
+        && !fill.is_null())
+    .then_some(fill);
     let (mut ring, mut bytes): (CUdeviceptr, usize) = (0, 0);
     if unsafe { global(&mut ring, &mut bytes, module, c"isolate_ring".as_ptr()) } != CUDA_SUCCESS
         || bytes < SLOTS * SLOT_BYTES
@@ -161,6 +198,7 @@ fn make() -> Option<Res> {
     Some(Res {
         stream,
         func,
+        fill,
         ring,
         host: host.cast(),
         busy: [false; SLOTS],
