@@ -1221,6 +1221,10 @@ pub fn at_exit_bounded() {
     if EXIT_GAVE_UP.load(Acquire) {
         return; // an earlier check is still waiting for the device (and holds the queue)
     }
+    if !ATEXIT.load(Acquire) {
+        at_exit(); // nothing was ever quarantined: nothing to wait for
+        return;
+    }
     let ctx = current_ctx();
     let done = std::sync::Arc::new(AtomicBool::new(false));
     let flag = done.clone();
