@@ -437,25 +437,44 @@ static int pool_stats(void) {
 #define ASYNC_THREADS 4
 #define ASYNC_ROUNDS 300
 
+static pthread_barrier_t g_mid[2];
+
 static void *async_worker(void *arg) {
     int id = (int)(intptr_t)arg;
     cudaStream_t s = NULL;
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking))
         return (void *)1;
     intptr_t bad = 0;
+    void *held = NULL;
     for (int i = 0; i < ASYNC_ROUNDS; i++) {
         size_t size = 16384 + (size_t)((i * 7 + id * 3) % 16) * 4096;
         void *p = NULL;
-        if (cudaMallocAsync(&p, size, s)) {
-            bad++;
-            continue;
+        if (cudaMallocAsync(&p, size, s))
+            bad++; /* and on to the barriers all the same: the others wait there */
+        else
+            bad += cudaMemsetAsync(p, 0x5A, size, s) != 0;
+        int mid = i == ASYNC_ROUNDS / 2, next = i == ASYNC_ROUNDS / 2 + 1;
+        /* Halfway, the other threads hold their frees until thread 0 has freed, written through
+         * the freed pointer, and freed once more (its stream's event then stands after the
+         * write). On a loaded machine their frees could otherwise push its allocation out of
+         * quarantine with its check ordered before the write (docs/isolation.md: the check
+         * waits for the stream's latest free, not for work queued after it). */
+        if (mid)
+            pthread_barrier_wait(&g_mid[0]);
+        if (next && id != 0) {
+            pthread_barrier_wait(&g_mid[1]);
+            bad += cudaFreeAsync(held, s) != 0;
         }
-        bad += cudaMemsetAsync(p, 0x5A, size, s) != 0;
-        bad += cudaFreeAsync(p, s) != 0;
-        if (id == 0 && i == ASYNC_ROUNDS / 2) {
+        if (mid && id != 0)
+            held = p;
+        else
+            bad += cudaFreeAsync(p, s) != 0;
+        if (mid && id == 0) {
             /* A stale write, queued on the stream after the free. */
             bad += cudaMemsetAsync((char *)p + 100, 0x01, 8, s) != 0;
         }
+        if (next && id == 0)
+            pthread_barrier_wait(&g_mid[1]);
     }
     bad += cudaStreamSynchronize(s) != 0;
     bad += cudaStreamDestroy(s) != 0;
@@ -477,6 +496,8 @@ static int stuck(void) {
 
 static int async_release(void) {
     pthread_t t[ASYNC_THREADS];
+    pthread_barrier_init(&g_mid[0], NULL, ASYNC_THREADS);
+    pthread_barrier_init(&g_mid[1], NULL, ASYNC_THREADS);
     for (int i = 0; i < ASYNC_THREADS; i++)
         pthread_create(&t[i], NULL, async_worker, (void *)(intptr_t)i);
     intptr_t bad = 0;
