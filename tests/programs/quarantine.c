@@ -15,6 +15,10 @@
  *   quarantine async    4 threads, each on its own stream, 300 x cudaMallocAsync, a stream-
  *                       ordered write, cudaFreeAsync; thread 0 writes through a freed pointer
  *                       on its stream (8 bytes at offset 100) after the free
+ *   quarantine late     stream A frees its allocation, then writes 8 bytes at offset 100 through
+ *                       the freed pointer and frees nothing more; stream B's frees then push
+ *                       the allocation out of quarantine (1 MiB): the check must see the write
+ *   quarantine late-destroyed  the same, with stream A destroyed right after its stale write
  *   quarantine stuck    a stream-ordered free, then the device hangs (the stand-in's
  *                       standin_device_stuck: nothing finishes any more) and the program exits
  *
@@ -481,6 +485,30 @@ static void *async_worker(void *arg) {
     return (void *)bad;
 }
 
+static int late(int destroy) {
+    cudaStream_t a = NULL, b = NULL;
+    say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+    say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+    void *x = NULL;
+    say("cudaMallocAsync %d", cudaMallocAsync(&x, 64 << 10, a));
+    say("cudaFreeAsync %d", cudaFreeAsync(x, a));
+    /* The stale write, queued after the stream's last free. */
+    say("cudaMemsetAsync %d", cudaMemsetAsync((char *)x + 100, 0x01, 8, a));
+    if (destroy)
+        say("cudaStreamDestroy %d", cudaStreamDestroy(a));
+    int bad = 0;
+    for (int i = 0; i < 32; i++) {
+        void *y = NULL;
+        bad += cudaMallocAsync(&y, 64 << 10, b) != 0;
+        bad += cudaFreeAsync(y, b) != 0;
+    }
+    say("stream b calls failed %d", bad);
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(b));
+    if (!destroy)
+        say("cudaStreamSynchronize %d", cudaStreamSynchronize(a));
+    return bad != 0;
+}
+
 typedef void (*PFN_stuck)(void);
 
 static int stuck(void) {
@@ -534,8 +562,12 @@ int main(int argc, char **argv) {
         r = async_release();
     else if (!strcmp(what, "stuck"))
         r = stuck();
+    else if (!strcmp(what, "late"))
+        r = late(0);
+    else if (!strcmp(what, "late-destroyed"))
+        r = late(1);
     else {
-        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|pool|async|stuck");
+        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|pool|async|stuck|late|late-destroyed");
         return 2;
     }
     say("done %d", r);

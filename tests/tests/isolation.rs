@@ -671,3 +671,37 @@ fn a_device_that_never_finishes_does_not_hold_up_the_exit() {
     );
     assert_eq!(t.events_by_seq().len(), 2, "the allocation and its free");
 }
+
+/// A stale write queued on a stream after that stream's last free, and checked after other
+/// streams' frees pushed the allocation out of quarantine: the check records the freeing
+/// stream's event again first (`release::refresh`), so it runs after the write and names the
+/// right allocation. Before, the check waited only for the event of the last free, ran before
+/// the write, gave the memory back, and the write landed in the next allocation made there
+/// (reported as a stale write of *that* allocation, event 62). With the stream destroyed right
+/// after the write, its event is recorded a last time at the destruction.
+#[test]
+fn a_stale_write_after_the_streams_last_free_is_seen_by_the_check() {
+    for scenario in ["late", "late-destroyed"] {
+        let plain = quarantine(scenario).preload(false).run();
+        plain.assert_success();
+        let out = isolate(quarantine(scenario))
+            .env("ISOLATE_QUARANTINE", "1MiB")
+            .run();
+        out.assert_success();
+        out.assert_same_as(&plain);
+        has_line(&out, "stream b calls failed 0");
+        let t = out.only_trace();
+        t.assert_complete(EndReason::Exit);
+        let s = stats(t);
+        assert!(s.quarantine_releases > 0, "{scenario}: {s:?}");
+        let first = t.events_by_seq()[0];
+        assert_eq!(first.api, Api::CudaMallocAsync);
+        let v = t.violations();
+        assert_eq!(v.len(), 1, "{scenario}: {v:?}");
+        assert_eq!(
+            (v[0].alloc_seq, v[0].first_offset, v[0].changed_bytes),
+            (first.seq, 100, 8),
+            "{scenario}: the stale write is the first allocation's: {v:?}"
+        );
+    }
+}

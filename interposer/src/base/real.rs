@@ -183,6 +183,9 @@ reals! {
         CTX_DESTROY = cuCtxDestroy_v2: fn(CUcontext) -> CUresult;
         PRIMARY_CTX_RESET = cuDevicePrimaryCtxReset_v2: fn(CUdevice) -> CUresult;
         PRIMARY_CTX_RELEASE = cuDevicePrimaryCtxRelease_v2: fn(CUdevice) -> CUresult;
+        // Hooked: a stream's end (isolate mode stops recording on it).
+        STREAM_DESTROY = cuStreamDestroy_v2: fn(CUstream) -> CUresult;
+        STREAM_DESTROY_V1 = cuStreamDestroy: fn(CUstream) -> CUresult;
         // Called by the recorder and the policies themselves.
         CTX_GET_DEVICE = cuCtxGetDevice: fn(*mut CUdevice) -> CUresult;
         CTX_GET_CURRENT = cuCtxGetCurrent: fn(*mut CUcontext) -> CUresult;

@@ -150,6 +150,12 @@ hooks! {
         shmem: c_uint, stream: CUstream, params: *mut *mut c_void)
         = LAUNCH_COOPERATIVE_KERNEL_PTSZ [launch CuLaunchCooperativeKernelPtsz, f, params, std::ptr::null_mut()];
 
+    /// The stream's end: isolate mode records its freeing streams' events again before a check,
+    /// and must not do that on a destroyed handle.
+    cuStreamDestroy_v2(stream: CUstream) = STREAM_DESTROY [stream_gone stream];
+    /// The same, by its first name.
+    cuStreamDestroy(stream: CUstream) = STREAM_DESTROY_V1 [stream_gone stream];
+
     /// Handed out only when the launch check is on: kernels of the module are gone.
     cuModuleUnload(module: *mut c_void) = MODULE_UNLOAD [unloads];
     /// Handed out only when the launch check is on: kernels of the library are gone.

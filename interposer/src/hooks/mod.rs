@@ -10,6 +10,7 @@
 //! - `[launch Api, f, params, extra]`: a kernel launch, checked when the launch check is on;
 //! - `[unloads]`: a call that can end kernels' lives (module and library unloads, context
 //!   destruction), passed through, then told to the launch check;
+//! - `[stream_gone s]`: a stream's destruction, told to isolation first, then passed through;
 //! - `[resolver pfn]`: a resolver whose answer in `pfn` is swapped for our hook.
 //!
 //! The line also adds the hook to its table, by which the resolvers and `dlsym` hand hooks out.
@@ -17,7 +18,7 @@
 //!
 //! Layer: hooks, the top. Uses every layer below (policies, process life, recording, base).
 
-/// The body of one hook; see the module comment for the four forms.
+/// The body of one hook; see the module comment for the five forms.
 macro_rules! body {
     ($real:ident, ($($a:ident),*), [$api:ident, $kind:expr, |$e:ident| $fill:expr $(, then |$e2:ident| $after:expr)?]) => {
         $crate::hooks::shape::run(
@@ -45,6 +46,11 @@ macro_rules! body {
         let r = unsafe { $real($($a),*) };
         $crate::policy::launched(isolate_trace::Api::$api, found, r);
         r
+    }};
+    ($real:ident, ($($a:ident),*), [stream_gone $s:ident]) => {{
+        // Before the call: after it the handle may already name another stream.
+        $crate::policy::stream_gone($s as usize);
+        unsafe { $real($($a),*) }
     }};
     ($real:ident, ($($a:ident),*), [unloads]) => {{
         let r = unsafe { $real($($a),*) };

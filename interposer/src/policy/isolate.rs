@@ -58,6 +58,9 @@ pub struct Entry {
     /// The freeing stream's event from [`release::mark`], recorded after this poison (shared by
     /// the stream's later frees, never destroyed): what the asynchronous release waits for.
     mark: usize,
+    /// The freeing stream (stream-ordered frees), whose event [`release::refresh`] records
+    /// again before the check.
+    stream: usize,
     held: Held,
 }
 
@@ -384,6 +387,7 @@ fn freed(proto: &Event, live: Live, seq: u64, held: Held) -> Entry {
         ctx: current_ctx(),
         event: 0,
         mark: 0,
+        stream: proto.stream as usize,
         held,
     }
 }
@@ -767,6 +771,7 @@ fn release_async(entries: &[Entry]) -> Vec<Entry> {
         if !release::available(ctx) {
             rest.extend(group);
         } else {
+            refresh_streams(ctx, &group);
             for chunk in group.chunks(release::BATCH) {
                 let mut waits: Vec<usize> = chunk.iter().map(|e| e.mark).collect();
                 waits.sort_unstable();
@@ -797,6 +802,22 @@ fn release_async(entries: &[Entry]) -> Vec<Entry> {
         }
     });
     rest
+}
+
+/// Records again the event of each stream `entries` were freed on (see [`release::refresh`]),
+/// once per stream, with context `ctx` current.
+fn refresh_streams<E: std::borrow::Borrow<Entry>>(ctx: usize, entries: &[E]) {
+    let mut streams: Vec<usize> = entries
+        .iter()
+        .map(|e| e.borrow())
+        .filter(|e| e.mark != 0)
+        .map(|e| e.stream)
+        .collect();
+    streams.sort_unstable();
+    streams.dedup();
+    for st in streams {
+        release::refresh(ctx, st);
+    }
 }
 
 /// A batch whose check has run: its entries and, for each, (first changed offset, changed
@@ -912,7 +933,7 @@ fn release_sync(entries: &[Entry], free: bool, repoison: bool) {
     if entries.is_empty() {
         return;
     }
-    in_each_context(entries, |_, group| {
+    in_each_context(entries, |ctx, group| {
         let group: Vec<&Entry> = group.iter().collect();
         let t0 = now_ns();
         for e in &group {
@@ -925,6 +946,7 @@ fn release_sync(entries: &[Entry], free: bool, repoison: bool) {
                 }
             }
         }
+        refresh_streams(ctx, &group);
         let mut marks: Vec<usize> = group.iter().map(|e| e.mark).filter(|&m| m != 0).collect();
         marks.sort_unstable();
         marks.dedup();

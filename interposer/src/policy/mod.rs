@@ -163,6 +163,13 @@ pub unsafe fn launch_check(
     .unwrap_or(None)
 }
 
+/// The program is about to destroy `stream` (never fails, never changes the call).
+pub fn stream_gone(stream: usize) {
+    if isolating() {
+        let _ = std::panic::catch_unwind(|| release::stream_gone(stream));
+    }
+}
+
 /// Kernels may be gone (a module or library unloaded, a context destroyed): the launch check
 /// looks at its cached layouts again before it trusts them.
 pub fn kernels_unloaded() {

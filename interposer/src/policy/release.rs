@@ -51,8 +51,10 @@ struct State {
     /// Per context: its resources, `None` where they could not be made (then the caller
     /// releases the old, synchronous way).
     res: Vec<(usize, Option<Res>)>,
-    /// Per (context, stream): the event recorded after the stream's latest poison.
-    marks: HashMap<(usize, usize), usize>,
+    /// Per (context, stream): the event recorded after the stream's latest poison (or later,
+    /// by [`refresh`]), and whether the stream still exists (false once the program destroyed
+    /// it: [`stream_gone`]).
+    marks: HashMap<(usize, usize), (usize, bool)>,
 }
 
 static STATE: ForkLock<Option<State>> = ForkLock::new(None);
@@ -74,12 +76,11 @@ fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
 /// After a stream-ordered poison on `stream` of context `ctx`: records the stream's event, and
 /// returns it (0 when no event could be made: the caller then cannot release asynchronously).
 pub fn mark(ctx: usize, stream: usize) -> usize {
-    let stream = stream as CUstream;
     let (Some(create), Some(record)) = (EVENT_CREATE.get(), EVENT_RECORD.get()) else {
         return 0;
     };
-    let key = (ctx, stream as usize);
-    let mut ev = with(|s| s.marks.get(&key).copied()).unwrap_or(0);
+    let key = (ctx, stream);
+    let mut ev = with(|s| s.marks.get(&key).map(|m| m.0)).unwrap_or(0);
     if ev == 0 {
         let mut e: *mut c_void = std::ptr::null_mut();
         // CU_EVENT_DISABLE_TIMING = 2
@@ -87,12 +88,63 @@ pub fn mark(ctx: usize, stream: usize) -> usize {
             return 0;
         }
         ev = e as usize;
-        with(|s| s.marks.insert(key, ev));
     }
-    if unsafe { record(ev as *mut c_void, stream) } != CUDA_SUCCESS {
-        return 0;
+    // Under the lock, as `stream_gone` records its last: a destroyed handle is never recorded on.
+    with(|s| {
+        s.marks.insert(key, (ev, true));
+        if unsafe { record(ev as *mut c_void, stream as CUstream) } != CUDA_SUCCESS {
+            0
+        } else {
+            ev
+        }
+    })
+}
+
+/// `CU_STREAM_PER_THREAD`: names the calling thread's own default stream, so only the freeing
+/// thread may record on it.
+const PER_THREAD: usize = 2;
+
+/// Before a check of allocations freed on `stream` of context `ctx` (which must be current):
+/// records the stream's event again, so the check waits for everything queued there so far (a
+/// stale write queued after the stream's last free included), where that can be done: the
+/// stream still exists, is not the per-thread default stream, and is not capturing a graph.
+/// Otherwise the event stays as the last free left it.
+pub fn refresh(ctx: usize, stream: usize) {
+    if stream == PER_THREAD {
+        return;
     }
-    ev
+    let (Some(record), Some(capturing)) = (EVENT_RECORD.get(), STREAM_IS_CAPTURING.get()) else {
+        return;
+    };
+    with(|s| {
+        let Some(&(ev, true)) = s.marks.get(&(ctx, stream)) else {
+            return;
+        };
+        let mut status = 0i32;
+        if unsafe { capturing(stream as CUstream, &mut status) } != CUDA_SUCCESS || status != 0 {
+            return;
+        }
+        unsafe { record(ev as *mut c_void, stream as CUstream) };
+    });
+}
+
+/// The program is about to destroy `stream`: its event is recorded a last time (after all its
+/// work, which still completes after the destruction) and never again on that handle, until a
+/// free on a stream of the same handle (a new stream) marks it again.
+pub fn stream_gone(stream: usize) {
+    let Some(record) = EVENT_RECORD.get() else {
+        return;
+    };
+    with(|s| {
+        for ((_, st), m) in s.marks.iter_mut() {
+            if *st == stream && m.1 {
+                m.1 = false;
+                if stream != PER_THREAD {
+                    unsafe { record(m.0 as *mut c_void, stream as CUstream) };
+                }
+            }
+        }
+    });
 }
 
 /// Poisons [ptr, ptr+len) (4-byte aligned) on `stream` of context `ctx` with one launch of
