@@ -459,10 +459,9 @@ static void *async_worker(void *arg) {
             bad += cudaMemsetAsync(p, 0x5A, size, s) != 0;
         int mid = i == ASYNC_ROUNDS / 2, next = i == ASYNC_ROUNDS / 2 + 1;
         /* Halfway, the other threads hold their frees until thread 0 has freed, written through
-         * the freed pointer, and freed once more (its stream's event then stands after the
-         * write). On a loaded machine their frees could otherwise push its allocation out of
-         * quarantine with its check ordered before the write (docs/isolation.md: the check
-         * waits for the stream's latest free, not for work queued after it). */
+         * the freed pointer, and freed once more. On a loaded machine their frees could
+         * otherwise push its allocation out of quarantine between its free and the write:
+         * a write after the allocation left quarantine is not isolation's to see. */
         if (mid)
             pthread_barrier_wait(&g_mid[0]);
         if (next && id != 0) {
