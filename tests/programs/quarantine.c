@@ -20,7 +20,8 @@
  *                       the allocation out of quarantine (1 MiB): the check must see the write
  *   quarantine late-destroyed  the same, with stream A destroyed right after its stale write
  *   quarantine stuck    a stream-ordered free, then the device hangs (the stand-in's
- *                       standin_device_stuck: nothing finishes any more) and the program exits
+ *                       standin_device_stuck: nothing finishes any more) and the program exits;
+ *                       an exit handler frees one more allocation after isolate's exit check
  *
  * Lines that print where memory came from or what freed memory holds (`b==a`, `... bytes:`,
  * `index`) differ between isolate mode and a plain run by design; every other line must not.
@@ -510,12 +511,22 @@ static int late(int destroy) {
 
 typedef void (*PFN_stuck)(void);
 
+static void *g_late;
+static cudaStream_t g_late_stream;
+
+/* Runs after isolate's exit check (registered before it: exit handlers run last first), as a
+ * library's static destructor freeing its memory would. */
+static void late_free(void) { say("late cudaFreeAsync %d", cudaFreeAsync(g_late, g_late_stream)); }
+
 static int stuck(void) {
+    atexit(late_free);
     cudaStream_t s = NULL;
     void *a = NULL;
     PFN_stuck hang = (PFN_stuck)switch_and_stream("standin_device_stuck", "stuck", &s, &a);
     if (!hang)
         return 1;
+    g_late_stream = s;
+    say("cudaMallocAsync %d", cudaMallocAsync(&g_late, MIB, s));
     say("cudaFreeAsync %d", cudaFreeAsync(a, s));
     hang();
     return 0;

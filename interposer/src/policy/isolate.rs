@@ -247,7 +247,7 @@ pub fn alloc(
     if r == CUDA_ERROR_OUT_OF_MEMORY && quarantinable(proto.api) {
         // Isolation must never cause an out-of-memory a normal run would not have had.
         // First the batches already on their way out: their frees run on the release stream.
-        if !INFLIGHT.lock().is_empty() {
+        if !EXIT_GAVE_UP.load(Relaxed) && !INFLIGHT.lock().is_empty() {
             reap(true);
             r = attempt();
         }
@@ -310,6 +310,13 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     let mut p = Pending::before(proto.api);
     let seq = p.ev.seq;
     p.ev = Event { seq, ..proto };
+    if EXIT_GAVE_UP.load(Relaxed) {
+        // The exit check is stuck waiting for the device, maybe holding the release queue:
+        // what is freed from now on (the exit's last frees) goes to the driver as it is.
+        let r = call();
+        p.finish(r);
+        return r;
+    }
     let (live, held) = if proto.ptr != 0 && quarantinable(proto.api) {
         let mut g = state();
         let s = st!(g);
