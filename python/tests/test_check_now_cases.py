@@ -1,30 +1,13 @@
 """Cases for the isolate_no_findings marker's check at the end of each test
-(``isolate_check_now``), run by tests/tests/python_startup.rs under pytest with the stand-in CUDA
+(``isolate_check_now``), run by tests/tests/python_plugin.rs under pytest with the stand-in CUDA
 runtime and libisolate.so preloaded in isolate mode. ``test_fail_stale_write`` writes through a
 pointer to memory it freed (the memory stays in quarantine: only the end-of-test check can find
 it before exit); the test after it passes: the finding is that test's alone."""
 
-import ctypes
-
 import pytest
 
 import cuda_isolate
-
-MiB = 1 << 20
-
-rt = ctypes.CDLL("libcudart.so.13")
-rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-rt.cudaMalloc.restype = ctypes.c_int
-rt.cudaFree.argtypes = [ctypes.c_void_p]
-rt.cudaFree.restype = ctypes.c_int
-rt.cudaMemset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
-rt.cudaMemset.restype = ctypes.c_int
-
-
-def malloc(n):
-    p = ctypes.c_void_p()
-    assert rt.cudaMalloc(ctypes.byref(p), n) == 0
-    return p.value
+from standin_runtime import MiB, malloc, rt
 
 
 @pytest.mark.isolate_no_findings

@@ -4,25 +4,10 @@ preloaded. Names say the outcome the Rust test expects when the library is loade
 ``test_pass_*`` pass, ``test_fail_*`` fail. Run in file order: the leaking case comes last of
 those that allocate, so the peak cases see an empty device."""
 
-import ctypes
-
 import pytest
 
 import cuda_isolate
-
-MiB = 1 << 20
-
-rt = ctypes.CDLL("libcudart.so.13")
-rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-rt.cudaMalloc.restype = ctypes.c_int
-rt.cudaFree.argtypes = [ctypes.c_void_p]
-rt.cudaFree.restype = ctypes.c_int
-
-
-def malloc(n):
-    p = ctypes.c_void_p()
-    assert rt.cudaMalloc(ctypes.byref(p), n) == 0
-    return p.value
+from standin_runtime import MiB, malloc, rt
 
 
 @pytest.mark.isolate_no_findings
