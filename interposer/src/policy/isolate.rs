@@ -359,8 +359,14 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         return r;
     }
     let t0 = now_ns();
-    let r = poison(proto.ptr, live.size, ordered, proto.stream as CUstream);
     let mut entry = freed(&proto, live, seq, Held::Allocation);
+    let r = poison(
+        proto.ptr,
+        live.size,
+        ordered,
+        proto.stream as CUstream,
+        entry.ctx,
+    );
     if ordered {
         if release::enabled() {
             entry.mark = release::mark(entry.ctx, proto.stream as usize);
@@ -454,7 +460,7 @@ fn unmap(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         p.finish(r);
         return r;
     }
-    let r = poison(proto.ptr, proto.size, false, std::ptr::null_mut());
+    let r = poison(proto.ptr, proto.size, false, std::ptr::null_mut(), 0);
     if r != CUDA_SUCCESS {
         // Not a range we can touch (not mapped, no access): let the driver say what it is.
         let r = call();
@@ -536,14 +542,15 @@ fn current_ctx() -> usize {
 
 /// Fills freed memory with the poison byte. A plain free behaves as `cudaFree` does (waits for
 /// the device, so work still in flight finishes first); a stream-ordered free is poisoned on its
-/// stream, after the work queued there.
-fn poison(ptr: u64, size: u64, ordered: bool, stream: CUstream) -> CUresult {
+/// stream, after the work queued there (by the fill kernel of context `ctx` with
+/// `ISOLATE_POISON_BY=kernel`).
+fn poison(ptr: u64, size: u64, ordered: bool, stream: CUstream, ctx: usize) -> CUresult {
     let byte = config::get().poison;
     if ordered {
         if let Some(b) = byte
             && config::get().poison_kernel
             && ptr.is_multiple_of(4)
-            && let Some(r) = release::poison(current_ctx(), stream as usize, ptr, size, b)
+            && let Some(r) = release::poison(ctx, stream as usize, ptr, size, b)
         {
             BY_KERNEL.fetch_add(1, Relaxed);
             return r;
