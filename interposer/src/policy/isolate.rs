@@ -371,7 +371,7 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         if release::enabled() {
             entry.mark = release::mark(entry.ctx, proto.stream as usize);
         } else {
-            entry.event = record_event(proto.stream as CUstream);
+            entry.event = release::record_event(proto.stream as usize);
         }
     }
     POISON_NS.fetch_add(now_ns().saturating_sub(t0), Relaxed);
@@ -570,24 +570,6 @@ fn poison(ptr: u64, size: u64, ordered: bool, stream: CUstream, ctx: usize) -> C
         (Some(b), Some(f)) => unsafe { f(ptr, b, size as usize) },
         _ => CUDA_SUCCESS,
     }
-}
-
-fn record_event(stream: CUstream) -> usize {
-    let (Some(create), Some(rec)) = (EVENT_CREATE.get(), EVENT_RECORD.get()) else {
-        return 0;
-    };
-    let mut ev: *mut c_void = std::ptr::null_mut();
-    // CU_EVENT_DISABLE_TIMING = 2
-    if unsafe { create(&mut ev, 2) } != CUDA_SUCCESS {
-        return 0;
-    }
-    if unsafe { rec(ev, stream) } != CUDA_SUCCESS {
-        if let Some(d) = EVENT_DESTROY.get() {
-            unsafe { d(ev) };
-        }
-        return 0;
-    }
-    ev as usize
 }
 
 fn budget(s: &mut State, device: i32) -> u64 {

@@ -73,21 +73,47 @@ fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
     f(s)
 }
 
+/// A new event without timing; 0 where the driver makes none.
+fn new_event() -> usize {
+    let Some(create) = EVENT_CREATE.get() else {
+        return 0;
+    };
+    let mut e: *mut c_void = std::ptr::null_mut();
+    // CU_EVENT_DISABLE_TIMING = 2
+    if unsafe { create(&mut e, 2) } != CUDA_SUCCESS {
+        return 0;
+    }
+    e as usize
+}
+
+/// A new event recorded on `stream`; 0 where it cannot be made or recorded (one made is then
+/// destroyed).
+pub fn record_event(stream: usize) -> usize {
+    let (ev, Some(record)) = (new_event(), EVENT_RECORD.get()) else {
+        return 0;
+    };
+    if ev != 0 && unsafe { record(ev as *mut c_void, stream as CUstream) } != CUDA_SUCCESS {
+        if let Some(d) = EVENT_DESTROY.get() {
+            unsafe { d(ev as *mut c_void) };
+        }
+        return 0;
+    }
+    ev
+}
+
 /// After a stream-ordered poison on `stream` of context `ctx`: records the stream's event, and
 /// returns it (0 when no event could be made: the caller then cannot release asynchronously).
 pub fn mark(ctx: usize, stream: usize) -> usize {
-    let (Some(create), Some(record)) = (EVENT_CREATE.get(), EVENT_RECORD.get()) else {
+    let Some(record) = EVENT_RECORD.get() else {
         return 0;
     };
     let key = (ctx, stream);
     let mut ev = with(|s| s.marks.get(&key).map(|m| m.0)).unwrap_or(0);
     if ev == 0 {
-        let mut e: *mut c_void = std::ptr::null_mut();
-        // CU_EVENT_DISABLE_TIMING = 2
-        if unsafe { create(&mut e, 2) } != CUDA_SUCCESS {
+        ev = new_event();
+        if ev == 0 {
             return 0;
         }
-        ev = e as usize;
     }
     // Under the lock, as `stream_gone` records its last: a destroyed handle is never recorded on.
     with(|s| {
@@ -282,7 +308,9 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
         let htod = MEMCPY_HTOD_ASYNC.get()?;
         let dtoh = MEMCPY_DTOH_ASYNC.get()?;
         let launch = LAUNCH_KERNEL.get()?;
-        let (create, record) = (EVENT_CREATE.get()?, EVENT_RECORD.get()?);
+        // The completion event is made below: nothing is queued without a way to make it.
+        EVENT_CREATE.get()?;
+        EVENT_RECORD.get()?;
         for &ev in waits {
             if unsafe { wait(r.stream, ev as *mut c_void, 0) } != CUDA_SUCCESS {
                 return None;
@@ -337,24 +365,19 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
             return None;
         }
         let copied = unsafe { dtoh(host.add(2 * BATCH).cast(), dev + res_off, n * 16, r.stream) };
-        let mut done: *mut c_void = std::ptr::null_mut();
-        if copied != CUDA_SUCCESS
-            || unsafe { create(&mut done, 2) } != CUDA_SUCCESS
-            || unsafe { record(done, r.stream) } != CUDA_SUCCESS
-        {
+        let done = if copied == CUDA_SUCCESS {
+            record_event(r.stream as usize)
+        } else {
+            0
+        };
+        if done == 0 {
             // The check is queued but its results cannot be waited for: wait here instead.
             if let Some(sync) = STREAM_SYNCHRONIZE.get() {
                 unsafe { sync(r.stream) };
             }
-            done = std::ptr::null_mut();
         }
         r.busy[slot] = true;
-        Some(Launched {
-            ctx,
-            slot,
-            n,
-            done: done as usize,
-        })
+        Some(Launched { ctx, slot, n, done })
     })
 }
 
