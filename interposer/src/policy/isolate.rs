@@ -839,8 +839,14 @@ fn reap(wait: bool) {
         let Some(mut q) = q else { return };
         take_done(&mut q, wait, usize::MAX)
     };
-    free_checked(&done, wait);
-    if wait {
+    settle(done, wait, wait.then_some(t0));
+}
+
+/// What follows reading checked batches: their memory given back (`wait_frees`: free before
+/// this returns), the wait since `waited_since` counted, their findings reported.
+fn settle(done: Vec<Checked>, wait_frees: bool, waited_since: Option<u64>) {
+    free_checked(&done, wait_frees);
+    if let Some(t0) = waited_since {
         WAIT_NS.fetch_add(now_ns().saturating_sub(t0), Relaxed);
     }
     report_all(done);
@@ -915,9 +921,7 @@ fn reap_oldest(ctx: usize) -> bool {
         };
         take_done(&mut q, true, pos)
     };
-    free_checked(&done, false);
-    WAIT_NS.fetch_add(now_ns().saturating_sub(t0), Relaxed);
-    report_all(done);
+    settle(done, false, Some(t0));
     true
 }
 
