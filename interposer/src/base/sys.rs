@@ -1,5 +1,5 @@
-//! Thin OS helpers every layer shares: the monotonic clock, the thread id, and one line on
-//! stderr.
+//! Thin OS helpers every layer shares: the monotonic clock, a short sleep, the thread id, and one
+//! line on stderr.
 //!
 //! Layer: base. Uses nothing of this crate.
 
@@ -18,6 +18,16 @@ pub fn now_ns() -> u64 {
     };
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Sleeps `ns` nanoseconds (less than a second) with plain `nanosleep`: async-signal-safe, and
+/// no thread handle needed, so fine in a signal handler and during thread teardown.
+pub fn nap(ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: ns.min(999_999_999) as libc::c_long,
+    };
+    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
 }
 
 #[inline]

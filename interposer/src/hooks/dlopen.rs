@@ -11,7 +11,7 @@ use super::runtime::RUNTIME_HOOKED;
 use crate::base::got::{self, Import, Object};
 use crate::base::loader::{self, DlopenFn};
 use crate::base::resolve::{self, REAL_DLSYM};
-use crate::base::sys::warn;
+use crate::base::sys::{nap, warn};
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -90,11 +90,7 @@ impl Patching {
                     {
                         return Patching;
                     }
-                    let pause = libc::timespec {
-                        tv_sec: 0,
-                        tv_nsec: 50_000,
-                    };
-                    unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+                    nap(50_000);
                 }
             }
         }

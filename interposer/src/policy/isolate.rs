@@ -11,7 +11,7 @@ use crate::base::config::{self, Budget};
 use crate::base::cuda::*;
 use crate::base::real::{self, *};
 use crate::base::sys::{ForkLock, ForkLockGuard};
-use crate::base::sys::{now_ns, warn};
+use crate::base::sys::{nap, now_ns, warn};
 use crate::record::event::{self, Pending};
 use crate::record::thread::Inside;
 use crate::record::writer;
@@ -1283,11 +1283,7 @@ pub fn at_exit_bounded() {
             event::note(NoteKind::Info, 0, 0, 0, text);
             return;
         }
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 1_000_000,
-        };
-        unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+        nap(1_000_000);
     }
 }
 

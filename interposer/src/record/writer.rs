@@ -10,7 +10,7 @@
 
 use super::{header, thread};
 use crate::base::config::{self, Mode};
-use crate::base::sys::{gettid, now_ns, warn};
+use crate::base::sys::{gettid, nap, now_ns, warn};
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 use isolate_trace::{Encoder, End, EndReason, Header, Record, Stats};
 use std::sync::atomic::{
@@ -134,12 +134,7 @@ pub fn submit(rec: Record) {
                 if spins < 64 {
                     std::hint::spin_loop();
                 } else {
-                    // Plain nanosleep: no thread handle needed, fine during thread teardown.
-                    let ts = libc::timespec {
-                        tv_sec: 0,
-                        tv_nsec: 50_000,
-                    };
-                    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+                    nap(50_000);
                 }
             }
             Err(TrySendError::Disconnected(_)) => {
@@ -200,11 +195,7 @@ fn start() {
             // file system): then it goes on.
             let deadline = now_ns() + 2_000_000_000;
             while !OPENED.load(Acquire) && now_ns() < deadline {
-                let ts = libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 20_000,
-                };
-                unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+                nap(20_000);
             }
             let on_start = ON_START.load(Acquire);
             if !on_start.is_null() {
@@ -229,7 +220,7 @@ fn start() {
 }
 
 /// Asks the writer to write out everything accepted so far and waits (at most `timeout`).
-/// Async-signal-safe: atomics and `nanosleep` only.
+/// Async-signal-safe: atomics and `nap` (`nanosleep`) only.
 pub fn flush(end: Option<EndReason>, timeout: Duration) -> bool {
     if OWNER_PID.load(Acquire) != std::process::id() || gettid() == WRITER_TID.load(Relaxed) {
         return false;
@@ -267,17 +258,13 @@ fn wait_ended(deadline: u64) -> bool {
 }
 
 /// Polls `done` every 200 µs until it holds (true) or `deadline` passes (false).
-/// Async-signal-safe: `nanosleep` only.
+/// Async-signal-safe: `nap` (`nanosleep`) only.
 fn wait_until(deadline: u64, done: impl Fn() -> bool) -> bool {
     while !done() {
         if now_ns() > deadline {
             return false;
         }
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 200_000,
-        };
-        unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+        nap(200_000);
     }
     true
 }
@@ -547,11 +534,7 @@ fn writer_main(rx: Receiver<Record>) {
     loop {
         let first = rx.try_recv();
         if first.is_err() {
-            let ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: idle as libc::c_long,
-            };
-            unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+            nap(idle);
             idle = (idle * 2).min(IDLE_MAX);
         } else {
             idle = IDLE_MIN;
