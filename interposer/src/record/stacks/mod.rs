@@ -29,8 +29,6 @@ use std::sync::atomic::{AtomicU32, Ordering::*};
 
 /// The most frames a stack may have (`ISOLATE_STACK_DEPTH` is at most this).
 pub const MAX_DEPTH: usize = 256;
-/// Native frames read before merging: Python replaces some, so read more than the depth.
-const NATIVE_MAX: usize = 2 * MAX_DEPTH;
 
 /// One frame before it is described.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -120,6 +118,80 @@ pub fn after_fork_child() {
     modules::after_fork_child();
 }
 
+/// The merge of native and Python frames, done as the native walk goes: each native frame
+/// inside the evaluation loop (`eval`) is replaced by the Python frames of the next activation,
+/// any other stays; at `depth` frames the walk stops. Activations left over (the walk stopped
+/// early, or the loop's range is unknown) go after the native frames, outermost last
+/// ([`Merge::python_left`]).
+struct Merge<'a> {
+    py: &'a [python::Raw],
+    eval: Option<(u64, u64)>,
+    depth: usize,
+    /// The next Python frame to place.
+    pi: usize,
+    frames: [MaybeUninit<RawFrame>; MAX_DEPTH],
+    n: usize,
+    truncated: bool,
+    /// The last native return address taken (0: none).
+    last: u64,
+}
+
+impl<'a> Merge<'a> {
+    fn new(py: &'a [python::Raw], eval: Option<(u64, u64)>, depth: usize) -> Self {
+        Merge {
+            py,
+            eval,
+            depth,
+            pi: 0,
+            // Not zeroed: only what is written is read.
+            frames: [const { MaybeUninit::uninit() }; MAX_DEPTH],
+            n: 0,
+            truncated: false,
+            last: 0,
+        }
+    }
+
+    /// Appends `f`; false (and the stack marked truncated) when `depth` frames are there.
+    fn push(&mut self, f: RawFrame) -> bool {
+        if self.n == self.depth {
+            self.truncated = true;
+            return false;
+        }
+        self.frames[self.n].write(f);
+        self.n += 1;
+        true
+    }
+
+    /// The native walk's next return address; false once the stack is full.
+    fn native(&mut self, pc: u64) -> bool {
+        if self.n == self.depth {
+            self.truncated = true;
+            return false;
+        }
+        self.last = pc;
+        match self.eval {
+            Some((lo, hi)) if self.pi < self.py.len() && pc > lo && pc <= hi => {
+                let act = self.py[self.pi].act;
+                while self.pi < self.py.len() && self.py[self.pi].act == act {
+                    if !self.push(RawFrame::Python(self.py[self.pi])) {
+                        return false;
+                    }
+                    self.pi += 1;
+                }
+                true
+            }
+            _ => self.push(RawFrame::Native(pc)),
+        }
+    }
+
+    /// The Python frames no native frame stood for, outermost last.
+    fn python_left(&mut self) {
+        while self.pi < self.py.len() && self.push(RawFrame::Python(self.py[self.pi])) {
+            self.pi += 1;
+        }
+    }
+}
+
 fn capture_inner(mode: Stacks, depth: usize) -> u32 {
     let want_native = matches!(mode, Stacks::Native | Stacks::All);
     let want_python = matches!(mode, Stacks::Python | Stacks::All);
@@ -142,99 +214,28 @@ fn capture_inner(mode: Stacks, depth: usize) -> u32 {
     } else {
         None
     };
-    // Not zeroed: 26 KiB of buffers would cost more than the walk (only what is written is read).
-    let mut native_store = [const { MaybeUninit::<u64>::uninit() }; NATIVE_MAX];
-    let (mut nn, mut native_more) = (0, false);
+    let mut m = Merge::new(py, eval, depth);
     if want_native {
-        let limit = if want_python { NATIVE_MAX } else { depth };
-        // How deep the merge below will be after each frame: a frame of the evaluation loop
-        // stands for its activation's Python frames, any other for itself.
-        let keep_until_deep = |snap_eval: Option<(u64, u64)>| {
-            let (mut merged, mut pi) = (0usize, 0usize);
-            move |pc: u64| -> bool {
-                if merged >= depth {
-                    return false;
-                }
-                match snap_eval {
-                    Some((lo, hi)) if pi < py.len() && pc > lo && pc <= hi => {
-                        let act = py[pi].act;
-                        while pi < py.len() && py[pi].act == act {
-                            merged += 1;
-                            pi += 1;
-                        }
-                    }
-                    _ => merged += 1,
-                }
-                true
-            }
-        };
-        let mut keep = keep_until_deep(eval);
-        (nn, native_more) = native::unwind(snap, &mut native_store[..limit], &mut keep);
+        let stopped = native::unwind(snap, &mut |pc| m.native(pc));
         // Ended in code no known object holds: loaded since the snapshot? Look now.
-        if nn > 0
-            && !native_more
-            && snap
-                .find(unsafe { native_store[nn - 1].assume_init() })
-                .is_none()
+        if !stopped
+            && m.last != 0
+            && snap.find(m.last).is_none()
             && let Some(fresh) = modules::current(true)
             && !std::ptr::eq(fresh, snap)
         {
             snap = fresh;
-            let mut keep = keep_until_deep(eval);
-            (nn, native_more) = native::unwind(snap, &mut native_store[..limit], &mut keep);
+            m = Merge::new(py, eval, depth);
+            native::unwind(snap, &mut |pc| m.native(pc));
         }
     }
-    // SAFETY: `unwind` wrote the first `nn`.
-    let native_buf: &[u64] =
-        unsafe { std::slice::from_raw_parts(native_store.as_ptr().cast(), nn) };
-    let mut frames = [const { MaybeUninit::<RawFrame>::uninit() }; MAX_DEPTH];
-    let mut n = 0usize;
-    let mut truncated = false;
-    let mut push = |f: RawFrame, n: &mut usize| -> bool {
-        if *n == depth {
-            truncated = true;
-            return false;
-        }
-        frames[*n].write(f);
-        *n += 1;
-        true
-    };
-    // The merge: each native frame inside the evaluation loop is replaced by the Python frames
-    // of the next activation; activations left over (native unwinding stopped early, or the
-    // loop's range is unknown) go after the native frames, outermost last.
-    let mut pi = 0usize;
-    'native: for &pc in &native_buf[..nn] {
-        if let Some((lo, hi)) = eval
-            && pi < py.len()
-            && pc > lo
-            && pc <= hi
-        {
-            let act = py[pi].act;
-            while pi < py.len() && py[pi].act == act {
-                if !push(RawFrame::Python(py[pi]), &mut n) {
-                    break 'native;
-                }
-                pi += 1;
-            }
-            continue;
-        }
-        if !push(RawFrame::Native(pc), &mut n) {
-            break;
-        }
-    }
-    while pi < py.len() {
-        if !push(RawFrame::Python(py[pi]), &mut n) {
-            break;
-        }
-        pi += 1;
-    }
-    let truncated = truncated || native_more || pw.truncated;
-    if n == 0 {
+    m.python_left();
+    if m.n == 0 {
         return 0;
     }
     // SAFETY: `push` wrote the first `n`.
-    let frames: &[RawFrame] = unsafe { std::slice::from_raw_parts(frames.as_ptr().cast(), n) };
-    intern(frames, truncated, snap)
+    let frames: &[RawFrame] = unsafe { std::slice::from_raw_parts(m.frames.as_ptr().cast(), m.n) };
+    intern(frames, m.truncated || pw.truncated, snap)
 }
 
 fn hashes(frames: &[RawFrame], truncated: bool) -> (u64, u64) {

@@ -12,7 +12,6 @@ use super::modules::Snapshot;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{FrameAddress, Unwinder};
 use std::cell::{Cell, RefCell};
-use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 thread_local! {
@@ -56,16 +55,11 @@ fn stack_bounds() -> Option<(u64, u64)> {
     Some(b)
 }
 
-/// Writes into `out` the return addresses of the calling thread, innermost first, leaving out
-/// the frames of this library that lead up to here, and stopping early where `keep` says no
-/// to a frame. Returns how many were written and whether there were more (than `out` holds, or
-/// than `keep` wanted).
+/// Hands `visit` the return addresses of the calling thread, innermost first, leaving out the
+/// frames of this library that lead up to here, until `visit` says no to one. Returns whether
+/// it did (the stack went on past what `visit` took).
 #[inline(never)]
-pub fn unwind(
-    snap: &Snapshot,
-    out: &mut [MaybeUninit<u64>],
-    keep: &mut dyn FnMut(u64) -> bool,
-) -> (usize, bool) {
+pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
     let (ip, sp, bp): (u64, u64, u64);
     // The three registers at one instruction: the unwind rules for `ip` apply to this `sp`.
     unsafe {
@@ -80,7 +74,7 @@ pub fn unwind(
         );
     }
     let Some((_, hi)) = stack_bounds() else {
-        return (0, false);
+        return false;
     };
     let lo = sp;
     let mut read = |addr: u64| -> Result<u64, ()> {
@@ -94,9 +88,7 @@ pub fn unwind(
         let mut read = |a: u64| read(a);
         let regs = UnwindRegsX86_64::new(ip, sp, bp);
         let mut it = snap.unwinder.iter_frames(ip, regs, cache, &mut read);
-        let mut n = 0usize;
         let mut leading = true;
-        let mut more = false;
         // The first frame is this function's own instruction pointer.
         while let Ok(Some(f)) = it.next() {
             let FrameAddress::ReturnAddress(ra) = f else {
@@ -107,14 +99,11 @@ pub fn unwind(
                 continue;
             }
             leading = false;
-            if n == out.len() || !keep(ra) {
-                more = true;
-                break;
+            if !visit(ra) {
+                return true;
             }
-            out[n].write(ra);
-            n += 1;
         }
-        (n, more)
+        false
     };
     let from_cache = CACHE.try_with(|c| {
         let Ok(mut c) = c.try_borrow_mut() else {
