@@ -1143,7 +1143,7 @@ fn kernel_for_current() -> Option<(CUfunction, CUdeviceptr)> {
 /// launched, then one copy back.
 fn verify_batch_on_device(entries: &[&Entry], byte: u8) -> Option<Vec<(u64, u64)>> {
     let (func, result) = kernel_for_current()?;
-    let launch = real::LAUNCH_KERNEL.get()?;
+    real::LAUNCH_KERNEL.get()?;
     let htod = MEMCPY_HTOD.get()?;
     let dtoh = MEMCPY_DTOH.get()?;
     let n = entries.len().min(BATCH);
@@ -1164,19 +1164,7 @@ fn verify_batch_on_device(entries: &[&Entry], byte: u8) -> Option<Vec<(u64, u64)
         ];
         let blocks = (e.size / 4).div_ceil(256).clamp(1, 132 * 8) as u32;
         let r = unsafe {
-            launch(
-                func,
-                blocks,
-                1,
-                1,
-                256,
-                1,
-                1,
-                0,
-                std::ptr::null_mut(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
+            release::launch_kernel(func, (blocks, 1), std::ptr::null_mut(), &mut params)?
         };
         if r != CUDA_SUCCESS {
             return None;

@@ -107,17 +107,16 @@ pub fn mark(ctx: usize, stream: usize) -> usize {
     let Some(record) = EVENT_RECORD.get() else {
         return 0;
     };
-    let key = (ctx, stream);
-    let mut ev = with(|s| s.marks.get(&key).map(|m| m.0)).unwrap_or(0);
-    if ev == 0 {
-        ev = new_event();
+    // Under the lock, as `stream_gone` records its last: a destroyed handle is never recorded on.
+    with(|s| {
+        let ev = match s.marks.get(&(ctx, stream)) {
+            Some(&(ev, _)) => ev,
+            None => new_event(),
+        };
         if ev == 0 {
             return 0;
         }
-    }
-    // Under the lock, as `stream_gone` records its last: a destroyed handle is never recorded on.
-    with(|s| {
-        s.marks.insert(key, (ev, true));
+        s.marks.insert((ctx, stream), (ev, true));
         if unsafe { record(ev as *mut c_void, stream as CUstream) } != CUDA_SUCCESS {
             0
         } else {
@@ -173,25 +172,25 @@ pub fn stream_gone(stream: usize) {
     });
 }
 
-/// Poisons [ptr, ptr+len) (4-byte aligned) on `stream` of context `ctx` with one launch of
-/// `isolate_poison`; `None` where the kernel is not to be had (the caller then uses the
-/// driver's memset).
-pub fn poison(ctx: usize, stream: usize, ptr: u64, len: u64, byte: u8) -> Option<CUresult> {
-    let stream = stream as CUstream;
-    let fill = with(|s| resources(s, ctx).and_then(|r| r.fill))?;
+/// Launches `func` on `stream` with `gx` x `gy` blocks of 256 threads and `params` (the real
+/// `cuLaunchKernel`: the library's own kernels are never checked); `None` where the driver has
+/// no launch.
+///
+/// # Safety
+/// `func` is a kernel of the current context, `stream` one of its streams (or null), and
+/// `params` points at one value per kernel parameter, of its type.
+pub unsafe fn launch_kernel(
+    func: CUfunction,
+    (gx, gy): (u32, u32),
+    stream: CUstream,
+    params: &mut [*mut c_void],
+) -> Option<CUresult> {
     let launch = LAUNCH_KERNEL.get()?;
-    let (mut p, mut n, mut pat) = (ptr, len, u32::from_ne_bytes([byte; 4]));
-    let mut params: [*mut c_void; 3] = [
-        (&mut p as *mut u64).cast(),
-        (&mut n as *mut u64).cast(),
-        (&mut pat as *mut u32).cast(),
-    ];
-    let blocks = (len / 4).div_ceil(256).clamp(1, 1024) as u32;
     Some(unsafe {
         launch(
-            fill,
-            blocks,
-            1,
+            func,
+            gx,
+            gy,
             1,
             256,
             1,
@@ -202,6 +201,22 @@ pub fn poison(ctx: usize, stream: usize, ptr: u64, len: u64, byte: u8) -> Option
             std::ptr::null_mut(),
         )
     })
+}
+
+/// Poisons [ptr, ptr+len) (4-byte aligned) on `stream` of context `ctx` with one launch of
+/// `isolate_poison`; `None` where the kernel is not to be had (the caller then uses the
+/// driver's memset).
+pub fn poison(ctx: usize, stream: usize, ptr: u64, len: u64, byte: u8) -> Option<CUresult> {
+    let stream = stream as CUstream;
+    let fill = with(|s| resources(s, ctx).and_then(|r| r.fill))?;
+    let (mut p, mut n, mut pat) = (ptr, len, u32::from_ne_bytes([byte; 4]));
+    let mut params: [*mut c_void; 3] = [
+        (&mut p as *mut u64).cast(),
+        (&mut n as *mut u64).cast(),
+        (&mut pat as *mut u32).cast(),
+    ];
+    let blocks = (len / 4).div_ceil(256).clamp(1, 1024) as u32;
+    unsafe { launch_kernel(fill, (blocks, 1), stream, &mut params) }
 }
 
 /// One batch on its way: read its results with [`poll`].
@@ -307,7 +322,7 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
         let wait = STREAM_WAIT_EVENT.get()?;
         let htod = MEMCPY_HTOD_ASYNC.get()?;
         let dtoh = MEMCPY_DTOH_ASYNC.get()?;
-        let launch = LAUNCH_KERNEL.get()?;
+        LAUNCH_KERNEL.get()?;
         // The completion event is made below: nothing is queued without a way to make it.
         EVENT_CREATE.get()?;
         EVENT_RECORD.get()?;
@@ -346,21 +361,7 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
             (&mut pat as *mut u32).cast(),
             (&mut out as *mut u64).cast(),
         ];
-        let launched = unsafe {
-            launch(
-                r.func,
-                bx,
-                n as u32,
-                1,
-                256,
-                1,
-                1,
-                0,
-                r.stream,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        };
+        let launched = unsafe { launch_kernel(r.func, (bx, n as u32), r.stream, &mut params)? };
         if launched != CUDA_SUCCESS {
             return None;
         }
