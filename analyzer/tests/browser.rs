@@ -115,7 +115,7 @@ fn with_regions(from: &Path, to: &Path) {
 /// A version-2 trace whose first allocation (64 MiB, the bottom band all along) was made and
 /// freed from Python functions, with small allocations coming and going above it.
 fn stacks_trace(dir: &Path) -> PathBuf {
-    use isolate_trace::{Api, Event, Frame, PyCode, Record, Stack};
+    use isolate_trace::{Api, Frame, PyCode, Record, Stack};
     let mut t = common::TraceBuilder::new();
     for (id, name, line) in [
         (1, "Model.step", 10),
@@ -140,20 +140,13 @@ fn stacks_trace(dir: &Path) -> PathBuf {
             truncated: false,
         }));
     }
-    let ev = |api, ptr, size, stack| Event {
-        api,
-        ptr,
-        size,
-        stack,
-        ..Event::default()
-    };
-    t.event(ev(Api::CudaMalloc, common::A, 64 * common::MIB, 1));
+    t.call_from(Api::CudaMalloc, common::A, 64 * common::MIB, 1);
     for i in 0..40 {
         let p = common::A + 0x1000_0000 + i * 0x10_0000;
-        t.event(ev(Api::CudaMalloc, p, 4 * common::MIB, 1));
-        t.event(ev(Api::CudaFree, p, 0, 2));
+        t.call_from(Api::CudaMalloc, p, 4 * common::MIB, 1);
+        t.call_from(Api::CudaFree, p, 0, 2);
     }
-    t.event(ev(Api::CudaFree, common::A, 0, 2));
+    t.call_from(Api::CudaFree, common::A, 0, 2);
     t.end(Default::default());
     t.write(dir, "stacks.trace")
 }

@@ -10,7 +10,7 @@
 mod common;
 
 use common::*;
-use isolate_trace::{Api, Event, Frame, Module, PyCode, Record, Stack, Stats};
+use isolate_trace::{Api, Frame, Module, PyCode, Record, Stack, Stats};
 use serde_pickle::{DeOptions, HashableValue, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -429,13 +429,7 @@ fn frames_come_from_the_traces_stacks() {
         ],
         truncated: false,
     }));
-    t.event(Event {
-        api: Api::CudaMalloc,
-        ptr: A,
-        size: 4096,
-        stack: 1,
-        ..Event::default()
-    });
+    t.call_from(Api::CudaMalloc, A, 4096, 1);
     t.end(Stats::default());
     t.write(d.path(), "t.trace");
     let (_o, v) = export(d.path(), "t.trace", &[]);

@@ -339,15 +339,8 @@ fn stale_trace(dir: &Path, b: &Built) -> PathBuf {
     t.record(stack(1, frames("make_buffer")));
     t.record(stack(2, frames("drop_buffer")));
     t.record(stack(3, vec![Frame::Native(b.ret_in("main"))]));
-    let ev = |api, ptr, size, stack| Event {
-        api,
-        ptr,
-        size,
-        stack,
-        ..Event::default()
-    };
-    let alloc = t.event(ev(Api::CudaMalloc, A, 4 * MIB, 1));
-    let free = t.event(ev(Api::CudaFree, A, 0, 2));
+    let alloc = t.call_from(Api::CudaMalloc, A, 4 * MIB, 1);
+    let free = t.call_from(Api::CudaFree, A, 0, 2);
     t.record(Record::StackOf(StackOf {
         seq: t.seq,
         stack: 3,
@@ -507,28 +500,13 @@ fn sites_trace(dir: &Path, name: &str, b_calls: u64) -> PathBuf {
         }));
         t.record(stack(id, vec![Frame::Python { code: id, line }]));
     }
-    let ev = |t: &mut TraceBuilder, api, ptr, size, stack| {
-        t.event(Event {
-            api,
-            ptr,
-            size,
-            stack,
-            ..Event::default()
-        })
-    };
-    ev(&mut t, Api::CudaMalloc, A, 64 * MIB, 1);
+    t.call_from(Api::CudaMalloc, A, 64 * MIB, 1);
     for i in 0..b_calls {
-        ev(
-            &mut t,
-            Api::CudaMalloc,
-            A + (1 + i) * 2 * MIB + 0x1000_0000,
-            MIB,
-            2,
-        );
+        t.call_from(Api::CudaMalloc, A + (1 + i) * 2 * MIB + 0x1000_0000, MIB, 2);
     }
-    ev(&mut t, Api::CudaFree, A, 0, 1);
+    t.call_from(Api::CudaFree, A, 0, 1);
     for i in 0..10 {
-        ev(&mut t, Api::CudaMalloc, A + 0x4000_0000 + i * 4096, 1024, 3);
+        t.call_from(Api::CudaMalloc, A + 0x4000_0000 + i * 4096, 1024, 3);
     }
     t.end(Default::default());
     t.write(dir, name)
@@ -817,13 +795,7 @@ int main(int argc, char **argv) {
     ));
     t.record(stack(2, vec![Frame::Native(b.ret_in("other"))]));
     for (i, st) in [(0u64, 1u32), (1, 2)] {
-        t.event(Event {
-            api: Api::CudaMallocAsync,
-            ptr: A + i * 64 * MIB,
-            size: 32 * MIB,
-            stack: st,
-            ..Event::default()
-        });
+        t.call_from(Api::CudaMallocAsync, A + i * 64 * MIB, 32 * MIB, st);
     }
     t.end(isolate_trace::Stats::default());
     let p = t.write(dir.path(), "ws.trace");

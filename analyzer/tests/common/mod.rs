@@ -127,6 +127,17 @@ impl TraceBuilder {
         })
     }
 
+    /// [`Self::call`] made from call stack `stack` (a `Stack` record's id).
+    pub fn call_from(&mut self, api: Api, ptr: u64, size: u64, stack: u32) -> u64 {
+        self.event(Event {
+            api,
+            ptr,
+            size,
+            stack,
+            ..Event::default()
+        })
+    }
+
     pub fn malloc(&mut self, ptr: u64, size: u64) -> u64 {
         self.call(Api::CudaMalloc, ptr, size)
     }
