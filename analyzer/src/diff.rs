@@ -370,14 +370,8 @@ pub fn compare(base: Profile, new: Profile) -> Diff {
         let b = fb.get(k).copied().unwrap_or(0);
         if a != b {
             // The sort prefix keeps the order stable and readable; it is not part of the name.
-            let metric = k.split_once(' ').map(|x| x.1).unwrap_or(k).to_owned();
-            changes.push(Change {
-                metric,
-                base: a,
-                new: b,
-                delta: i128::from(b) - i128::from(a),
-                percent: growth(a, b),
-            });
+            let metric = k.split_once(' ').map(|x| x.1).unwrap_or(k);
+            changes.push(change(metric, a, b));
         }
     }
     let la: BTreeSet<&Leak> = base.leaks.iter().collect();
@@ -398,6 +392,7 @@ pub fn compare(base: Profile, new: Profile) -> Diff {
     }
 }
 
+/// How figure `metric` went from `a` to `b`.
 fn change(metric: &str, a: u64, b: u64) -> Change {
     Change {
         metric: metric.into(),
