@@ -20,6 +20,8 @@ Configurations, interleaved (round -> model -> configurations in a rotated order
   isolate-nolaunch  isolate-new with ISOLATE_CHECK_LAUNCH=off (the launch check's share)
   isolate-kernel    isolate-stacks with ISOLATE_POISON_BY=kernel (the library's fill kernel as
                the poison instead of cuMemsetD8Async)
+  isolate-q1   isolate-new with a 1 GiB quarantine (what fresh addresses cost the device)
+  isolate-nopoison  isolate-new with ISOLATE_POISON=off (the poison and its check's share)
   log          log mode of this library, cache on (goal: within 1% of default)
   log-stacks   the same with call stacks
   preload-off  the library preloaded with ISOLATE_MODE=off (what loading it costs, nothing hooked)
@@ -51,6 +53,8 @@ CONFIGS = {
     "isolate-sync": ({"ISOLATE_RELEASE": "sync", "ISOLATE_STACKS": "none"}, "new", "isolate"),
     "isolate-nolaunch": ({"ISOLATE_CHECK_LAUNCH": "off", "ISOLATE_STACKS": "none"}, "new", "isolate"),
     "isolate-kernel": ({"ISOLATE_POISON_BY": "kernel"}, "new", "isolate"),
+    "isolate-q1": ({"ISOLATE_QUARANTINE": "1GiB", "ISOLATE_STACKS": "none"}, "new", "isolate"),
+    "isolate-nopoison": ({"ISOLATE_POISON": "off", "ISOLATE_STACKS": "none"}, "new", "isolate"),
     "log": ({"ISOLATE_STACKS": "none"}, "new", "log"),
     "log-stacks": ({"ISOLATE_STACKS": "all"}, "new", "log"),
     "preload-off": ({}, "new", "off"),
