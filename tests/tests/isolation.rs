@@ -631,6 +631,22 @@ fn a_free_during_graph_capture_goes_to_the_driver() {
             .any(|t| t.starts_with("isolation's time: 1 frees poisoned")),
         "{info:?}"
     );
+    // With the poison off the same free is held but neither written nor checked, and the
+    // note says so (it read "1 frees poisoned (... written by the device once ...)").
+    let off = isolate(quarantine("capture"))
+        .env("ISOLATE_POISON", "off")
+        .run();
+    off.assert_success();
+    let info: Vec<String> = notes(off.only_trace(), NoteKind::Info)
+        .into_iter()
+        .map(|n| n.text)
+        .collect();
+    assert!(
+        info.iter().any(|t| t.starts_with(
+            "isolation's time: 1 frees quarantined unpoisoned (ISOLATE_POISON=off) ("
+        ) && t.contains(" bytes, neither written nor checked; 0 by")),
+        "{info:?}"
+    );
 }
 
 /// A device that never finishes its work (a hung kernel) must not turn into a process that never

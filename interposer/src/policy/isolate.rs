@@ -1322,11 +1322,20 @@ pub fn at_exit() {
             poisoned,
             ASYNC_BATCHES.load(Relaxed),
             format!(
-                "isolation's time: {poisoned} frees poisoned ({} bytes, written by the device \
-                 once and read once to check; {} by the library's fill kernel), {:.1} ms on the \
-                 freeing threads ({:.2} us each); releases {:.1} ms, of it {:.1} ms waiting for \
-                 the device; {} batches released on the release stream",
+                "isolation's time: {poisoned} frees {} ({} bytes, {}; {} by the library's fill \
+                 kernel), {:.1} ms on the freeing threads ({:.2} us each); releases {:.1} ms, of \
+                 it {:.1} ms waiting for the device; {} batches released on the release stream",
+                if config::get().poison.is_some() {
+                    "poisoned"
+                } else {
+                    "quarantined unpoisoned (ISOLATE_POISON=off)"
+                },
                 POISON_BYTES.load(Relaxed),
+                if config::get().poison.is_some() {
+                    "written by the device once and read once to check"
+                } else {
+                    "neither written nor checked"
+                },
                 BY_KERNEL.load(Relaxed),
                 ms(&POISON_NS),
                 ms(&POISON_NS) * 1e3 / poisoned as f64,
