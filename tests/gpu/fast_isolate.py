@@ -145,40 +145,9 @@ def run_one(args, model, cfg, rnd, outdir):
     return res
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--lib", required=True)
-    ap.add_argument("--old-lib", default=None)
-    ap.add_argument("--isolate", required=True)
-    ap.add_argument("--models", default="lm,gpt2,resnet50")
-    ap.add_argument("--configs", default="default,nocache,isolate-old,isolate-new,isolate-sync,log")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--warmup", type=int, default=15)
-    ap.add_argument("--timeout", type=int, default=150)
-    ap.add_argument("--budget-s", type=float, default=float(os.environ.get("BUDGET_S", "480")))
-    args = ap.parse_args()
-    out = os.environ.get("OUT", "/tmp/fast-isolate-out")
-    outdir = os.path.join(out, "fast_isolate")
-    os.makedirs(outdir, exist_ok=True)
-    models = args.models.split(",")
-    configs = [c for c in args.configs.split(",") if c != "isolate-old" or args.old_lib]
-    start = time.time()
-    results = []
-    for rnd in range(args.rounds):
-        for model in models:
-            k = rnd % len(configs)
-            order = configs[k:] + configs[:k]
-            for cfg in order:
-                if time.time() - start > args.budget_s:
-                    print(f"budget reached: round {rnd} {model} {cfg} skipped", flush=True)
-                    continue
-                r = run_one(args, model, cfg, rnd, outdir)
-                results.append(r)
-                ms = r.get("ms_per_step")
-                print(f"r{rnd} {model:9s} {cfg:12s} rc={r['rc']} {ms and round(ms, 2)} ms/step "
-                      f"findings={r.get('findings', '-')} wall={r['wall_s']:.0f}s", flush=True)
-    # Table.
+def report(results, models, configs):
+    """Prints the table (ratios to the `default` run of the same round), the runs left out
+    of it and the isolate runs' own accounts; returns the table's rows."""
     print()
     print(f"{'model':9s} {'config':12s} {'ms/step':>8s} {'x default':>9s} {'per-round':>20s} "
           f"{'dev peak GiB':>12s} {'max_alloc GiB':>13s} {'findings':>8s} {'loss':>6s}")
@@ -219,6 +188,59 @@ def main():
     for row in table:
         for n in row.get("isolation_time", [])[:2]:
             print(f"{row['model']} {row['config']}: {n}")
+    return table
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--merge", nargs="+", metavar="JSON", default=None,
+                    help="print the table of earlier calls' fast_isolate.json files, rounds pooled "
+                         "(each file's rounds kept apart); runs nothing")
+    ap.add_argument("--lib", required=False)
+    ap.add_argument("--old-lib", default=None)
+    ap.add_argument("--isolate", required=False)
+    ap.add_argument("--models", default="lm,gpt2,resnet50")
+    ap.add_argument("--configs", default="default,nocache,isolate-old,isolate-new,isolate-sync,log")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=15)
+    ap.add_argument("--timeout", type=int, default=150)
+    ap.add_argument("--budget-s", type=float, default=float(os.environ.get("BUDGET_S", "480")))
+    args = ap.parse_args()
+    if args.merge:
+        results, models, configs = [], [], []
+        for i, path in enumerate(args.merge):
+            d = json.load(open(path))
+            for r in d["results"]:
+                results.append(dict(r, round=f"{i}.{r['round']}"))
+                for lst, v in ((models, r["model"]), (configs, r["config"])):
+                    if v not in lst:
+                        lst.append(v)
+        report(results, models, configs)
+        return 0
+    if not args.lib or not args.isolate:
+        ap.error("--lib and --isolate are needed to run (or --merge to print earlier calls)")
+    out = os.environ.get("OUT", "/tmp/fast-isolate-out")
+    outdir = os.path.join(out, "fast_isolate")
+    os.makedirs(outdir, exist_ok=True)
+    models = args.models.split(",")
+    configs = [c for c in args.configs.split(",") if c != "isolate-old" or args.old_lib]
+    start = time.time()
+    results = []
+    for rnd in range(args.rounds):
+        for model in models:
+            k = rnd % len(configs)
+            order = configs[k:] + configs[:k]
+            for cfg in order:
+                if time.time() - start > args.budget_s:
+                    print(f"budget reached: round {rnd} {model} {cfg} skipped", flush=True)
+                    continue
+                r = run_one(args, model, cfg, rnd, outdir)
+                results.append(r)
+                ms = r.get("ms_per_step")
+                print(f"r{rnd} {model:9s} {cfg:12s} rc={r['rc']} {ms and round(ms, 2)} ms/step "
+                      f"findings={r.get('findings', '-')} wall={r['wall_s']:.0f}s", flush=True)
+    table = report(results, models, configs)
     with open(os.path.join(out, "fast_isolate.json"), "w") as f:
         json.dump({"results": results, "table": table, "args": vars(args)}, f, indent=1)
     return 0

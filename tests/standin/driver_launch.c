@@ -137,19 +137,23 @@ CUfunction standin_reregister_kernel(CUfunction f, const char *name, standin_ker
 }
 
 static void isolate_verify_many(void **params);
+static void isolate_verify_many16(void **params);
 static void isolate_poison(void **params);
+static atomic_ulong g_verify16_runs;
 
 static void register_isolate_kernels(void) {
     static const size_t sizes[4] = {8, 4, 4, 8};
     standin_register_kernel("isolate_verify_many", isolate_verify_many, 4, NULL, sizes);
     /* Its 128-bit-load twin gives the same answers (tests/gpu/verify_bw.py shows it on a GPU). */
-    standin_register_kernel("isolate_verify_many16", isolate_verify_many, 4, NULL, sizes);
+    standin_register_kernel("isolate_verify_many16", isolate_verify_many16, 4, NULL, sizes);
     static const size_t poison_sizes[3] = {8, 8, 4};
     standin_register_kernel("isolate_poison", isolate_poison, 3, NULL, poison_sizes);
 }
 
 unsigned long standin_param_info_calls(void) { return atomic_load(&g_param_info_calls); }
 unsigned long standin_kernels_run(void) { return atomic_load(&g_kernels_run); }
+/* Launches of isolate's 128-bit-load check that ran (the release picks it for aligned batches). */
+unsigned long standin_verify16_runs(void) { return atomic_load(&g_verify16_runs); }
 
 /* What a kernel's access to [p, p+n) does (see the comment at the top): 1 if it is all
  * accessible, else 0 and the context faults. */
@@ -198,6 +202,12 @@ static void isolate_verify_many(void **params) {
         if (changed && first < out[2 * i + 1])
             out[2 * i + 1] = first;
     }
+}
+
+/* isolate_verify_many16: the same answers as isolate_verify_many, counted apart. */
+static void isolate_verify_many16(void **params) {
+    isolate_verify_many(params);
+    atomic_fetch_add(&g_verify16_runs, 1);
 }
 
 /* isolate_poison(p, n, pattern), as isolate's PTX defines it, run on the host: [p, p+n) filled

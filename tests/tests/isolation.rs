@@ -558,7 +558,10 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
             )),
             "{release} {by}: {time}"
         );
+        // The driver's allocations start aligned: the release checks with its 128-bit kernel.
+        let runs16 = isolate_tests::number_after(&out.stdout, "verify16_runs").unwrap();
         if release == "async" {
+            assert!(runs16 > 0, "{release} {by}: {}", out.stdout);
             assert!(
                 !time.ends_with(" 0 batches released on the release stream"),
                 "{time}"
@@ -569,6 +572,7 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
                 "{info:?}"
             );
         } else {
+            assert_eq!(runs16, 0, "{release} {by}: no batch on the release stream");
             assert!(
                 time.ends_with(" 0 batches released on the release stream"),
                 "{time}"
