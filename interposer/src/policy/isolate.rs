@@ -1315,6 +1315,17 @@ pub fn at_exit() {
     }
     let poisoned = POISONED.load(Relaxed);
     if poisoned > 0 {
+        let (done, bytes) = if config::get().poison.is_some() {
+            (
+                "poisoned",
+                "written by the device once and read once to check",
+            )
+        } else {
+            (
+                "quarantined unpoisoned (ISOLATE_POISON=off)",
+                "neither written nor checked",
+            )
+        };
         let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
         event::note(
             NoteKind::Info,
@@ -1322,20 +1333,11 @@ pub fn at_exit() {
             poisoned,
             ASYNC_BATCHES.load(Relaxed),
             format!(
-                "isolation's time: {poisoned} frees {} ({} bytes, {}; {} by the library's fill \
-                 kernel), {:.1} ms on the freeing threads ({:.2} us each); releases {:.1} ms, of \
-                 it {:.1} ms waiting for the device; {} batches released on the release stream",
-                if config::get().poison.is_some() {
-                    "poisoned"
-                } else {
-                    "quarantined unpoisoned (ISOLATE_POISON=off)"
-                },
+                "isolation's time: {poisoned} frees {done} ({} bytes, {bytes}; {} by the \
+                 library's fill kernel), {:.1} ms on the freeing threads ({:.2} us each); \
+                 releases {:.1} ms, of it {:.1} ms waiting for the device; {} batches released \
+                 on the release stream",
                 POISON_BYTES.load(Relaxed),
-                if config::get().poison.is_some() {
-                    "written by the device once and read once to check"
-                } else {
-                    "neither written nor checked"
-                },
                 BY_KERNEL.load(Relaxed),
                 ms(&POISON_NS),
                 ms(&POISON_NS) * 1e3 / poisoned as f64,

@@ -272,15 +272,13 @@ fn make() -> Option<Res> {
     if unsafe { get(&mut func, module, c"isolate_verify_many".as_ptr()) } != CUDA_SUCCESS {
         return None;
     }
-    let mut func16: CUfunction = std::ptr::null_mut();
-    let func16 = (unsafe { get(&mut func16, module, c"isolate_verify_many16".as_ptr()) }
-        == CUDA_SUCCESS
-        && !func16.is_null())
-    .then_some(func16);
-    let mut fill: CUfunction = std::ptr::null_mut();
-    let fill = (unsafe { get(&mut fill, module, c"isolate_poison".as_ptr()) } == CUDA_SUCCESS
-        && !fill.is_null())
-    .then_some(fill);
+    // The module's other kernels, each optional.
+    let optional = |name: &std::ffi::CStr| {
+        let mut f: CUfunction = std::ptr::null_mut();
+        (unsafe { get(&mut f, module, name.as_ptr()) } == CUDA_SUCCESS && !f.is_null()).then_some(f)
+    };
+    let func16 = optional(c"isolate_verify_many16");
+    let fill = optional(c"isolate_poison");
     let (mut ring, mut bytes): (CUdeviceptr, usize) = (0, 0);
     if unsafe { global(&mut ring, &mut bytes, module, c"isolate_ring".as_ptr()) } != CUDA_SUCCESS
         || bytes < SLOTS * SLOT_BYTES
@@ -358,8 +356,7 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
         {
             return None;
         }
-        let longest = items[..n].iter().map(|i| i.1).max().unwrap_or(0);
-        let (func, bx) = grid(r, &items[..n], longest);
+        let (func, bx) = grid(r, &items[..n]);
         let mut descs = dev;
         let mut count = n as u32;
         let mut pat = u32::from_ne_bytes([byte; 4]);
@@ -395,17 +392,15 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
 /// `isolate_verify_many16`, about four vectors (64 bytes) a thread for the longest allocation,
 /// and at most ~16K blocks in all (rows of short allocations end at once, but each block still
 /// costs a scheduling slot); otherwise `isolate_verify_many`, a word a thread up to 64 blocks.
-fn grid(r: &Res, items: &[(u64, u64)], longest: u64) -> (CUfunction, u32) {
-    let (wide, bx) = shape(r.func16.is_some(), items, longest);
-    match r.func16 {
-        Some(f) if wide => (f, bx),
-        _ => (r.func, bx),
-    }
+fn grid(r: &Res, items: &[(u64, u64)]) -> (CUfunction, u32) {
+    let (wide, bx) = shape(r.func16.is_some(), items);
+    (r.func16.filter(|_| wide).unwrap_or(r.func), bx)
 }
 
 /// [`grid`]'s choice: whether the 128-bit kernel checks `items` (it exists and every start is
 /// 16-byte aligned), and the blocks per allocation.
-fn shape(have16: bool, items: &[(u64, u64)], longest: u64) -> (bool, u32) {
+fn shape(have16: bool, items: &[(u64, u64)]) -> (bool, u32) {
+    let longest = items.iter().map(|i| i.1).max().unwrap_or(0);
     if have16 && items.iter().all(|&(p, _)| p.is_multiple_of(16)) {
         let cap = (16384 / items.len().max(1) as u64).max(64);
         (true, (longest / 16).div_ceil(256 * 4).clamp(1, cap) as u32)
@@ -491,25 +486,25 @@ mod tests {
         // Four 1 GiB allocations: 4096 blocks each (the 32-bit kernel had 64, and read
         // 0.69 TB/s on the H200 where this reads 4.48: tests/gpu/verify_bw.py).
         let big = [(0x7f00_0000_0000, GIB), (0x7f00_4000_0000, GIB)];
-        assert_eq!(shape(true, &big, GIB), (true, 8192));
+        assert_eq!(shape(true, &big), (true, 8192));
         let four: Vec<(u64, u64)> = (0..4).map(|i| (0x7f00_0000_0000 + i * GIB, GIB)).collect();
-        assert_eq!(shape(true, &four, GIB), (true, 4096));
+        assert_eq!(shape(true, &four), (true, 4096));
         // A full batch of small ones: a block each at the least, 64 at the most.
         let small: Vec<(u64, u64)> = (0..256)
             .map(|i| (0x7f00_0000_0000 + i * 512, 100))
             .collect();
-        assert_eq!(shape(true, &small, 100), (true, 1));
+        assert_eq!(shape(true, &small), (true, 1));
         let mib: Vec<(u64, u64)> = (0..256)
             .map(|i| (0x7f00_0000_0000 + (i << 20), 1 << 20))
             .collect();
-        assert_eq!(shape(true, &mib, 1 << 20), (true, 64));
+        assert_eq!(shape(true, &mib), (true, 64));
     }
 
     #[test]
     fn one_unaligned_start_or_no_wide_kernel_falls_back_to_words() {
         let mixed = [(0x7f00_0000_0000, 1 << 20), (0x7f00_0010_0004, 1 << 20)];
-        assert_eq!(shape(true, &mixed, 1 << 20), (false, 64));
+        assert_eq!(shape(true, &mixed), (false, 64));
         let aligned = [(0x7f00_0000_0000, 4096)];
-        assert_eq!(shape(false, &aligned, 4096), (false, 4));
+        assert_eq!(shape(false, &aligned), (false, 4));
     }
 }
