@@ -30,6 +30,18 @@ pub fn nap(ns: u64) {
     unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
 }
 
+/// Polls `done` every 200 µs until it holds (true) or `deadline` ([`now_ns`]) passes (false).
+/// Async-signal-safe: [`nap`] only.
+pub fn wait_until(deadline: u64, done: impl Fn() -> bool) -> bool {
+    while !done() {
+        if now_ns() > deadline {
+            return false;
+        }
+        nap(200_000);
+    }
+    true
+}
+
 #[inline]
 pub fn gettid() -> u32 {
     let t = TID.try_with(|c| c.get()).unwrap_or(0);

@@ -11,7 +11,7 @@ use crate::base::config::{self, Budget};
 use crate::base::cuda::*;
 use crate::base::real::{self, *};
 use crate::base::sys::{ForkLock, ForkLockGuard};
-use crate::base::sys::{nap, now_ns, warn};
+use crate::base::sys::{now_ns, wait_until, warn};
 use crate::record::event::{self, Pending};
 use crate::record::thread::Inside;
 use crate::record::writer;
@@ -1258,20 +1258,15 @@ pub fn at_exit_bounded() {
         0 => EXIT_CHECK_LIMIT_NS,
         ms => ms * 1_000_000,
     };
-    let deadline = now_ns() + limit;
-    while !done.load(Acquire) {
-        if now_ns() > deadline {
-            let text = format!(
-                "the exit check of the quarantine did not finish within {:.1} s (waiting for \
-                 the device?): the process exits without its results",
-                limit as f64 / 1e9
-            );
-            EXIT_GAVE_UP.store(true, Release);
-            warn(&text);
-            event::note(NoteKind::Info, 0, 0, 0, text);
-            return;
-        }
-        nap(1_000_000);
+    if !wait_until(now_ns() + limit, || done.load(Acquire)) {
+        let text = format!(
+            "the exit check of the quarantine did not finish within {:.1} s (waiting for the \
+             device?): the process exits without its results",
+            limit as f64 / 1e9
+        );
+        EXIT_GAVE_UP.store(true, Release);
+        warn(&text);
+        event::note(NoteKind::Info, 0, 0, 0, text);
     }
 }
 

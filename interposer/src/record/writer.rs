@@ -10,7 +10,7 @@
 
 use super::{header, thread};
 use crate::base::config::{self, Mode};
-use crate::base::sys::{gettid, nap, now_ns, warn};
+use crate::base::sys::{gettid, nap, now_ns, wait_until, warn};
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 use isolate_trace::{Encoder, End, EndReason, Header, Record, Stats};
 use std::sync::atomic::{
@@ -255,18 +255,6 @@ pub fn flush(end: Option<EndReason>, timeout: Duration) -> bool {
 /// Waits until the writer has written the end record (at most until `deadline`).
 fn wait_ended(deadline: u64) -> bool {
     wait_until(deadline, || ENDED.load(Acquire))
-}
-
-/// Polls `done` every 200 µs until it holds (true) or `deadline` passes (false).
-/// Async-signal-safe: `nap` (`nanosleep`) only.
-fn wait_until(deadline: u64, done: impl Fn() -> bool) -> bool {
-    while !done() {
-        if now_ns() > deadline {
-            return false;
-        }
-        nap(200_000);
-    }
-    true
 }
 
 /// Called in the child after `fork()`: the parent's trace is the parent's; the child starts
