@@ -132,7 +132,7 @@ struct Merge<'a> {
     frames: [MaybeUninit<RawFrame>; MAX_DEPTH],
     n: usize,
     truncated: bool,
-    /// The last native return address taken (0: none).
+    /// The last native return address the walk handed over (0: none).
     last: u64,
 }
 
@@ -164,10 +164,6 @@ impl<'a> Merge<'a> {
 
     /// The native walk's next return address; false once the stack is full.
     fn native(&mut self, pc: u64) -> bool {
-        if self.n == self.depth {
-            self.truncated = true;
-            return false;
-        }
         self.last = pc;
         match self.eval {
             Some((lo, hi)) if self.pi < self.py.len() && pc > lo && pc <= hi => {
