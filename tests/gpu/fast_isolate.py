@@ -27,7 +27,7 @@ Configurations, interleaved (round -> model -> configurations in a rotated order
   preload-off  the library preloaded with ISOLATE_MODE=off (what loading it costs, nothing hooked)
 Each traced run's summary must show 0 findings on correct code; losses are compared with the
 default run of the same round. Prints one table (median ms/step, ratio of medians to default,
-per-round ratios, peak device memory from cudaMemGetInfo, torch.cuda.max_memory_allocated,
+per-round ratios, host ms/step (the time until a step was queued), peak device memory from cudaMemGetInfo, torch.cuda.max_memory_allocated,
 findings, loss agreement) and isolation's own account of its time (the trace's "isolation's
 time" note). Writes $OUT/fast_isolate.json and the runs' logs to $OUT/fast_isolate/.
 """
@@ -150,7 +150,7 @@ def report(results, models, configs):
     of it and the isolate runs' own accounts; returns the table's rows."""
     print()
     print(f"{'model':9s} {'config':12s} {'ms/step':>8s} {'x default':>9s} {'per-round':>20s} "
-          f"{'dev peak GiB':>12s} {'max_alloc GiB':>13s} {'findings':>8s} {'loss':>6s}")
+          f"{'host ms':>7s} {'dev peak GiB':>12s} {'max_alloc GiB':>13s} {'findings':>8s} {'loss':>6s}")
     table = []
     for model in models:
         base = {r["round"]: r for r in results if r["model"] == model and r["config"] == "default" and r.get("ms_per_step")}
@@ -172,8 +172,10 @@ def report(results, models, configs):
                 all(abs(a - b) <= 1e-3 * max(1.0, abs(b)) for a, b in zip(r["losses"], base[r["round"]]["losses"]))
                 for r in ok)
             ratio = med / base_med if base_med else None
+            hosts = [r["host_ms_per_step"] for r in ok if r.get("host_ms_per_step")]
+            host = statistics.median(hosts) if hosts else float("nan")
             row = {"model": model, "config": cfg, "ms_per_step": med, "ratio": ratio, "per_round": per,
-                   "device_peak_gib": peak, "max_memory_allocated_gib": mal, "findings": fnd,
+                   "host_ms_per_step": host, "device_peak_gib": peak, "max_memory_allocated_gib": mal, "findings": fnd,
                    "losses_match": same, "runs": len(ok),
                    "isolation_time": [n for r in ok for n in r.get("isolation_time", [])][:4]}
             table.append(row)
@@ -239,7 +241,7 @@ def main():
                 results.append(r)
                 ms = r.get("ms_per_step")
                 print(f"r{rnd} {model:9s} {cfg:12s} rc={r['rc']} {ms and round(ms, 2)} ms/step "
-                      f"findings={r.get('findings', '-')} wall={r['wall_s']:.0f}s", flush=True)
+                      f"host={r.get('host_ms_per_step') and round(r['host_ms_per_step'], 2)} findings={r.get('findings', '-')} wall={r['wall_s']:.0f}s", flush=True)
     table = report(results, models, configs)
     with open(os.path.join(out, "fast_isolate.json"), "w") as f:
         json.dump({"results": results, "table": table, "args": vars(args)}, f, indent=1)

@@ -12,7 +12,8 @@
   --model vit       timm vit_small_patch16_224, AdamW, batch 32 x 224^2
 
 RESULT: the loss of every step, ms/step (median over the timed steps, each timed to
-torch.cuda.synchronize), torch.cuda.max_memory_reserved / max_memory_allocated, and device
+torch.cuda.synchronize), host ms/step (median time until the step's work was queued, before
+that wait: near ms/step, the host bounds the step), torch.cuda.max_memory_reserved / max_memory_allocated, and device
 memory in use as the driver reports it (torch.cuda.mem_get_info, sampled after every step),
 plus the memory-history snapshot's size and dump time with --history.
 """
@@ -174,7 +175,7 @@ def main() -> int:
     model, opt, loss_of_step = build(torch, args.seed)
     model.train()
 
-    losses, times = [], []
+    losses, times, host = [], [], []
     total = args.warmup + args.steps
     wall_start = time.perf_counter()
     for i in range(total):
@@ -183,9 +184,11 @@ def main() -> int:
         loss = loss_of_step(i)
         loss.backward()
         opt.step()
+        queued = time.perf_counter()
         torch.cuda.synchronize()
         if i >= args.warmup:
             times.append((time.perf_counter() - start) * 1e3)
+            host.append((queued - start) * 1e3)
         losses.append(loss.detach())
         memory.sample()
     wall = time.perf_counter() - wall_start
@@ -196,6 +199,9 @@ def main() -> int:
         "warmup": args.warmup,
         "total_steps": total,
         "ms_per_step": statistics.median(times) if times else None,
+        # The host's share: the step's work queued, before the wait for the device. Near
+        # ms_per_step, the step is bound by the host (the device waits for launches).
+        "host_ms_per_step": statistics.median(host) if host else None,
         "train_s": wall,
         "losses": [round(v, 6) for v in torch.stack(losses).float().tolist()],
         "max_memory_reserved": torch.cuda.max_memory_reserved(),

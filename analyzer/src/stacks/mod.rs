@@ -141,7 +141,8 @@ impl crate::track::Observer for StackTable {
 /// inlined ones first (`inlined: true`), all with the same `addr`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SymFrame {
-    /// `native` or `python`.
+    /// `native`, `python`, or `gap`: native frames the library left out between the native
+    /// frames it kept and the Python frames (`ISOLATE_NATIVE_FRAMES`; recorded as `Native(0)`).
     pub kind: &'static str,
     /// Native frames: the return address as recorded (`0x…`); null for Python frames.
     pub addr: Option<String>,
@@ -162,10 +163,35 @@ pub struct SymFrame {
     pub hidden: bool,
 }
 
+/// The recorded frame that stands for native frames left out (`ISOLATE_NATIVE_FRAMES`): no
+/// return address is 0.
+pub const GAP: u64 = 0;
+
 impl SymFrame {
+    /// The frame that stands for the native frames left out between the native frames kept and
+    /// the Python frames.
+    pub fn gap() -> SymFrame {
+        SymFrame {
+            kind: "gap",
+            addr: None,
+            module: None,
+            offset: None,
+            function: Some(
+                "... native frames left out (ISOLATE_NATIVE_FRAMES=all keeps them) ...".into(),
+            ),
+            file: None,
+            line: None,
+            inlined: false,
+            hidden: false,
+        }
+    }
+
     /// The frame in one line: `file:line in function` for Python, `function (file:line)`,
     /// `function (module+0xoff)` or `module+0xoff` for native frames.
     pub fn label(&self) -> String {
+        if self.kind == "gap" {
+            return self.function.clone().unwrap_or_default();
+        }
         if self.kind == "python" {
             return format!(
                 "{}:{} in {}",
@@ -251,13 +277,22 @@ impl ShownStack {
             _ => (visible.clone(), &[]),
         };
         let mut out: Vec<String> = lead.iter().take(max).map(|f| f.label()).collect();
+        // The native frames left out (`ISOLATE_NATIVE_FRAMES`) lie between those kept and the
+        // Python frames: the outermost kept one is named, and the gap said.
+        let gap = inner.iter().any(|f| f.kind == "gap");
+        let inner: Vec<&SymFrame> = inner.iter().copied().filter(|f| f.kind != "gap").collect();
         if let Some(op) = inner.last() {
             out.push(format!(
-                "via {}{}",
+                "via {}{}{}",
                 op.label(),
                 match inner.len() {
                     1 => String::new(),
                     n => format!(" and {} native frames inside it", n - 1),
+                },
+                if gap {
+                    " (the frames between it and Python left out: ISOLATE_NATIVE_FRAMES)"
+                } else {
+                    ""
                 }
             ));
         }
@@ -397,6 +432,37 @@ mod tests {
                 "make_buffer (libtorch_cuda.so+0x1)",
                 "main (libtorch_cuda.so+0x1)"
             ]
+        );
+    }
+
+    /// Native frames left out by the library (`ISOLATE_NATIVE_FRAMES`): the `via` line names the
+    /// outermost frame kept and says that the rest was left out; the gap is no site.
+    #[test]
+    fn a_gap_of_left_out_native_frames_is_said_on_the_via_line() {
+        let s = ShownStack {
+            id: 1,
+            site: String::new(),
+            frames: vec![
+                native("cudaMallocAsync", true),
+                native("at::detail::empty_generic", false),
+                native("at::native::empty_cuda", false),
+                SymFrame::gap(),
+                python("step", 12),
+            ],
+            hidden: 1,
+            truncated: false,
+            problems: Vec::new(),
+        };
+        let lines = s.text_lines(10);
+        assert_eq!(lines[0], "train.py:12 in step");
+        assert_eq!(
+            lines[1],
+            "via at::native::empty_cuda (libtorch_cuda.so+0x1) and 1 native frames inside it \
+             (the frames between it and Python left out: ISOLATE_NATIVE_FRAMES)"
+        );
+        assert_eq!(
+            SymFrame::gap().label(),
+            "... native frames left out (ISOLATE_NATIVE_FRAMES=all keeps them) ..."
         );
     }
 }

@@ -25,7 +25,7 @@
 //! `:`) is searched first for the module's path below each directory and for its file name,
 //! for traces analysed on another machine.
 
-use super::{ShownStack, StackTable, SymFrame, base_name};
+use super::{GAP, ShownStack, StackTable, SymFrame, base_name};
 use isolate_trace::{Frame, Module};
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
@@ -136,6 +136,7 @@ impl Symbolizer {
                         hidden: false,
                     });
                 }
+                Frame::Native(GAP) => out.push(SymFrame::gap()),
                 Frame::Native(addr) => {
                     let m = table.module_at(addr);
                     if let Some(p) = m.and_then(|m| self.problem(m))

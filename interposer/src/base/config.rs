@@ -56,6 +56,9 @@ impl Stacks {
 /// `ISOLATE_STACK_DEPTH`'s default and bounds.
 pub const STACK_DEPTH_DEFAULT: u32 = 64;
 pub const STACK_DEPTH_MAX: u32 = 256;
+/// `ISOLATE_NATIVE_FRAMES`'s default: the native frames kept nearest the call in a thread that
+/// runs Python (0 stands for `all`).
+pub const NATIVE_FRAMES_DEFAULT: u32 = 12;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -72,6 +75,9 @@ pub struct Config {
     /// Call stacks captured at each event, and the most frames each may have.
     pub stacks: Stacks,
     pub stack_depth: u32,
+    /// In a thread running Python (`ISOLATE_STACKS=all`): the native frames kept nearest the
+    /// call before the walk stops and the Python frames follow; 0 = all (walk to the depth).
+    pub native_frames: u32,
     /// Stream-ordered frees leave quarantine on the library's own stream, without a host wait
     /// (`ISOLATE_RELEASE=async`, the default); `sync` is the older way, kept for comparison.
     pub async_release: bool,
@@ -109,6 +115,10 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("ISOLATE_CHECK_LAUNCH", "on, off"),
     ("ISOLATE_STACKS", "all, native, python, none"),
     ("ISOLATE_STACK_DEPTH", "a number of frames from 1 to 256"),
+    (
+        "ISOLATE_NATIVE_FRAMES",
+        "a number of frames from 1 to 256, or all",
+    ),
     ("ISOLATE_RELEASE", "async, sync"),
     ("ISOLATE_POISON_BY", "memset, kernel"),
     ("ISOLATE_TEST_PANIC", "1 (internal test hook)"),
@@ -322,6 +332,14 @@ pub fn from_env(
             _ => return Err(bad("ISOLATE_STACK_DEPTH", &v)),
         },
     };
+    let native_frames = match var("ISOLATE_NATIVE_FRAMES") {
+        None => NATIVE_FRAMES_DEFAULT,
+        Some(v) if v.trim().eq_ignore_ascii_case("all") => 0,
+        Some(v) => match v.trim().parse::<u32>() {
+            Ok(d) if (1..=STACK_DEPTH_MAX).contains(&d) => d,
+            _ => return Err(bad("ISOLATE_NATIVE_FRAMES", &v)),
+        },
+    };
     if guard && mode != Mode::Isolate {
         return Err("ISOLATE_GUARD=on needs ISOLATE_MODE=isolate".to_string());
     }
@@ -372,6 +390,13 @@ pub fn from_env(
         ),
         ("ISOLATE_STACKS".to_string(), stacks.name().to_string()),
         ("ISOLATE_STACK_DEPTH".to_string(), stack_depth.to_string()),
+        (
+            "ISOLATE_NATIVE_FRAMES".to_string(),
+            match native_frames {
+                0 => "all".to_string(),
+                n => n.to_string(),
+            },
+        ),
     ];
     // PyTorch's allocator settings, when set: the analyzer tells a caching allocator's held
     // memory from a leak by them (recorded, never read by the library).
@@ -395,6 +420,7 @@ pub fn from_env(
         check_launch,
         stacks,
         stack_depth,
+        native_frames,
         async_release,
         poison_kernel,
         test_panic,
@@ -529,6 +555,28 @@ mod tests {
             cfg(&[("ISOLATE_STACK_DEPTH", "256")]).unwrap().stack_depth,
             256
         );
+        assert_eq!(cfg(&[]).unwrap().native_frames, NATIVE_FRAMES_DEFAULT);
+        let c = cfg(&[("ISOLATE_NATIVE_FRAMES", "All")]).unwrap();
+        assert_eq!(c.native_frames, 0);
+        assert!(
+            c.pairs
+                .contains(&("ISOLATE_NATIVE_FRAMES".into(), "all".into()))
+        );
+        assert_eq!(
+            cfg(&[("ISOLATE_NATIVE_FRAMES", "5")])
+                .unwrap()
+                .native_frames,
+            5
+        );
+        for bad in ["0", "257", "some", ""] {
+            assert_eq!(
+                cfg(&[("ISOLATE_NATIVE_FRAMES", bad)]).unwrap_err(),
+                format!(
+                    "ISOLATE_NATIVE_FRAMES={bad:?} is not valid; accepted: a number of frames \
+                     from 1 to 256, or all"
+                )
+            );
+        }
     }
 
     #[test]

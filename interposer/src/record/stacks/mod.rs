@@ -123,10 +123,18 @@ pub fn after_fork_child() {
 /// any other stays; at `depth` frames the walk stops. Activations left over (the walk stopped
 /// early, or the loop's range is unknown) go after the native frames, outermost last
 /// ([`Merge::python_left`]).
+/// The frame that stands for native frames left out by `ISOLATE_NATIVE_FRAMES` (between the
+/// native frames kept and the Python frames): no return address is 0.
+pub const GAP: u64 = 0;
+
 struct Merge<'a> {
     py: &'a [python::Raw],
     eval: Option<(u64, u64)>,
     depth: usize,
+    /// The native frames kept before the walk stops (`ISOLATE_NATIVE_FRAMES`; only where the
+    /// thread runs Python), and those kept so far.
+    native_budget: usize,
+    native_n: usize,
     /// The next Python frame to place.
     pi: usize,
     frames: [MaybeUninit<RawFrame>; MAX_DEPTH],
@@ -137,11 +145,18 @@ struct Merge<'a> {
 }
 
 impl<'a> Merge<'a> {
-    fn new(py: &'a [python::Raw], eval: Option<(u64, u64)>, depth: usize) -> Self {
+    fn new(
+        py: &'a [python::Raw],
+        eval: Option<(u64, u64)>,
+        depth: usize,
+        native_budget: usize,
+    ) -> Self {
         Merge {
             py,
             eval,
             depth,
+            native_budget,
+            native_n: 0,
             pi: 0,
             // Not zeroed: only what is written is read.
             frames: [const { MaybeUninit::uninit() }; MAX_DEPTH],
@@ -176,7 +191,18 @@ impl<'a> Merge<'a> {
                 }
                 true
             }
-            _ => self.push(RawFrame::Native(pc)),
+            _ if self.native_n == self.native_budget => {
+                // The budget is spent: the Python frames still to place follow a gap marker
+                // (`Native(0)`, "native frames left out"); the outer native frames are dropped.
+                if self.pi < self.py.len() {
+                    self.push(RawFrame::Native(GAP));
+                }
+                false
+            }
+            _ => {
+                self.native_n += 1;
+                self.push(RawFrame::Native(pc))
+            }
         }
     }
 
@@ -210,7 +236,13 @@ fn capture_inner(mode: Stacks, depth: usize) -> u32 {
     } else {
         None
     };
-    let mut m = Merge::new(py, eval, depth);
+    // Where the thread runs Python, the native frames nearest the call, then the Python frames:
+    // the libraries' frames between them (PyTorch's dispatcher: ~30) cost most of the walk.
+    let native_budget = match config::get().native_frames {
+        n if n > 0 && !py.is_empty() => n as usize,
+        _ => usize::MAX,
+    };
+    let mut m = Merge::new(py, eval, depth, native_budget);
     if want_native {
         let stopped = native::unwind(snap, &mut |pc| m.native(pc));
         // Ended in code no known object holds: loaded since the snapshot? Look now.
@@ -221,7 +253,7 @@ fn capture_inner(mode: Stacks, depth: usize) -> u32 {
             && !std::ptr::eq(fresh, snap)
         {
             snap = fresh;
-            m = Merge::new(py, eval, depth);
+            m = Merge::new(py, eval, depth, native_budget);
             native::unwind(snap, &mut |pc| m.native(pc));
         }
     }
@@ -342,4 +374,82 @@ fn intern_locked(frames: &[RawFrame], truncated: bool, snap: &modules::Snapshot)
     }));
     t.stacks.insert(key.into_boxed_slice(), id);
     id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn py(code: u64, act: u32) -> python::Raw {
+        python::Raw {
+            code,
+            file: 0,
+            name: 0,
+            first_line: 1,
+            offset: 0,
+            act,
+        }
+    }
+
+    /// Feeds `pcs` to the merge until it says stop; returns the frames and how many were fed.
+    fn run(m: &mut Merge, pcs: &[u64]) -> (Vec<RawFrame>, usize) {
+        let fed = pcs.iter().take_while(|&&pc| m.native(pc)).count();
+        m.python_left();
+        let frames = (0..m.n)
+            .map(|i| unsafe { m.frames[i].assume_init() })
+            .collect();
+        (frames, fed)
+    }
+
+    #[test]
+    fn python_threads_keep_the_nearest_native_frames_then_a_gap_then_python() {
+        let p = [py(7, 0), py(8, 0), py(9, 1)];
+        // Eval loop at 0x100..=0x200; 30 library frames before the first activation.
+        let mut pcs: Vec<u64> = (0..30).map(|i| 0x1000 + i).collect();
+        pcs.extend([0x150, 0x2000, 0x150, 0x3000]);
+        let mut m = Merge::new(&p, Some((0x100, 0x200)), 64, 3);
+        let (frames, fed) = run(&mut m, &pcs);
+        assert_eq!(fed, 3, "the walk stops at the budget");
+        assert_eq!(
+            frames,
+            vec![
+                RawFrame::Native(0x1000),
+                RawFrame::Native(0x1001),
+                RawFrame::Native(0x1002),
+                RawFrame::Native(GAP),
+                RawFrame::Python(p[0]),
+                RawFrame::Python(p[1]),
+                RawFrame::Python(p[2]),
+            ]
+        );
+        assert!(!m.truncated);
+    }
+
+    #[test]
+    fn activations_within_the_budget_stay_in_place_and_no_gap_when_python_is_placed() {
+        let p = [py(7, 0)];
+        let pcs = [0x1000, 0x150, 0x2000, 0x3000, 0x4000];
+        let mut m = Merge::new(&p, Some((0x100, 0x200)), 64, 2);
+        let (frames, fed) = run(&mut m, &pcs);
+        // 0x1000, the activation, 0x2000; the budget is spent at 0x3000 with nothing left.
+        assert_eq!(fed, 3);
+        assert_eq!(
+            frames,
+            vec![
+                RawFrame::Native(0x1000),
+                RawFrame::Python(p[0]),
+                RawFrame::Native(0x2000),
+            ]
+        );
+    }
+
+    #[test]
+    fn without_a_budget_every_native_frame_is_kept_to_the_depth() {
+        let pcs: Vec<u64> = (0..10).map(|i| 0x1000 + i).collect();
+        let mut m = Merge::new(&[], None, 6, usize::MAX);
+        let (frames, fed) = run(&mut m, &pcs);
+        assert_eq!(fed, 6);
+        assert_eq!(frames.len(), 6);
+        assert!(m.truncated);
+    }
 }
