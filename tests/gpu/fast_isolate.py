@@ -22,6 +22,10 @@ Configurations, interleaved (round -> model -> configurations in a rotated order
                the poison instead of cuMemsetD8Async)
   isolate-q1   isolate-new with a 1 GiB quarantine (what fresh addresses cost the device)
   isolate-nopoison  isolate-new with ISOLATE_POISON=off (the poison and its check's share)
+  isolate-nobatch   isolate-stacks with ISOLATE_POISON_BATCH=off (a memset per free instead of
+               the deferred poisons' one launch per run of frees)
+  isolate-allframes isolate-stacks with ISOLATE_NATIVE_FRAMES=all (every native frame walked)
+  isolate-prev isolate-stacks with both of the above: the defaults of the fourth session
   log          log mode of this library, cache on (goal: within 1% of default)
   log-stacks   the same with call stacks
   preload-off  the library preloaded with ISOLATE_MODE=off (what loading it costs, nothing hooked)
@@ -55,6 +59,9 @@ CONFIGS = {
     "isolate-kernel": ({"ISOLATE_POISON_BY": "kernel"}, "new", "isolate"),
     "isolate-q1": ({"ISOLATE_QUARANTINE": "1GiB", "ISOLATE_STACKS": "none"}, "new", "isolate"),
     "isolate-nopoison": ({"ISOLATE_POISON": "off", "ISOLATE_STACKS": "none"}, "new", "isolate"),
+    "isolate-nobatch": ({"ISOLATE_POISON_BATCH": "off"}, "new", "isolate"),
+    "isolate-allframes": ({"ISOLATE_NATIVE_FRAMES": "all"}, "new", "isolate"),
+    "isolate-prev": ({"ISOLATE_POISON_BATCH": "off", "ISOLATE_NATIVE_FRAMES": "all"}, "new", "isolate"),
     "log": ({"ISOLATE_STACKS": "none"}, "new", "log"),
     "log-stacks": ({"ISOLATE_STACKS": "all"}, "new", "log"),
     "preload-off": ({}, "new", "off"),

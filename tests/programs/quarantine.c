@@ -552,6 +552,49 @@ static int async_release(void) {
     return bad != 0;
 }
 
+/* Runs of stream-ordered frees, each followed by a stale write through a different kind of
+ * stream work: a set, an asynchronous copy, a synchronous copy (the legacy stream), and a set
+ * on another stream that waits for an event recorded after the frees. Each run's poisons are
+ * deferred to that work and queued by one launch before it, so every stale write lands after
+ * its poison and is found. Prints the stand-in's count of multi-range poison launches. */
+static int batch(void) {
+    cudaStream_t s = NULL, t = NULL;
+    int bad = 0;
+    bad += cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != 0;
+    bad += cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking) != 0;
+    void *p[8];
+    for (int i = 0; i < 8; i++) {
+        bad += cudaMallocAsync(&p[i], 64 << 10, s) != 0;
+        bad += cudaMemsetAsync(p[i], 0x5A, 64 << 10, s) != 0;
+    }
+    unsigned char src[8] = {2, 2, 2, 2, 2, 2, 2, 2};
+    for (int i = 0; i < 4; i++)
+        bad += cudaFreeAsync(p[i], s) != 0;
+    bad += cudaMemsetAsync((char *)p[0] + 100, 0x01, 8, s) != 0;
+    for (int i = 4; i < 6; i++)
+        bad += cudaFreeAsync(p[i], s) != 0;
+    bad += cudaMemcpyAsync((char *)p[4] + 200, src, 8, cudaMemcpyHostToDevice, s) != 0;
+    bad += cudaFreeAsync(p[6], s) != 0;
+    bad += cudaMemcpy((char *)p[6] + 300, src, 8, cudaMemcpyHostToDevice) != 0;
+    bad += cudaFreeAsync(p[7], s) != 0;
+    cudaEvent_t e = NULL;
+    bad += cudaEventCreate(&e) != 0;
+    bad += cudaEventRecord(e, s) != 0;
+    bad += cudaStreamWaitEvent(t, e, 0) != 0;
+    bad += cudaMemsetAsync((char *)p[7] + 400, 0x03, 8, t) != 0;
+    bad += cudaStreamSynchronize(s) != 0;
+    bad += cudaStreamSynchronize(t) != 0;
+    say("batch calls failed %d", bad);
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
+    unsigned long (*runs)(void) =
+        drv ? (unsigned long (*)(void))dlsym(drv, "standin_poison_many_runs") : NULL;
+    unsigned long (*ranges)(void) =
+        drv ? (unsigned long (*)(void))dlsym(drv, "standin_poison_many_ranges") : NULL;
+    say("poison_many_runs %lu", runs ? runs() : 0UL);
+    say("poison_many_ranges %lu", ranges ? ranges() : 0UL);
+    return bad != 0;
+}
+
 int main(int argc, char **argv) {
     setup();
     const char *what = argc > 1 ? argv[1] : "";
@@ -574,6 +617,8 @@ int main(int argc, char **argv) {
         r = pool_stats();
     else if (!strcmp(what, "async"))
         r = async_release();
+    else if (!strcmp(what, "batch"))
+        r = batch();
     else if (!strcmp(what, "stuck"))
         r = stuck();
     else if (!strcmp(what, "late"))
@@ -581,7 +626,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(what, "late-destroyed"))
         r = late(1);
     else {
-        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|pool|async|stuck|late|late-destroyed");
+        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|pool|async|batch|stuck|late|late-destroyed");
         return 2;
     }
     say("done %d", r);

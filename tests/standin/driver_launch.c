@@ -139,7 +139,9 @@ CUfunction standin_reregister_kernel(CUfunction f, const char *name, standin_ker
 static void isolate_verify_many(void **params);
 static void isolate_verify_many16(void **params);
 static void isolate_poison(void **params);
+static void isolate_poison_many(void **params);
 static atomic_ulong g_verify16_runs;
+static atomic_ulong g_poison_many_runs, g_poison_many_ranges;
 
 static void register_isolate_kernels(void) {
     static const size_t sizes[4] = {8, 4, 4, 8};
@@ -148,12 +150,17 @@ static void register_isolate_kernels(void) {
     standin_register_kernel("isolate_verify_many16", isolate_verify_many16, 4, NULL, sizes);
     static const size_t poison_sizes[3] = {8, 8, 4};
     standin_register_kernel("isolate_poison", isolate_poison, 3, NULL, poison_sizes);
+    static const size_t many_sizes[3] = {1024, 4, 4};
+    standin_register_kernel("isolate_poison_many", isolate_poison_many, 3, NULL, many_sizes);
 }
 
 unsigned long standin_param_info_calls(void) { return atomic_load(&g_param_info_calls); }
 unsigned long standin_kernels_run(void) { return atomic_load(&g_kernels_run); }
 /* Launches of isolate's 128-bit-load check that ran (the release picks it for aligned batches). */
 unsigned long standin_verify16_runs(void) { return atomic_load(&g_verify16_runs); }
+/* Launches of isolate's multi-range poison (deferred poisons), and the ranges they filled. */
+unsigned long standin_poison_many_runs(void) { return atomic_load(&g_poison_many_runs); }
+unsigned long standin_poison_many_ranges(void) { return atomic_load(&g_poison_many_ranges); }
 
 /* What a kernel's access to [p, p+n) does (see the comment at the top): 1 if it is all
  * accessible, else 0 and the context faults. */
@@ -219,6 +226,26 @@ static void isolate_poison(void **params) {
     if (!standin_touch((CUdeviceptr)(uintptr_t)p, n))
         return;
     memset(p, byte, n);
+}
+
+/* isolate_poison_many(ranges, count, pattern), as isolate's PTX defines it, run on the host:
+ * ranges (passed by value, 64 pairs) [2i] = ptr, [2i+1] = len, each filled with the pattern's
+ * byte for i < count (at most 64). */
+static void isolate_poison_many(void **params) {
+    const uint64_t *ranges = (const uint64_t *)params[0];
+    unsigned count = *(unsigned *)params[1];
+    unsigned char byte = (unsigned char)(*(unsigned *)params[2] & 0xff);
+    if (count > 64)
+        count = 64;
+    for (unsigned i = 0; i < count; i++) {
+        unsigned char *p = (unsigned char *)(uintptr_t)ranges[2 * i];
+        uint64_t n = ranges[2 * i + 1];
+        if (!standin_touch((CUdeviceptr)(uintptr_t)p, n))
+            return;
+        memset(p, byte, n);
+    }
+    atomic_fetch_add(&g_poison_many_runs, 1);
+    atomic_fetch_add(&g_poison_many_ranges, count);
 }
 
 #define ISOLATE_RING_BYTES 65536

@@ -507,11 +507,20 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
     );
     // (release, poison by): the release stream and the synchronous way, and the release stream
     // with the library's own fill kernel as the poison.
-    for (release, by) in [("async", "memset"), ("sync", "memset"), ("async", "kernel")] {
+    // (release, poison by, deferred): the release stream with the poisons deferred to the
+    // streams' next work (the default), and not; the synchronous way; the library's own fill
+    // kernel as the poison.
+    for (release, by, batch) in [
+        ("async", "memset", "on"),
+        ("async", "memset", "off"),
+        ("sync", "memset", "on"),
+        ("async", "kernel", "on"),
+    ] {
         let out = isolate(quarantine("async"))
             .env("ISOLATE_QUARANTINE", "4MiB")
             .env("ISOLATE_RELEASE", release)
             .env("ISOLATE_POISON_BY", by)
+            .env("ISOLATE_POISON_BATCH", batch)
             .run();
         out.assert_success();
         has_line(&out, "async calls failed 0");
@@ -554,10 +563,20 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
         assert!(
             time.starts_with(&format!(
                 "isolation's time: 1200 frees poisoned ({freed} bytes, written by the device once \
-                 and read once to check; {by_kernel} by the library's fill kernel)"
+                 and read once to check; {by_kernel} by the library's fill kernel; "
             )),
             "{release} {by}: {time}"
         );
+        // Deferred only on the release stream's way with the memset poison and batching on:
+        // then every free (the driver's starts are aligned), each run queued by one launch.
+        let deferred = isolate_tests::number_after(time, "kernel;").unwrap();
+        let launches = isolate_tests::number_after(time, "by").unwrap();
+        if (release, by, batch) == ("async", "memset", "on") {
+            assert_eq!(deferred, 1200, "{time}");
+            assert!((1..=1200).contains(&launches), "{time}");
+        } else {
+            assert_eq!((deferred, launches), (0, 0), "{release} {by} {batch}: {time}");
+        }
         // The driver's allocations start aligned: the release checks with its 128-bit kernel.
         let runs16 = isolate_tests::number_after(&out.stdout, "verify16_runs").unwrap();
         if release == "async" {
@@ -579,6 +598,55 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
             );
         }
     }
+}
+
+/// Poisons deferred to the stream's next work (`ISOLATE_POISON_BATCH=on`, the default): four
+/// runs of frees (4, 2, 1 and 1) are each poisoned by one multi-range launch, queued before the
+/// work that follows them (a set, an asynchronous copy, a synchronous copy, an event record
+/// that another stream waits for), so each run's stale write, through that work, lands after
+/// its poison and is found to the byte, and nothing else is reported. With batching off the
+/// same writes are found with a memset per free and no multi-range launch; without isolation
+/// there is nothing to find.
+#[test]
+fn deferred_poisons_are_queued_before_the_streams_next_work() {
+    for sync in ["0", "1"] {
+        let out = isolate(quarantine("batch")).env("STANDIN_SYNC", sync).run();
+        out.assert_success();
+        has_line(&out, "batch calls failed 0");
+        let num = |k: &str| isolate_tests::number_after(&out.stdout, k).unwrap();
+        assert_eq!(num("poison_many_runs"), 4, "{}", out.stdout);
+        assert_eq!(num("poison_many_ranges"), 8, "{}", out.stdout);
+        let t = out.only_trace();
+        t.assert_complete(EndReason::Exit);
+        let mut v: Vec<(u64, u64)> = t
+            .violations()
+            .iter()
+            .map(|v| (v.first_offset, v.changed_bytes))
+            .collect();
+        v.sort_unstable();
+        assert_eq!(v, vec![(100, 8), (200, 8), (300, 8), (400, 8)], "sync {sync}");
+        let info: Vec<String> = notes(t, NoteKind::Info)
+            .into_iter()
+            .map(|n| n.text)
+            .collect();
+        assert!(
+            info.iter().any(|t| t.starts_with("isolation's time: 8 frees poisoned")
+                && t.contains("; 8 deferred to their stream's next work and poisoned by 4 launches)")),
+            "{info:?}"
+        );
+    }
+    let off = isolate(quarantine("batch"))
+        .env("ISOLATE_POISON_BATCH", "off")
+        .run();
+    off.assert_success();
+    assert_eq!(
+        isolate_tests::number_after(&off.stdout, "poison_many_runs"),
+        Some(0)
+    );
+    assert_eq!(off.only_trace().violations().len(), 4);
+    let plain = quarantine("batch").run();
+    plain.assert_success();
+    assert!(plain.only_trace().violations().is_empty());
 }
 
 /// The pool's used-memory counters (PyTorch's `memory_allocated`/`max_memory_allocated` on its

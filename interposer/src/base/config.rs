@@ -84,6 +84,9 @@ pub struct Config {
     /// A stream-ordered free is poisoned by one launch of the library's own fill kernel
     /// (`ISOLATE_POISON_BY=kernel`) instead of `cuMemsetD8Async` (`memset`, the default).
     pub poison_kernel: bool,
+    /// A stream-ordered free's poison waits for the stream's next work, so that one launch
+    /// poisons a run of frees (`ISOLATE_POISON_BATCH=on`, the default; `off`: a memset each).
+    pub poison_batch: bool,
     /// Test hook: make recording panic, to prove panics never cross into C.
     pub test_panic: bool,
     /// Internal test hook: the writer sleeps this long after writing the header.
@@ -121,6 +124,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ),
     ("ISOLATE_RELEASE", "async, sync"),
     ("ISOLATE_POISON_BY", "memset, kernel"),
+    ("ISOLATE_POISON_BATCH", "on, off"),
     ("ISOLATE_TEST_PANIC", "1 (internal test hook)"),
     (
         "ISOLATE_TEST_WRITER_STALL_MS",
@@ -310,6 +314,11 @@ pub fn from_env(
         Some("kernel") => true,
         Some(v) => return Err(bad("ISOLATE_POISON_BY", v)),
     };
+    let poison_batch = match var("ISOLATE_POISON_BATCH").as_deref() {
+        None | Some("on") => true,
+        Some("off") => false,
+        Some(v) => return Err(bad("ISOLATE_POISON_BATCH", v)),
+    };
     let stacks = match var("ISOLATE_STACKS")
         .map(|v| v.to_ascii_lowercase())
         .as_deref()
@@ -388,6 +397,10 @@ pub fn from_env(
             "ISOLATE_POISON_BY".to_string(),
             if poison_kernel { "kernel" } else { "memset" }.to_string(),
         ),
+        (
+            "ISOLATE_POISON_BATCH".to_string(),
+            if poison_batch { "on" } else { "off" }.to_string(),
+        ),
         ("ISOLATE_STACKS".to_string(), stacks.name().to_string()),
         ("ISOLATE_STACK_DEPTH".to_string(), stack_depth.to_string()),
         (
@@ -423,6 +436,7 @@ pub fn from_env(
         native_frames,
         async_release,
         poison_kernel,
+        poison_batch,
         test_panic,
         test_writer_stall_ms,
         test_exit_check_ms,

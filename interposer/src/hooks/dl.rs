@@ -3,7 +3,7 @@
 //! Layer: hooks. Uses the policies, the base, and the tables of [`super::driver`] and
 //! [`super::runtime`].
 
-use super::driver::{HOOKED, cuGetProcAddress, cuGetProcAddress_v2};
+use super::driver::{cuGetProcAddress, cuGetProcAddress_v2};
 use super::runtime::RUNTIME_HOOKED;
 use crate::base::real::{GET_PROC_ADDRESS, GET_PROC_ADDRESS_V2};
 use crate::base::resolve::{self, REAL_DLSYM};
@@ -93,10 +93,10 @@ extern "C" fn dlsym_intercept(handle: *mut c_void, symbol: *const c_char) -> *mu
     if name.to_bytes().starts_with(b"cuda") {
         return runtime_hook(handle, name);
     }
-    let Some(h) = HOOKED.iter().find(|h| h.name == name) else {
+    let Some(h) = super::shape::driver_hook(name) else {
         return std::ptr::null_mut();
     };
-    if super::shape::is_launch(h) && !crate::policy::check_launches() {
+    if !super::shape::handed_out(h) {
         return std::ptr::null_mut();
     }
     let p = resolve::dlsym_in(handle, name);

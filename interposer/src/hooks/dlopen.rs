@@ -6,7 +6,6 @@
 //! Layer: hooks. Uses the policies, the base, and the tables of [`super::driver`],
 //! [`super::runtime`] and the `dlsym` stub of [`super::dl`].
 
-use super::driver::HOOKED;
 use super::runtime::RUNTIME_HOOKED;
 use crate::base::got::{self, Import, Object};
 use crate::base::loader::{self, DlopenFn};
@@ -224,11 +223,9 @@ fn replacement(handle: *mut c_void, imp: &Import<'_>) -> Option<usize> {
             (t == loader::real_dlopen()? as usize).then_some(dlopen as *const () as usize)
         }
         _ if name.starts_with(b"cu") => {
-            let h = HOOKED
-                .iter()
-                .chain(RUNTIME_HOOKED)
-                .find(|h| h.name == imp.name)?;
-            if super::shape::is_launch(h) && !crate::policy::check_launches() {
+            let h = super::shape::driver_hook(imp.name)
+                .or_else(|| RUNTIME_HOOKED.iter().find(|h| h.name == imp.name))?;
+            if !super::shape::handed_out(h) {
                 return None;
             }
             let t = target()?;

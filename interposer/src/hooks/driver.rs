@@ -176,8 +176,8 @@ pub fn substitute(p: *mut c_void) -> *mut c_void {
         return p;
     }
     let Some(name) = export_name(p) else { return p };
-    match HOOKED.iter().find(|h| h.name == name) {
-        Some(h) if !super::shape::is_launch(h) || crate::policy::check_launches() => {
+    match super::shape::driver_hook(name) {
+        Some(h) if super::shape::handed_out(h) => {
             (h.store)(p);
             h.hook as *mut c_void
         }

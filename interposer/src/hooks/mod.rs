@@ -7,7 +7,9 @@
 //! - `[Api, kind, |e| fill]` (optionally `, then |e| after`): a recorded call; `kind` is a
 //!   [`crate::policy::Call`], `fill` puts the arguments in the event, `after` what only the
 //!   result tells;
-//! - `[launch Api, f, params, extra]`: a kernel launch, checked when the launch check is on;
+//! - `[launch Api, f, params, extra]`: a kernel launch, checked when the launch check is on
+//!   (after the deferred poisons are queued);
+//! - `[stream_work]`: other work on a stream: the deferred poisons are queued, then the call;
 //! - `[unloads]`: a call that can end kernels' lives (module and library unloads, context
 //!   destruction), passed through, then told to the launch check;
 //! - `[stream_gone s]`: a stream's destruction, told to isolation first, then passed through;
@@ -18,7 +20,7 @@
 //!
 //! Layer: hooks, the top. Uses every layer below (policies, process life, recording, base).
 
-/// The body of one hook; see the module comment for the five forms.
+/// The body of one hook; see the module comment for the six forms.
 macro_rules! body {
     ($real:ident, ($($a:ident),*), [$api:ident, $kind:expr, |$e:ident| $fill:expr $(, then |$e2:ident| $after:expr)?]) => {
         $crate::hooks::shape::run(
@@ -39,6 +41,8 @@ macro_rules! body {
         )
     };
     ($real:ident, ($($a:ident),*), [launch $api:ident, $f:ident, $params:ident, $extra:expr]) => {{
+        // Deferred poisons go first: the launch runs after them.
+        $crate::policy::stream_work();
         if !$crate::policy::check_launches() || $crate::record::thread::nested() {
             return unsafe { $real($($a),*) };
         }
@@ -46,6 +50,10 @@ macro_rules! body {
         let r = unsafe { $real($($a),*) };
         $crate::policy::launched(isolate_trace::Api::$api, found, r);
         r
+    }};
+    ($real:ident, ($($a:ident),*), [stream_work]) => {{
+        $crate::policy::stream_work();
+        unsafe { $real($($a),*) }
     }};
     ($real:ident, ($($a:ident),*), [stream_gone $s:ident]) => {{
         // Before the call: after it the handle may already name another stream.
@@ -109,6 +117,7 @@ pub mod pool;
 pub mod process;
 pub mod runtime;
 pub mod shape;
+pub mod stream;
 
 #[cfg(test)]
 mod tests {
@@ -118,6 +127,7 @@ mod tests {
     fn every_hook_stands_for_the_real_function_of_its_name() {
         for h in super::driver::HOOKED
             .iter()
+            .chain(super::stream::STREAM_HOOKED)
             .chain(super::runtime::RUNTIME_HOOKED)
         {
             assert_eq!(h.name.to_str().unwrap(), h.export);

@@ -360,14 +360,26 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     }
     let t0 = now_ns();
     let mut entry = freed(&proto, live, seq, Held::Allocation);
-    let r = poison(
-        proto.ptr,
-        live.size,
-        ordered,
-        proto.stream as CUstream,
-        entry.ctx,
-    );
-    if ordered {
+    // Deferred to the stream's next work: one launch poisons a run of frees (release::defer).
+    let deferred = if ordered && defers(proto.api, proto.ptr) {
+        release::defer(entry.ctx, proto.stream as usize, proto.ptr, live.size)
+    } else {
+        None
+    };
+    let r = match deferred {
+        Some(ev) => {
+            entry.mark = ev;
+            CUDA_SUCCESS
+        }
+        None => poison(
+            proto.ptr,
+            live.size,
+            ordered,
+            proto.stream as CUstream,
+            entry.ctx,
+        ),
+    };
+    if ordered && deferred.is_none() {
         if release::enabled() {
             entry.mark = release::mark(entry.ctx, proto.stream as usize);
         } else {
@@ -384,6 +396,20 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         reap(false);
     }
     r
+}
+
+/// Whether the poison of a stream-ordered free by `api` of `ptr` waits for the stream's next
+/// work (`ISOLATE_POISON_BATCH=on`, the default, with the asynchronous release and the memset
+/// poison): not on the per-thread default stream (only its own thread may queue there), not
+/// where the start is not 16-byte aligned (the fill kernel's stores).
+fn defers(api: Api, ptr: u64) -> bool {
+    let c = config::get();
+    c.poison.is_some()
+        && c.poison_batch
+        && !c.poison_kernel
+        && release::enabled()
+        && ptr.is_multiple_of(16)
+        && !matches!(api, Api::CudaFreeAsyncPtsz | Api::CuMemFreeAsyncPtsz)
 }
 
 /// The quarantine entry of the allocation `live` (a mapping: no allocation event) that the
@@ -530,6 +556,11 @@ fn take_mapped(ptr: u64, size: u64) -> bool {
         }
     }
     true
+}
+
+/// Queues the deferred poisons of the current context (see [`release::defer`]).
+pub fn flush_current() {
+    release::flush(current_ctx());
 }
 
 fn current_ctx() -> usize {
@@ -1329,11 +1360,14 @@ pub fn at_exit() {
             ASYNC_BATCHES.load(Relaxed),
             format!(
                 "isolation's time: {poisoned} frees {done} ({} bytes, {bytes}; {} by the \
-                 library's fill kernel), {:.1} ms on the freeing threads ({:.2} us each); \
+                 library's fill kernel; {} deferred to their stream's next work and poisoned by \
+                 {} launches), {:.1} ms on the freeing threads ({:.2} us each); \
                  releases {:.1} ms, of it {:.1} ms waiting for the device; {} batches released \
                  on the release stream",
                 POISON_BYTES.load(Relaxed),
                 BY_KERNEL.load(Relaxed),
+                release::deferred_stats().0,
+                release::deferred_stats().1,
                 ms(&POISON_NS),
                 ms(&POISON_NS) * 1e3 / poisoned as f64,
                 ms(&RELEASE_NS),

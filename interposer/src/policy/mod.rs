@@ -70,6 +70,29 @@ pub fn check_launches() -> bool {
     c.mode == Mode::Isolate && c.check_launch
 }
 
+/// True when stream-ordered frees' poisons wait for the next stream work (isolate mode,
+/// `ISOLATE_POISON_BATCH=on`, a poison, the asynchronous release, the memset poison): the
+/// hooks of stream work are handed out then.
+#[inline]
+pub fn defers_poison() -> bool {
+    let c = config::get();
+    c.mode == Mode::Isolate
+        && c.poison.is_some()
+        && c.poison_batch
+        && c.async_release
+        && !c.poison_kernel
+}
+
+/// The program is about to queue work on a stream (a launch, a copy, a set, an event record, a
+/// graph, a capture's start, or a synchronous copy or set): the poisons deferred so far in the
+/// current context are queued first. One relaxed load when there are none; never fails the call.
+#[inline]
+pub fn stream_work() {
+    if release::pending() {
+        let _ = std::panic::catch_unwind(isolate::flush_current);
+    }
+}
+
 /// Isolate mode: the bytes of stream-ordered allocations the program holds now (or their peak
 /// since the last reset), for the pool statistics it reads; `None` in other modes.
 pub fn pool_used(peak: bool) -> Option<u64> {

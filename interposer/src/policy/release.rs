@@ -22,6 +22,7 @@ use crate::base::real::*;
 use crate::base::sys::ForkLock;
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// Allocations checked by one launch (the result copy of one slot).
 pub const BATCH: usize = 256;
@@ -42,6 +43,8 @@ struct Res {
     func16: Option<CUfunction>,
     /// `isolate_poison`, where the module has it (`ISOLATE_POISON_BY=kernel`).
     fill: Option<CUfunction>,
+    /// `isolate_poison_many`, where the module has it: the deferred poisons ([`defer`]).
+    fill_many: Option<CUfunction>,
     ring: CUdeviceptr,
     host: *mut u8,
     busy: [bool; SLOTS],
@@ -58,13 +61,26 @@ struct State {
     /// by [`refresh`]), and whether the stream still exists (false once the program destroyed
     /// it: [`stream_gone`]).
     marks: HashMap<(usize, usize), (usize, bool)>,
+    /// Poisons not queued yet ([`defer`]): (context, stream, ptr, len), in the order freed.
+    pending: Vec<(usize, usize, u64, u64)>,
 }
+
+/// Deferred poisons, all contexts: read without the lock by every hook of stream work, which
+/// has nothing to do while it is 0.
+static PENDING: AtomicUsize = AtomicUsize::new(0);
+/// Deferred poisons queued, and the launches that queued them (noted at exit).
+static DEFERRED: AtomicU64 = AtomicU64::new(0);
+static FILLS: AtomicU64 = AtomicU64::new(0);
+
+/// Ranges one `isolate_poison_many` launch fills: its parameter buffer holds 64 (ptr, len).
+pub const FILL_RANGES: usize = 64;
 
 static STATE: ForkLock<Option<State>> = ForkLock::new(None);
 
 /// In a fork child: the parent's handles are not the child's.
 pub fn after_fork_child() {
     STATE.reset_in_child(None);
+    PENDING.store(0, Relaxed);
 }
 
 fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
@@ -72,6 +88,7 @@ fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
     let s = g.get_or_insert_with(|| State {
         res: Vec::new(),
         marks: HashMap::new(),
+        pending: Vec::new(),
     });
     f(s)
 }
@@ -145,6 +162,7 @@ pub fn refresh(ctx: usize, stream: usize) {
         return;
     };
     with(|s| {
+        flush_locked(s, ctx);
         let Some(&(ev, true)) = s.marks.get(&(ctx, stream)) else {
             return;
         };
@@ -164,6 +182,16 @@ pub fn stream_gone(stream: usize) {
         return;
     };
     with(|s| {
+        // Its deferred poisons first: after the destruction nothing can be queued on it.
+        let streams_ctx: Vec<usize> = s
+            .pending
+            .iter()
+            .filter(|p| p.1 == stream)
+            .map(|p| p.0)
+            .collect();
+        for ctx in streams_ctx {
+            flush_locked(s, ctx);
+        }
         for ((_, st), m) in s.marks.iter_mut() {
             if *st == stream && m.1 {
                 m.1 = false;
@@ -220,6 +248,139 @@ pub fn poison(ctx: usize, stream: usize, ptr: u64, len: u64, byte: u8) -> Option
     ];
     let blocks = (len / 4).div_ceil(256).clamp(1, 1024) as u32;
     unsafe { launch_kernel(fill, (blocks, 1), stream, &mut params) }
+}
+
+/// Defers the poison of [ptr, ptr+len) (16-byte aligned), freed on `stream` of context `ctx`
+/// (current), until just before the next work the program queues on any stream of the context
+/// ([`flush`], called by every hook of stream work), so that the poisons of consecutive frees
+/// are queued by one launch of `isolate_poison_many` instead of a memset each. Returns the
+/// stream's event, which [`refresh`] records after the poison is queued; `None` where the
+/// poison cannot be deferred (no fill kernel, no event: the caller poisons at once).
+pub fn defer(ctx: usize, stream: usize, ptr: u64, len: u64) -> Option<usize> {
+    if stream == PER_THREAD || EVENT_RECORD.get().is_none() {
+        return None;
+    }
+    with(|s| {
+        resources(s, ctx)?.fill_many?;
+        let ev = match s.marks.get(&(ctx, stream)) {
+            Some(&(ev, _)) => ev,
+            None => new_event(),
+        };
+        if ev == 0 {
+            return None;
+        }
+        s.marks.insert((ctx, stream), (ev, true));
+        s.pending.push((ctx, stream, ptr, len));
+        PENDING.fetch_add(1, Relaxed);
+        DEFERRED.fetch_add(1, Relaxed);
+        if s.pending.iter().filter(|p| p.0 == ctx).count() >= FILL_RANGES {
+            flush_locked(s, ctx);
+        }
+        Some(ev)
+    })
+}
+
+/// Whether any poison waits to be queued (one relaxed load: the hooks' fast path).
+#[inline]
+pub fn pending() -> bool {
+    PENDING.load(Relaxed) != 0
+}
+
+/// Queues the deferred poisons of context `ctx` (current): before the program's next work on
+/// any of its streams, so that work runs after them in stream order (or, on another stream,
+/// after an event or a wait that comes after them).
+pub fn flush(ctx: usize) {
+    if pending() {
+        with(|s| flush_locked(s, ctx));
+    }
+}
+
+/// Queues every deferred poison, each context made current in turn (exit).
+pub fn flush_all(set_current: impl Fn(usize)) {
+    if !pending() {
+        return;
+    }
+    with(|s| {
+        let mut ctxs: Vec<usize> = s.pending.iter().map(|p| p.0).collect();
+        ctxs.sort_unstable();
+        ctxs.dedup();
+        for ctx in ctxs {
+            set_current(ctx);
+            flush_locked(s, ctx);
+        }
+    });
+}
+
+/// (deferred poisons, launches that queued them) so far.
+pub fn deferred_stats() -> (u64, u64) {
+    (DEFERRED.load(Relaxed), FILLS.load(Relaxed))
+}
+
+fn flush_locked(s: &mut State, ctx: usize) {
+    if !s.pending.iter().any(|p| p.0 == ctx) {
+        return;
+    }
+    let (mine, rest): (Vec<_>, Vec<_>) = s.pending.drain(..).partition(|p| p.0 == ctx);
+    s.pending = rest;
+    PENDING.fetch_sub(mine.len(), Relaxed);
+    let Some(byte) = config::get().poison else {
+        return;
+    };
+    let fill = resources(s, ctx).and_then(|r| r.fill_many);
+    let mut streams: Vec<usize> = mine.iter().map(|p| p.1).collect();
+    streams.dedup();
+    streams.sort_unstable();
+    streams.dedup();
+    for stream in streams {
+        let ranges: Vec<(u64, u64)> = mine
+            .iter()
+            .filter(|p| p.1 == stream)
+            .map(|p| (p.2, p.3))
+            .collect();
+        for chunk in ranges.chunks(FILL_RANGES) {
+            let launched = fill.is_some_and(|f| fill_ranges(f, stream, chunk, byte));
+            if launched {
+                FILLS.fetch_add(1, Relaxed);
+            } else if let Some(set) = MEMSET_D8_ASYNC.get() {
+                // The launch failed: a memset each, as without deferral.
+                for &(p, n) in chunk {
+                    unsafe { set(p, byte, n as usize, stream as CUstream) };
+                }
+            }
+        }
+        if let (Some(&(ev, _)), Some(record)) = (s.marks.get(&(ctx, stream)), EVENT_RECORD.get())
+        {
+            unsafe { record(ev as *mut c_void, stream as CUstream) };
+        }
+    }
+}
+
+/// One launch of `isolate_poison_many` over `ranges` (at most [`FILL_RANGES`]) on `stream`;
+/// false where it could not be queued.
+fn fill_ranges(fill: CUfunction, stream: usize, ranges: &[(u64, u64)], byte: u8) -> bool {
+    let mut buf = [0u64; 2 * FILL_RANGES];
+    for (i, &(p, n)) in ranges.iter().enumerate() {
+        buf[2 * i] = p;
+        buf[2 * i + 1] = n;
+    }
+    let mut count = ranges.len() as u32;
+    let mut pat = u32::from_ne_bytes([byte; 4]);
+    let mut params: [*mut c_void; 3] = [
+        buf.as_mut_ptr().cast(),
+        (&mut count as *mut u32).cast(),
+        (&mut pat as *mut u32).cast(),
+    ];
+    let bx = fill_blocks(ranges);
+    let r = unsafe { launch_kernel(fill, (bx, ranges.len() as u32), stream as CUstream, &mut params) };
+    r == Some(CUDA_SUCCESS)
+}
+
+/// Blocks per range of a fill: about four 16-byte stores a thread for the longest range, at
+/// most ~16K blocks in all (as the check's [`shape`]).
+fn fill_blocks(ranges: &[(u64, u64)]) -> u32 {
+    let longest = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+    let cap = (16384 / ranges.len().max(1) as u64).max(64);
+    (longest / 16).div_ceil(256 * 4).clamp(1, cap) as u32
 }
 
 /// One batch on its way: read its results with [`poll`].
@@ -279,6 +440,7 @@ fn make() -> Option<Res> {
     };
     let func16 = optional(c"isolate_verify_many16");
     let fill = optional(c"isolate_poison");
+    let fill_many = optional(c"isolate_poison_many");
     let (mut ring, mut bytes): (CUdeviceptr, usize) = (0, 0);
     if unsafe { global(&mut ring, &mut bytes, module, c"isolate_ring".as_ptr()) } != CUDA_SUCCESS
         || bytes < SLOTS * SLOT_BYTES
@@ -299,6 +461,7 @@ fn make() -> Option<Res> {
         func,
         func16,
         fill,
+        fill_many,
         ring,
         host: host.cast(),
         busy: [false; SLOTS],

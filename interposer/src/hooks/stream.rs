@@ -1,0 +1,103 @@
+//! The program's stream work other than launches (copies, sets, event records, graph launches,
+//! host functions, stream memory operations, a capture's start) and the synchronous copies and
+//! sets that the legacy default stream orders: in isolate mode each first queues the poisons
+//! deferred so far (`policy::stream_work`), so that the work runs after them. Handed out only
+//! while poisons are deferred (`ISOLATE_POISON_BATCH=on`, the default in isolate mode).
+//!
+//! Not hooked (their frees' poisons can come after them; docs/isolation.md): the batched
+//! copies (`cuMemcpyBatchAsync`, `cuMemcpy3DBatchAsync`) and copies to and from CUDA arrays.
+//!
+//! Layer: hooks. Uses the policies and the base.
+
+#![allow(non_snake_case)]
+
+use crate::base::cuda::*;
+use std::ffi::{c_int, c_uint, c_void};
+
+hooks! {
+    /// Every stream-work export we hand out a hook for while poisons are deferred.
+    static STREAM_HOOKED: CUresult = missing CUDA_ERROR_NOT_FOUND;
+
+    cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) = MEMCPY_ASYNC [stream_work];
+    cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) = MEMCPY_ASYNC_PTSZ [stream_work];
+    cuMemcpyPeerAsync(dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize, s: CUstream) = MEMCPY_PEER_ASYNC [stream_work];
+    cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize, s: CUstream) = MEMCPY_PEER_ASYNC_PTSZ [stream_work];
+    cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) = MEMCPY_HTOD_ASYNC [stream_work];
+    cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) = MEMCPY_HTOD_ASYNC_PTSZ [stream_work];
+    cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) = MEMCPY_DTOH_ASYNC [stream_work];
+    cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) = MEMCPY_DTOH_ASYNC_PTSZ [stream_work];
+    cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) = MEMCPY_DTOD_ASYNC [stream_work];
+    cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) = MEMCPY_DTOD_ASYNC_PTSZ [stream_work];
+    cuMemcpy2DAsync_v2(p: *const c_void, s: CUstream) = MEMCPY_2D_ASYNC [stream_work];
+    cuMemcpy2DAsync_v2_ptsz(p: *const c_void, s: CUstream) = MEMCPY_2D_ASYNC_PTSZ [stream_work];
+    cuMemcpy3DAsync_v2(p: *const c_void, s: CUstream) = MEMCPY_3D_ASYNC [stream_work];
+    cuMemcpy3DAsync_v2_ptsz(p: *const c_void, s: CUstream) = MEMCPY_3D_ASYNC_PTSZ [stream_work];
+    cuMemcpy3DPeerAsync(p: *const c_void, s: CUstream) = MEMCPY_3D_PEER_ASYNC [stream_work];
+    cuMemcpy3DPeerAsync_ptsz(p: *const c_void, s: CUstream) = MEMCPY_3D_PEER_ASYNC_PTSZ [stream_work];
+    cuMemsetD8Async(d: CUdeviceptr, v: u8, n: usize, s: CUstream) = MEMSET_D8_ASYNC [stream_work];
+    cuMemsetD8Async_ptsz(d: CUdeviceptr, v: u8, n: usize, s: CUstream) = MEMSET_D8_ASYNC_PTSZ [stream_work];
+    cuMemsetD16Async(d: CUdeviceptr, v: u16, n: usize, s: CUstream) = MEMSET_D16_ASYNC [stream_work];
+    cuMemsetD16Async_ptsz(d: CUdeviceptr, v: u16, n: usize, s: CUstream) = MEMSET_D16_ASYNC_PTSZ [stream_work];
+    cuMemsetD32Async(d: CUdeviceptr, v: u32, n: usize, s: CUstream) = MEMSET_D32_ASYNC [stream_work];
+    cuMemsetD32Async_ptsz(d: CUdeviceptr, v: u32, n: usize, s: CUstream) = MEMSET_D32_ASYNC_PTSZ [stream_work];
+    cuMemsetD2D8Async(d: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize, s: CUstream) = MEMSET_D2D8_ASYNC [stream_work];
+    cuMemsetD2D8Async_ptsz(d: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize, s: CUstream) = MEMSET_D2D8_ASYNC_PTSZ [stream_work];
+    cuMemsetD2D16Async(d: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize, s: CUstream) = MEMSET_D2D16_ASYNC [stream_work];
+    cuMemsetD2D16Async_ptsz(d: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize, s: CUstream) = MEMSET_D2D16_ASYNC_PTSZ [stream_work];
+    cuMemsetD2D32Async(d: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize, s: CUstream) = MEMSET_D2D32_ASYNC [stream_work];
+    cuMemsetD2D32Async_ptsz(d: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize, s: CUstream) = MEMSET_D2D32_ASYNC_PTSZ [stream_work];
+    cuEventRecord(ev: *mut c_void, s: CUstream) = EVENT_RECORD [stream_work];
+    cuEventRecord_ptsz(ev: *mut c_void, s: CUstream) = EVENT_RECORD_PTSZ [stream_work];
+    cuEventRecordWithFlags(ev: *mut c_void, s: CUstream, flags: c_uint) = EVENT_RECORD_WITH_FLAGS [stream_work];
+    cuEventRecordWithFlags_ptsz(ev: *mut c_void, s: CUstream, flags: c_uint) = EVENT_RECORD_WITH_FLAGS_PTSZ [stream_work];
+    cuGraphLaunch(exec: *mut c_void, s: CUstream) = GRAPH_LAUNCH [stream_work];
+    cuGraphLaunch_ptsz(exec: *mut c_void, s: CUstream) = GRAPH_LAUNCH_PTSZ [stream_work];
+    cuLaunchHostFunc(s: CUstream, f: *mut c_void, data: *mut c_void) = LAUNCH_HOST_FUNC [stream_work];
+    cuLaunchHostFunc_ptsz(s: CUstream, f: *mut c_void, data: *mut c_void) = LAUNCH_HOST_FUNC_PTSZ [stream_work];
+    cuStreamAddCallback(s: CUstream, f: *mut c_void, data: *mut c_void, flags: c_uint) = STREAM_ADD_CALLBACK [stream_work];
+    cuStreamAddCallback_ptsz(s: CUstream, f: *mut c_void, data: *mut c_void, flags: c_uint) = STREAM_ADD_CALLBACK_PTSZ [stream_work];
+    cuStreamWaitValue32_v2(s: CUstream, addr: CUdeviceptr, v: u32, flags: c_uint) = STREAM_WAIT_VALUE32 [stream_work];
+    cuStreamWaitValue32_v2_ptsz(s: CUstream, addr: CUdeviceptr, v: u32, flags: c_uint) = STREAM_WAIT_VALUE32_PTSZ [stream_work];
+    cuStreamWaitValue64_v2(s: CUstream, addr: CUdeviceptr, v: u64, flags: c_uint) = STREAM_WAIT_VALUE64 [stream_work];
+    cuStreamWaitValue64_v2_ptsz(s: CUstream, addr: CUdeviceptr, v: u64, flags: c_uint) = STREAM_WAIT_VALUE64_PTSZ [stream_work];
+    cuStreamWriteValue32_v2(s: CUstream, addr: CUdeviceptr, v: u32, flags: c_uint) = STREAM_WRITE_VALUE32 [stream_work];
+    cuStreamWriteValue32_v2_ptsz(s: CUstream, addr: CUdeviceptr, v: u32, flags: c_uint) = STREAM_WRITE_VALUE32_PTSZ [stream_work];
+    cuStreamWriteValue64_v2(s: CUstream, addr: CUdeviceptr, v: u64, flags: c_uint) = STREAM_WRITE_VALUE64 [stream_work];
+    cuStreamWriteValue64_v2_ptsz(s: CUstream, addr: CUdeviceptr, v: u64, flags: c_uint) = STREAM_WRITE_VALUE64_PTSZ [stream_work];
+    cuStreamBatchMemOp_v2(s: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint) = STREAM_BATCH_MEM_OP [stream_work];
+    cuStreamBatchMemOp_v2_ptsz(s: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint) = STREAM_BATCH_MEM_OP_PTSZ [stream_work];
+    cuStreamBeginCapture_v2(s: CUstream, mode: c_int) = STREAM_BEGIN_CAPTURE [stream_work];
+    cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: c_int) = STREAM_BEGIN_CAPTURE_PTSZ [stream_work];
+    cuStreamBeginCaptureToGraph(s: CUstream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, ndeps: usize, mode: c_int) = STREAM_BEGIN_CAPTURE_TO_GRAPH [stream_work];
+    cuStreamBeginCaptureToGraph_ptsz(s: CUstream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, ndeps: usize, mode: c_int) = STREAM_BEGIN_CAPTURE_TO_GRAPH_PTSZ [stream_work];
+    cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) = MEMCPY [stream_work];
+    cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) = MEMCPY_PTDS [stream_work];
+    cuMemcpyPeer(dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize) = MEMCPY_PEER [stream_work];
+    cuMemcpyPeer_ptds(dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize) = MEMCPY_PEER_PTDS [stream_work];
+    cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) = MEMCPY_HTOD [stream_work];
+    cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) = MEMCPY_HTOD_PTDS [stream_work];
+    cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) = MEMCPY_DTOH [stream_work];
+    cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) = MEMCPY_DTOH_PTDS [stream_work];
+    cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) = MEMCPY_DTOD [stream_work];
+    cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) = MEMCPY_DTOD_PTDS [stream_work];
+    cuMemcpy2D_v2(p: *const c_void) = MEMCPY_2D [stream_work];
+    cuMemcpy2D_v2_ptds(p: *const c_void) = MEMCPY_2D_PTDS [stream_work];
+    cuMemcpy2DUnaligned_v2(p: *const c_void) = MEMCPY_2D_UNALIGNED [stream_work];
+    cuMemcpy2DUnaligned_v2_ptds(p: *const c_void) = MEMCPY_2D_UNALIGNED_PTDS [stream_work];
+    cuMemcpy3D_v2(p: *const c_void) = MEMCPY_3D [stream_work];
+    cuMemcpy3D_v2_ptds(p: *const c_void) = MEMCPY_3D_PTDS [stream_work];
+    cuMemcpy3DPeer(p: *const c_void) = MEMCPY_3D_PEER [stream_work];
+    cuMemcpy3DPeer_ptds(p: *const c_void) = MEMCPY_3D_PEER_PTDS [stream_work];
+    cuMemsetD8_v2(d: CUdeviceptr, v: u8, n: usize) = MEMSET_D8 [stream_work];
+    cuMemsetD8_v2_ptds(d: CUdeviceptr, v: u8, n: usize) = MEMSET_D8_PTDS [stream_work];
+    cuMemsetD16_v2(d: CUdeviceptr, v: u16, n: usize) = MEMSET_D16 [stream_work];
+    cuMemsetD16_v2_ptds(d: CUdeviceptr, v: u16, n: usize) = MEMSET_D16_PTDS [stream_work];
+    cuMemsetD32_v2(d: CUdeviceptr, v: u32, n: usize) = MEMSET_D32 [stream_work];
+    cuMemsetD32_v2_ptds(d: CUdeviceptr, v: u32, n: usize) = MEMSET_D32_PTDS [stream_work];
+    cuMemsetD2D8_v2(d: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize) = MEMSET_D2D8 [stream_work];
+    cuMemsetD2D8_v2_ptds(d: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize) = MEMSET_D2D8_PTDS [stream_work];
+    cuMemsetD2D16_v2(d: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize) = MEMSET_D2D16 [stream_work];
+    cuMemsetD2D16_v2_ptds(d: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize) = MEMSET_D2D16_PTDS [stream_work];
+    cuMemsetD2D32_v2(d: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize) = MEMSET_D2D32 [stream_work];
+    cuMemsetD2D32_v2_ptds(d: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize) = MEMSET_D2D32_PTDS [stream_work];
+}
