@@ -93,10 +93,10 @@ extern "C" fn dlsym_intercept(handle: *mut c_void, symbol: *const c_char) -> *mu
     if name.to_bytes().starts_with(b"cuda") {
         return runtime_hook(handle, name);
     }
-    let Some(h) = super::shape::driver_hook(name) else {
+    let Some(h) = super::driver::driver_hook(name) else {
         return std::ptr::null_mut();
     };
-    if !super::shape::handed_out(h) {
+    if !super::driver::handed_out(h) {
         return std::ptr::null_mut();
     }
     let p = resolve::dlsym_in(handle, name);

@@ -223,9 +223,9 @@ fn replacement(handle: *mut c_void, imp: &Import<'_>) -> Option<usize> {
             (t == loader::real_dlopen()? as usize).then_some(dlopen as *const () as usize)
         }
         _ if name.starts_with(b"cu") => {
-            let h = super::shape::driver_hook(imp.name)
+            let h = super::driver::driver_hook(imp.name)
                 .or_else(|| RUNTIME_HOOKED.iter().find(|h| h.name == imp.name))?;
-            if !super::shape::handed_out(h) {
+            if !super::driver::handed_out(h) {
                 return None;
             }
             let t = target()?;

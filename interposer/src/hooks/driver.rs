@@ -8,7 +8,8 @@
 use crate::base::cuda::*;
 use crate::base::resolve::{export_name, is_ours};
 use crate::policy::Call::*;
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use super::shape::Hooked;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 hooks! {
     /// Every driver export we hand out a hook for, by the export's exact name.
@@ -168,6 +169,24 @@ hooks! {
     cuDevicePrimaryCtxRelease_v2(dev: CUdevice) = PRIMARY_CTX_RELEASE [unloads];
 }
 
+/// Whether hook `h` is handed out now: the hooks of stream work other than launches
+/// (hooks/stream.rs) only while poisons are deferred; the launch check's hooks while launches
+/// are checked or poisons deferred (a launch queues the deferred poisons first); the rest always.
+pub fn handed_out(h: &Hooked) -> bool {
+    if super::stream::STREAM_HOOKED.iter().any(|x| std::ptr::eq(x, h)) {
+        return crate::policy::defers_poison();
+    }
+    !super::shape::is_launch(h) || crate::policy::check_launches() || crate::policy::defers_poison()
+}
+
+/// Every driver hook, by export name: the driver's and the stream work's tables.
+pub fn driver_hook(name: &CStr) -> Option<&'static Hooked> {
+    HOOKED
+        .iter()
+        .chain(super::stream::STREAM_HOOKED)
+        .find(|h| h.name == name)
+}
+
 /// Given what a real resolver (`cuGetProcAddress`, `cudaGetDriverEntryPoint*`) handed back,
 /// returns what the caller should get: our hook for an export we know (the real one stored),
 /// else the pointer unchanged.
@@ -176,8 +195,8 @@ pub fn substitute(p: *mut c_void) -> *mut c_void {
         return p;
     }
     let Some(name) = export_name(p) else { return p };
-    match super::shape::driver_hook(name) {
-        Some(h) if super::shape::handed_out(h) => {
+    match driver_hook(name) {
+        Some(h) if handed_out(h) => {
             (h.store)(p);
             h.hook as *mut c_void
         }

@@ -76,24 +76,6 @@ pub fn is_launch(h: &Hooked) -> bool {
     n.starts_with(b"cuLaunch") || UNLOADS.contains(&n)
 }
 
-/// Whether hook `h` is handed out now: the hooks of stream work other than launches
-/// (hooks/stream.rs) only while poisons are deferred; the launch check's hooks while launches
-/// are checked or poisons deferred (a launch queues the deferred poisons first); the rest always.
-pub fn handed_out(h: &Hooked) -> bool {
-    if super::stream::STREAM_HOOKED.iter().any(|x| std::ptr::eq(x, h)) {
-        return crate::policy::defers_poison();
-    }
-    !is_launch(h) || crate::policy::check_launches() || crate::policy::defers_poison()
-}
-
-/// Every driver hook, by export name: the driver's and the stream work's tables.
-pub fn driver_hook(name: &CStr) -> Option<&'static Hooked> {
-    super::driver::HOOKED
-        .iter()
-        .chain(super::stream::STREAM_HOOKED)
-        .find(|h| h.name == name)
-}
-
 /// The calls after which a kernel handle may stand for another kernel.
 const UNLOADS: [&[u8]; 5] = [
     b"cuModuleUnload",
