@@ -25,7 +25,10 @@ Configurations, interleaved (round -> model -> configurations in a rotated order
   isolate-nobatch   isolate-stacks with ISOLATE_POISON_BATCH=off (a memset per free instead of
                the deferred poisons' one launch per run of frees)
   isolate-allframes isolate-stacks with ISOLATE_NATIVE_FRAMES=all (every native frame walked)
-  isolate-prev isolate-stacks with both of the above: the defaults of the fourth session
+  isolate-depth20   isolate-stacks with ISOLATE_STACK_DEPTH=20 (every thread's walk cut short:
+               what the threads without Python, the autograd engine's, spend on stacks)
+  isolate-prev isolate-stacks with ISOLATE_POISON_BATCH=off and ISOLATE_NATIVE_FRAMES=all: the
+               defaults of the fourth session
   log          log mode of this library, cache on (goal: within 1% of default)
   log-stacks   the same with call stacks
   preload-off  the library preloaded with ISOLATE_MODE=off (what loading it costs, nothing hooked)
@@ -61,6 +64,7 @@ CONFIGS = {
     "isolate-nopoison": ({"ISOLATE_POISON": "off", "ISOLATE_STACKS": "none"}, "new", "isolate"),
     "isolate-nobatch": ({"ISOLATE_POISON_BATCH": "off"}, "new", "isolate"),
     "isolate-allframes": ({"ISOLATE_NATIVE_FRAMES": "all"}, "new", "isolate"),
+    "isolate-depth20": ({"ISOLATE_STACK_DEPTH": "20"}, "new", "isolate"),
     "isolate-prev": ({"ISOLATE_POISON_BATCH": "off", "ISOLATE_NATIVE_FRAMES": "all"}, "new", "isolate"),
     "log": ({"ISOLATE_STACKS": "none"}, "new", "log"),
     "log-stacks": ({"ISOLATE_STACKS": "all"}, "new", "log"),

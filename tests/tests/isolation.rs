@@ -575,7 +575,11 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
             assert_eq!(deferred, 1200, "{time}");
             assert!((1..=1200).contains(&launches), "{time}");
         } else {
-            assert_eq!((deferred, launches), (0, 0), "{release} {by} {batch}: {time}");
+            assert_eq!(
+                (deferred, launches),
+                (0, 0),
+                "{release} {by} {batch}: {time}"
+            );
         }
         // The driver's allocations start aligned: the release checks with its 128-bit kernel.
         let runs16 = isolate_tests::number_after(&out.stdout, "verify16_runs").unwrap();
@@ -624,14 +628,21 @@ fn deferred_poisons_are_queued_before_the_streams_next_work() {
             .map(|v| (v.first_offset, v.changed_bytes))
             .collect();
         v.sort_unstable();
-        assert_eq!(v, vec![(100, 8), (200, 8), (300, 8), (400, 8)], "sync {sync}");
+        assert_eq!(
+            v,
+            vec![(100, 8), (200, 8), (300, 8), (400, 8)],
+            "sync {sync}"
+        );
         let info: Vec<String> = notes(t, NoteKind::Info)
             .into_iter()
             .map(|n| n.text)
             .collect();
         assert!(
-            info.iter().any(|t| t.starts_with("isolation's time: 8 frees poisoned")
-                && t.contains("; 8 deferred to their stream's next work and poisoned by 4 launches)")),
+            info.iter()
+                .any(|t| t.starts_with("isolation's time: 8 frees poisoned")
+                    && t.contains(
+                        "; 8 deferred to their stream's next work and poisoned by 4 launches)"
+                    )),
             "{info:?}"
         );
     }

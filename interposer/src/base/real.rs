@@ -188,6 +188,9 @@ reals! {
         STREAM_DESTROY_V1 = cuStreamDestroy: fn(CUstream) -> CUresult;
         // Hooked while poisons are deferred (hooks/stream.rs): the program's stream work, which
         // the deferred poisons must precede. The ones the policies also call are further down.
+        STREAM_SYNCHRONIZE_PTSZ = cuStreamSynchronize_ptsz: fn(CUstream) -> CUresult;
+        STREAM_QUERY = cuStreamQuery: fn(CUstream) -> CUresult;
+        STREAM_QUERY_PTSZ = cuStreamQuery_ptsz: fn(CUstream) -> CUresult;
         MEMCPY_ASYNC = cuMemcpyAsync: fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult;
         MEMCPY_ASYNC_PTSZ = cuMemcpyAsync_ptsz: fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult;
         MEMCPY_PEER_ASYNC = cuMemcpyPeerAsync: fn(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, usize, CUstream) -> CUresult;

@@ -5,10 +5,10 @@
 
 #![allow(non_snake_case)]
 
+use super::shape::Hooked;
 use crate::base::cuda::*;
 use crate::base::resolve::{export_name, is_ours};
 use crate::policy::Call::*;
-use super::shape::Hooked;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 hooks! {
@@ -173,7 +173,10 @@ hooks! {
 /// (hooks/stream.rs) only while poisons are deferred; the launch check's hooks while launches
 /// are checked or poisons deferred (a launch queues the deferred poisons first); the rest always.
 pub fn handed_out(h: &Hooked) -> bool {
-    if super::stream::STREAM_HOOKED.iter().any(|x| std::ptr::eq(x, h)) {
+    if super::stream::STREAM_HOOKED
+        .iter()
+        .any(|x| std::ptr::eq(x, h))
+    {
         return crate::policy::defers_poison();
     }
     !super::shape::is_launch(h) || crate::policy::check_launches() || crate::policy::defers_poison()

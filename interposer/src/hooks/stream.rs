@@ -1,6 +1,6 @@
 //! The program's stream work other than launches (copies, sets, event records, graph launches,
-//! host functions, stream memory operations, a capture's start) and the synchronous copies and
-//! sets that the legacy default stream orders: in isolate mode each first queues the poisons
+//! host functions, stream memory operations, a capture's start), the synchronous copies and
+//! sets that the legacy default stream orders, and the waits for streams and contexts: in isolate mode each first queues the poisons
 //! deferred so far (`policy::stream_work`), so that the work runs after them. Handed out only
 //! while poisons are deferred (`ISOLATE_POISON_BATCH=on`, the default in isolate mode).
 //!
@@ -17,6 +17,16 @@ use std::ffi::{c_int, c_uint, c_void};
 hooks! {
     /// Every stream-work export we hand out a hook for while poisons are deferred.
     static STREAM_HOOKED: CUresult = missing CUDA_ERROR_NOT_FOUND;
+
+    /// The waits: the program may read freed memory from the host once they return (managed
+    /// memory, or device memory where the host can address it), so its poison comes first.
+    cuStreamSynchronize(s: CUstream) = STREAM_SYNCHRONIZE [stream_work];
+    cuStreamSynchronize_ptsz(s: CUstream) = STREAM_SYNCHRONIZE_PTSZ [stream_work];
+    cuStreamQuery(s: CUstream) = STREAM_QUERY [stream_work];
+    cuStreamQuery_ptsz(s: CUstream) = STREAM_QUERY_PTSZ [stream_work];
+    cuCtxSynchronize() = CTX_SYNCHRONIZE [stream_work];
+
+    /// Work queued on a stream.
 
     cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) = MEMCPY_ASYNC [stream_work];
     cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) = MEMCPY_ASYNC_PTSZ [stream_work];

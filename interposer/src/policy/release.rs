@@ -348,8 +348,7 @@ fn flush_locked(s: &mut State, ctx: usize) {
                 }
             }
         }
-        if let (Some(&(ev, _)), Some(record)) = (s.marks.get(&(ctx, stream)), EVENT_RECORD.get())
-        {
+        if let (Some(&(ev, _)), Some(record)) = (s.marks.get(&(ctx, stream)), EVENT_RECORD.get()) {
             unsafe { record(ev as *mut c_void, stream as CUstream) };
         }
     }
@@ -371,7 +370,14 @@ fn fill_ranges(fill: CUfunction, stream: usize, ranges: &[(u64, u64)], byte: u8)
         (&mut pat as *mut u32).cast(),
     ];
     let bx = fill_blocks(ranges);
-    let r = unsafe { launch_kernel(fill, (bx, ranges.len() as u32), stream as CUstream, &mut params) };
+    let r = unsafe {
+        launch_kernel(
+            fill,
+            (bx, ranges.len() as u32),
+            stream as CUstream,
+            &mut params,
+        )
+    };
     r == Some(CUDA_SUCCESS)
 }
 
