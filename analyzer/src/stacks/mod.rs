@@ -312,7 +312,7 @@ impl ShownStack {
             ));
         }
         if self.truncated {
-            tail.push("cut at the depth limit".into());
+            tail.push("cut short (ISOLATE_STACK_DEPTH, ISOLATE_NATIVE_FRAMES)".into());
         }
         if !tail.is_empty() {
             out.push(format!("… {}", tail.join(", ")));

@@ -56,9 +56,9 @@ impl Stacks {
 /// `ISOLATE_STACK_DEPTH`'s default and bounds.
 pub const STACK_DEPTH_DEFAULT: u32 = 64;
 pub const STACK_DEPTH_MAX: u32 = 256;
-/// `ISOLATE_NATIVE_FRAMES`'s default: the native frames kept nearest the call in a thread that
-/// runs Python (0 stands for `all`).
-pub const NATIVE_FRAMES_DEFAULT: u32 = 12;
+/// `ISOLATE_NATIVE_FRAMES`'s default: the native frames a stack keeps nearest the call (0
+/// stands for `all`).
+pub const NATIVE_FRAMES_DEFAULT: u32 = 16;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -75,8 +75,9 @@ pub struct Config {
     /// Call stacks captured at each event, and the most frames each may have.
     pub stacks: Stacks,
     pub stack_depth: u32,
-    /// In a thread running Python (`ISOLATE_STACKS=all`): the native frames kept nearest the
-    /// call before the walk stops and the Python frames follow; 0 = all (walk to the depth).
+    /// The native frames kept nearest the call before the walk stops (then, in a thread
+    /// running Python, the Python frames follow; elsewhere the stack is cut); 0 = all (walk to
+    /// the depth).
     pub native_frames: u32,
     /// Stream-ordered frees leave quarantine on the library's own stream, without a host wait
     /// (`ISOLATE_RELEASE=async`, the default); `sync` is the older way, kept for comparison.

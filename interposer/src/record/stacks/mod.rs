@@ -196,6 +196,9 @@ impl<'a> Merge<'a> {
                 // (`Native(0)`, "native frames left out"); the outer native frames are dropped.
                 if self.pi < self.py.len() {
                     self.push(RawFrame::Native(GAP));
+                } else if self.py.is_empty() {
+                    // No Python to follow: the stack is cut here.
+                    self.truncated = true;
                 }
                 false
             }
@@ -236,10 +239,15 @@ fn capture_inner(mode: Stacks, depth: usize) -> u32 {
     } else {
         None
     };
-    // Where the thread runs Python, the native frames nearest the call, then the Python frames:
-    // the libraries' frames between them (PyTorch's dispatcher: ~30) cost most of the walk.
+    // In a process that runs Python: the native frames nearest the call, then (where the thread
+    // runs Python) the Python frames; the libraries' frames between them (PyTorch's dispatcher,
+    // autograd: ~20-30) cost most of the walk. A thread without Python frames (PyTorch's
+    // autograd engine) gets its stack cut there (marked truncated). A native program's stacks
+    // are its own code: walked to the depth.
     let native_budget = match config::get().native_frames {
-        n if n > 0 && !py.is_empty() => n as usize,
+        n if n > 0 && (!py.is_empty() || python::eval_range(snap.generation).is_some()) => {
+            n as usize
+        }
         _ => usize::MAX,
     };
     let mut m = Merge::new(py, eval, depth, native_budget);
@@ -441,6 +449,15 @@ mod tests {
                 RawFrame::Native(0x2000),
             ]
         );
+    }
+
+    #[test]
+    fn a_thread_without_python_is_cut_at_the_budget() {
+        let pcs: Vec<u64> = (0..30).map(|i| 0x1000 + i).collect();
+        let mut m = Merge::new(&[], None, 64, 16);
+        let (frames, fed) = run(&mut m, &pcs);
+        assert_eq!((fed, frames.len()), (16, 16));
+        assert!(m.truncated);
     }
 
     #[test]
