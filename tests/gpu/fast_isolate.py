@@ -178,21 +178,25 @@ def report(results, models, configs):
             peak = max(r.get("device_used_delta", 0) for r in ok) / 2**30
             mal = max(r.get("max_memory_allocated", 0) for r in ok) / 2**30
             fnd = sum(r.get("findings", 0) for r in ok)
+            # Losses against the default run of the same round (a round whose default run the
+            # budget cut is not compared: "n/a" when none is).
+            compared = [r for r in ok if r["round"] in base]
             same = all(
-                r["round"] in base and len(r["losses"]) == len(base[r["round"]]["losses"]) and
+                len(r["losses"]) == len(base[r["round"]]["losses"]) and
                 all(abs(a - b) <= 1e-3 * max(1.0, abs(b)) for a, b in zip(r["losses"], base[r["round"]]["losses"]))
-                for r in ok)
+                for r in compared)
+            same_s = "n/a" if not compared else ("same" if same else "DIFF")
             ratio = med / base_med if base_med else None
             hosts = [r["host_ms_per_step"] for r in ok if r.get("host_ms_per_step")]
             host = statistics.median(hosts) if hosts else float("nan")
             row = {"model": model, "config": cfg, "ms_per_step": med, "ratio": ratio, "per_round": per,
                    "host_ms_per_step": host, "device_peak_gib": peak, "max_memory_allocated_gib": mal, "findings": fnd,
-                   "losses_match": same, "runs": len(ok),
+                   "losses_match": same if compared else None, "runs": len(ok),
                    "isolation_time": [n for r in ok for n in r.get("isolation_time", [])][:4]}
             table.append(row)
             per_s = ",".join(f"{x:.2f}" for x in per)
             print(f"{model:9s} {cfg:12s} {med:8.2f} {ratio and f'{ratio:.3f}':>9s} {per_s:>20s} "
-                  f"{peak:12.2f} {mal:13.2f} {fnd:8d} {'same' if same else 'DIFF':>6s}")
+                  f"{host:7.2f} {peak:12.2f} {mal:13.2f} {fnd:8d} {same_s:>6s}")
     print()
     for r in results:
         if r["rc"] != 0:

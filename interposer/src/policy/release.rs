@@ -295,22 +295,6 @@ pub fn flush(ctx: usize) {
     }
 }
 
-/// Queues every deferred poison, each context made current in turn (exit).
-pub fn flush_all(set_current: impl Fn(usize)) {
-    if !pending() {
-        return;
-    }
-    with(|s| {
-        let mut ctxs: Vec<usize> = s.pending.iter().map(|p| p.0).collect();
-        ctxs.sort_unstable();
-        ctxs.dedup();
-        for ctx in ctxs {
-            set_current(ctx);
-            flush_locked(s, ctx);
-        }
-    });
-}
-
 /// (deferred poisons, launches that queued them) so far.
 pub fn deferred_stats() -> (u64, u64) {
     (DEFERRED.load(Relaxed), FILLS.load(Relaxed))
@@ -369,7 +353,7 @@ fn fill_ranges(fill: CUfunction, stream: usize, ranges: &[(u64, u64)], byte: u8)
         (&mut count as *mut u32).cast(),
         (&mut pat as *mut u32).cast(),
     ];
-    let bx = fill_blocks(ranges);
+    let bx = wide_blocks(ranges);
     let r = unsafe {
         launch_kernel(
             fill,
@@ -379,14 +363,6 @@ fn fill_ranges(fill: CUfunction, stream: usize, ranges: &[(u64, u64)], byte: u8)
         )
     };
     r == Some(CUDA_SUCCESS)
-}
-
-/// Blocks per range of a fill: about four 16-byte stores a thread for the longest range, at
-/// most ~16K blocks in all (as the check's [`shape`]).
-fn fill_blocks(ranges: &[(u64, u64)]) -> u32 {
-    let longest = ranges.iter().map(|r| r.1).max().unwrap_or(0);
-    let cap = (16384 / ranges.len().max(1) as u64).max(64);
-    (longest / 16).div_ceil(256 * 4).clamp(1, cap) as u32
 }
 
 /// One batch on its way: read its results with [`poll`].
@@ -569,13 +545,21 @@ fn grid(r: &Res, items: &[(u64, u64)]) -> (CUfunction, u32) {
 /// [`grid`]'s choice: whether the 128-bit kernel checks `items` (it exists and every start is
 /// 16-byte aligned), and the blocks per allocation.
 fn shape(have16: bool, items: &[(u64, u64)]) -> (bool, u32) {
-    let longest = items.iter().map(|i| i.1).max().unwrap_or(0);
     if have16 && items.iter().all(|&(p, _)| p.is_multiple_of(16)) {
-        let cap = (16384 / items.len().max(1) as u64).max(64);
-        (true, (longest / 16).div_ceil(256 * 4).clamp(1, cap) as u32)
+        (true, wide_blocks(items))
     } else {
+        let longest = items.iter().map(|i| i.1).max().unwrap_or(0);
         (false, (longest / 4).div_ceil(256).clamp(1, 64) as u32)
     }
+}
+
+/// Blocks per row of a 128-bit kernel (the check's, the deferred poisons' fill) over `items`,
+/// one row each: about four vectors (64 bytes) a thread of 256 for the longest, at most ~16K
+/// blocks in all.
+fn wide_blocks(items: &[(u64, u64)]) -> u32 {
+    let longest = items.iter().map(|i| i.1).max().unwrap_or(0);
+    let cap = (16384 / items.len().max(1) as u64).max(64);
+    (longest / 16).div_ceil(256 * 4).clamp(1, cap) as u32
 }
 
 /// The results of `l` — (first changed offset, changed bytes) per item — once its check has
@@ -647,7 +631,26 @@ pub fn enabled() -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::shape;
+    use super::{shape, wide_blocks};
+
+    /// The deferred poisons' fill: a row per range, as wide as the longest needs.
+    #[test]
+    fn a_fill_gets_enough_blocks_for_its_longest_range() {
+        // 100 MiB and two small ones: 6400 blocks a row (16384 / 3 = 5461 at most).
+        let r = [
+            (0x7f00_0000_0000, 100 << 20),
+            (0x7f10_0000_0000, 4096),
+            (0x7f20_0000_0000, 16),
+        ];
+        assert_eq!(wide_blocks(&r), 5461);
+        // 64 ranges of 1 MiB: 64 blocks each (the cap's floor), 4,096 in all.
+        let r: Vec<(u64, u64)> = (0..64)
+            .map(|i| (0x7f00_0000_0000 + (i << 20), 1 << 20))
+            .collect();
+        assert_eq!(wide_blocks(&r), 64);
+        // Shorter than one vector: still a block, whose thread 0 stores the tail.
+        assert_eq!(wide_blocks(&[(0x7f00_0000_0000, 3)]), 1);
+    }
 
     #[test]
     fn aligned_batches_get_the_wide_kernel_and_enough_blocks_to_read_at_bandwidth() {
