@@ -595,6 +595,41 @@ static int batch(void) {
     return bad != 0;
 }
 
+/* Checked allocations kept for reuse (ISOLATE_REUSE=on), then allocations that need their
+ * memory: 200 rounds of a 512 KiB block allocated, written and freed on one stream (checked
+ * blocks are kept and served again), then blocks of argv[2] KiB (3 MiB) until one fails. Prints how many of
+ * those it got: isolation must get as many as a run without it. */
+static int reuse_oom(size_t big_size) {
+    cudaStream_t s = NULL;
+    int bad = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != 0;
+    for (int i = 0; i < 200; i++) {
+        void *a = NULL;
+        bad += cudaMallocAsync(&a, 512 << 10, s) != 0;
+        bad += cudaMemsetAsync(a, 0x11, 512 << 10, s) != 0;
+        bad += cudaFreeAsync(a, s) != 0;
+        /* The stand-in's pool takes a free back only once its stream ran it. */
+        bad += cudaStreamSynchronize(s) != 0;
+    }
+    say("reuse calls failed %d", bad);
+    void *big[64];
+    int n = 0;
+    while (n < 64) {
+        void *b = NULL;
+        int rc = cudaMallocAsync(&b, big_size, s);
+        if (rc) {
+            say("big failed with %d", rc);
+            cudaGetLastError();
+            break;
+        }
+        big[n++] = b;
+    }
+    say("big allocated %d", n);
+    for (int i = 0; i < n; i++)
+        cudaFreeAsync(big[i], s);
+    cudaStreamSynchronize(s);
+    return bad != 0;
+}
+
 int main(int argc, char **argv) {
     setup();
     const char *what = argc > 1 ? argv[1] : "";
@@ -619,6 +654,8 @@ int main(int argc, char **argv) {
         r = async_release();
     else if (!strcmp(what, "batch"))
         r = batch();
+    else if (!strcmp(what, "kept"))
+        r = reuse_oom(argc > 2 ? (size_t)atol(argv[2]) << 10 : (size_t)3 << 20);
     else if (!strcmp(what, "stuck"))
         r = stuck();
     else if (!strcmp(what, "late"))
@@ -626,7 +663,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(what, "late-destroyed"))
         r = late(1);
     else {
-        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|pool|async|batch|stuck|late|late-destroyed");
+        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|pool|async|batch|kept|stuck|late|late-destroyed");
         return 2;
     }
     say("done %d", r);

@@ -88,6 +88,9 @@ pub struct Config {
     /// A stream-ordered free's poison waits for the stream's next work, so that one launch
     /// poisons a run of frees (`ISOLATE_POISON_BATCH=on`, the default; `off`: a memset each).
     pub poison_batch: bool,
+    /// Checked allocations of the default pool are kept for the next stream-ordered
+    /// allocation of the same size instead of freed (`ISOLATE_REUSE=on`; off by default).
+    pub reuse: bool,
     /// Test hook: make recording panic, to prove panics never cross into C.
     pub test_panic: bool,
     /// Internal test hook: the writer sleeps this long after writing the header.
@@ -126,6 +129,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("ISOLATE_RELEASE", "async, sync"),
     ("ISOLATE_POISON_BY", "memset, kernel"),
     ("ISOLATE_POISON_BATCH", "on, off"),
+    ("ISOLATE_REUSE", "on, off"),
     ("ISOLATE_TEST_PANIC", "1 (internal test hook)"),
     (
         "ISOLATE_TEST_WRITER_STALL_MS",
@@ -320,6 +324,11 @@ pub fn from_env(
         Some("off") => false,
         Some(v) => return Err(bad("ISOLATE_POISON_BATCH", v)),
     };
+    let reuse = match var("ISOLATE_REUSE").as_deref() {
+        None | Some("off") => false,
+        Some("on") => true,
+        Some(v) => return Err(bad("ISOLATE_REUSE", v)),
+    };
     let stacks = match var("ISOLATE_STACKS")
         .map(|v| v.to_ascii_lowercase())
         .as_deref()
@@ -402,6 +411,10 @@ pub fn from_env(
             "ISOLATE_POISON_BATCH".to_string(),
             if poison_batch { "on" } else { "off" }.to_string(),
         ),
+        (
+            "ISOLATE_REUSE".to_string(),
+            if reuse { "on" } else { "off" }.to_string(),
+        ),
         ("ISOLATE_STACKS".to_string(), stacks.name().to_string()),
         ("ISOLATE_STACK_DEPTH".to_string(), stack_depth.to_string()),
         (
@@ -438,6 +451,7 @@ pub fn from_env(
         async_release,
         poison_kernel,
         poison_batch,
+        reuse,
         test_panic,
         test_writer_stall_ms,
         test_exit_check_ms,

@@ -186,6 +186,8 @@ reals! {
         // Hooked: a stream's end (isolate mode stops recording on it).
         STREAM_DESTROY = cuStreamDestroy_v2: fn(CUstream) -> CUresult;
         STREAM_DESTROY_V1 = cuStreamDestroy: fn(CUstream) -> CUresult;
+        // Hooked: a device's memory pool set (isolate mode stops serving kept memory).
+        DEVICE_SET_MEM_POOL = cuDeviceSetMemPool: fn(CUdevice, CUmemoryPool) -> CUresult;
         // Hooked while poisons are deferred (hooks/stream.rs): the program's stream work, which
         // the deferred poisons must precede. The ones the policies also call are further down.
         STREAM_SYNCHRONIZE_PTSZ = cuStreamSynchronize_ptsz: fn(CUstream) -> CUresult;

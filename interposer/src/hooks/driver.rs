@@ -151,6 +151,10 @@ hooks! {
         shmem: c_uint, stream: CUstream, params: *mut *mut c_void)
         = LAUNCH_COOPERATIVE_KERNEL_PTSZ [launch CuLaunchCooperativeKernelPtsz, f, params, std::ptr::null_mut()];
 
+    /// A device's memory pool set: stream-ordered allocations may come from another pool now,
+    /// so isolate mode serves none from memory it kept (`ISOLATE_REUSE`).
+    cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) = DEVICE_SET_MEM_POOL [pool_set];
+
     /// The stream's end: isolate mode records its freeing streams' events again before a check,
     /// and must not do that on a destroyed handle.
     cuStreamDestroy_v2(stream: CUstream) = STREAM_DESTROY [stream_gone stream];

@@ -13,6 +13,7 @@
 //! - `[unloads]`: a call that can end kernels' lives (module and library unloads, context
 //!   destruction), passed through, then told to the launch check;
 //! - `[stream_gone s]`: a stream's destruction, told to isolation first, then passed through;
+//! - `[pool_set]`: a device's memory pool set, passed through, then told to isolation;
 //! - `[resolver pfn]`: a resolver whose answer in `pfn` is swapped for our hook.
 //!
 //! The line also adds the hook to its table, by which the resolvers and `dlsym` hand hooks out.
@@ -20,7 +21,7 @@
 //!
 //! Layer: hooks, the top. Uses every layer below (policies, process life, recording, base).
 
-/// The body of one hook; see the module comment for the six forms.
+/// The body of one hook; see the module comment for the seven forms.
 macro_rules! body {
     ($real:ident, ($($a:ident),*), [$api:ident, $kind:expr, |$e:ident| $fill:expr $(, then |$e2:ident| $after:expr)?]) => {
         $crate::hooks::shape::run(
@@ -59,6 +60,13 @@ macro_rules! body {
         // Before the call: after it the handle may already name another stream.
         $crate::policy::stream_gone($s as usize);
         unsafe { $real($($a),*) }
+    }};
+    ($real:ident, ($($a:ident),*), [pool_set]) => {{
+        let r = unsafe { $real($($a),*) };
+        if r == 0 {
+            $crate::policy::pool_set();
+        }
+        r
     }};
     ($real:ident, ($($a:ident),*), [unloads]) => {{
         let r = unsafe { $real($($a),*) };

@@ -6,7 +6,7 @@
 //!
 //! Layer: policies. Uses the base, recording, [`super::log`] and [`super::guard`].
 
-use super::{guard, log, release};
+use super::{guard, log, release, reuse};
 use crate::base::config::{self, Budget};
 use crate::base::cuda::*;
 use crate::base::real::{self, *};
@@ -28,6 +28,9 @@ struct Live {
     seq: u64,
     /// From a stream-ordered pool: counted in [`POOL_LIVE`].
     pooled: bool,
+    /// From the device's default pool (`cudaMallocAsync`, `cuMemAllocAsync`): what
+    /// [`reuse`] may keep once checked.
+    default_pool: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -62,6 +65,8 @@ pub struct Entry {
     /// again before the check.
     stream: usize,
     held: Held,
+    /// As [`Live::default_pool`].
+    default_pool: bool,
 }
 
 impl Entry {
@@ -233,7 +238,17 @@ pub fn alloc(
     let mut p = Pending::after(proto.api);
     p.ev = proto;
     let guarded = guard::guardable(proto.api, proto.size) && !out.is_null();
+    // Checked memory of this size kept by the library (`ISOLATE_REUSE=on`): no driver call.
+    let kept = if !guarded && !out.is_null() && default_pool(proto.api) && reuse::enabled() {
+        reuse::take(current_ctx(), proto.size)
+    } else {
+        None
+    };
     let mut attempt = || {
+        if let Some(ptr) = kept {
+            out.write(ptr);
+            return CUDA_SUCCESS;
+        }
         // Guard mode cannot make it, or ran out of memory: the real call answers, as in a
         // normal run (a runtime call also leaves its sticky error, which a code alone cannot).
         if guarded && let Ok(Some(ptr)) = guard::alloc(proto.api, proto.size, forget_range) {
@@ -246,10 +261,21 @@ pub fn alloc(
     let mut r = first;
     if r == CUDA_ERROR_OUT_OF_MEMORY && quarantinable(proto.api) {
         // Isolation must never cause an out-of-memory a normal run would not have had.
+        // Meanwhile what releases free goes to the driver, not into the reuse cache.
+        let _short = reuse::Short::start();
         // First the batches already on their way out: their frees run on the release stream.
         if !EXIT_GAVE_UP.load(Relaxed) && !INFLIGHT.lock().is_empty() {
             reap(true);
             r = attempt();
+        }
+        // Then the checked memory kept for reuse: back to the driver, waited for.
+        let ctx = current_ctx();
+        let kept = reuse::drain(ctx);
+        if r == CUDA_ERROR_OUT_OF_MEMORY && !kept.is_empty() {
+            free_to_driver(ctx, &kept, true);
+            r = attempt();
+        } else if !kept.is_empty() {
+            free_to_driver(ctx, &kept, false);
         }
         let mut released = 0u64;
         while r == CUDA_ERROR_OUT_OF_MEMORY {
@@ -299,6 +325,7 @@ pub fn alloc(
                 size: p.ev.size,
                 seq: p.ev.seq,
                 pooled: stream_ordered_alloc(proto.api),
+                default_pool: default_pool(proto.api),
             },
         );
     }
@@ -428,7 +455,19 @@ fn freed(proto: &Event, live: Live, seq: u64, held: Held) -> Entry {
         mark: 0,
         stream: proto.stream as usize,
         held,
+        default_pool: live.default_pool,
     }
+}
+
+/// Stream-ordered allocations from the device's current pool (not a pool the program named).
+fn default_pool(api: Api) -> bool {
+    matches!(
+        api,
+        Api::CudaMallocAsync
+            | Api::CudaMallocAsyncPtsz
+            | Api::CuMemAllocAsync
+            | Api::CuMemAllocAsyncPtsz
+    )
 }
 
 pub fn other(
@@ -498,6 +537,7 @@ fn unmap(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         size: proto.size,
         seq: u64::MAX,
         pooled: false,
+        default_pool: false,
     };
     quarantine(freed(&proto, mapping, seq, Held::Mapping));
     CUDA_SUCCESS
@@ -898,17 +938,38 @@ fn free_checked(done: &[Checked], wait: bool) {
         return;
     }
     IN_FLIGHT.fetch_sub(done.len(), Relaxed);
+    let cap = reuse_cap();
     in_each_context(&entries, |ctx, group| {
-        let ptrs: Vec<u64> = group.iter().map(|e| e.ptr).collect();
-        if !release::free_all(ctx, &ptrs, wait)
-            && let Some(f) = MEM_FREE.get()
-        {
-            // Unreachable in practice (a batch was launched on this context's stream).
-            for p in ptrs {
-                unsafe { f(p) };
-            }
-        }
+        // Checked memory of the default pool is kept for the next allocation of its size
+        // (`ISOLATE_REUSE=on`), the rest freed.
+        let ptrs: Vec<u64> = group
+            .iter()
+            .filter(|e| !(e.default_pool && reuse::keep(ctx, e.size, e.ptr, cap)))
+            .map(|e| e.ptr)
+            .collect();
+        free_to_driver(ctx, &ptrs, wait);
     });
+}
+
+/// Frees `ptrs` of context `ctx` (current) on its release stream (with `wait`, freed when
+/// this returns).
+fn free_to_driver(ctx: usize, ptrs: &[u64], wait: bool) {
+    if ptrs.is_empty() {
+        return;
+    }
+    if !release::free_all(ctx, ptrs, wait)
+        && let Some(f) = MEM_FREE.get()
+    {
+        // Unreachable in practice (a batch was launched on this context's stream).
+        for &p in ptrs {
+            unsafe { f(p) };
+        }
+    }
+}
+
+/// The most checked memory [`reuse`] keeps: a quarter of the quarantine budget (once known).
+fn reuse_cap() -> u64 {
+    st!(state()).budget.map_or(0, |b| b / 4)
 }
 
 /// Pops the batches at the head of `q` whose checks have run, with their results: with
@@ -1324,6 +1385,19 @@ pub fn at_exit() {
             device,
             host,
             format!("poison verified for {device} allocations on the device, {host} on the host"),
+        );
+    }
+    let (served, kept) = reuse::stats();
+    if kept > 0 {
+        event::note(
+            NoteKind::Info,
+            0,
+            served,
+            kept,
+            format!(
+                "reuse (ISOLATE_REUSE=on): {kept} checked allocations kept instead of freed, \
+                 {served} stream-ordered allocations served from them without the driver"
+            ),
         );
     }
     let captured = CAPTURED.load(Relaxed);

@@ -12,6 +12,7 @@ pub mod isolate;
 pub mod launch;
 pub mod log;
 pub mod release;
+pub mod reuse;
 pub mod sync;
 
 use crate::base::config::{self, Mode};
@@ -168,6 +169,7 @@ pub fn after_fork_child() {
     launch::after_fork_child();
     guard::after_fork_child();
     isolate::after_fork_child();
+    reuse::after_fork_child();
 }
 
 /// Checks a launch's parameters against freed memory (isolate mode only; never fails the launch).
@@ -191,6 +193,12 @@ pub fn stream_gone(stream: usize) {
     if isolating() {
         let _ = std::panic::catch_unwind(|| release::stream_gone(stream));
     }
+}
+
+/// The program set a device's memory pool (never fails, never changes the call): isolation
+/// stops serving stream-ordered allocations from memory it kept ([`reuse`]).
+pub fn pool_set() {
+    reuse::pool_set();
 }
 
 /// Kernels may be gone (a module or library unloaded, a context destroyed): the launch check
