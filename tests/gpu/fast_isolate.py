@@ -25,6 +25,8 @@ Configurations, interleaved (round -> model -> configurations in a rotated order
   isolate-nobatch   isolate-stacks with ISOLATE_POISON_BATCH=off (a memset per free instead of
                the deferred poisons' one launch per run of frees)
   isolate-allframes isolate-stacks with ISOLATE_NATIVE_FRAMES=all (every native frame walked)
+  isolate-reuse     isolate-stacks with ISOLATE_REUSE=on (checked allocations kept and served
+               again without the driver)
   isolate-depth20   isolate-stacks with ISOLATE_STACK_DEPTH=20 (every thread's walk cut short:
                what the threads without Python, the autograd engine's, spend on stacks)
   isolate-prev isolate-stacks with ISOLATE_POISON_BATCH=off and ISOLATE_NATIVE_FRAMES=all: the
@@ -64,6 +66,7 @@ CONFIGS = {
     "isolate-nopoison": ({"ISOLATE_POISON": "off", "ISOLATE_STACKS": "none"}, "new", "isolate"),
     "isolate-nobatch": ({"ISOLATE_POISON_BATCH": "off"}, "new", "isolate"),
     "isolate-allframes": ({"ISOLATE_NATIVE_FRAMES": "all"}, "new", "isolate"),
+    "isolate-reuse": ({"ISOLATE_REUSE": "on"}, "new", "isolate"),
     "isolate-depth20": ({"ISOLATE_STACK_DEPTH": "20"}, "new", "isolate"),
     "isolate-prev": ({"ISOLATE_POISON_BATCH": "off", "ISOLATE_NATIVE_FRAMES": "all"}, "new", "isolate"),
     "log": ({"ISOLATE_STACKS": "none"}, "new", "log"),
