@@ -312,7 +312,6 @@ fn flush_locked(s: &mut State, ctx: usize) {
     };
     let fill = resources(s, ctx).and_then(|r| r.fill_many);
     let mut streams: Vec<usize> = mine.iter().map(|p| p.1).collect();
-    streams.dedup();
     streams.sort_unstable();
     streams.dedup();
     for stream in streams {
