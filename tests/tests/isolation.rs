@@ -674,8 +674,8 @@ fn deferred_poisons_are_queued_before_the_streams_next_work() {
 /// is kept goes back to the driver first, so the program gets as many 1 MiB blocks of its 12 MiB
 /// as with reuse off (11; 9 when the kept memory was neither given back nor its keeping paused:
 /// tried). Off (the default), nothing is kept. (Either way isolate mode gets 11 where the
-/// stand-in alone gets 12: the quarantine's 512 KiB blocks, freed back to the stand-in's pool,
-/// fragment its arena.)
+/// stand-in alone gets 12: the library's own device memory, the verification module's result
+/// ring, takes part of the last megabyte; with 12.5 MiB both get 12.)
 #[test]
 fn kept_checked_memory_is_served_again_and_given_back_when_memory_runs_out() {
     let mem = (12 * MIB).to_string();
