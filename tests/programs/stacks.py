@@ -4,7 +4,7 @@ is released during the call) and once through ctypes.PyDLL (the GIL is held), so
 Python frames must come from the thread's own frame chain either way.
 
     python3 stacks.py cdll|pydll|both [N]
-    python3 stacks.py bench N      N allocations and frees 10 Python calls deep, quietly
+    python3 stacks.py bench N [D]  N allocations and frees D (10) Python calls deep, quietly
                                    (isolate-bench: the cost of a stack with Python frames)
 
 Prints one line per call: "<how> <function> line <L> rc <rc>", where L is the line of the
@@ -59,7 +59,7 @@ def bench_level(rt, depth, n):
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else "both"
     if what == "bench":
-        bench_level(runtime("cdll"), 10, int(sys.argv[2]))
+        bench_level(runtime("cdll"), int(sys.argv[3]) if len(sys.argv) > 3 else 10, int(sys.argv[2]))
         return
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 1
     hows = ["cdll", "pydll"] if what == "both" else [what]
