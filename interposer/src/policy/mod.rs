@@ -71,17 +71,11 @@ pub fn check_launches() -> bool {
     c.mode == Mode::Isolate && c.check_launch
 }
 
-/// True when stream-ordered frees' poisons wait for the next stream work (isolate mode,
-/// `ISOLATE_POISON_BATCH=on`, a poison, the asynchronous release, the memset poison): the
-/// hooks of stream work are handed out then.
+/// True when stream-ordered frees' poisons wait for the next stream work (isolate mode and
+/// [`release::batching`]): the hooks of stream work are handed out then.
 #[inline]
 pub fn defers_poison() -> bool {
-    let c = config::get();
-    c.mode == Mode::Isolate
-        && c.poison.is_some()
-        && c.poison_batch
-        && c.async_release
-        && !c.poison_kernel
+    isolating() && release::batching()
 }
 
 /// The program is about to queue work on a stream (a launch, a copy, a set, an event record, a

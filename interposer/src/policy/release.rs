@@ -121,6 +121,19 @@ pub fn record_event(stream: usize) -> usize {
     ev
 }
 
+/// The event of `stream` of context `ctx` (made on its first free, kept for the stream's
+/// later ones), marked as a stream that exists; 0 where none can be made.
+fn stream_event(s: &mut State, ctx: usize, stream: usize) -> usize {
+    let ev = match s.marks.get(&(ctx, stream)) {
+        Some(&(ev, _)) => ev,
+        None => new_event(),
+    };
+    if ev != 0 {
+        s.marks.insert((ctx, stream), (ev, true));
+    }
+    ev
+}
+
 /// After a stream-ordered poison on `stream` of context `ctx`: records the stream's event, and
 /// returns it (0 when no event could be made: the caller then cannot release asynchronously).
 pub fn mark(ctx: usize, stream: usize) -> usize {
@@ -129,14 +142,10 @@ pub fn mark(ctx: usize, stream: usize) -> usize {
     };
     // Under the lock, as `stream_gone` records its last: a destroyed handle is never recorded on.
     with(|s| {
-        let ev = match s.marks.get(&(ctx, stream)) {
-            Some(&(ev, _)) => ev,
-            None => new_event(),
-        };
+        let ev = stream_event(s, ctx, stream);
         if ev == 0 {
             return 0;
         }
-        s.marks.insert((ctx, stream), (ev, true));
         if unsafe { record(ev as *mut c_void, stream as CUstream) } != CUDA_SUCCESS {
             0
         } else {
@@ -262,14 +271,10 @@ pub fn defer(ctx: usize, stream: usize, ptr: u64, len: u64) -> Option<usize> {
     }
     with(|s| {
         resources(s, ctx)?.fill_many?;
-        let ev = match s.marks.get(&(ctx, stream)) {
-            Some(&(ev, _)) => ev,
-            None => new_event(),
-        };
+        let ev = stream_event(s, ctx, stream);
         if ev == 0 {
             return None;
         }
-        s.marks.insert((ctx, stream), (ev, true));
         s.pending.push((ctx, stream, ptr, len));
         PENDING.fetch_add(1, Relaxed);
         DEFERRED.fetch_add(1, Relaxed);
@@ -626,6 +631,14 @@ pub fn free_all(ctx: usize, ptrs: &[u64], wait: bool) -> bool {
 /// Whether the asynchronous release is on (`ISOLATE_RELEASE`, on by default).
 pub fn enabled() -> bool {
     config::get().async_release
+}
+
+/// Whether stream-ordered frees' poisons wait for the next stream work ([`defer`]): a poison,
+/// `ISOLATE_POISON_BATCH=on`, the asynchronous release, the memset poison (not
+/// `ISOLATE_POISON_BY=kernel`).
+pub fn batching() -> bool {
+    let c = config::get();
+    c.poison.is_some() && c.poison_batch && c.async_release && !c.poison_kernel
 }
 
 #[cfg(test)]
