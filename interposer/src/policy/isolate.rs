@@ -269,13 +269,13 @@ pub fn alloc(
             r = attempt();
         }
         // Then the checked memory kept for reuse: back to the driver, waited for.
-        let ctx = current_ctx();
-        let kept = reuse::drain(ctx);
-        if r == CUDA_ERROR_OUT_OF_MEMORY && !kept.is_empty() {
-            free_to_driver(ctx, &kept, true);
-            r = attempt();
-        } else if !kept.is_empty() {
-            free_to_driver(ctx, &kept, false);
+        if r == CUDA_ERROR_OUT_OF_MEMORY {
+            let ctx = current_ctx();
+            let given_back = reuse::drain(ctx);
+            if !given_back.is_empty() {
+                free_to_driver(ctx, &given_back, true);
+                r = attempt();
+            }
         }
         let mut released = 0u64;
         while r == CUDA_ERROR_OUT_OF_MEMORY {
@@ -426,15 +426,10 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
 }
 
 /// Whether the poison of a stream-ordered free by `api` of `ptr` waits for the stream's next
-/// work (`ISOLATE_POISON_BATCH=on`, the default, with the asynchronous release and the memset
-/// poison): not on the per-thread default stream (only its own thread may queue there), not
-/// where the start is not 16-byte aligned (the fill kernel's stores).
+/// work ([`release::batching`]): not on the per-thread default stream (only its own thread may
+/// queue there), not where the start is not 16-byte aligned (the fill kernel's stores).
 fn defers(api: Api, ptr: u64) -> bool {
-    let c = config::get();
-    c.poison.is_some()
-        && c.poison_batch
-        && !c.poison_kernel
-        && release::enabled()
+    release::batching()
         && ptr.is_multiple_of(16)
         && !matches!(api, Api::CudaFreeAsyncPtsz | Api::CuMemFreeAsyncPtsz)
 }
@@ -938,7 +933,7 @@ fn free_checked(done: &[Checked], wait: bool) {
         return;
     }
     IN_FLIGHT.fetch_sub(done.len(), Relaxed);
-    let cap = reuse_cap();
+    let cap = if reuse::enabled() { reuse_cap() } else { 0 };
     in_each_context(&entries, |ctx, group| {
         // Checked memory of the default pool is kept for the next allocation of its size
         // (`ISOLATE_REUSE=on`), the rest freed.
@@ -1427,6 +1422,7 @@ pub fn at_exit() {
             )
         };
         let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
+        let (deferred, fills) = release::deferred_stats();
         event::note(
             NoteKind::Info,
             0,
@@ -1434,14 +1430,12 @@ pub fn at_exit() {
             ASYNC_BATCHES.load(Relaxed),
             format!(
                 "isolation's time: {poisoned} frees {done} ({} bytes, {bytes}; {} by the \
-                 library's fill kernel; {} deferred to their stream's next work and poisoned by \
-                 {} launches), {:.1} ms on the freeing threads ({:.2} us each); \
+                 library's fill kernel; {deferred} deferred to their stream's next work and \
+                 poisoned by {fills} launches), {:.1} ms on the freeing threads ({:.2} us each); \
                  releases {:.1} ms, of it {:.1} ms waiting for the device; {} batches released \
                  on the release stream",
                 POISON_BYTES.load(Relaxed),
                 BY_KERNEL.load(Relaxed),
-                release::deferred_stats().0,
-                release::deferred_stats().1,
                 ms(&POISON_NS),
                 ms(&POISON_NS) * 1e3 / poisoned as f64,
                 ms(&RELEASE_NS),
