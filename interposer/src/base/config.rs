@@ -181,6 +181,23 @@ fn die(msg: &str) -> ! {
     unreachable!()
 }
 
+/// Setting `name`, whose value is `v`, with exactly two values: `yes` (true) and `no`
+/// (false), `default` when unset.
+fn either(
+    name: &str,
+    v: Option<String>,
+    default: bool,
+    yes: &str,
+    no: &str,
+) -> Result<bool, String> {
+    match v {
+        None => Ok(default),
+        Some(v) if v == yes => Ok(true),
+        Some(v) if v == no => Ok(false),
+        Some(v) => Err(bad(name, &v)),
+    }
+}
+
 fn on_off(name: &str, v: &str) -> Result<bool, String> {
     match v.to_ascii_lowercase().as_str() {
         "on" | "1" | "yes" | "true" => Ok(true),
@@ -300,35 +317,39 @@ pub fn from_env(
         None => 0,
         Some(v) => parse_size(&v).ok_or_else(|| bad("ISOLATE_GUARD_MIN_SIZE", &v))?,
     };
-    let guard_underflow = match var("ISOLATE_GUARD_SIDE").as_deref() {
-        None | Some("end") => false,
-        Some("start") => true,
-        Some(v) => return Err(bad("ISOLATE_GUARD_SIDE", v)),
-    };
+    let guard_underflow = either(
+        "ISOLATE_GUARD_SIDE",
+        var("ISOLATE_GUARD_SIDE"),
+        false,
+        "start",
+        "end",
+    )?;
     let check_launch = match var("ISOLATE_CHECK_LAUNCH") {
         None => mode == Mode::Isolate,
         Some(v) => on_off("ISOLATE_CHECK_LAUNCH", &v)?,
     };
-    let async_release = match var("ISOLATE_RELEASE").as_deref() {
-        None | Some("async") => true,
-        Some("sync") => false,
-        Some(v) => return Err(bad("ISOLATE_RELEASE", v)),
-    };
-    let poison_kernel = match var("ISOLATE_POISON_BY").as_deref() {
-        None | Some("memset") => false,
-        Some("kernel") => true,
-        Some(v) => return Err(bad("ISOLATE_POISON_BY", v)),
-    };
-    let poison_batch = match var("ISOLATE_POISON_BATCH").as_deref() {
-        None | Some("on") => true,
-        Some("off") => false,
-        Some(v) => return Err(bad("ISOLATE_POISON_BATCH", v)),
-    };
-    let reuse = match var("ISOLATE_REUSE").as_deref() {
-        None | Some("off") => false,
-        Some("on") => true,
-        Some(v) => return Err(bad("ISOLATE_REUSE", v)),
-    };
+    let async_release = either(
+        "ISOLATE_RELEASE",
+        var("ISOLATE_RELEASE"),
+        true,
+        "async",
+        "sync",
+    )?;
+    let poison_kernel = either(
+        "ISOLATE_POISON_BY",
+        var("ISOLATE_POISON_BY"),
+        false,
+        "kernel",
+        "memset",
+    )?;
+    let poison_batch = either(
+        "ISOLATE_POISON_BATCH",
+        var("ISOLATE_POISON_BATCH"),
+        true,
+        "on",
+        "off",
+    )?;
+    let reuse = either("ISOLATE_REUSE", var("ISOLATE_REUSE"), false, "on", "off")?;
     let stacks = match var("ISOLATE_STACKS")
         .map(|v| v.to_ascii_lowercase())
         .as_deref()
