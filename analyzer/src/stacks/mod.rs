@@ -393,24 +393,29 @@ mod tests {
     /// A PyTorch allocation: CUDA (hidden), three libtorch frames, two Python frames, the
     /// interpreter (hidden). The text leads with the program's lines and names the outermost
     /// libtorch frame once; JSON order is untouched.
-    #[test]
-    fn python_frames_lead_and_the_framework_collapses_into_one_via_line() {
-        let s = ShownStack {
+    /// Stack 1 of `frames`, its hidden ones counted as the symboliser counts them.
+    fn stack(frames: Vec<SymFrame>) -> ShownStack {
+        ShownStack {
             id: 1,
             site: String::new(),
-            frames: vec![
-                native("cudaMallocAsync", true),
-                native("at::detail::empty_generic", false),
-                native("at::native::empty_cuda", false),
-                native("THPVariable_zeros", false),
-                python("step", 12),
-                python("main", 40),
-                native("_PyEval_EvalFrameDefault", true),
-            ],
-            hidden: 2,
+            hidden: frames.iter().filter(|f| f.hidden).count(),
+            frames,
             truncated: false,
             problems: vec![],
-        };
+        }
+    }
+
+    #[test]
+    fn python_frames_lead_and_the_framework_collapses_into_one_via_line() {
+        let s = stack(vec![
+            native("cudaMallocAsync", true),
+            native("at::detail::empty_generic", false),
+            native("at::native::empty_cuda", false),
+            native("THPVariable_zeros", false),
+            python("step", 12),
+            python("main", 40),
+            native("_PyEval_EvalFrameDefault", true),
+        ]);
         assert_eq!(
             s.text_lines(8),
             vec![
@@ -436,23 +441,16 @@ mod tests {
     }
 
     /// Native frames left out by the library (`ISOLATE_NATIVE_FRAMES`): the `via` line names the
-    /// outermost frame kept and says that the rest was left out; the gap is no site.
+    /// outermost frame kept and says that the rest was left out.
     #[test]
     fn a_gap_of_left_out_native_frames_is_said_on_the_via_line() {
-        let s = ShownStack {
-            id: 1,
-            site: String::new(),
-            frames: vec![
-                native("cudaMallocAsync", true),
-                native("at::detail::empty_generic", false),
-                native("at::native::empty_cuda", false),
-                SymFrame::gap(),
-                python("step", 12),
-            ],
-            hidden: 1,
-            truncated: false,
-            problems: Vec::new(),
-        };
+        let s = stack(vec![
+            native("cudaMallocAsync", true),
+            native("at::detail::empty_generic", false),
+            native("at::native::empty_cuda", false),
+            SymFrame::gap(),
+            python("step", 12),
+        ]);
         let lines = s.text_lines(10);
         assert_eq!(lines[0], "train.py:12 in step");
         assert_eq!(

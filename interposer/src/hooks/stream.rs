@@ -1,8 +1,9 @@
 //! The program's stream work other than launches (copies, sets, event records, graph launches,
 //! host functions, stream memory operations, a capture's start), the synchronous copies and
-//! sets that the legacy default stream orders, and the waits for streams and contexts: in isolate mode each first queues the poisons
-//! deferred so far (`policy::stream_work`), so that the work runs after them. Handed out only
-//! while poisons are deferred (`ISOLATE_POISON_BATCH=on`, the default in isolate mode).
+//! sets that the legacy default stream orders, and the waits for streams and contexts: in
+//! isolate mode each first queues the poisons deferred so far (`policy::stream_work`), so that
+//! the work runs after them. Handed out only while poisons are deferred
+//! (`ISOLATE_POISON_BATCH=on`, the default in isolate mode).
 //!
 //! Not hooked (their frees' poisons can come after them; docs/isolation.md): the batched
 //! copies (`cuMemcpyBatchAsync`, `cuMemcpy3DBatchAsync`) and copies to and from CUDA arrays.

@@ -120,7 +120,8 @@ pub fn after_fork_child() {
 
 /// The merge of native and Python frames, done as the native walk goes: each native frame
 /// inside the evaluation loop (`eval`) is replaced by the Python frames of the next activation,
-/// any other stays; at `depth` frames the walk stops. Activations left over (the walk stopped
+/// any other stays; at `depth` frames, or past the native frames' budget, the walk stops.
+/// Activations left over (the walk stopped
 /// early, or the loop's range is unknown) go after the native frames, outermost last
 /// ([`Merge::python_left`]).
 /// The frame that stands for native frames left out by `ISOLATE_NATIVE_FRAMES` (between the
@@ -131,8 +132,8 @@ struct Merge<'a> {
     py: &'a [python::Raw],
     eval: Option<(u64, u64)>,
     depth: usize,
-    /// The native frames kept before the walk stops (`ISOLATE_NATIVE_FRAMES`; only where the
-    /// thread runs Python), and those kept so far.
+    /// The native frames kept before the walk stops (`ISOLATE_NATIVE_FRAMES`, in a process
+    /// that runs Python; else unbounded), and those kept so far.
     native_budget: usize,
     native_n: usize,
     /// The next Python frame to place.
