@@ -668,6 +668,69 @@ fn deferred_poisons_are_queued_before_the_streams_next_work() {
     assert!(plain.only_trace().violations().is_empty());
 }
 
+/// `ISOLATE_PROFILE=on`: the hooks time themselves and the exit note counts each kind of call
+/// as the program made it (the `batch` scenario: 8 stream-ordered allocations and frees, the
+/// four runs' poisons queued by four flushes before the stream work that follows them), split
+/// into the real function's time and the library's; `isolate summary` prints it with the
+/// other cost notes, each once. Off (the default), no such note.
+#[test]
+fn the_profile_note_counts_the_hooked_calls_by_kind() {
+    let out = isolate(quarantine("batch"))
+        .env("ISOLATE_PROFILE", "on")
+        .run();
+    out.assert_success();
+    let t = out.only_trace();
+    let info: Vec<String> = notes(t, NoteKind::Info)
+        .into_iter()
+        .map(|n| n.text)
+        .collect();
+    let p: Vec<&String> = info
+        .iter()
+        .filter(|t| t.starts_with("hooks' time on the calling threads"))
+        .collect();
+    assert_eq!(p.len(), 1, "{info:?}");
+    let p = p[0];
+    // The number right after `key` in the note.
+    let after = |key: &str| -> Option<u64> {
+        let rest = &p[p.find(key)? + key.len()..];
+        rest.trim_start()
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    assert_eq!(after("): allocations"), Some(8), "{p}");
+    assert_eq!(after("; frees"), Some(8), "{p}");
+    assert_eq!(after("queueing deferred poisons"), Some(4), "{p}");
+    let work = after("other stream work").unwrap();
+    assert!(work >= 4, "{p}");
+    assert!(p.contains(" in the real function, "), "{p}");
+    assert_eq!(
+        info.iter()
+            .filter(|t| t.starts_with("isolation's time: "))
+            .count(),
+        1,
+        "{info:?}"
+    );
+    let summary = t.analyzer_summary();
+    let cost: Vec<&str> = summary["library_cost"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    // isolation's time, the call stacks, the hooks' time: each once.
+    assert_eq!(cost.len(), 3, "{cost:?}");
+    assert!(cost[2].starts_with("hooks' time"), "{cost:?}");
+    let off = isolate(quarantine("batch")).run();
+    off.assert_success();
+    assert!(
+        !notes(off.only_trace(), NoteKind::Info)
+            .iter()
+            .any(|n| n.text.starts_with("hooks' time")),
+    );
+}
+
 /// `ISOLATE_REUSE=on`: checked allocations of the default pool are kept and handed to the
 /// next stream-ordered allocation of their size (the note counts both, and no range comes back
 /// while it is quarantined), and while an allocation runs out of memory nothing is kept and what

@@ -91,6 +91,7 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
             }
         }
         add(&mut t.events, x.events);
+        t.library_cost.extend(x.library_cost.iter().cloned());
         add(&mut t.allocations, x.allocations);
         add(&mut t.frees, x.frees);
         add(&mut t.peak_live_bytes, x.peak_live_bytes);

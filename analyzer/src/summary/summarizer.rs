@@ -55,6 +55,7 @@ pub struct Summarizer {
     /// Stale-launch records still to come that name the suspects of the last fault.
     suspects_due: u64,
     quarantine: Quarantine,
+    library_cost: Vec<String>,
     notes: [u64; N_NOTES],
     regions: Regions,
     /// Per region name, in the order one of them first closed.
@@ -117,6 +118,14 @@ const NOTE_NAMES: [&str; N_NOTES] = [
     "region_pop",
 ];
 
+/// How the library's notes about its own cost begin (see `Summary::library_cost`).
+const COST_NOTES: [&str; 4] = [
+    "isolation's time: ",
+    "call stacks: ",
+    "reuse (ISOLATE_REUSE=on): ",
+    "hooks' time on the calling threads",
+];
+
 fn note_index(k: NoteKind) -> usize {
     match k {
         NoteKind::Info => 0,
@@ -170,6 +179,7 @@ impl Summarizer {
             faults: Vec::new(),
             suspects_due: 0,
             quarantine: Quarantine::default(),
+            library_cost: Vec::new(),
             notes: [0; N_NOTES],
             regions: Regions::default(),
             region_stats: Vec::new(),
@@ -324,6 +334,7 @@ impl Summarizer {
             device_faults: faults,
             device_fault_count: fault_findings,
             quarantine,
+            library_cost: self.library_cost,
             host,
             categories,
             notes,
@@ -557,6 +568,12 @@ impl Observer for Summarizer {
                     NoteKind::QuarantineEarlyRelease => self.note_early += 1,
                     NoteKind::OomRetry => self.quarantine.oom_retries += 1,
                     NoteKind::Signal => self.signal = Some(n.value),
+                    NoteKind::Info
+                        if COST_NOTES.iter().any(|p| n.text.starts_with(p))
+                            && self.library_cost.len() < LIST_CAP =>
+                    {
+                        self.library_cost.push(n.text.clone())
+                    }
                     _ => {}
                 }
             }

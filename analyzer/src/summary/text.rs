@@ -999,6 +999,9 @@ fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, Dev
             count(q.early_releases)
         );
     }
+    for c in &t.library_cost {
+        let _ = writeln!(o, "cost     {c}");
+    }
     if t.stale_value_count > 0 {
         let _ = writeln!(
             o,

@@ -484,6 +484,9 @@ pub struct Totals {
     /// libraries); for several traces, the sum.
     pub device_fault_count: u64,
     pub quarantine: Quarantine,
+    /// The library's account of its own cost, as its exit notes give it (isolation's time,
+    /// call stacks, kept memory, the hooks' time with `ISOLATE_PROFILE=on`), in trace order.
+    pub library_cost: Vec<String>,
     pub host: HostStats,
     /// Category name → its figures (device, managed, graph, host, registered, reservation,
     /// handle, mapping).

@@ -91,6 +91,9 @@ pub struct Config {
     /// Checked allocations of the default pool are kept for the next stream-ordered
     /// allocation of the same size instead of freed (`ISOLATE_REUSE=on`; off by default).
     pub reuse: bool,
+    /// The hooks time themselves and note where the calling threads' time went at exit
+    /// (`ISOLATE_PROFILE=on`; off by default).
+    pub profile: bool,
     /// Test hook: make recording panic, to prove panics never cross into C.
     pub test_panic: bool,
     /// Internal test hook: the writer sleeps this long after writing the header.
@@ -130,6 +133,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("ISOLATE_POISON_BY", "memset, kernel"),
     ("ISOLATE_POISON_BATCH", "on, off"),
     ("ISOLATE_REUSE", "on, off"),
+    ("ISOLATE_PROFILE", "on, off"),
     ("ISOLATE_TEST_PANIC", "1 (internal test hook)"),
     (
         "ISOLATE_TEST_WRITER_STALL_MS",
@@ -350,6 +354,7 @@ pub fn from_env(
         "off",
     )?;
     let reuse = either("ISOLATE_REUSE", var("ISOLATE_REUSE"), false, "on", "off")?;
+    let profile = either("ISOLATE_PROFILE", var("ISOLATE_PROFILE"), false, "on", "off")?;
     let stacks = match var("ISOLATE_STACKS")
         .map(|v| v.to_ascii_lowercase())
         .as_deref()
@@ -436,6 +441,10 @@ pub fn from_env(
             "ISOLATE_REUSE".to_string(),
             if reuse { "on" } else { "off" }.to_string(),
         ),
+        (
+            "ISOLATE_PROFILE".to_string(),
+            if profile { "on" } else { "off" }.to_string(),
+        ),
         ("ISOLATE_STACKS".to_string(), stacks.name().to_string()),
         ("ISOLATE_STACK_DEPTH".to_string(), stack_depth.to_string()),
         (
@@ -473,6 +482,7 @@ pub fn from_env(
         poison_kernel,
         poison_batch,
         reuse,
+        profile,
         test_panic,
         test_writer_stall_ms,
         test_exit_check_ms,

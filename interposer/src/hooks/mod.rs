@@ -26,6 +26,7 @@ macro_rules! body {
     ($real:ident, ($($a:ident),*), [$api:ident, $kind:expr, |$e:ident| $fill:expr $(, then |$e2:ident| $after:expr)?]) => {
         $crate::hooks::shape::run(
             isolate_trace::Api::$api,
+            $crate::policy::profile_class(&$kind),
             |slot| {
                 #[allow(unused_mut)]
                 let mut $e = $crate::hooks::shape::proto(isolate_trace::Api::$api);
@@ -42,19 +43,21 @@ macro_rules! body {
         )
     };
     ($real:ident, ($($a:ident),*), [launch $api:ident, $f:ident, $params:ident, $extra:expr]) => {{
+        let _span = $crate::record::profile::span($crate::record::profile::Class::Launch);
         // Deferred poisons go first: the launch runs after them.
         $crate::policy::stream_work();
         if !$crate::policy::check_launches() || $crate::record::thread::nested() {
-            return unsafe { $real($($a),*) };
+            return $crate::record::profile::real(|| unsafe { $real($($a),*) });
         }
         let found = unsafe { $crate::policy::launch_check(isolate_trace::Api::$api, $f, $params, $extra) };
-        let r = unsafe { $real($($a),*) };
+        let r = $crate::record::profile::real(|| unsafe { $real($($a),*) });
         $crate::policy::launched(isolate_trace::Api::$api, found, r);
         r
     }};
     ($real:ident, ($($a:ident),*), [stream_work]) => {{
+        let _span = $crate::record::profile::span($crate::record::profile::Class::StreamWork);
         $crate::policy::stream_work();
-        unsafe { $real($($a),*) }
+        $crate::record::profile::real(|| unsafe { $real($($a),*) })
     }};
     ($real:ident, ($($a:ident),*), [stream_gone $s:ident]) => {{
         // Before the call: after it the handle may already name another stream.

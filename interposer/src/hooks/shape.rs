@@ -3,6 +3,7 @@
 //!
 //! Layer: hooks. Uses the policies, recording and the base.
 
+use crate::record::profile::{self, Class};
 use crate::record::thread::Inside;
 use isolate_trace::{Api, Event};
 use std::cell::Cell;
@@ -15,6 +16,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 #[inline(always)]
 pub(crate) fn run(
     api: Api,
+    class: Class,
     body: impl FnOnce(&Cell<Option<i32>>) -> i32,
     passthrough: impl FnOnce() -> i32,
 ) -> i32 {
@@ -24,6 +26,7 @@ pub(crate) fn run(
     let Some(_inside) = Inside::enter() else {
         return passthrough();
     };
+    let _span = profile::span(class);
     let slot = Cell::new(None);
     match catch_unwind(AssertUnwindSafe(|| {
         let r = body(&slot);
@@ -41,7 +44,7 @@ pub(crate) fn run(
 /// Calls the real function and puts its result in the slot.
 #[inline(always)]
 pub(crate) fn call(slot: &Cell<Option<i32>>, f: impl FnOnce() -> i32) -> i32 {
-    let r = f();
+    let r = profile::real(f);
     slot.set(Some(r));
     r
 }

@@ -1368,6 +1368,13 @@ pub fn at_exit() {
         s.queue.drain(..).collect()
     };
     release_batch(&entries, Release::CheckOnly);
+}
+
+/// The exit notes: what was verified, kept, captured and poisoned, and the time it took. Once,
+/// from the library's own exit (its destructor, or before `_exit`), after the last check: the
+/// `atexit` handler's check ([`at_exit_bounded`]) runs before it and writes none, so that a
+/// process that runs both has each note once, with the final counts.
+pub fn exit_notes() {
     // Only into a trace that exists: a process that never touched CUDA leaves no file.
     if !writer::started() {
         return;

@@ -17,6 +17,7 @@ pub mod sync;
 
 use crate::base::config::{self, Mode};
 use crate::base::cuda::*;
+use crate::record::profile;
 use isolate_trace::Event;
 use std::ffi::c_void;
 
@@ -84,7 +85,21 @@ pub fn defers_poison() -> bool {
 #[inline]
 pub fn stream_work() {
     if release::pending() {
+        let t0 = profile::on().then(crate::base::sys::now_ns);
         let _ = std::panic::catch_unwind(isolate::flush_current);
+        if let Some(t0) = t0 {
+            profile::flushed(crate::base::sys::now_ns().saturating_sub(t0));
+        }
+    }
+}
+
+/// The class a hook of `kind` is timed under (`ISOLATE_PROFILE=on`).
+#[inline]
+pub fn profile_class(kind: &Call) -> profile::Class {
+    match kind {
+        Call::Alloc(_) => profile::Class::Alloc,
+        Call::Free => profile::Class::Free,
+        Call::Returns | Call::Releases => profile::Class::Other,
     }
 }
 
@@ -128,33 +143,44 @@ pub fn verify_now() -> u64 {
 pub fn at_exit() {
     if isolating() {
         isolate::at_exit_bounded();
+        isolate::exit_notes();
         if check_launches() && crate::record::writer::started() {
             launch::note_at_exit();
         }
     }
-    let (n, ns) = crate::record::stacks::cost();
-    if n > 0 && crate::record::writer::started() {
-        // Written as the stack table's own records are: not counted as an accepted event.
-        crate::record::writer::submit_definition(isolate_trace::Record::Note(
-            isolate_trace::Note {
-                seq: crate::record::event::next_seq(),
-                ts_ns: crate::base::sys::now_ns(),
-                kind: isolate_trace::NoteKind::Info,
-                ptr: 0,
-                size: n,
-                value: ns,
-                text: {
-                    let (hits, misses) = crate::record::stacks::native::cache_stats();
-                    format!(
-                        "call stacks: {n} captured, {:.2} us each on the calling threads \
-                         (native frames: {hits} unwind rules from the rule cache, {misses} \
-                         looked up)",
-                        ns as f64 / 1e3 / n as f64
-                    )
-                },
-            },
-        ));
+    if !crate::record::writer::started() {
+        return;
     }
+    let (n, ns) = crate::record::stacks::cost();
+    if n > 0 {
+        let (hits, misses) = crate::record::stacks::native::cache_stats();
+        exit_note(
+            n,
+            ns,
+            format!(
+                "call stacks: {n} captured, {:.2} us each on the calling threads (native \
+                 frames: {hits} unwind rules from the rule cache, {misses} looked up)",
+                ns as f64 / 1e3 / n as f64
+            ),
+        );
+    }
+    if let Some(text) = profile::text() {
+        exit_note(0, 0, text);
+    }
+}
+
+/// A note about the library's own cost, written as the stack table's own records are: not
+/// counted as an accepted event.
+fn exit_note(size: u64, value: u64, text: String) {
+    crate::record::writer::submit_definition(isolate_trace::Record::Note(isolate_trace::Note {
+        seq: crate::record::event::next_seq(),
+        ts_ns: crate::base::sys::now_ns(),
+        kind: isolate_trace::NoteKind::Info,
+        ptr: 0,
+        size,
+        value,
+        text,
+    }));
 }
 
 /// In a fork child (the fork handlers ran): every policy starts over; no lock another thread

@@ -4,6 +4,7 @@
 
 pub mod event;
 pub mod header;
+pub mod profile;
 pub mod stacks;
 pub mod tally;
 pub mod thread;
