@@ -517,7 +517,7 @@ fn dlsym_rtld_next_from_a_second_preload() {
 }
 
 /// Programs that time themselves (used by hand for docs/performance.md).
-const BENCHMARKS: &[&str] = &["launch_bench"];
+const BENCHMARKS: &[&str] = &["launch_bench", "step_bench"];
 
 /// The launch benchmark runs, checks its launches and gets the same answer as without the check.
 #[test]
@@ -540,6 +540,38 @@ fn launch_bench_runs_under_the_launch_check() {
             "live pointers only: {}",
             out.stderr
         );
+    }
+}
+
+/// The step benchmark runs in every mode with every call succeeding, and in isolate mode (with
+/// reuse on and off) its trace shows every tensor allocated and freed with no finding.
+#[test]
+fn step_bench_runs_clean_in_every_mode() {
+    for (mode, reuse) in [
+        ("off", "off"),
+        ("log", "off"),
+        ("isolate", "off"),
+        ("isolate", "on"),
+    ] {
+        let out = Run::program("step_bench")
+            .args(["8", "64"])
+            .env("ISOLATE_MODE", mode)
+            .env("ISOLATE_REUSE", reuse)
+            .run();
+        out.assert_success();
+        assert!(
+            out.stdout.starts_with("steps 8 tensors 64 us_per_step ")
+                && out.stdout.trim_end().ends_with(" failed 0"),
+            "{}",
+            out.stdout
+        );
+        if mode == "isolate" {
+            let s = out.only_trace().assert_no_false_findings();
+            // 13 steps (5 of warm-up) of 64 tensors.
+            assert_eq!(s["allocations"], 13 * 64, "{reuse}");
+            assert_eq!(s["frees"], 13 * 64, "{reuse}");
+            assert_eq!(s["poison_violation_count"], 0, "{reuse}");
+        }
     }
 }
 

@@ -123,7 +123,8 @@ const COST_NOTES: [&str; 4] = [
     "isolation's time: ",
     "call stacks: ",
     "reuse (ISOLATE_REUSE=on): ",
-    "hooks' time on the calling threads",
+    // the hooks' time and its parts (`ISOLATE_PROFILE=on`)
+    "hooks' ",
 ];
 
 fn note_index(k: NoteKind) -> usize {

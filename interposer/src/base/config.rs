@@ -354,7 +354,13 @@ pub fn from_env(
         "off",
     )?;
     let reuse = either("ISOLATE_REUSE", var("ISOLATE_REUSE"), false, "on", "off")?;
-    let profile = either("ISOLATE_PROFILE", var("ISOLATE_PROFILE"), false, "on", "off")?;
+    let profile = either(
+        "ISOLATE_PROFILE",
+        var("ISOLATE_PROFILE"),
+        false,
+        "on",
+        "off",
+    )?;
     let stacks = match var("ISOLATE_STACKS")
         .map(|v| v.to_ascii_lowercase())
         .as_deref()

@@ -13,6 +13,7 @@ use crate::base::real::{self, *};
 use crate::base::sys::{ForkLock, ForkLockGuard};
 use crate::base::sys::{now_ns, wait_until, warn};
 use crate::record::event::{self, Pending};
+use crate::record::profile::{self, Part};
 use crate::record::thread::Inside;
 use crate::record::writer;
 use crate::record::writer::{Q_EARLY, Q_PEAK, Q_RELEASES};
@@ -240,7 +241,7 @@ pub fn alloc(
     let guarded = guard::guardable(proto.api, proto.size) && !out.is_null();
     // Checked memory of this size kept by the library (`ISOLATE_REUSE=on`): no driver call.
     let kept = if !guarded && !out.is_null() && default_pool(proto.api) && reuse::enabled() {
-        reuse::take(current_ctx(), proto.size)
+        profile::timed(Part::Kept, || reuse::take(current_ctx(), proto.size))
     } else {
         None
     };
@@ -319,15 +320,13 @@ pub fn alloc(
         POOL_PEAK.fetch_max(now, Relaxed);
     }
     if r == CUDA_SUCCESS && quarantinable(proto.api) && p.ev.ptr != 0 {
-        st!(state()).live.insert(
-            p.ev.ptr,
-            Live {
-                size: p.ev.size,
-                seq: p.ev.seq,
-                pooled: stream_ordered_alloc(proto.api),
-                default_pool: default_pool(proto.api),
-            },
-        );
+        let live = Live {
+            size: p.ev.size,
+            seq: p.ev.seq,
+            pooled: stream_ordered_alloc(proto.api),
+            default_pool: default_pool(proto.api),
+        };
+        profile::timed(Part::Live, || st!(state()).live.insert(p.ev.ptr, live));
     }
     p.finish(r);
     r
@@ -345,10 +344,12 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         return r;
     }
     let (live, held) = if proto.ptr != 0 && quarantinable(proto.api) {
-        let mut g = state();
-        let s = st!(g);
-        let live = s.live.remove(&proto.ptr);
-        (live, live.is_none() && s.index.contains_key(&proto.ptr))
+        profile::timed(Part::Live, || {
+            let mut g = state();
+            let s = st!(g);
+            let live = s.live.remove(&proto.ptr);
+            (live, live.is_none() && s.index.contains_key(&proto.ptr))
+        })
     } else {
         (None, false)
     };
@@ -389,7 +390,9 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     let mut entry = freed(&proto, live, seq, Held::Allocation);
     // Deferred to the stream's next work: one launch poisons a run of frees (release::defer).
     let deferred = if ordered && defers(proto.api, proto.ptr) {
-        release::defer(entry.ctx, proto.stream as usize, proto.ptr, live.size)
+        profile::timed(Part::Poison, || {
+            release::defer(entry.ctx, proto.stream as usize, proto.ptr, live.size)
+        })
     } else {
         None
     };
@@ -398,13 +401,15 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
             entry.mark = ev;
             CUDA_SUCCESS
         }
-        None => poison(
-            proto.ptr,
-            live.size,
-            ordered,
-            proto.stream as CUstream,
-            entry.ctx,
-        ),
+        None => profile::timed(Part::Poison, || {
+            poison(
+                proto.ptr,
+                live.size,
+                ordered,
+                proto.stream as CUstream,
+                entry.ctx,
+            )
+        }),
     };
     if ordered && deferred.is_none() {
         if release::enabled() {
@@ -417,10 +422,10 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     POISONED.fetch_add(1, Relaxed);
     POISON_BYTES.fetch_add(live.size, Relaxed);
     p.finish(r);
-    quarantine(entry);
+    profile::timed(Part::Quarantine, || quarantine(entry));
     if IN_FLIGHT.load(Relaxed) > 0 && SINCE_POLL.fetch_add(1, Relaxed).is_multiple_of(POLL_EVERY) {
         // Checked batches give their memory back soon, not only at the next release.
-        reap(false);
+        profile::timed(Part::Reap, || reap(false));
     }
     r
 }
@@ -599,11 +604,13 @@ pub fn flush_current() {
 }
 
 fn current_ctx() -> usize {
-    let mut c: CUcontext = std::ptr::null_mut();
-    if let Some(f) = CTX_GET_CURRENT.get() {
-        unsafe { f(&mut c) };
-    }
-    c as usize
+    profile::timed(Part::Context, || {
+        let mut c: CUcontext = std::ptr::null_mut();
+        if let Some(f) = CTX_GET_CURRENT.get() {
+            unsafe { f(&mut c) };
+        }
+        c as usize
+    })
 }
 
 /// Fills freed memory with the poison byte. A plain free behaves as `cudaFree` does (waits for
@@ -690,7 +697,9 @@ fn quarantine(entry: Entry) {
             over.push(old);
         }
     }
-    release_batch(&over, Release::Budget);
+    if !over.is_empty() {
+        profile::timed(Part::Release, || release_batch(&over, Release::Budget));
+    }
 }
 
 /// A guard-mode free: in the index for the launch check, never released, never verified
@@ -1116,9 +1125,11 @@ fn capturing(stream: CUstream) -> bool {
     let Some(f) = STREAM_IS_CAPTURING.get() else {
         return false;
     };
-    let mut status: std::ffi::c_int = 0;
-    let r = unsafe { f(stream, &mut status) };
-    r == CUDA_SUCCESS && status != 0
+    profile::timed(Part::Capturing, || {
+        let mut status: std::ffi::c_int = 0;
+        let r = unsafe { f(stream, &mut status) };
+        r == CUDA_SUCCESS && status != 0
+    })
 }
 /// Bytes of the stream-ordered allocations the program holds, and their peak since the last
 /// reset: what its pool statistics report in isolate mode (hooks/pool.rs).

@@ -167,6 +167,9 @@ pub fn at_exit() {
     if let Some(text) = profile::text() {
         exit_note(0, 0, text);
     }
+    if let Some(text) = profile::parts_text() {
+        exit_note(0, 0, text);
+    }
 }
 
 /// A note about the library's own cost, written as the stack table's own records are: not
@@ -203,7 +206,9 @@ pub unsafe fn launch_check(
     extra: *mut *mut c_void,
 ) -> Option<launch::Guarded> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-        launch::check(api, f, params, extra)
+        profile::timed(profile::Part::LaunchCheck, || {
+            launch::check(api, f, params, extra)
+        })
     }))
     .unwrap_or(None)
 }

@@ -28,12 +28,14 @@ pub fn current_device() -> i32 {
     let Some(f) = CTX_GET_DEVICE.get() else {
         return -1;
     };
-    let mut d: CUdevice = -1;
-    if unsafe { f(&mut d) } == CUDA_SUCCESS {
-        d
-    } else {
-        -1
-    }
+    super::profile::timed(super::profile::Part::Context, || {
+        let mut d: CUdevice = -1;
+        if unsafe { f(&mut d) } == CUDA_SUCCESS {
+            d
+        } else {
+            -1
+        }
+    })
 }
 
 /// An event under construction: the sequence number and start time are taken when it is made.
@@ -85,7 +87,9 @@ impl Pending {
         }
         // On the calling thread, after the real call: its definition is queued before this.
         self.ev.stack = stacks::capture();
-        writer::submit(Record::Event(self.ev));
+        super::profile::timed(super::profile::Part::Submit, || {
+            writer::submit(Record::Event(self.ev))
+        });
     }
 }
 

@@ -105,6 +105,85 @@ pub fn flushed(ns: u64) {
     TOTAL_NS[Class::Flush as usize].fetch_add(ns, Relaxed);
 }
 
+/// Parts of the hooks' own time, timed where they run (with [`timed`]): what the library's
+/// share of a hook is made of.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Part {
+    /// Handing a record to the writer (the running counters included).
+    Submit = 0,
+    /// Asking the driver for the current context or device.
+    Context = 1,
+    /// Asking the driver whether a freeing stream is capturing a graph.
+    Capturing = 2,
+    /// Deferring a free's poison (or queueing it at once).
+    Poison = 3,
+    /// Putting a freed allocation into quarantine, with the releases it sets off.
+    Quarantine = 4,
+    /// Of that: releasing a batch (its check queued, or done the synchronous way).
+    Release = 5,
+    /// Reading the checks that have run and freeing (or keeping) their memory.
+    Reap = 6,
+    /// The live allocations' map (insert on allocation, remove on free).
+    Live = 7,
+    /// The launch check (looking the launch's parameters up in the quarantine).
+    LaunchCheck = 8,
+    /// Taking an allocation out of kept memory (`ISOLATE_REUSE=on`).
+    Kept = 9,
+}
+
+const PARTS: usize = 10;
+const PART_NAMES: [&str; PARTS] = [
+    "submitting records",
+    "context and device queries",
+    "capture queries",
+    "poisons deferred or queued",
+    "quarantining",
+    "releasing batches",
+    "reading checks and freeing",
+    "live map",
+    "launch check",
+    "kept memory",
+];
+static PART_CALLS: [AtomicU64; PARTS] = [const { AtomicU64::new(0) }; PARTS];
+static PART_NS: [AtomicU64; PARTS] = [const { AtomicU64::new(0) }; PARTS];
+
+/// Runs `f`, timed as `part` of the hooks' own time when profiling is on.
+#[inline]
+pub fn timed<R>(part: Part, f: impl FnOnce() -> R) -> R {
+    if !on() {
+        return f();
+    }
+    let t0 = now_ns();
+    let r = f();
+    PART_CALLS[part as usize].fetch_add(1, Relaxed);
+    PART_NS[part as usize].fetch_add(now_ns().saturating_sub(t0), Relaxed);
+    r
+}
+
+/// The parts' note, or `None` when nothing was timed.
+pub fn parts_text() -> Option<String> {
+    let parts: Vec<String> = (0..PARTS)
+        .filter_map(|i| {
+            let n = PART_CALLS[i].load(Relaxed);
+            let ns = PART_NS[i].load(Relaxed);
+            (n > 0).then(|| {
+                format!(
+                    "{} {n}, {:.2} us each ({:.1} ms)",
+                    PART_NAMES[i],
+                    ns as f64 / 1e3 / n as f64,
+                    ns as f64 / 1e6
+                )
+            })
+        })
+        .collect();
+    (!parts.is_empty()).then(|| {
+        format!(
+            "hooks' own time by part (ISOLATE_PROFILE=on): {}",
+            parts.join("; ")
+        )
+    })
+}
+
 /// (calls, total ns, ns in the real function) of each class, in [`Class`] order.
 pub fn figures() -> [(u64, u64, u64); CLASSES] {
     std::array::from_fn(|i| {
@@ -160,14 +239,27 @@ mod tests {
         flushed(3_000);
         let t = text().unwrap();
         assert!(
-            t.contains("allocations 4, 10.00 us each (2.50 in the real function, 7.50 the library's)"),
+            t.contains(
+                "allocations 4, 10.00 us each (2.50 in the real function, 7.50 the library's)"
+            ),
             "{t}"
         );
-        assert!(t.contains("of which queueing deferred poisons 1 times, 3.00 us each"), "{t}");
+        assert!(
+            t.contains("of which queueing deferred poisons 1 times, 3.00 us each"),
+            "{t}"
+        );
         assert!(!t.contains("launches"), "{t}");
         // Off: spans and real calls count nothing.
         drop(span(Class::Launch));
         assert_eq!(real(|| 7), 7);
         assert_eq!(figures()[Class::Launch as usize], (0, 0, 0));
+        assert_eq!(timed(Part::Submit, || 5), 5);
+        assert_eq!(parts_text(), None);
+        PART_CALLS[Part::Live as usize].store(2, Relaxed);
+        PART_NS[Part::Live as usize].store(3_000, Relaxed);
+        assert_eq!(
+            parts_text().unwrap(),
+            "hooks' own time by part (ISOLATE_PROFILE=on): live map 2, 1.50 us each (0.0 ms)"
+        );
     }
 }

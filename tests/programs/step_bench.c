@@ -1,0 +1,81 @@
+// link: cudart
+/*
+ * What isolation costs a training step's host thread, PyTorch-style, on the stand-in: each
+ * "step" allocates N tensors with cudaMallocAsync on one stream (sizes from a fixed list of
+ * 16, as PyTorch's repeat every step), launches a kernel with three of them as parameters
+ * after each allocation, and frees each tensor with cudaFreeAsync a few tensors later.
+ * Prints the host time per step and per tensor, timed inside the program; with
+ * ISOLATE_PROFILE=on the trace's exit note splits the hooks' time. For profiling the library's
+ * own time by hand (`perf record`), docs/performance.md:
+ *   step_bench STEPS TENSORS
+ */
+#include "common.h"
+#include <time.h>
+
+typedef CUresult (*PFN_launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               unsigned, unsigned, CUstream, void **, void **);
+typedef CUfunction (*PFN_register)(const char *, standin_kernel_fn, unsigned, const size_t *,
+                                   const size_t *);
+
+static void k_nothing(void **params) { (void)params; }
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+#define LAG 4
+
+int main(int argc, char **argv) {
+    setup();
+    long steps = argc > 1 ? atol(argv[1]) : 200;
+    long tensors = argc > 2 ? atol(argv[2]) : 600;
+    if (cudaFree(NULL) != 0)
+        return 1;
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
+    PFN_register reg = (PFN_register)dlsym(drv, "standin_register_kernel");
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult q;
+    if (!reg || cudaGetDriverEntryPoint("cuLaunchKernel", &fn, cudaEnableDefault, &q) != 0 || !fn)
+        return 1;
+    PFN_launch launch = (PFN_launch)fn;
+    size_t off[] = {0, 8, 16, 24}, sz[] = {8, 8, 8, 8};
+    CUfunction k = reg("step_kernel", k_nothing, 4, off, sz);
+    cudaStream_t s;
+    if (cudaStreamCreate(&s) != 0)
+        return 1;
+    /* Small: the stand-in's poisons and checks are CPU work proportional to the bytes. */
+    static const size_t sizes[16] = {512,   4096,  1024,  16384, 32768, 512,  8192,  2048,
+                                     65536, 1024,  16384, 4096,  49152, 2048, 32768, 8192};
+    void **held = calloc((size_t)tensors, sizeof(void *));
+    long failed = 0;
+    double t0 = 0;
+    for (long st = 0; st < steps + 5; st++) {
+        if (st == 5) /* warm-up steps: layouts cached, stacks interned, pool grown */
+            t0 = now_ns();
+        for (long i = 0; i < tensors; i++) {
+            if (cudaMallocAsync(&held[i], sizes[i % 16], s) != 0) {
+                failed++;
+                held[i] = NULL;
+            }
+            CUdeviceptr a = (CUdeviceptr)held[i], b = (CUdeviceptr)held[i >= 1 ? i - 1 : i];
+            CUdeviceptr c = (CUdeviceptr)held[i >= 2 ? i - 2 : i];
+            unsigned long long n = sizes[i % 16];
+            void *params[] = {&a, &b, &c, &n};
+            if (launch(k, 1, 1, 1, 1, 1, 1, 0, (CUstream)s, params, NULL) != 0)
+                failed++;
+            if (i >= LAG && held[i - LAG] && cudaFreeAsync(held[i - LAG], s) != 0)
+                failed++;
+        }
+        for (long i = tensors - LAG; i < tensors; i++)
+            if (i >= 0 && held[i] && cudaFreeAsync(held[i], s) != 0)
+                failed++;
+        if (cudaStreamSynchronize(s) != 0)
+            failed++;
+    }
+    double t1 = now_ns();
+    printf("steps %ld tensors %ld us_per_step %.1f ns_per_tensor %.1f failed %ld\n", steps,
+           tensors, (t1 - t0) / 1e3 / steps, (t1 - t0) / steps / tensors, failed);
+    return failed != 0;
+}
