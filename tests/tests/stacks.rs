@@ -289,6 +289,10 @@ fn a_million_allocations_from_three_call_sites_are_three_stacks() {
     let (hits, misses) = (num("native frames: "), num("rule cache, "));
     assert!(hits > 2 * n as u64, "{note}");
     assert!(misses > 0 && misses < 1000, "{note}");
+    // The stacks themselves: each of the 6 looked up in the process's table once, then served
+    // by the thread's cache.
+    let table = num("looked up; ");
+    assert!((6..12).contains(&table), "{note}");
 }
 
 #[test]

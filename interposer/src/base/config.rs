@@ -89,7 +89,7 @@ pub struct Config {
     /// poisons a run of frees (`ISOLATE_POISON_BATCH=on`, the default; `off`: a memset each).
     pub poison_batch: bool,
     /// Checked allocations of the default pool are kept for the next stream-ordered
-    /// allocation of the same size instead of freed (`ISOLATE_REUSE=on`; off by default).
+    /// allocation of the same size instead of freed (`ISOLATE_REUSE=on`, the default).
     pub reuse: bool,
     /// The hooks time themselves and note where the calling threads' time went at exit
     /// (`ISOLATE_PROFILE=on`; off by default).
@@ -353,7 +353,7 @@ pub fn from_env(
         "on",
         "off",
     )?;
-    let reuse = either("ISOLATE_REUSE", var("ISOLATE_REUSE"), false, "on", "off")?;
+    let reuse = either("ISOLATE_REUSE", var("ISOLATE_REUSE"), true, "on", "off")?;
     let profile = either(
         "ISOLATE_PROFILE",
         var("ISOLATE_PROFILE"),

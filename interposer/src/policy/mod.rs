@@ -159,8 +159,10 @@ pub fn at_exit() {
             ns,
             format!(
                 "call stacks: {n} captured, {:.2} us each on the calling threads (native \
-                 frames: {hits} unwind rules from the rule cache, {misses} looked up)",
-                ns as f64 / 1e3 / n as f64
+                 frames: {hits} unwind rules from the rule cache, {misses} looked up; {} \
+                 stacks looked up in the process's table, the rest in the thread's cache)",
+                ns as f64 / 1e3 / n as f64,
+                crate::record::stacks::looked_up()
             ),
         );
     }

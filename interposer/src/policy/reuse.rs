@@ -1,5 +1,6 @@
 //! Checked allocations kept for the next stream-ordered allocation of the same size
-//! (`ISOLATE_REUSE=on`; off by default until a GPU run has measured it).
+//! (`ISOLATE_REUSE=on`, the default; measured on the H200: docs/gpu-results.md, "Sixth
+//! session").
 //!
 //! An allocation from the device's default pool (`cudaMallocAsync`, `cuMemAllocAsync`) whose
 //! quarantine ended and whose check has run is idle: all work queued before its free, its
@@ -124,23 +125,32 @@ pub fn after_fork_child() {
 mod tests {
     use super::*;
 
-    /// One test, as the functions share the process's cache.
+    /// One test, as the functions share the process's cache (reuse is on by default).
     #[test]
     fn kept_allocations_serve_exactly_their_size_and_context_within_the_cap() {
-        // Not enabled: the configuration's default is off.
-        assert!(!keep(1, 64, 0x1000, u64::MAX));
-        let mut g = CACHE.lock();
-        let c = g.get_or_insert_with(Cache::default);
-        c.by.entry((1, 64)).or_default().push(0x1000);
-        c.by.entry((2, 64)).or_default().push(0x2000);
-        c.bytes = 128;
-        drop(g);
-        // take() is off with the configuration too; drain works on what is there.
+        assert!(keep(1, 64, 0x1000, 128));
+        assert!(keep(2, 64, 0x2000, 128));
+        // The cap: 128 bytes are kept already.
+        assert!(!keep(1, 64, 0x3000, 128));
+        // Nothing of context 0 or size 0 is kept.
+        assert!(!keep(0, 64, 0x4000, u64::MAX));
+        assert!(!keep(1, 0, 0x4000, u64::MAX));
+        // Another context's or size's memory is not served.
+        assert_eq!(take(3, 64), None);
+        assert_eq!(take(1, 128), None);
+        assert_eq!(take(1, 64), Some(0x1000));
         assert_eq!(take(1, 64), None);
+        // While an allocation runs short, nothing is kept.
+        {
+            let _short = Short::start();
+            assert!(!keep(1, 64, 0x1000, 128));
+        }
+        assert!(keep(1, 64, 0x1000, 128));
         assert_eq!(drain(1), vec![0x1000]);
         assert_eq!(drain(1), Vec::<u64>::new());
         assert_eq!(CACHE.lock().as_ref().unwrap().bytes, 64);
         assert_eq!(drain(2), vec![0x2000]);
         assert_eq!(CACHE.lock().as_ref().unwrap().bytes, 0);
+        assert_eq!(stats(), (1, 3));
     }
 }

@@ -129,9 +129,15 @@ pub enum Part {
     LaunchCheck = 8,
     /// Taking an allocation out of kept memory (`ISOLATE_REUSE=on`).
     Kept = 9,
+    /// Of a call stack: reading the Python frames.
+    PythonFrames = 10,
+    /// Of a call stack: the native walk (merged with the Python frames as it goes).
+    NativeFrames = 11,
+    /// Of a call stack: finding its id (the thread's cache, else the process's table).
+    Interning = 12,
 }
 
-const PARTS: usize = 10;
+const PARTS: usize = 13;
 const PART_NAMES: [&str; PARTS] = [
     "submitting records",
     "context and device queries",
@@ -143,6 +149,9 @@ const PART_NAMES: [&str; PARTS] = [
     "live map",
     "launch check",
     "kept memory",
+    "stacks' Python frames",
+    "stacks' native frames",
+    "stacks' interning",
 ];
 static PART_CALLS: [AtomicU64; PARTS] = [const { AtomicU64::new(0) }; PARTS];
 static PART_NS: [AtomicU64; PARTS] = [const { AtomicU64::new(0) }; PARTS];
@@ -158,6 +167,33 @@ pub fn timed<R>(part: Part, f: impl FnOnce() -> R) -> R {
     PART_CALLS[part as usize].fetch_add(1, Relaxed);
     PART_NS[part as usize].fetch_add(now_ns().saturating_sub(t0), Relaxed);
     r
+}
+
+/// Times `part` from [`Span::start`] until dropped (when profiling is on).
+pub struct PartSpan {
+    part: Part,
+    t0: u64,
+}
+
+impl Span {
+    /// A part's timer, for a stretch of code that is not one closure.
+    #[inline]
+    pub fn start(part: Part) -> PartSpan {
+        PartSpan {
+            part,
+            t0: if on() { now_ns() } else { 0 },
+        }
+    }
+}
+
+impl Drop for PartSpan {
+    #[inline]
+    fn drop(&mut self) {
+        if self.t0 != 0 {
+            PART_CALLS[self.part as usize].fetch_add(1, Relaxed);
+            PART_NS[self.part as usize].fetch_add(now_ns().saturating_sub(self.t0), Relaxed);
+        }
+    }
 }
 
 /// The parts' note, or `None` when nothing was timed.
