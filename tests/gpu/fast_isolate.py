@@ -234,7 +234,7 @@ def report(results, models, configs):
                    "isolation_time": [n for r in ok[:1] for n in r.get("isolation_time", [])]}
             table.append(row)
             per_s = ",".join(f"{x:.2f}" for x in per)
-            print(f"{model:9s} {cfg:12s} {med:8.2f} {ratio and f'{ratio:.3f}':>9s} {per_s:>20s} "
+            print(f"{model:9s} {cfg:12s} {med:8.2f} {(f'{ratio:.3f}' if ratio else '-'):>9s} {per_s:>20s} "
                   f"{host:7.2f} {peak:12.2f} {mal:13.2f} {fnd:8d} {same_s:>6s}")
     print()
     for r in results:
@@ -262,6 +262,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--slow-steps", type=int, default=None,
                     help="at most this many steps for nocache and isolate-old (slow configurations)")
+    ap.add_argument("--full-rounds", type=int, default=None,
+                    help="nocache and isolate-old run only in the first N rounds (their 3-6x needs "
+                         "no precision; the budget goes to the fast configurations' rounds)")
     ap.add_argument("--taskset", default=None,
                     help="run every configuration under `taskset -c CPUS` (the same cores for all)")
     ap.add_argument("--timeout", type=int, default=150)
@@ -292,6 +295,8 @@ def main():
             k = rnd % len(configs)
             order = configs[k:] + configs[:k]
             for cfg in order:
+                if cfg in SLOW and args.full_rounds is not None and rnd >= args.full_rounds:
+                    continue
                 if time.time() - start > args.budget_s:
                     print(f"budget reached: round {rnd} {model} {cfg} skipped", flush=True)
                     continue

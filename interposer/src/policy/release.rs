@@ -20,7 +20,7 @@ use crate::base::config;
 use crate::base::cuda::*;
 use crate::base::real::*;
 use crate::base::sys::ForkLock;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
@@ -60,7 +60,7 @@ struct State {
     /// Per (context, stream): the event recorded after the stream's latest poison (or later,
     /// by [`refresh`]), and whether the stream still exists (false once the program destroyed
     /// it: [`stream_gone`]).
-    marks: HashMap<(usize, usize), (usize, bool)>,
+    marks: FxHashMap<(usize, usize), (usize, bool)>,
     /// Poisons not queued yet ([`defer`]): (context, stream, ptr, len), in the order freed.
     pending: Vec<(usize, usize, u64, u64)>,
 }
@@ -87,7 +87,7 @@ fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
     let mut g = STATE.lock();
     let s = g.get_or_insert_with(|| State {
         res: Vec::new(),
-        marks: HashMap::new(),
+        marks: FxHashMap::default(),
         pending: Vec::new(),
     });
     f(s)

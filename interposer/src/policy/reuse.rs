@@ -16,12 +16,12 @@
 //! Layer: policies. Uses the base only.
 
 use crate::base::sys::ForkLock;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 #[derive(Default)]
 struct Cache {
-    by: HashMap<(usize, u64), Vec<u64>>,
+    by: FxHashMap<(usize, u64), Vec<u64>>,
     bytes: u64,
 }
 

@@ -6,14 +6,15 @@
 
 use crate::base::sys::ForkLock;
 use isolate_trace::{Kind, Memory, Record};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
 /// Device and managed allocations by address, VMM physical memory by handle: bytes each. A list,
 /// not one size: records reach the writer in the order their threads hand them over, not in
 /// sequence order, so another thread's allocation of an address can come before the free that
-/// gave it back (the analyzer puts them back in order; these counters cannot wait).
-type Live = Option<HashMap<(bool, u64), Vec<u64>>>;
+/// gave it back (the analyzer puts them back in order; these counters cannot wait). The first
+/// size inline, the rare others in a list: no heap allocation per allocation.
+type Live = Option<FxHashMap<(bool, u64), (u64, Vec<u64>)>>;
 
 static LIVE: ForkLock<Live> = ForkLock::new(None);
 static EVENTS: AtomicU64 = AtomicU64::new(0);
@@ -84,10 +85,12 @@ pub fn see(rec: &Record) {
 
 fn added(key: (bool, u64), size: u64) {
     let mut live = LIVE.lock();
-    live.get_or_insert_with(HashMap::new)
-        .entry(key)
-        .or_default()
-        .push(size);
+    match live.get_or_insert_with(FxHashMap::default).entry(key) {
+        std::collections::hash_map::Entry::Vacant(v) => {
+            v.insert((size, Vec::new()));
+        }
+        std::collections::hash_map::Entry::Occupied(mut o) => o.get_mut().1.push(size),
+    }
     let now = LIVE_BYTES.load(Relaxed).saturating_add(size);
     LIVE_BYTES.store(now, Relaxed);
     PEAK_BYTES.fetch_max(now, Relaxed);
@@ -105,13 +108,16 @@ fn removed(key: (bool, u64), ok: bool) {
     }
     FREES.fetch_add(1, Relaxed);
     let mut live = LIVE.lock();
-    let map = live.get_or_insert_with(HashMap::new);
-    let Some(sizes) = map.get_mut(&key) else {
+    let map = live.get_or_insert_with(FxHashMap::default);
+    let Some((first, rest)) = map.get_mut(&key) else {
         return;
     };
-    let size = sizes.remove(0);
-    if sizes.is_empty() {
+    // The oldest size goes first, as the list's order is the order they were handed over.
+    let size = *first;
+    if rest.is_empty() {
         map.remove(&key);
+    } else {
+        *first = rest.remove(0);
     }
     LIVE_BYTES.store(LIVE_BYTES.load(Relaxed).saturating_sub(size), Relaxed);
 }
