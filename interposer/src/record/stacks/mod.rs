@@ -72,11 +72,14 @@ static GENERATION: AtomicU32 = AtomicU32::new(1);
 /// misses most of them every step, and each miss takes the process's lock and builds a key.
 const SLOTS: usize = 4096;
 
+/// A cache slot: (hash, hash2, id, generation).
+type Seen = Cell<(u64, u64, u32, u32)>;
+
 thread_local! {
-    // (hash, hash2, id, generation), made on the thread's first stack (96 KiB on the heap, not
+    // Made on the thread's first stack (96 KiB on the heap, not
     // in static TLS: threads with small stacks keep their room) and freed when it ends; during
     // and after the thread's teardown `try_with` fails and the process's table answers.
-    static SEEN: Box<[Cell<(u64, u64, u32, u32)>]> =
+    static SEEN: Box<[Seen]> =
         (0..SLOTS).map(|_| Cell::new((0, 0, 0, 0))).collect();
 }
 
