@@ -225,6 +225,12 @@ def report(results, models, configs):
                 first_difference(r["losses"], base[r["round"]]["losses"]) >= min(len(r["losses"]), agree or len(r["losses"]))
                 for r in compared)
             same_s = "n/a" if not compared else (("same" if agree is None else f"same@{agree}") if same else "DIFF")
+            if not same and compared and len(base) < 2:
+                # One default run: how far runs of the same configuration agree is unknown;
+                # "first@N": identical losses for the first N steps (GPT-2's default runs part
+                # near step 60 from each other).
+                same_s = "first@%d" % min(first_difference(r["losses"], base[r["round"]]["losses"])
+                                          for r in compared)
             ratio = med / base_med if base_med else None
             hosts = [r["host_ms_per_step"] for r in ok if r.get("host_ms_per_step")]
             host = statistics.median(hosts) if hosts else float("nan")
