@@ -41,7 +41,11 @@ Each traced run's summary must show 0 findings on correct code; losses are compa
 default run of the same round. Prints one table (median ms/step, ratio of medians to default,
 per-round ratios, host ms/step (the time until a step was queued), peak device memory from cudaMemGetInfo, torch.cuda.max_memory_allocated,
 findings, loss agreement) and isolation's own account of its time (the trace's "isolation's
-time" note). Writes $OUT/fast_isolate.json and the runs' logs to $OUT/fast_isolate/.
+time" note). After every run it rewrites $OUT/fast_isolate.json (the runs so far) and
+$OUT/fast_isolate-logs.tgz (their logs; traces are deleted once summarised), so a call cut
+short by its time limit still brings back every finished run (the device returns at most 8
+files; a run cut off mid-table once lost all but 8 logs). Set BUDGET_S well inside the call's
+limit: the device's start-up (~100 s) counts against the same device time.
 """
 import argparse
 import json
@@ -49,6 +53,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -290,8 +295,16 @@ def main():
     if not args.lib or not args.isolate:
         ap.error("--lib and --isolate are needed to run (or --merge to print earlier calls)")
     out = os.environ.get("OUT", "/tmp/fast-isolate-out")
-    outdir = os.path.join(out, "fast_isolate")
-    os.makedirs(outdir, exist_ok=True)
+    os.makedirs(out, exist_ok=True)
+    # Logs and traces outside $OUT: only the JSON and one tarball of the logs come back.
+    outdir = tempfile.mkdtemp(prefix="fast_isolate-")
+
+    def save(table):
+        with open(os.path.join(out, "fast_isolate.json.tmp"), "w") as f:
+            json.dump({"results": results, "table": table, "args": vars(args)}, f, indent=1)
+        os.replace(os.path.join(out, "fast_isolate.json.tmp"), os.path.join(out, "fast_isolate.json"))
+        subprocess.run(["tar", "czf", os.path.join(out, "fast_isolate-logs.tgz"), "-C", outdir,
+                        "--exclude", "traces", "."], check=False)
     models = args.models.split(",")
     configs = [c for c in args.configs.split(",") if c != "isolate-old" or args.old_lib]
     start = time.time()
@@ -307,13 +320,18 @@ def main():
                     print(f"budget reached: round {rnd} {model} {cfg} skipped", flush=True)
                     continue
                 r = run_one(args, model, cfg, rnd, outdir)
+                for t in r.get("traces", []):
+                    try:
+                        os.unlink(t)
+                    except OSError:
+                        pass
                 results.append(r)
+                save([])
                 ms = r.get("ms_per_step")
                 print(f"r{rnd} {model:9s} {cfg:12s} rc={r['rc']} {ms and round(ms, 2)} ms/step "
                       f"host={r.get('host_ms_per_step') and round(r['host_ms_per_step'], 2)} findings={r.get('findings', '-')} wall={r['wall_s']:.0f}s", flush=True)
     table = report(results, models, configs)
-    with open(os.path.join(out, "fast_isolate.json"), "w") as f:
-        json.dump({"results": results, "table": table, "args": vars(args)}, f, indent=1)
+    save(table)
     return 0
 
 
