@@ -624,6 +624,9 @@ static int reuse_oom(size_t big_size) {
         big[n++] = b;
     }
     say("big allocated %d", n);
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    say("free after the failure %zu of %zu", free_b, total_b);
     for (int i = 0; i < n; i++)
         cudaFreeAsync(big[i], s);
     cudaStreamSynchronize(s);
