@@ -972,13 +972,33 @@ fn free_to_driver(ctx: usize, ptrs: &[u64], wait: bool) {
     }
 }
 
-/// The most checked memory [`reuse`] keeps: a quarter of the quarantine budget (once known).
-/// On the H200 that leaves ~12% of ResNet-50's allocations to the driver (~16 µs each: a step
-/// frees more than a quarter of the default budget), but a half or the whole budget loses a
-/// block in the stand-in's out-of-memory test (the kept blocks, given back at the shortage,
-/// leave the arena in pieces): see the kept-memory test.
+/// The most checked memory [`reuse`] keeps (the current context's device): a quarter of the
+/// quarantine budget, and up to the whole budget while the device has room to spare (more
+/// than a quarter of its memory free beyond the extra kept). A quarter alone left ~12% of
+/// ResNet-50's allocations to the driver on the H200 (~16 µs each: a step frees more than a
+/// quarter of the default budget), but a half or the whole budget lost a block in the
+/// stand-in's out-of-memory test, where the device is nearly full (the kept blocks, given back
+/// at the shortage, leave the arena in pieces): see the kept-memory test. One
+/// `cuMemGetInfo` per batch of checks.
 fn reuse_cap() -> u64 {
-    st!(state()).budget.map_or(0, |b| b / 4)
+    let Some(budget) = st!(state()).budget else {
+        return 0;
+    };
+    cap_for(budget, device_memory())
+}
+
+/// [`reuse_cap`] for a quarantine `budget` and the device's (free, total) bytes, if known.
+fn cap_for(budget: u64, mem: Option<(u64, u64)>) -> u64 {
+    let spare = mem.map_or(0, |(free, total)| free.saturating_sub(total / 4));
+    (budget / 4).max(budget.min(spare))
+}
+
+/// The current context's device memory: (free, total) bytes, as the driver says.
+fn device_memory() -> Option<(u64, u64)> {
+    let f = MEM_GET_INFO.get()?;
+    let (mut free, mut total) = (0usize, 0usize);
+    (unsafe { f(&mut free, &mut total) } == CUDA_SUCCESS && total > 0)
+        .then_some((free as u64, total as u64))
 }
 
 /// Pops the batches at the head of `q` whose checks have run, with their results: with
@@ -1521,7 +1541,22 @@ pub fn lookup_each(words: &[u64], mut found: impl FnMut(usize, Entry)) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Substrate, pytorch_substrate};
+    use super::{Substrate, cap_for, pytorch_substrate};
+
+    /// Kept memory's cap: a quarter of the budget on a nearly full device (or one whose memory
+    /// is not known), up to the whole budget while more than a quarter of the device is free.
+    #[test]
+    fn kept_memory_grows_past_a_quarter_of_the_budget_only_with_room_to_spare() {
+        const GIB: u64 = 1 << 30;
+        // The H200: 140 GiB, the program and the quarantine hold 40: 100 free, 65 to spare.
+        assert_eq!(cap_for(35 * GIB, Some((100 * GIB, 140 * GIB))), 35 * GIB);
+        // 50 free: 15 to spare.
+        assert_eq!(cap_for(35 * GIB, Some((50 * GIB, 140 * GIB))), 15 * GIB);
+        // Nearly full, or unknown: a quarter.
+        assert_eq!(cap_for(8 << 20, Some((3 << 20, 12 << 20))), 2 << 20);
+        assert_eq!(cap_for(8 << 20, None), 2 << 20);
+        assert_eq!(cap_for(0, Some((100 * GIB, 140 * GIB))), 0);
+    }
 
     fn s(v: &str) -> Option<String> {
         Some(v.to_string())
