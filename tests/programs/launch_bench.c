@@ -7,34 +7,17 @@
  * Used by hand: `ISOLATE_MODE=isolate ISOLATE_CHECK_LAUNCH=on|off launch_bench N`
  * (docs/performance.md). STANDIN_SYNC=1 makes the stand-in run each (empty) kernel at once.
  */
-#include "common.h"
-#include <time.h>
-
-typedef CUresult (*PFN_launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                               unsigned, unsigned, CUstream, void **, void **);
-typedef CUfunction (*PFN_register)(const char *, standin_kernel_fn, unsigned, const size_t *,
-                                   const size_t *);
-
-static void k_nothing(void **params) { (void)params; }
-
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
+#include "bench.h"
 
 int main(int argc, char **argv) {
     setup();
     long n = argc > 1 ? atol(argv[1]) : 1000000;
     if (cudaFree(NULL) != 0)
         return 1;
-    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
-    PFN_register reg = (PFN_register)dlsym(drv, "standin_register_kernel");
-    void *fn = NULL;
-    enum cudaDriverEntryPointQueryResult q;
-    if (!reg || cudaGetDriverEntryPoint("cuLaunchKernel", &fn, cudaEnableDefault, &q) != 0 || !fn)
+    PFN_register reg;
+    PFN_launch launch;
+    if (bench_setup(&reg, &launch) != 0)
         return 1;
-    PFN_launch launch = (PFN_launch)fn;
     size_t off[] = {0, 8, 16, 24, 32, 40}, sz[] = {8, 8, 8, 8, 8, 128};
     CUfunction k = reg("bench_kernel", k_nothing, 6, off, sz);
     void *bufs[1000];

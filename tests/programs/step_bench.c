@@ -9,21 +9,7 @@
  * own time by hand (`perf record`), docs/performance.md:
  *   step_bench STEPS TENSORS
  */
-#include "common.h"
-#include <time.h>
-
-typedef CUresult (*PFN_launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                               unsigned, unsigned, CUstream, void **, void **);
-typedef CUfunction (*PFN_register)(const char *, standin_kernel_fn, unsigned, const size_t *,
-                                   const size_t *);
-
-static void k_nothing(void **params) { (void)params; }
-
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
+#include "bench.h"
 
 #define LAG 4
 
@@ -33,13 +19,10 @@ int main(int argc, char **argv) {
     long tensors = argc > 2 ? atol(argv[2]) : 600;
     if (cudaFree(NULL) != 0)
         return 1;
-    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
-    PFN_register reg = (PFN_register)dlsym(drv, "standin_register_kernel");
-    void *fn = NULL;
-    enum cudaDriverEntryPointQueryResult q;
-    if (!reg || cudaGetDriverEntryPoint("cuLaunchKernel", &fn, cudaEnableDefault, &q) != 0 || !fn)
+    PFN_register reg;
+    PFN_launch launch;
+    if (bench_setup(&reg, &launch) != 0)
         return 1;
-    PFN_launch launch = (PFN_launch)fn;
     size_t off[] = {0, 8, 16, 24}, sz[] = {8, 8, 8, 8};
     CUfunction k = reg("step_kernel", k_nothing, 4, off, sz);
     cudaStream_t s;

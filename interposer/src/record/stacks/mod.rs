@@ -18,7 +18,7 @@ pub mod modules;
 pub mod native;
 pub mod python;
 
-use super::profile::{Part, Span, timed};
+use super::profile::{Part, PartSpan, timed};
 use super::writer;
 use crate::base::config::{self, Stacks};
 use crate::base::sys::ForkLock;
@@ -272,7 +272,7 @@ fn capture_inner(mode: Stacks, depth: usize) -> u32 {
     };
     let mut m = Merge::new(py, eval, depth, native_budget);
     if want_native {
-        let _t = Span::start(Part::NativeFrames);
+        let _t = PartSpan::start(Part::NativeFrames);
         let stopped = native::unwind(snap, &mut |pc| m.native(pc));
         // Ended in code no known object holds: loaded since the snapshot? Look now.
         if !stopped
