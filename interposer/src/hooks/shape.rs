@@ -27,6 +27,8 @@ pub(crate) fn run(
         return passthrough();
     };
     let _span = profile::span(class);
+    // Stack walks start here, in the hook's own frame (inlined into it).
+    let _entry = crate::record::stacks::native::Entry::mark();
     let slot = Cell::new(None);
     match catch_unwind(AssertUnwindSafe(|| {
         let r = body(&slot);

@@ -15,6 +15,11 @@ use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 thread_local! {
+    /// Where the hook running on this thread was entered ([`Entry::mark`]): (ip, sp, bp), or
+    /// all 0. A walk starts there instead of in [`unwind`]'s own frame, so the library's
+    /// frames between the hook and the walk (the policy, the record, the capture: 5–8 of
+    /// them, ~30 ns each) are not walked only to be left out.
+    static ENTRY: Cell<(u64, u64, u64)> = const { Cell::new((0, 0, 0)) };
     // Const-initialised, no destructor: usable during thread teardown.
     static BOUNDS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
     static CACHE: RefCell<Option<Box<CacheX86_64>>> = const { RefCell::new(None) };
@@ -31,6 +36,52 @@ static MISSES: AtomicU64 = AtomicU64::new(0);
 /// (hits, misses) of the unwinders' rule caches so far, all threads.
 pub fn cache_stats() -> (u64, u64) {
     (HITS.load(Relaxed), MISSES.load(Relaxed))
+}
+
+/// While it lives, stack walks on this thread start at the point where it was made (see
+/// [`ENTRY`]); made by the hooks as they are entered.
+pub struct Entry {
+    set: bool,
+}
+
+impl Entry {
+    /// Marks this point of the caller (inlined into it) as where walks start; a no-op when an
+    /// outer mark is set already.
+    #[inline(always)]
+    pub fn mark() -> Entry {
+        let (ip, sp, bp): (u64, u64, u64);
+        // The three registers at one instruction: the unwind rules for `ip` apply to this `sp`.
+        unsafe {
+            std::arch::asm!(
+                "lea {ip}, [rip]",
+                "mov {sp}, rsp",
+                "mov {bp}, rbp",
+                ip = out(reg) ip,
+                sp = out(reg) sp,
+                bp = out(reg) bp,
+                options(nomem, nostack, preserves_flags)
+            );
+        }
+        let set = ENTRY
+            .try_with(|e| {
+                if e.get().1 != 0 {
+                    return false;
+                }
+                e.set((ip, sp, bp));
+                true
+            })
+            .unwrap_or(false);
+        Entry { set }
+    }
+}
+
+impl Drop for Entry {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if self.set {
+            let _ = ENTRY.try_with(|e| e.set((0, 0, 0)));
+        }
+    }
 }
 
 /// The calling thread's stack: lowest and one-past-highest address.
@@ -75,6 +126,12 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
     }
     let Some((_, hi)) = stack_bounds() else {
         return false;
+    };
+    // From the hook's entry where one is marked (its frame is an outer one of this walk's:
+    // a higher stack address, still live); else from here.
+    let (ip, sp, bp) = match ENTRY.try_with(|e| e.get()).unwrap_or((0, 0, 0)) {
+        (eip, esp, ebp) if esp > sp && esp < hi => (eip, esp, ebp),
+        _ => (ip, sp, bp),
     };
     let lo = sp;
     let mut read = |addr: u64| -> Result<u64, ()> {
