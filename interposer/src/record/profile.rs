@@ -63,18 +63,26 @@ pub fn on() -> bool {
 pub struct Span {
     class: Class,
     t0: u64,
+    /// The class of the hook this one runs inside, if any (a launch from inside a runtime
+    /// call), put back when this one ends.
+    outer: u8,
 }
 
 /// Starts timing a hook of `class` (a no-op when profiling is off).
 #[inline]
 pub fn span(class: Class) -> Span {
     if !on() {
-        return Span { class, t0: 0 };
+        return Span {
+            class,
+            t0: 0,
+            outer: 0,
+        };
     }
-    let _ = CURRENT.try_with(|c| c.set(class as u8));
+    let outer = CURRENT.try_with(|c| c.replace(class as u8)).unwrap_or(0);
     Span {
         class,
         t0: now_ns(),
+        outer,
     }
 }
 
@@ -85,6 +93,7 @@ impl Drop for Span {
             let i = self.class as usize;
             CALLS[i].fetch_add(1, Relaxed);
             TOTAL_NS[i].fetch_add(now_ns().saturating_sub(self.t0), Relaxed);
+            let _ = CURRENT.try_with(|c| c.set(self.outer));
         }
     }
 }
