@@ -38,6 +38,25 @@ pub fn cache_stats() -> (u64, u64) {
     (HITS.load(Relaxed), MISSES.load(Relaxed))
 }
 
+/// The instruction pointer, stack pointer and frame pointer of the caller (inlined into it), at
+/// one instruction: the unwind rules for that `ip` apply to that `sp` and `bp`.
+#[inline(always)]
+fn registers() -> (u64, u64, u64) {
+    let (ip, sp, bp): (u64, u64, u64);
+    unsafe {
+        std::arch::asm!(
+            "lea {ip}, [rip]",
+            "mov {sp}, rsp",
+            "mov {bp}, rbp",
+            ip = out(reg) ip,
+            sp = out(reg) sp,
+            bp = out(reg) bp,
+            options(nomem, nostack, preserves_flags)
+        );
+    }
+    (ip, sp, bp)
+}
+
 /// While it lives, stack walks on this thread start at the point where it was made (see
 /// [`ENTRY`]); made by the hooks as they are entered.
 pub struct Entry {
@@ -49,19 +68,7 @@ impl Entry {
     /// outer mark is set already.
     #[inline(always)]
     pub fn mark() -> Entry {
-        let (ip, sp, bp): (u64, u64, u64);
-        // The three registers at one instruction: the unwind rules for `ip` apply to this `sp`.
-        unsafe {
-            std::arch::asm!(
-                "lea {ip}, [rip]",
-                "mov {sp}, rsp",
-                "mov {bp}, rbp",
-                ip = out(reg) ip,
-                sp = out(reg) sp,
-                bp = out(reg) bp,
-                options(nomem, nostack, preserves_flags)
-            );
-        }
+        let (ip, sp, bp) = registers();
         let set = ENTRY
             .try_with(|e| {
                 if e.get().1 != 0 {
@@ -111,19 +118,7 @@ fn stack_bounds() -> Option<(u64, u64)> {
 /// it did (the stack went on past what `visit` took).
 #[inline(never)]
 pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
-    let (ip, sp, bp): (u64, u64, u64);
-    // The three registers at one instruction: the unwind rules for `ip` apply to this `sp`.
-    unsafe {
-        std::arch::asm!(
-            "lea {ip}, [rip]",
-            "mov {sp}, rsp",
-            "mov {bp}, rbp",
-            ip = out(reg) ip,
-            sp = out(reg) sp,
-            bp = out(reg) bp,
-            options(nomem, nostack, preserves_flags)
-        );
-    }
+    let (ip, sp, bp) = registers();
     let Some((_, hi)) = stack_bounds() else {
         return false;
     };
