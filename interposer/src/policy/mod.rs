@@ -85,11 +85,8 @@ pub fn defers_poison() -> bool {
 #[inline]
 pub fn stream_work() {
     if release::pending() {
-        let t0 = profile::on().then(crate::base::sys::now_ns);
+        let _span = profile::span(profile::Class::Flush);
         let _ = std::panic::catch_unwind(isolate::flush_current);
-        if let Some(t0) = t0 {
-            profile::flushed(crate::base::sys::now_ns().saturating_sub(t0));
-        }
     }
 }
 
