@@ -943,7 +943,12 @@ fn free_checked(done: &[Checked], wait: bool) {
         return;
     }
     IN_FLIGHT.fetch_sub(done.len(), Relaxed);
-    let cap = if reuse::enabled() { reuse_cap() } else { 0 };
+    // Asked of the driver only when something could be kept.
+    let cap = if reuse::enabled() && entries.iter().any(|e| e.default_pool) {
+        reuse_cap()
+    } else {
+        0
+    };
     in_each_context(&entries, |ctx, group| {
         // Checked memory of the default pool is kept for the next allocation of its size
         // (`ISOLATE_REUSE=on`), the rest freed.
@@ -977,9 +982,9 @@ fn free_to_driver(ctx: usize, ptrs: &[u64], wait: bool) {
 /// than a quarter of its memory free beyond the extra kept). A quarter alone left ~12% of
 /// ResNet-50's allocations to the driver on the H200 (~16 µs each: a step frees more than a
 /// quarter of the default budget), but a half or the whole budget lost a block in the
-/// stand-in's out-of-memory test, where the device is nearly full (the kept blocks, given back
-/// at the shortage, leave the arena in pieces): see the kept-memory test. One
-/// `cuMemGetInfo` per batch of checks.
+/// stand-in's out-of-memory test, where the device is nearly full (the program's blocks land
+/// between the kept ones, whose holes are too small once given back): see the kept-memory
+/// test and isolation.md. One `cuMemGetInfo` per set of checked batches with something to keep.
 fn reuse_cap() -> u64 {
     let Some(budget) = st!(state()).budget else {
         return 0;
