@@ -20,9 +20,12 @@ static double now_ns(void) {
     return ts.tv_sec * 1e9 + ts.tv_nsec;
 }
 
-/* The stand-in's kernel registration and cuLaunchKernel (through cudaGetDriverEntryPoint, as
- * the runtime's users get it, so the library's hook answers); 0 when both were found. */
+/* The context made, then the stand-in's kernel registration and cuLaunchKernel (through
+ * cudaGetDriverEntryPoint, as the runtime's users get it, so the library's hook answers); 0
+ * when all went well. */
 static int bench_setup(PFN_register *reg, PFN_launch *launch) {
+    if (cudaFree(NULL) != 0)
+        return 1;
     void *drv = dlopen("libcuda.so.1", RTLD_NOW);
     *reg = drv ? (PFN_register)dlsym(drv, "standin_register_kernel") : NULL;
     void *fn = NULL;

@@ -12,8 +12,6 @@
 int main(int argc, char **argv) {
     setup();
     long n = argc > 1 ? atol(argv[1]) : 1000000;
-    if (cudaFree(NULL) != 0)
-        return 1;
     PFN_register reg;
     PFN_launch launch;
     if (bench_setup(&reg, &launch) != 0)

@@ -17,8 +17,6 @@ int main(int argc, char **argv) {
     setup();
     long steps = argc > 1 ? atol(argv[1]) : 200;
     long tensors = argc > 2 ? atol(argv[2]) : 600;
-    if (cudaFree(NULL) != 0)
-        return 1;
     PFN_register reg;
     PFN_launch launch;
     if (bench_setup(&reg, &launch) != 0)
