@@ -19,6 +19,9 @@
  *                       the freed pointer and frees nothing more; stream B's frees then push
  *                       the allocation out of quarantine (1 MiB): the check must see the write
  *   quarantine late-destroyed  the same, with stream A destroyed right after its stale write
+ *   quarantine late-captured   the same, with stream A capturing a graph from right after its
+ *                       stale write until after B's frees (cuStreamBeginCapture_v2 and
+ *                       cuStreamEndCapture; the stand-in's capture makes no graph)
  *   quarantine stuck    a stream-ordered free, then the device hangs (the stand-in's
  *                       standin_device_stuck: nothing finishes any more) and the program exits;
  *                       an exit handler frees one more allocation after isolate's exit check
@@ -485,7 +488,20 @@ static void *async_worker(void *arg) {
     return (void *)bad;
 }
 
-static int late(int destroy) {
+typedef CUresult (*PFN_begin_capture)(CUstream, int);
+typedef CUresult (*PFN_end_capture)(CUstream, void **);
+
+enum late_how { LATE, LATE_DESTROYED, LATE_CAPTURED };
+
+static int late(enum late_how how) {
+    int destroy = how == LATE_DESTROYED;
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
+    PFN_begin_capture begin = drv ? (PFN_begin_capture)dlsym(drv, "cuStreamBeginCapture_v2") : NULL;
+    PFN_end_capture end = drv ? (PFN_end_capture)dlsym(drv, "cuStreamEndCapture") : NULL;
+    if (how == LATE_CAPTURED && (!begin || !end)) {
+        say("no capture functions");
+        return 1;
+    }
     cudaStream_t a = NULL, b = NULL;
     say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
     say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
@@ -496,6 +512,8 @@ static int late(int destroy) {
     say("cudaMemsetAsync %d", cudaMemsetAsync((char *)x + 100, 0x01, 8, a));
     if (destroy)
         say("cudaStreamDestroy %d", cudaStreamDestroy(a));
+    if (how == LATE_CAPTURED)
+        say("cuStreamBeginCapture_v2 %d", begin((CUstream)a, 0));
     int bad = 0;
     for (int i = 0; i < 32; i++) {
         void *y = NULL;
@@ -503,6 +521,8 @@ static int late(int destroy) {
         bad += cudaFreeAsync(y, b) != 0;
     }
     say("stream b calls failed %d", bad);
+    if (how == LATE_CAPTURED)
+        say("cuStreamEndCapture %d", end((CUstream)a, NULL));
     say("cudaStreamSynchronize %d", cudaStreamSynchronize(b));
     if (!destroy)
         say("cudaStreamSynchronize %d", cudaStreamSynchronize(a));
@@ -662,11 +682,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(what, "stuck"))
         r = stuck();
     else if (!strcmp(what, "late"))
-        r = late(0);
+        r = late(LATE);
     else if (!strcmp(what, "late-destroyed"))
-        r = late(1);
+        r = late(LATE_DESTROYED);
+    else if (!strcmp(what, "late-captured"))
+        r = late(LATE_CAPTURED);
     else {
-        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|pool|async|batch|kept|stuck|late|late-destroyed");
+        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|pool|async|batch|kept|stuck|late|late-destroyed|late-captured");
         return 2;
     }
     say("done %d", r);

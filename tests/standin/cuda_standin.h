@@ -358,9 +358,11 @@ CUresult cuStreamDestroy_v2(CUstream hStream);
 CUresult cuStreamSynchronize(CUstream hStream);
 CUresult cuStreamSynchronize_ptsz(CUstream hStream);
 CUresult cuStreamQuery(CUstream hStream);
-/* Capture is not emulated: standin_set_capturing marks a created stream, cuStreamIsCapturing
- * reports it (0 none, 1 active). */
+/* Capture is not emulated: standin_set_capturing (or a capture's begin and end, which make no
+ * graph) marks a created stream, cuStreamIsCapturing reports it (0 none, 1 active). */
 CUresult cuStreamIsCapturing(CUstream hStream, int *status);
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode);
+CUresult cuStreamEndCapture(CUstream hStream, void **graph);
 int standin_set_capturing(CUstream hStream, int on);
 /* From now on nothing on the device finishes: synchronising calls wait for good, queries say
  * CUDA_ERROR_NOT_READY (a hung kernel, for the exit check's time limit). */

@@ -329,7 +329,9 @@ CUresult cuStreamQuery(CUstream hStream) {
 }
 
 /* Stream capture is not emulated: a test marks a created stream as capturing (1) or not (0),
- * and cuStreamIsCapturing reports it (CU_STREAM_CAPTURE_STATUS_ACTIVE = 1). */
+ * by standin_set_capturing or by cuStreamBeginCapture_v2 / cuStreamEndCapture (which make no
+ * graph: work queued meanwhile still runs), and cuStreamIsCapturing reports it
+ * (CU_STREAM_CAPTURE_STATUS_ACTIVE = 1). */
 int standin_set_capturing(CUstream hStream, int on) {
     enum stream_kind kind;
     struct CUstream_st *s;
@@ -337,6 +339,19 @@ int standin_set_capturing(CUstream hStream, int on) {
         return -1;
     s->capturing = on;
     return 0;
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode) {
+    NEED_CTX();
+    (void)mode;
+    return standin_set_capturing(hStream, 1) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, void **graph) {
+    NEED_CTX();
+    if (graph)
+        *graph = NULL;
+    return standin_set_capturing(hStream, 0) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
 CUresult cuStreamIsCapturing(CUstream hStream, int *status) {

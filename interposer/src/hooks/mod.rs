@@ -10,6 +10,8 @@
 //! - `[launch Api, f, params, extra]`: a kernel launch, checked when the launch check is on
 //!   (after the deferred poisons are queued);
 //! - `[stream_work]`: other work on a stream: the deferred poisons are queued, then the call;
+//! - `[capture_start]`: a stream capture's start: as `[stream_work]`, and the streams' events
+//!   recorded after their poisons while nothing captures;
 //! - `[unloads]`: a call that can end kernels' lives (module and library unloads, context
 //!   destruction), passed through, then told to the launch check;
 //! - `[stream_gone s]`: a stream's destruction, told to isolation first, then passed through;
@@ -21,7 +23,7 @@
 //!
 //! Layer: hooks, the top. Uses every layer below (policies, process life, recording, base).
 
-/// The body of one hook; see the module comment for the seven forms.
+/// The body of one hook; see the module comment for the eight forms.
 macro_rules! body {
     ($real:ident, ($($a:ident),*), [$api:ident, $kind:expr, |$e:ident| $fill:expr $(, then |$e2:ident| $after:expr)?]) => {
         $crate::hooks::shape::run(
@@ -57,6 +59,11 @@ macro_rules! body {
     ($real:ident, ($($a:ident),*), [stream_work]) => {{
         let _span = $crate::record::profile::span($crate::record::profile::Class::StreamWork);
         $crate::policy::stream_work();
+        $crate::record::profile::real(|| unsafe { $real($($a),*) })
+    }};
+    ($real:ident, ($($a:ident),*), [capture_start]) => {{
+        let _span = $crate::record::profile::span($crate::record::profile::Class::StreamWork);
+        $crate::policy::capture_start();
         $crate::record::profile::real(|| unsafe { $real($($a),*) })
     }};
     ($real:ident, ($($a:ident),*), [stream_gone $s:ident]) => {{

@@ -1,5 +1,6 @@
 //! The program's stream work other than launches (copies, sets, event records, graph launches,
-//! host functions, stream memory operations, a capture's start), the synchronous copies and
+//! host functions, stream memory operations, a capture's start — which also records
+//! isolation's stream events while nothing captures), the synchronous copies and
 //! sets that the legacy default stream orders, and the waits for streams and contexts: in
 //! isolate mode each first queues the poisons deferred so far (`policy::stream_work`), so that
 //! the work runs after them. Handed out only while poisons are deferred
@@ -77,10 +78,10 @@ hooks! {
     cuStreamWriteValue64_v2_ptsz(s: CUstream, addr: CUdeviceptr, v: u64, flags: c_uint) = STREAM_WRITE_VALUE64_PTSZ [stream_work];
     cuStreamBatchMemOp_v2(s: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint) = STREAM_BATCH_MEM_OP [stream_work];
     cuStreamBatchMemOp_v2_ptsz(s: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint) = STREAM_BATCH_MEM_OP_PTSZ [stream_work];
-    cuStreamBeginCapture_v2(s: CUstream, mode: c_int) = STREAM_BEGIN_CAPTURE [stream_work];
-    cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: c_int) = STREAM_BEGIN_CAPTURE_PTSZ [stream_work];
-    cuStreamBeginCaptureToGraph(s: CUstream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, ndeps: usize, mode: c_int) = STREAM_BEGIN_CAPTURE_TO_GRAPH [stream_work];
-    cuStreamBeginCaptureToGraph_ptsz(s: CUstream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, ndeps: usize, mode: c_int) = STREAM_BEGIN_CAPTURE_TO_GRAPH_PTSZ [stream_work];
+    cuStreamBeginCapture_v2(s: CUstream, mode: c_int) = STREAM_BEGIN_CAPTURE [capture_start];
+    cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: c_int) = STREAM_BEGIN_CAPTURE_PTSZ [capture_start];
+    cuStreamBeginCaptureToGraph(s: CUstream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, ndeps: usize, mode: c_int) = STREAM_BEGIN_CAPTURE_TO_GRAPH [capture_start];
+    cuStreamBeginCaptureToGraph_ptsz(s: CUstream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, ndeps: usize, mode: c_int) = STREAM_BEGIN_CAPTURE_TO_GRAPH_PTSZ [capture_start];
     cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) = MEMCPY [stream_work];
     cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) = MEMCPY_PTDS [stream_work];
     cuMemcpyPeer(dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize) = MEMCPY_PEER [stream_work];

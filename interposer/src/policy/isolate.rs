@@ -604,6 +604,11 @@ pub fn flush_current() {
     release::flush(current_ctx());
 }
 
+/// A stream capture is about to begin in the current context (see [`release::capture_start`]).
+pub fn capture_start() {
+    release::capture_start(current_ctx());
+}
+
 fn current_ctx() -> usize {
     profile::timed(Part::Context, || {
         let mut c: CUcontext = std::ptr::null_mut();

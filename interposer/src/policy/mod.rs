@@ -212,6 +212,17 @@ pub unsafe fn launch_check(
     .unwrap_or(None)
 }
 
+/// A stream capture is about to begin on a stream of the current context (never fails, never
+/// changes the call): the deferred poisons are queued, and isolation's stream events recorded
+/// while nothing captures ([`release::capture_start`]).
+pub fn capture_start() {
+    if isolating() {
+        let _ = std::panic::catch_unwind(isolate::capture_start);
+    } else {
+        stream_work();
+    }
+}
+
 /// The program is about to destroy `stream` (never fails, never changes the call).
 pub fn stream_gone(stream: usize) {
     if isolating() {

@@ -22,7 +22,7 @@ use crate::base::real::*;
 use crate::base::sys::ForkLock;
 use rustc_hash::FxHashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// Allocations checked by one launch (the result copy of one slot).
 pub const BATCH: usize = 256;
@@ -53,16 +53,28 @@ struct Res {
 // SAFETY: CUDA handles and pinned memory are usable from any thread; access is under a lock.
 unsafe impl Send for Res {}
 
+/// A stream's event: recorded after the stream's poisons, or recorded again by [`refresh`]
+/// before a check of memory freed there.
+#[derive(Clone, Copy)]
+struct Mark {
+    ev: usize,
+    /// The stream still exists (false once the program destroyed it: [`stream_gone`]).
+    live: bool,
+    /// Deferred poisons were queued on the stream after the event was last recorded
+    /// ([`flush_locked`] leaves the record to [`refresh`] while it can make it).
+    behind: bool,
+}
+
 struct State {
     /// Per context: its resources, `None` where they could not be made (then the caller
     /// releases the old, synchronous way).
     res: Vec<(usize, Option<Res>)>,
-    /// Per (context, stream): the event recorded after the stream's latest poison (or later,
-    /// by [`refresh`]), and whether the stream still exists (false once the program destroyed
-    /// it: [`stream_gone`]).
-    marks: FxHashMap<(usize, usize), (usize, bool)>,
+    /// Per (context, stream): the stream's event.
+    marks: FxHashMap<(usize, usize), Mark>,
     /// Poisons not queued yet ([`defer`]): (context, stream, ptr, len), in the order freed.
     pending: Vec<(usize, usize, u64, u64)>,
+    /// [`flush_locked`]'s scratch (stream, ptr, len), kept to spare an allocation a flush.
+    taken: Vec<(usize, u64, u64)>,
 }
 
 /// Deferred poisons, all contexts: read without the lock by every hook of stream work, which
@@ -74,6 +86,11 @@ static FILLS: AtomicU64 = AtomicU64::new(0);
 
 /// Ranges one `isolate_poison_many` launch fills: its parameter buffer holds 64 (ptr, len).
 pub const FILL_RANGES: usize = 64;
+
+/// A stream capture has begun in this process ([`capture_start`]), or the driver cannot say
+/// whether a stream captures: from then on a flush records the stream's event after its
+/// poisons at once, because [`refresh`] cannot record on a capturing stream.
+static CAPTURE_SEEN: AtomicBool = AtomicBool::new(false);
 
 static STATE: ForkLock<Option<State>> = ForkLock::new(None);
 
@@ -89,6 +106,7 @@ fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
         res: Vec::new(),
         marks: FxHashMap::default(),
         pending: Vec::new(),
+        taken: Vec::new(),
     });
     f(s)
 }
@@ -124,12 +142,18 @@ pub fn record_event(stream: usize) -> usize {
 /// The event of `stream` of context `ctx` (made on its first free, kept for the stream's
 /// later ones), marked as a stream that exists; 0 where none can be made.
 fn stream_event(s: &mut State, ctx: usize, stream: usize) -> usize {
-    let ev = match s.marks.get(&(ctx, stream)) {
-        Some(&(ev, _)) => ev,
-        None => new_event(),
-    };
+    if let Some(m) = s.marks.get_mut(&(ctx, stream)) {
+        m.live = true;
+        return m.ev;
+    }
+    let ev = new_event();
     if ev != 0 {
-        s.marks.insert((ctx, stream), (ev, true));
+        let m = Mark {
+            ev,
+            live: true,
+            behind: false,
+        };
+        s.marks.insert((ctx, stream), m);
     }
     ev
 }
@@ -147,10 +171,12 @@ pub fn mark(ctx: usize, stream: usize) -> usize {
             return 0;
         }
         if unsafe { record(ev as *mut c_void, stream as CUstream) } != CUDA_SUCCESS {
-            0
-        } else {
-            ev
+            return 0;
         }
+        if let Some(m) = s.marks.get_mut(&(ctx, stream)) {
+            m.behind = false;
+        }
+        ev
     })
 }
 
@@ -159,27 +185,67 @@ pub fn mark(ctx: usize, stream: usize) -> usize {
 const PER_THREAD: usize = 2;
 
 /// Before a check of allocations freed on `stream` of context `ctx` (which must be current):
-/// records the stream's event again, so the check waits for everything queued there so far (a
-/// stale write queued after the stream's last free included), where that can be done: the
-/// stream still exists, is not the per-thread default stream, and is not capturing a graph.
-/// Otherwise the event stays as the last free left it.
+/// records the stream's event again, so the check waits for everything queued there so far
+/// (its deferred poisons and a stale write queued after the stream's last free included),
+/// where that can be done: the stream still exists, is not the per-thread default stream, and
+/// is not capturing a graph. Otherwise the event stays as the stream's last record left it:
+/// after its poisons, since a flush records at once once a capture has begun
+/// ([`capture_start`] records the events behind their poisons first).
 pub fn refresh(ctx: usize, stream: usize) {
     if stream == PER_THREAD {
         return;
     }
-    let (Some(record), Some(capturing)) = (EVENT_RECORD.get(), STREAM_IS_CAPTURING.get()) else {
+    let Some(record) = EVENT_RECORD.get() else {
         return;
     };
     with(|s| {
         flush_locked(s, ctx);
-        let Some(&(ev, true)) = s.marks.get(&(ctx, stream)) else {
+        let Some(m) = s.marks.get_mut(&(ctx, stream)) else {
             return;
         };
-        let mut status = 0i32;
-        if unsafe { capturing(stream as CUstream, &mut status) } != CUDA_SUCCESS || status != 0 {
+        if !m.live {
             return;
         }
-        unsafe { record(ev as *mut c_void, stream as CUstream) };
+        let mut status = 0i32;
+        let queried = STREAM_IS_CAPTURING
+            .get()
+            .map(|capturing| unsafe { capturing(stream as CUstream, &mut status) });
+        match queried {
+            Some(CUDA_SUCCESS) if status == 0 => {}
+            // Capturing: nothing may be queued on it that the graph does not own.
+            Some(CUDA_SUCCESS) => return,
+            // Cannot tell: record only while no capture has begun anywhere.
+            _ if CAPTURE_SEEN.load(Relaxed) => return,
+            _ => {}
+        }
+        if unsafe { record(m.ev as *mut c_void, stream as CUstream) } == CUDA_SUCCESS {
+            m.behind = false;
+        }
+    });
+}
+
+/// A stream capture is about to begin in context `ctx` (current), on a stream of it: the
+/// deferred poisons are queued and every stream's event that is behind its poisons is
+/// recorded now, while none of the context's streams captures (any of them may join the
+/// capture later, and [`refresh`] cannot record on a capturing stream). From now on flushes
+/// record at once.
+pub fn capture_start(ctx: usize) {
+    CAPTURE_SEEN.store(true, Relaxed);
+    let Some(record) = EVENT_RECORD.get() else {
+        return;
+    };
+    with(|s| {
+        flush_locked(s, ctx);
+        for (&(c, stream), m) in s.marks.iter_mut() {
+            if c == ctx
+                && m.live
+                && m.behind
+                && stream != PER_THREAD
+                && unsafe { record(m.ev as *mut c_void, stream as CUstream) } == CUDA_SUCCESS
+            {
+                m.behind = false;
+            }
+        }
     });
 }
 
@@ -202,10 +268,11 @@ pub fn stream_gone(stream: usize) {
             flush_locked(s, ctx);
         }
         for ((_, st), m) in s.marks.iter_mut() {
-            if *st == stream && m.1 {
-                m.1 = false;
+            if *st == stream && m.live {
+                m.live = false;
                 if stream != PER_THREAD {
-                    unsafe { record(m.0 as *mut c_void, stream as CUstream) };
+                    unsafe { record(m.ev as *mut c_void, stream as CUstream) };
+                    m.behind = false;
                 }
             }
         }
@@ -309,44 +376,55 @@ fn flush_locked(s: &mut State, ctx: usize) {
     if !s.pending.iter().any(|p| p.0 == ctx) {
         return;
     }
-    let (mine, rest): (Vec<_>, Vec<_>) = s.pending.drain(..).partition(|p| p.0 == ctx);
-    s.pending = rest;
+    let mut mine = std::mem::take(&mut s.taken);
+    mine.clear();
+    s.pending.retain(|p| {
+        if p.0 == ctx {
+            mine.push((p.1, p.2, p.3));
+        }
+        p.0 != ctx
+    });
     PENDING.fetch_sub(mine.len(), Relaxed);
-    let Some(byte) = config::get().poison else {
-        return;
-    };
-    let fill = resources(s, ctx).and_then(|r| r.fill_many);
-    let mut streams: Vec<usize> = mine.iter().map(|p| p.1).collect();
-    streams.sort_unstable();
-    streams.dedup();
-    for stream in streams {
-        let ranges: Vec<(u64, u64)> = mine
-            .iter()
-            .filter(|p| p.1 == stream)
-            .map(|p| (p.2, p.3))
-            .collect();
-        for chunk in ranges.chunks(FILL_RANGES) {
-            let launched = fill.is_some_and(|f| fill_ranges(f, stream, chunk, byte));
-            if launched {
-                FILLS.fetch_add(1, Relaxed);
-            } else if let Some(set) = MEMSET_D8_ASYNC.get() {
-                // The launch failed: a memset each, as without deferral.
-                for &(p, n) in chunk {
-                    unsafe { set(p, byte, n as usize, stream as CUstream) };
+    if let Some(byte) = config::get().poison {
+        // By stream, each stream's in the order freed (a stable sort).
+        mine.sort_by_key(|p| p.0);
+        let fill = resources(s, ctx).and_then(|r| r.fill_many);
+        // Recorded after the poisons now only where `refresh` might not be able to later.
+        let record = EVENT_RECORD
+            .get()
+            .filter(|_| CAPTURE_SEEN.load(Relaxed) || STREAM_IS_CAPTURING.get().is_none());
+        for run in mine.chunk_by(|a, b| a.0 == b.0) {
+            let stream = run[0].0;
+            for chunk in run.chunks(FILL_RANGES) {
+                let launched = fill.is_some_and(|f| fill_ranges(f, stream, chunk, byte));
+                if launched {
+                    FILLS.fetch_add(1, Relaxed);
+                } else if let Some(set) = MEMSET_D8_ASYNC.get() {
+                    // The launch failed: a memset each, as without deferral.
+                    for &(_, p, n) in chunk {
+                        unsafe { set(p, byte, n as usize, stream as CUstream) };
+                    }
+                }
+            }
+            if let Some(m) = s.marks.get_mut(&(ctx, stream)) {
+                match record {
+                    Some(record) => {
+                        unsafe { record(m.ev as *mut c_void, stream as CUstream) };
+                        m.behind = false;
+                    }
+                    None => m.behind = true,
                 }
             }
         }
-        if let (Some(&(ev, _)), Some(record)) = (s.marks.get(&(ctx, stream)), EVENT_RECORD.get()) {
-            unsafe { record(ev as *mut c_void, stream as CUstream) };
-        }
     }
+    s.taken = mine;
 }
 
-/// One launch of `isolate_poison_many` over `ranges` (at most [`FILL_RANGES`]) on `stream`;
-/// false where it could not be queued.
-fn fill_ranges(fill: CUfunction, stream: usize, ranges: &[(u64, u64)], byte: u8) -> bool {
+/// One launch of `isolate_poison_many` over `ranges` ((stream, ptr, len), at most
+/// [`FILL_RANGES`]) on `stream`; false where it could not be queued.
+fn fill_ranges(fill: CUfunction, stream: usize, ranges: &[(usize, u64, u64)], byte: u8) -> bool {
     let mut buf = [0u64; 2 * FILL_RANGES];
-    for (i, &(p, n)) in ranges.iter().enumerate() {
+    for (i, &(_, p, n)) in ranges.iter().enumerate() {
         buf[2 * i] = p;
         buf[2 * i + 1] = n;
     }
@@ -357,7 +435,8 @@ fn fill_ranges(fill: CUfunction, stream: usize, ranges: &[(u64, u64)], byte: u8)
         (&mut count as *mut u32).cast(),
         (&mut pat as *mut u32).cast(),
     ];
-    let bx = wide_blocks(ranges);
+    let longest = ranges.iter().map(|r| r.2).max().unwrap_or(0);
+    let bx = wide_blocks(longest, ranges.len());
     let r = unsafe {
         launch_kernel(
             fill,
@@ -550,19 +629,19 @@ fn grid(r: &Res, items: &[(u64, u64)]) -> (CUfunction, u32) {
 /// 16-byte aligned), and the blocks per allocation.
 fn shape(have16: bool, items: &[(u64, u64)]) -> (bool, u32) {
     if have16 && items.iter().all(|&(p, _)| p.is_multiple_of(16)) {
-        (true, wide_blocks(items))
+        let longest = items.iter().map(|i| i.1).max().unwrap_or(0);
+        (true, wide_blocks(longest, items.len()))
     } else {
         let longest = items.iter().map(|i| i.1).max().unwrap_or(0);
         (false, (longest / 4).div_ceil(256).clamp(1, 64) as u32)
     }
 }
 
-/// Blocks per row of a 128-bit kernel (the check's, the deferred poisons' fill) over `items`,
-/// one row each: about four vectors (64 bytes) a thread of 256 for the longest, at most ~16K
-/// blocks in all.
-fn wide_blocks(items: &[(u64, u64)]) -> u32 {
-    let longest = items.iter().map(|i| i.1).max().unwrap_or(0);
-    let cap = (16384 / items.len().max(1) as u64).max(64);
+/// Blocks per row of a 128-bit kernel (the check's, the deferred poisons' fill) over `rows`
+/// items, one row each: about four vectors (64 bytes) a thread of 256 for the `longest`, at
+/// most ~16K blocks in all.
+fn wide_blocks(longest: u64, rows: usize) -> u32 {
+    let cap = (16384 / rows.max(1) as u64).max(64);
     (longest / 16).div_ceil(256 * 4).clamp(1, cap) as u32
 }
 
@@ -649,19 +728,13 @@ mod tests {
     #[test]
     fn a_fill_gets_enough_blocks_for_its_longest_range() {
         // 100 MiB and two small ones: 6400 blocks a row (16384 / 3 = 5461 at most).
-        let r = [
-            (0x7f00_0000_0000, 100 << 20),
-            (0x7f10_0000_0000, 4096),
-            (0x7f20_0000_0000, 16),
-        ];
-        assert_eq!(wide_blocks(&r), 5461);
+        assert_eq!(wide_blocks(100 << 20, 3), 5461);
         // 64 ranges of 1 MiB: 64 blocks each (the cap's floor), 4,096 in all.
-        let r: Vec<(u64, u64)> = (0..64)
-            .map(|i| (0x7f00_0000_0000 + (i << 20), 1 << 20))
-            .collect();
-        assert_eq!(wide_blocks(&r), 64);
+        assert_eq!(wide_blocks(1 << 20, 64), 64);
+        // One of 64 MiB alone: 4,096 blocks of 256 threads, four 16-byte vectors each.
+        assert_eq!(wide_blocks(64 << 20, 1), 4096);
         // Shorter than one vector: still a block, whose thread 0 stores the tail.
-        assert_eq!(wide_blocks(&[(0x7f00_0000_0000, 3)]), 1);
+        assert_eq!(wide_blocks(3, 1), 1);
     }
 
     #[test]
