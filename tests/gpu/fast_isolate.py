@@ -32,9 +32,6 @@ Configurations, interleaved (round -> model -> configurations in a rotated order
   isolate-profile   isolate-stacks with ISOLATE_PROFILE=on: the exit note says where the calling
                threads' time went, by kind of hooked call (isolate-reuse-profile: with reuse;
                log-profile: log mode without stacks, what the hooks alone cost)
-  isolate-cb64k    isolate-stacks with ISOLATE_CHECK_BLOCKS=65536: the release stream's checks
-               as wide as the bandwidth wants (~16K blocks for a full batch; the shape before
-               the setting), against the default 256 blocks a check (isolate-cb64: 64)
   isolate-prev isolate-stacks with ISOLATE_POISON_BATCH=off and ISOLATE_NATIVE_FRAMES=all: the
                defaults of the fourth session
   log          log mode of this library, cache on (goal: within 1% of default)
@@ -81,8 +78,6 @@ CONFIGS = {
     "isolate-profile": ({"ISOLATE_PROFILE": "on"}, "new", "isolate"),
     "isolate-reuse-profile": ({"ISOLATE_REUSE": "on", "ISOLATE_PROFILE": "on"}, "new", "isolate"),
     "log-profile": ({"ISOLATE_STACKS": "none", "ISOLATE_PROFILE": "on"}, "new", "log"),
-    "isolate-cb64k": ({"ISOLATE_STACKS": "all", "ISOLATE_CHECK_BLOCKS": "65536"}, "new", "isolate"),
-    "isolate-cb64": ({"ISOLATE_STACKS": "all", "ISOLATE_CHECK_BLOCKS": "64"}, "new", "isolate"),
     "isolate-prev": ({"ISOLATE_POISON_BATCH": "off", "ISOLATE_NATIVE_FRAMES": "all"}, "new", "isolate"),
     "log": ({"ISOLATE_STACKS": "none"}, "new", "log"),
     "log-stacks": ({"ISOLATE_STACKS": "all"}, "new", "log"),

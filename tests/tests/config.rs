@@ -55,18 +55,6 @@ fn malformed_quarantine() {
 }
 
 #[test]
-fn malformed_check_blocks() {
-    for v in ["0", "65537", "many", "-4"] {
-        refused(
-            Run::program("rt_basic")
-                .env("ISOLATE_MODE", "isolate")
-                .env("ISOLATE_CHECK_BLOCKS", v),
-            "ISOLATE_CHECK_BLOCKS",
-        );
-    }
-}
-
-#[test]
 fn malformed_trace_pattern() {
     refused(Run::program("rt_basic").trace("%q"), "ISOLATE_TRACE");
 }

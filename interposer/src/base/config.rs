@@ -59,10 +59,6 @@ pub const STACK_DEPTH_MAX: u32 = 256;
 /// `ISOLATE_NATIVE_FRAMES`'s default: the native frames a stack keeps nearest the call (0
 /// stands for `all`).
 pub const NATIVE_FRAMES_DEFAULT: u32 = 16;
-/// `ISOLATE_CHECK_BLOCKS`'s default and bounds: the thread blocks of one check launch on the
-/// release stream, all its allocations together.
-pub const CHECK_BLOCKS_DEFAULT: u32 = 256;
-pub const CHECK_BLOCKS_MAX: u32 = 65_536;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -98,10 +94,6 @@ pub struct Config {
     /// The hooks time themselves and note where the calling threads' time went at exit
     /// (`ISOLATE_PROFILE=on`; off by default).
     pub profile: bool,
-    /// The most thread blocks one check launch on the release stream gets, over all its
-    /// allocations (at least one each): few, so that the check runs beside the program's
-    /// kernels instead of holding the device's block slots ahead of them.
-    pub check_blocks: u32,
     /// Test hook: make recording panic, to prove panics never cross into C.
     pub test_panic: bool,
     /// Internal test hook: the writer sleeps this long after writing the header.
@@ -141,10 +133,6 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("ISOLATE_POISON_BY", "memset, kernel"),
     ("ISOLATE_POISON_BATCH", "on, off"),
     ("ISOLATE_REUSE", "on, off"),
-    (
-        "ISOLATE_CHECK_BLOCKS",
-        "a number of thread blocks from 1 to 65536",
-    ),
     ("ISOLATE_PROFILE", "on, off"),
     ("ISOLATE_TEST_PANIC", "1 (internal test hook)"),
     (
@@ -395,13 +383,6 @@ pub fn from_env(
             _ => return Err(bad("ISOLATE_STACK_DEPTH", &v)),
         },
     };
-    let check_blocks = match var("ISOLATE_CHECK_BLOCKS") {
-        None => CHECK_BLOCKS_DEFAULT,
-        Some(v) => match v.trim().parse::<u32>() {
-            Ok(d) if (1..=CHECK_BLOCKS_MAX).contains(&d) => d,
-            _ => return Err(bad("ISOLATE_CHECK_BLOCKS", &v)),
-        },
-    };
     let native_frames = match var("ISOLATE_NATIVE_FRAMES") {
         None => NATIVE_FRAMES_DEFAULT,
         Some(v) if v.trim().eq_ignore_ascii_case("all") => 0,
@@ -470,7 +451,6 @@ pub fn from_env(
             "ISOLATE_PROFILE".to_string(),
             if profile { "on" } else { "off" }.to_string(),
         ),
-        ("ISOLATE_CHECK_BLOCKS".to_string(), check_blocks.to_string()),
         ("ISOLATE_STACKS".to_string(), stacks.name().to_string()),
         ("ISOLATE_STACK_DEPTH".to_string(), stack_depth.to_string()),
         (
@@ -509,7 +489,6 @@ pub fn from_env(
         poison_batch,
         reuse,
         profile,
-        check_blocks,
         test_panic,
         test_writer_stall_ms,
         test_exit_check_ms,

@@ -617,28 +617,27 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
 }
 
 /// The kernel for a batch and its blocks per allocation. With every allocation 16-byte aligned,
-/// `isolate_verify_many16`, about four vectors (64 bytes) a thread for the longest allocation;
-/// otherwise `isolate_verify_many`, a word a thread up to 64 blocks. Either way at most
-/// `ISOLATE_CHECK_BLOCKS` blocks in all (one per allocation at least; the kernels stride over
-/// what is left): a check of 256 allocations of ~40 MB at ~16K blocks held every block slot of
-/// the device ahead of the program's next kernels, and ResNet-50's steps waited for it.
+/// `isolate_verify_many16`, about four vectors (64 bytes) a thread for the longest allocation,
+/// and at most ~16K blocks in all (rows of short allocations end at once, but each block still
+/// costs a scheduling slot); otherwise `isolate_verify_many`, a word a thread up to 64 blocks.
+/// Short and wide is right: capped at 256 blocks a launch (tried on the H200, seventh session),
+/// the long-lived check blocks sat beside the program's kernels on every SM and ResNet-50's
+/// step took 2.48× the default's (1.33× with this shape), GPT-2's 2.32× (1.16×).
 fn grid(r: &Res, items: &[(u64, u64)]) -> (CUfunction, u32) {
-    let (wide, bx) = shape(r.func16.is_some(), items, config::get().check_blocks);
+    let (wide, bx) = shape(r.func16.is_some(), items);
     (r.func16.filter(|_| wide).unwrap_or(r.func), bx)
 }
 
 /// [`grid`]'s choice: whether the 128-bit kernel checks `items` (it exists and every start is
-/// 16-byte aligned), and the blocks per allocation, `total` blocks at most in all (but one per
-/// allocation at least).
-fn shape(have16: bool, items: &[(u64, u64)], total: u32) -> (bool, u32) {
-    let longest = items.iter().map(|i| i.1).max().unwrap_or(0);
-    let (wide, bx) = if have16 && items.iter().all(|&(p, _)| p.is_multiple_of(16)) {
+/// 16-byte aligned), and the blocks per allocation.
+fn shape(have16: bool, items: &[(u64, u64)]) -> (bool, u32) {
+    if have16 && items.iter().all(|&(p, _)| p.is_multiple_of(16)) {
+        let longest = items.iter().map(|i| i.1).max().unwrap_or(0);
         (true, wide_blocks(longest, items.len()))
     } else {
+        let longest = items.iter().map(|i| i.1).max().unwrap_or(0);
         (false, (longest / 4).div_ceil(256).clamp(1, 64) as u32)
-    };
-    let cap = (total / items.len().max(1) as u32).max(1);
-    (wide, bx.min(cap))
+    }
 }
 
 /// Blocks per row of a 128-bit kernel (the check's, the deferred poisons' fill) over `rows`
@@ -744,38 +743,28 @@ mod tests {
     #[test]
     fn aligned_batches_get_the_wide_kernel_and_enough_blocks_to_read_at_bandwidth() {
         const GIB: u64 = 1 << 30;
-        // No cap (`ISOLATE_CHECK_BLOCKS` at its most): the shape the bandwidth wants.
-        const ANY: u32 = 65_536;
         // Four 1 GiB allocations: 4096 blocks each (the 32-bit kernel had 64, and read
         // 0.69 TB/s on the H200 where this reads 4.48: tests/gpu/verify_bw.py).
         let big = [(0x7f00_0000_0000, GIB), (0x7f00_4000_0000, GIB)];
-        assert_eq!(shape(true, &big, ANY), (true, 8192));
+        assert_eq!(shape(true, &big), (true, 8192));
         let four: Vec<(u64, u64)> = (0..4).map(|i| (0x7f00_0000_0000 + i * GIB, GIB)).collect();
-        assert_eq!(shape(true, &four, ANY), (true, 4096));
+        assert_eq!(shape(true, &four), (true, 4096));
         // A full batch of small ones: a block each at the least, 64 at the most.
         let small: Vec<(u64, u64)> = (0..256)
             .map(|i| (0x7f00_0000_0000 + i * 512, 100))
             .collect();
-        assert_eq!(shape(true, &small, ANY), (true, 1));
+        assert_eq!(shape(true, &small), (true, 1));
         let mib: Vec<(u64, u64)> = (0..256)
             .map(|i| (0x7f00_0000_0000 + (i << 20), 1 << 20))
             .collect();
-        assert_eq!(shape(true, &mib, ANY), (true, 64));
-        // `ISOLATE_CHECK_BLOCKS` (256 by default) caps the blocks of the whole launch: one per
-        // allocation for a full batch, and a lone allocation gets them all.
-        assert_eq!(shape(true, &mib, 256), (true, 1));
-        assert_eq!(shape(true, &four, 256), (true, 64));
-        assert_eq!(shape(true, &big[..1], 256), (true, 256));
-        assert_eq!(shape(true, &small, 1), (true, 1));
+        assert_eq!(shape(true, &mib), (true, 64));
     }
 
     #[test]
     fn one_unaligned_start_or_no_wide_kernel_falls_back_to_words() {
         let mixed = [(0x7f00_0000_0000, 1 << 20), (0x7f00_0010_0004, 1 << 20)];
-        assert_eq!(shape(true, &mixed, 65_536), (false, 64));
+        assert_eq!(shape(true, &mixed), (false, 64));
         let aligned = [(0x7f00_0000_0000, 4096)];
-        assert_eq!(shape(false, &aligned, 65_536), (false, 4));
-        // Capped like the wide kernel: 2 allocations, 16 blocks in all.
-        assert_eq!(shape(true, &mixed, 16), (false, 8));
+        assert_eq!(shape(false, &aligned), (false, 4));
     }
 }
