@@ -610,8 +610,11 @@ static int batch(void) {
         drv ? (unsigned long (*)(void))dlsym(drv, "standin_poison_many_runs") : NULL;
     unsigned long (*ranges)(void) =
         drv ? (unsigned long (*)(void))dlsym(drv, "standin_poison_many_ranges") : NULL;
+    unsigned long (*records)(void) =
+        drv ? (unsigned long (*)(void))dlsym(drv, "standin_event_records") : NULL;
     say("poison_many_runs %lu", runs ? runs() : 0UL);
     say("poison_many_ranges %lu", ranges ? ranges() : 0UL);
+    say("event_records %lu", records ? records() : 0UL);
     return bad != 0;
 }
 
