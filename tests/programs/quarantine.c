@@ -22,6 +22,7 @@
  *   quarantine late-captured   the same, with stream A capturing a graph from right after its
  *                       stale write until after B's frees (cuStreamBeginCapture_v2 and
  *                       cuStreamEndCapture; the stand-in's capture makes no graph)
+ *   quarantine late-captured-legacy  the same through CUDA 10.0's cuStreamBeginCapture (no mode)
  *   quarantine stuck    a stream-ordered free, then the device hangs (the stand-in's
  *                       standin_device_stuck: nothing finishes any more) and the program exits;
  *                       an exit handler frees one more allocation after isolate's exit check
@@ -489,16 +490,20 @@ static void *async_worker(void *arg) {
 }
 
 typedef CUresult (*PFN_begin_capture)(CUstream, int);
+typedef CUresult (*PFN_begin_capture_legacy)(CUstream);
 typedef CUresult (*PFN_end_capture)(CUstream, void **);
 
-enum late_how { LATE, LATE_DESTROYED, LATE_CAPTURED };
+enum late_how { LATE, LATE_DESTROYED, LATE_CAPTURED, LATE_CAPTURED_LEGACY };
 
 static int late(enum late_how how) {
     int destroy = how == LATE_DESTROYED;
     void *drv = dlopen("libcuda.so.1", RTLD_NOW);
     PFN_begin_capture begin = drv ? (PFN_begin_capture)dlsym(drv, "cuStreamBeginCapture_v2") : NULL;
+    PFN_begin_capture_legacy begin0 =
+        drv ? (PFN_begin_capture_legacy)dlsym(drv, "cuStreamBeginCapture") : NULL;
     PFN_end_capture end = drv ? (PFN_end_capture)dlsym(drv, "cuStreamEndCapture") : NULL;
-    if (how == LATE_CAPTURED && (!begin || !end)) {
+    int captured = how == LATE_CAPTURED || how == LATE_CAPTURED_LEGACY;
+    if (captured && (!begin || !begin0 || !end)) {
         say("no capture functions");
         return 1;
     }
@@ -514,6 +519,8 @@ static int late(enum late_how how) {
         say("cudaStreamDestroy %d", cudaStreamDestroy(a));
     if (how == LATE_CAPTURED)
         say("cuStreamBeginCapture_v2 %d", begin((CUstream)a, 0));
+    if (how == LATE_CAPTURED_LEGACY)
+        say("cuStreamBeginCapture %d", begin0((CUstream)a));
     int bad = 0;
     for (int i = 0; i < 32; i++) {
         void *y = NULL;
@@ -521,7 +528,7 @@ static int late(enum late_how how) {
         bad += cudaFreeAsync(y, b) != 0;
     }
     say("stream b calls failed %d", bad);
-    if (how == LATE_CAPTURED)
+    if (captured)
         say("cuStreamEndCapture %d", end((CUstream)a, NULL));
     say("cudaStreamSynchronize %d", cudaStreamSynchronize(b));
     if (!destroy)
@@ -690,8 +697,10 @@ int main(int argc, char **argv) {
         r = late(LATE_DESTROYED);
     else if (!strcmp(what, "late-captured"))
         r = late(LATE_CAPTURED);
+    else if (!strcmp(what, "late-captured-legacy"))
+        r = late(LATE_CAPTURED_LEGACY);
     else {
-        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|pool|async|batch|kept|stuck|late|late-destroyed|late-captured");
+        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|pool|async|batch|kept|stuck|late|late-destroyed|late-captured|late-captured-legacy");
         return 2;
     }
     say("done %d", r);

@@ -362,6 +362,7 @@ CUresult cuStreamQuery(CUstream hStream);
  * graph) marks a created stream, cuStreamIsCapturing reports it (0 none, 1 active). */
 CUresult cuStreamIsCapturing(CUstream hStream, int *status);
 CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode);
+CUresult cuStreamBeginCapture(CUstream hStream); /* CUDA 10.0's, no mode */
 CUresult cuStreamEndCapture(CUstream hStream, void **graph);
 int standin_set_capturing(CUstream hStream, int on);
 /* From now on nothing on the device finishes: synchronising calls wait for good, queries say

@@ -96,6 +96,7 @@ static const struct proc g_procs[] = {
     {"cuStreamSynchronize", 2000, F(cuStreamSynchronize), F(cuStreamSynchronize_ptsz)},
     {"cuStreamQuery", 2000, F(cuStreamQuery), F(cuStreamQuery_ptsz)},
     {"cuStreamIsCapturing", 10000, F(cuStreamIsCapturing), NULL},
+    {"cuStreamBeginCapture", 10000, F(cuStreamBeginCapture), NULL},
     {"cuStreamBeginCapture", 10010, F(cuStreamBeginCapture_v2), NULL},
     {"cuStreamEndCapture", 10000, F(cuStreamEndCapture), NULL},
     {"cuStreamWaitEvent", 3020, F(cuStreamWaitEvent), F(cuStreamWaitEvent_ptsz)},

@@ -347,6 +347,9 @@ CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode) {
     return standin_set_capturing(hStream, 1) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
+/* CUDA 10.0's export, without a mode. */
+CUresult cuStreamBeginCapture(CUstream hStream) { return cuStreamBeginCapture_v2(hStream, 0); }
+
 CUresult cuStreamEndCapture(CUstream hStream, void **graph) {
     NEED_CTX();
     if (graph)

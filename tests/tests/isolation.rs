@@ -916,10 +916,15 @@ fn a_device_that_never_finishes_does_not_hold_up_the_exit() {
 /// check while no capture has begun) let the check run before the poison (a false finding of
 /// all 65,536 bytes, then the write reported in a later allocation); with the record made at
 /// the flush only, as before, the check waited for the poison but not the write (event 42's
-/// allocation blamed).
+/// allocation blamed). CUDA 10.0's `cuStreamBeginCapture` (no mode) is hooked the same way.
 #[test]
 fn a_stale_write_after_the_streams_last_free_is_seen_by_the_check() {
-    for scenario in ["late", "late-destroyed", "late-captured"] {
+    for scenario in [
+        "late",
+        "late-destroyed",
+        "late-captured",
+        "late-captured-legacy",
+    ] {
         let plain = quarantine(scenario).preload(false).run();
         plain.assert_success();
         let out = isolate(quarantine(scenario))

@@ -239,6 +239,8 @@ reals! {
         STREAM_BATCH_MEM_OP_PTSZ = cuStreamBatchMemOp_v2_ptsz: fn(CUstream, c_uint, *mut c_void, c_uint) -> CUresult;
         STREAM_BEGIN_CAPTURE = cuStreamBeginCapture_v2: fn(CUstream, c_int) -> CUresult;
         STREAM_BEGIN_CAPTURE_PTSZ = cuStreamBeginCapture_v2_ptsz: fn(CUstream, c_int) -> CUresult;
+        STREAM_BEGIN_CAPTURE_LEGACY = cuStreamBeginCapture: fn(CUstream) -> CUresult;
+        STREAM_BEGIN_CAPTURE_LEGACY_PTSZ = cuStreamBeginCapture_ptsz: fn(CUstream) -> CUresult;
         STREAM_BEGIN_CAPTURE_TO_GRAPH = cuStreamBeginCaptureToGraph: fn(CUstream, *mut c_void, *const c_void, *const c_void, usize, c_int) -> CUresult;
         STREAM_BEGIN_CAPTURE_TO_GRAPH_PTSZ = cuStreamBeginCaptureToGraph_ptsz: fn(CUstream, *mut c_void, *const c_void, *const c_void, usize, c_int) -> CUresult;
         MEMCPY = cuMemcpy: fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult;

@@ -80,6 +80,10 @@ hooks! {
     cuStreamBatchMemOp_v2_ptsz(s: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint) = STREAM_BATCH_MEM_OP_PTSZ [stream_work];
     cuStreamBeginCapture_v2(s: CUstream, mode: c_int) = STREAM_BEGIN_CAPTURE [capture_start];
     cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: c_int) = STREAM_BEGIN_CAPTURE_PTSZ [capture_start];
+    /// CUDA 10.0's capture start (no mode), still exported and handed out by `cuGetProcAddress`
+    /// for versions before 10.1.
+    cuStreamBeginCapture(s: CUstream) = STREAM_BEGIN_CAPTURE_LEGACY [capture_start];
+    cuStreamBeginCapture_ptsz(s: CUstream) = STREAM_BEGIN_CAPTURE_LEGACY_PTSZ [capture_start];
     cuStreamBeginCaptureToGraph(s: CUstream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, ndeps: usize, mode: c_int) = STREAM_BEGIN_CAPTURE_TO_GRAPH [capture_start];
     cuStreamBeginCaptureToGraph_ptsz(s: CUstream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, ndeps: usize, mode: c_int) = STREAM_BEGIN_CAPTURE_TO_GRAPH_PTSZ [capture_start];
     cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) = MEMCPY [stream_work];
