@@ -185,22 +185,70 @@ fn die(msg: &str) -> ! {
     unreachable!()
 }
 
-/// Setting `name`, whose value is `v`, with exactly two values: `yes` (true) and `no`
-/// (false), `default` when unset.
-fn either(
-    name: &str,
-    v: Option<String>,
+/// A setting with exactly two values, spelled once: read by [`TwoWay::read`], written into the
+/// trace header by [`TwoWay::pair`].
+struct TwoWay {
+    name: &'static str,
+    /// The value that means true, and the one that means false.
+    yes: &'static str,
+    no: &'static str,
+    /// When unset.
     default: bool,
-    yes: &str,
-    no: &str,
-) -> Result<bool, String> {
-    match v {
-        None => Ok(default),
-        Some(v) if v == yes => Ok(true),
-        Some(v) if v == no => Ok(false),
-        Some(v) => Err(bad(name, &v)),
+}
+
+impl TwoWay {
+    fn read(&self, var: &impl Fn(&str) -> Option<String>) -> Result<bool, String> {
+        match var(self.name) {
+            None => Ok(self.default),
+            Some(v) if v == self.yes => Ok(true),
+            Some(v) if v == self.no => Ok(false),
+            Some(v) => Err(bad(self.name, &v)),
+        }
+    }
+
+    /// (name, value) as the header records it.
+    fn pair(&self, v: bool) -> (String, String) {
+        let value = if v { self.yes } else { self.no };
+        (self.name.to_string(), value.to_string())
     }
 }
+
+const GUARD_SIDE: TwoWay = TwoWay {
+    name: "ISOLATE_GUARD_SIDE",
+    yes: "start",
+    no: "end",
+    default: false,
+};
+const RELEASE: TwoWay = TwoWay {
+    name: "ISOLATE_RELEASE",
+    yes: "async",
+    no: "sync",
+    default: true,
+};
+const POISON_BY: TwoWay = TwoWay {
+    name: "ISOLATE_POISON_BY",
+    yes: "kernel",
+    no: "memset",
+    default: false,
+};
+const POISON_BATCH: TwoWay = TwoWay {
+    name: "ISOLATE_POISON_BATCH",
+    yes: "on",
+    no: "off",
+    default: true,
+};
+const REUSE: TwoWay = TwoWay {
+    name: "ISOLATE_REUSE",
+    yes: "on",
+    no: "off",
+    default: true,
+};
+const PROFILE: TwoWay = TwoWay {
+    name: "ISOLATE_PROFILE",
+    yes: "on",
+    no: "off",
+    default: false,
+};
 
 fn on_off(name: &str, v: &str) -> Result<bool, String> {
     match v.to_ascii_lowercase().as_str() {
@@ -321,46 +369,16 @@ pub fn from_env(
         None => 0,
         Some(v) => parse_size(&v).ok_or_else(|| bad("ISOLATE_GUARD_MIN_SIZE", &v))?,
     };
-    let guard_underflow = either(
-        "ISOLATE_GUARD_SIDE",
-        var("ISOLATE_GUARD_SIDE"),
-        false,
-        "start",
-        "end",
-    )?;
+    let guard_underflow = GUARD_SIDE.read(&var)?;
     let check_launch = match var("ISOLATE_CHECK_LAUNCH") {
         None => mode == Mode::Isolate,
         Some(v) => on_off("ISOLATE_CHECK_LAUNCH", &v)?,
     };
-    let async_release = either(
-        "ISOLATE_RELEASE",
-        var("ISOLATE_RELEASE"),
-        true,
-        "async",
-        "sync",
-    )?;
-    let poison_kernel = either(
-        "ISOLATE_POISON_BY",
-        var("ISOLATE_POISON_BY"),
-        false,
-        "kernel",
-        "memset",
-    )?;
-    let poison_batch = either(
-        "ISOLATE_POISON_BATCH",
-        var("ISOLATE_POISON_BATCH"),
-        true,
-        "on",
-        "off",
-    )?;
-    let reuse = either("ISOLATE_REUSE", var("ISOLATE_REUSE"), true, "on", "off")?;
-    let profile = either(
-        "ISOLATE_PROFILE",
-        var("ISOLATE_PROFILE"),
-        false,
-        "on",
-        "off",
-    )?;
+    let async_release = RELEASE.read(&var)?;
+    let poison_kernel = POISON_BY.read(&var)?;
+    let poison_batch = POISON_BATCH.read(&var)?;
+    let reuse = REUSE.read(&var)?;
+    let profile = PROFILE.read(&var)?;
     let stacks = match var("ISOLATE_STACKS")
         .map(|v| v.to_ascii_lowercase())
         .as_deref()
@@ -423,34 +441,16 @@ pub fn from_env(
             "ISOLATE_GUARD_MIN_SIZE".to_string(),
             guard_min_size.to_string(),
         ),
-        (
-            "ISOLATE_GUARD_SIDE".to_string(),
-            if guard_underflow { "start" } else { "end" }.to_string(),
-        ),
+        GUARD_SIDE.pair(guard_underflow),
         (
             "ISOLATE_CHECK_LAUNCH".to_string(),
             if check_launch { "on" } else { "off" }.to_string(),
         ),
-        (
-            "ISOLATE_RELEASE".to_string(),
-            if async_release { "async" } else { "sync" }.to_string(),
-        ),
-        (
-            "ISOLATE_POISON_BY".to_string(),
-            if poison_kernel { "kernel" } else { "memset" }.to_string(),
-        ),
-        (
-            "ISOLATE_POISON_BATCH".to_string(),
-            if poison_batch { "on" } else { "off" }.to_string(),
-        ),
-        (
-            "ISOLATE_REUSE".to_string(),
-            if reuse { "on" } else { "off" }.to_string(),
-        ),
-        (
-            "ISOLATE_PROFILE".to_string(),
-            if profile { "on" } else { "off" }.to_string(),
-        ),
+        RELEASE.pair(async_release),
+        POISON_BY.pair(poison_kernel),
+        POISON_BATCH.pair(poison_batch),
+        REUSE.pair(reuse),
+        PROFILE.pair(profile),
         ("ISOLATE_STACKS".to_string(), stacks.name().to_string()),
         ("ISOLATE_STACK_DEPTH".to_string(), stack_depth.to_string()),
         (
