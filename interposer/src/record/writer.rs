@@ -486,10 +486,13 @@ fn writer_main(rx: Receiver<Record>) {
         }
         Err(msg) => {
             STATE.store(CLOSED, Release);
-            OPENED.store(true, Release);
+            // Said before the program is let go (`OPENED`): a short program could otherwise
+            // exit, killing this thread, before the line is written (seen once in CI, on a
+            // loaded machine: no line at all).
             warn(&format!(
                 "{msg}; recording disabled (the program goes on unchanged)"
             ));
+            OPENED.store(true, Release);
             // Keep draining so no hook ever waits on a full queue.
             drain_forever(rx);
             return;
