@@ -390,9 +390,6 @@ mod tests {
         }
     }
 
-    /// A PyTorch allocation: CUDA (hidden), three libtorch frames, two Python frames, the
-    /// interpreter (hidden). The text leads with the program's lines and names the outermost
-    /// libtorch frame once; JSON order is untouched.
     /// Stack 1 of `frames`, its hidden ones counted as the symboliser counts them.
     fn stack(frames: Vec<SymFrame>) -> ShownStack {
         ShownStack {
@@ -405,6 +402,9 @@ mod tests {
         }
     }
 
+    /// A PyTorch allocation: CUDA (hidden), three libtorch frames, two Python frames, the
+    /// interpreter (hidden). The text leads with the program's lines and names the outermost
+    /// libtorch frame once; JSON order is untouched.
     #[test]
     fn python_frames_lead_and_the_framework_collapses_into_one_via_line() {
         let s = stack(vec![

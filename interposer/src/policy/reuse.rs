@@ -9,9 +9,10 @@
 //! any stream without a driver call: PyTorch's stream-ordered backend asks for the same sizes
 //! every step, and each driver call costs microseconds (docs/gpu-results.md, "Fifth session").
 //! The quarantine's guarantees do not change: only checked memory is kept, as the driver's pool
-//! would have held it. Kept memory is bounded (a quarter of the quarantine budget, up to all of it while the device has room to spare), given
-//! back to the driver when an allocation runs out of memory, and no longer kept once the
-//! program sets a device's memory pool (its allocations may then come from another pool).
+//! would have held it. Kept memory is bounded (a quarter of the quarantine budget, up to all of
+//! it while the device has room to spare), given back to the driver when an allocation runs
+//! out of memory, and no longer kept once the program sets a device's memory pool (its
+//! allocations may then come from another pool).
 //!
 //! Layer: policies. Uses the base only.
 

@@ -76,9 +76,9 @@ const SLOTS: usize = 4096;
 type Seen = Cell<(u64, u64, u32, u32)>;
 
 thread_local! {
-    // Made on the thread's first stack (96 KiB on the heap, not
-    // in static TLS: threads with small stacks keep their room) and freed when it ends; during
-    // and after the thread's teardown `try_with` fails and the process's table answers.
+    // Made on the thread's first stack (96 KiB on the heap, not in static TLS: threads with
+    // small stacks keep their room) and freed when it ends; during and after the thread's
+    // teardown `try_with` fails and the process's table answers.
     static SEEN: Box<[Seen]> =
         (0..SLOTS).map(|_| Cell::new((0, 0, 0, 0))).collect();
 }
@@ -135,16 +135,15 @@ pub fn after_fork_child() {
     modules::after_fork_child();
 }
 
-/// The merge of native and Python frames, done as the native walk goes: each native frame
-/// inside the evaluation loop (`eval`) is replaced by the Python frames of the next activation,
-/// any other stays; at `depth` frames, or past the native frames' budget, the walk stops.
-/// Activations left over (the walk stopped
-/// early, or the loop's range is unknown) go after the native frames, outermost last
-/// ([`Merge::python_left`]).
 /// The frame that stands for native frames left out by `ISOLATE_NATIVE_FRAMES` (between the
 /// native frames kept and the Python frames): no return address is 0.
 pub const GAP: u64 = 0;
 
+/// The merge of native and Python frames, done as the native walk goes: each native frame
+/// inside the evaluation loop (`eval`) is replaced by the Python frames of the next activation,
+/// any other stays; at `depth` frames, or past the native frames' budget, the walk stops.
+/// Activations left over (the walk stopped early, or the loop's range is unknown) go after the
+/// native frames, outermost last ([`Merge::python_left`]).
 struct Merge<'a> {
     py: &'a [python::Raw],
     eval: Option<(u64, u64)>,
