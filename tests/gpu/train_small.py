@@ -160,6 +160,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200, help="timed steps")
     parser.add_argument("--warmup", type=int, default=20, help="steps before the timed ones")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--deterministic", action="store_true",
+                        help="torch.use_deterministic_algorithms(True): two runs' losses are then "
+                             "equal bit for bit (GPT-2's are not otherwise: atomics in its backward)")
     workload.add_history_args(parser)
     args = parser.parse_args()
 
@@ -167,6 +170,8 @@ def main() -> int:
 
     torch.backends.cudnn.benchmark = False  # no autotuning: same kernels every run
     torch.backends.cudnn.deterministic = True
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
     torch.zeros(1, device="cuda")  # create the context before the first memory reading
     memory = workload.DeviceMemory()
     workload.start_history(args)
