@@ -631,11 +631,10 @@ fn grid(r: &Res, items: &[(u64, u64)]) -> (CUfunction, u32) {
 /// [`grid`]'s choice: whether the 128-bit kernel checks `items` (it exists and every start is
 /// 16-byte aligned), and the blocks per allocation.
 fn shape(have16: bool, items: &[(u64, u64)]) -> (bool, u32) {
+    let longest = items.iter().map(|i| i.1).max().unwrap_or(0);
     if have16 && items.iter().all(|&(p, _)| p.is_multiple_of(16)) {
-        let longest = items.iter().map(|i| i.1).max().unwrap_or(0);
         (true, wide_blocks(longest, items.len()))
     } else {
-        let longest = items.iter().map(|i| i.1).max().unwrap_or(0);
         (false, (longest / 4).div_ceil(256).clamp(1, 64) as u32)
     }
 }
