@@ -181,13 +181,13 @@ def run_one(args, model, cfg, rnd, outdir):
 # Relative difference two losses may have and count as the same: 1e-3, since the default
 # runs' losses differ in the last digits from the third step on (GPT-2, ResNet-50); 0 with
 # --deterministic, where two runs of one configuration agree bit for bit.
-TOLERANCE = [1e-3]
+TOLERANCE = 1e-3
 
 
 def first_difference(a, b):
     """Index of the first step whose losses differ (beyond TOLERANCE relative), or the shorter length."""
     for i, (x, y) in enumerate(zip(a, b)):
-        if abs(x - y) > TOLERANCE[0] * max(1.0, abs(y)):
+        if abs(x - y) > TOLERANCE * max(1.0, abs(y)):
             return i
     return min(len(a), len(b))
 
@@ -292,12 +292,14 @@ def main():
                          "bit for bit (the table's loss column: same = equal in every step)")
     ap.add_argument("--budget-s", type=float, default=float(os.environ.get("BUDGET_S", "480")))
     args = ap.parse_args()
-    if args.deterministic:
-        TOLERANCE[0] = 0.0
+    global TOLERANCE
     if args.merge:
         results, models, configs = [], [], []
-        for i, path in enumerate(args.merge):
-            d = json.load(open(path))
+        files = [json.load(open(path)) for path in args.merge]
+        # Runs made with --deterministic are compared bit for bit when every file's were.
+        if args.deterministic or all(d["args"].get("deterministic") for d in files):
+            TOLERANCE = 0.0
+        for i, d in enumerate(files):
             for r in d["results"]:
                 results.append(dict(r, round=f"{i}.{r['round']}"))
                 for lst, v in ((models, r["model"]), (configs, r["config"])):
@@ -305,6 +307,8 @@ def main():
                         lst.append(v)
         report(results, models, configs)
         return 0
+    if args.deterministic:
+        TOLERANCE = 0.0
     if not args.lib or not args.isolate:
         ap.error("--lib and --isolate are needed to run (or --merge to print earlier calls)")
     out = os.environ.get("OUT", "/tmp/fast-isolate-out")
