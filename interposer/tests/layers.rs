@@ -242,7 +242,7 @@ fn no_arrow_points_up_and_none_closes_a_circle() {
     let edges = arrows(&files);
     // The check sees real arrows: the hooks use the policies, the policies the recorder.
     assert!(edges.contains(&("hooks::process".into(), "base::real".into())));
-    assert!(edges.contains(&("policy::isolate".into(), "record::event".into())));
+    assert!(edges.contains(&("policy::isolate::alloc".into(), "record::event".into())));
     let found = problems(&edges);
     assert!(found.is_empty(), "{}", found.join("\n"));
 }

@@ -1,11 +1,11 @@
 //! Frameworks' pools off in isolate mode (interposer/src/policy/frameworks.rs; PyTorch's in
-//! isolate.rs), and `isolate run` naming the library as the NVTX injection: what a program
+//! isolate/pytorch.rs), and `isolate run` naming the library as the NVTX injection: what a program
 //! sees of its environment (tests/programs/getenv.c prints the variables it is given).
 
 use isolate_tests::{Run, analyzer_path};
 use std::process::Command;
 
-/// PyTorch's setting is isolate.rs's (how it switches the caching allocator off is its own
+/// PyTorch's setting is isolate/pytorch.rs's (how it switches the caching allocator off is its own
 /// business); only that log mode leaves it alone is checked here.
 const VARS: [&str; 2] = [
     "XLA_PYTHON_CLIENT_ALLOCATOR",

@@ -1,7 +1,8 @@
-//! Frameworks' own memory pools, switched off before `main` in isolate mode, as isolate.rs does
-//! for PyTorch's caching allocator: a pool that keeps freed memory and hands it out again never
-//! frees to the driver, so isolation could not see a stale pointer into it. Each is switched
-//! only when the user has not set the variable, with one stderr line saying so.
+//! Frameworks' own memory pools, switched off before `main` in isolate mode, as
+//! isolate/pytorch.rs does for PyTorch's caching allocator: a pool that keeps freed memory and
+//! hands it out again never frees to the driver, so isolation could not see a stale pointer
+//! into it. Each is switched only when the user has not set the variable, with one stderr line
+//! saying so.
 //!
 //! - JAX/XLA: `XLA_PYTHON_CLIENT_ALLOCATOR=platform` (XLA allocates and frees each buffer with the
 //!   driver instead of out of its BFC pool; `XLA_PYTHON_CLIENT_PREALLOCATE` does not matter then).

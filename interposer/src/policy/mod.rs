@@ -119,7 +119,7 @@ fn isolating() -> bool {
 }
 
 /// From the constructor, before `main`, in isolate mode: PyTorch's caching allocator off
-/// (isolate.rs), other frameworks' pools off (frameworks.rs).
+/// (isolate/pytorch.rs), other frameworks' pools off (frameworks.rs).
 pub fn before_main() {
     isolate::before_main();
     frameworks::before_main();

@@ -1,0 +1,123 @@
+//! Isolation's counters (what was verified where, poisoned, captured, and the time it took) and
+//! the notes that report them at exit.
+//!
+//! Layer: policies. Uses the base, recording, [`crate::policy::release`] and
+//! [`crate::policy::reuse`].
+
+use crate::base::config;
+use crate::policy::{release, reuse};
+use crate::record::event;
+use crate::record::writer;
+use isolate_trace::NoteKind;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+/// Entries verified by the kernel on the device, and by copies to the host (the fallback where
+/// the driver cannot load the kernel): noted at exit.
+pub(super) static ON_DEVICE: AtomicU64 = AtomicU64::new(0);
+
+pub(super) static ON_HOST: AtomicU64 = AtomicU64::new(0);
+
+/// Where isolation's time goes, noted at exit: frees poisoned and the time the calling threads
+/// spent on them (poison, events), time in releases, of it waiting for the device, and the
+/// batches released on the release streams.
+pub(super) static POISONED: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes those frees held: what the device writes with the poison, and reads again to check.
+pub(super) static POISON_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Of those frees, the ones poisoned by the library's fill kernel (`ISOLATE_POISON_BY=kernel`).
+pub(super) static BY_KERNEL: AtomicU64 = AtomicU64::new(0);
+
+pub(super) static POISON_NS: AtomicU64 = AtomicU64::new(0);
+
+pub(super) static RELEASE_NS: AtomicU64 = AtomicU64::new(0);
+
+pub(super) static WAIT_NS: AtomicU64 = AtomicU64::new(0);
+
+pub(super) static ASYNC_BATCHES: AtomicU64 = AtomicU64::new(0);
+
+/// Stream-ordered frees made during stream capture, passed to the driver (noted at exit).
+pub(super) static CAPTURED: AtomicU64 = AtomicU64::new(0);
+
+/// The exit notes: what was verified, kept, captured and poisoned, and the time it took. Once,
+/// from the library's own exit (its destructor, or before `_exit`), after the last check: the
+/// `atexit` handler's check ([`at_exit_bounded`]) runs before it and writes none, so that a
+/// process that runs both has each note once, with the final counts.
+pub fn exit_notes() {
+    // Only into a trace that exists: a process that never touched CUDA leaves no file.
+    if !writer::started() {
+        return;
+    }
+    let (device, host) = (ON_DEVICE.load(Relaxed), ON_HOST.load(Relaxed));
+    if device + host > 0 {
+        event::note(
+            NoteKind::Info,
+            0,
+            device,
+            host,
+            format!("poison verified for {device} allocations on the device, {host} on the host"),
+        );
+    }
+    let (served, kept) = reuse::stats();
+    if kept > 0 {
+        event::note(
+            NoteKind::Info,
+            0,
+            served,
+            kept,
+            format!(
+                "reuse (ISOLATE_REUSE=on): {kept} checked allocations kept instead of freed, \
+                 {served} stream-ordered allocations served from them without the driver"
+            ),
+        );
+    }
+    let captured = CAPTURED.load(Relaxed);
+    if captured > 0 {
+        event::note(
+            NoteKind::Info,
+            0,
+            captured,
+            0,
+            format!(
+                "{captured} stream-ordered frees during CUDA graph capture went to the driver \
+                 unquarantined"
+            ),
+        );
+    }
+    let poisoned = POISONED.load(Relaxed);
+    if poisoned > 0 {
+        let (done, bytes) = if config::get().poison.is_some() {
+            (
+                "poisoned",
+                "written by the device once and read once to check",
+            )
+        } else {
+            (
+                "quarantined unpoisoned (ISOLATE_POISON=off)",
+                "neither written nor checked",
+            )
+        };
+        let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
+        let (deferred, fills) = release::deferred_stats();
+        event::note(
+            NoteKind::Info,
+            0,
+            poisoned,
+            ASYNC_BATCHES.load(Relaxed),
+            format!(
+                "isolation's time: {poisoned} frees {done} ({} bytes, {bytes}; {} by the \
+                 library's fill kernel; {deferred} deferred to their stream's next work and \
+                 poisoned by {fills} launches), {:.1} ms on the freeing threads ({:.2} us each); \
+                 releases {:.1} ms, of it {:.1} ms waiting for the device; {} batches released \
+                 on the release stream",
+                POISON_BYTES.load(Relaxed),
+                BY_KERNEL.load(Relaxed),
+                ms(&POISON_NS),
+                ms(&POISON_NS) * 1e3 / poisoned as f64,
+                ms(&RELEASE_NS),
+                ms(&WAIT_NS),
+                ASYNC_BATCHES.load(Relaxed)
+            ),
+        );
+    }
+}

@@ -1,0 +1,112 @@
+//! The exit check: every allocation still in quarantine is verified at exit (on a thread of its
+//! own, waited for at most a bounded time), and on demand for a test framework's check.
+//!
+//! Layer: policies. Uses the base, recording and the folder's state and release paths.
+
+use super::leave::{Release, reap, release_batch, release_sync};
+use super::state::{Entry, STATE, current_ctx, st, state};
+use crate::base::config;
+use crate::base::cuda::*;
+use crate::base::real::*;
+use crate::base::sys::{now_ns, wait_until, warn};
+use crate::record::event;
+use crate::record::thread::Inside;
+use isolate_trace::NoteKind;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
+
+pub(super) static ATEXIT: AtomicBool = AtomicBool::new(false);
+
+pub(super) extern "C" fn verify_all_at_exit() {
+    let _inside = Inside::enter();
+    let _ = std::panic::catch_unwind(at_exit_bounded);
+}
+
+/// The process whose quarantine this is (set when the first free is quarantined, and in a fork
+/// child); a `vfork` child sharing the parent's memory is not it.
+pub(super) static EXIT_OWNER: AtomicU32 = AtomicU32::new(0);
+
+/// An exit check ran past its limit: later ones (the library's destructor) do not start.
+pub(super) static EXIT_GAVE_UP: AtomicBool = AtomicBool::new(false);
+
+/// The longest the exit check may hold up the process's exit. It waits for the device (the
+/// batches in flight, the freeing streams, its own kernels); a device that never gets there must
+/// not turn into a process that never ends because of the library.
+pub(super) const EXIT_CHECK_LIMIT_NS: u64 = 30_000_000_000;
+
+/// [`at_exit`] on a thread of its own (with the calling thread's context), waited for at most
+/// [`EXIT_CHECK_LIMIT_NS`]; past that the exit goes on without it, says so on stderr and in the
+/// trace, and the unfinished check is left to die with the process.
+pub fn at_exit_bounded() {
+    let owner = EXIT_OWNER.load(Acquire);
+    if owner != 0 && owner != unsafe { libc::getpid() } as u32 {
+        return; // a vfork child: the quarantine is its parent's, and so is the address space
+    }
+    if EXIT_GAVE_UP.load(Acquire) {
+        return; // an earlier check is still waiting for the device (and holds the queue)
+    }
+    if !ATEXIT.load(Acquire) {
+        at_exit(); // nothing was ever quarantined: nothing to wait for
+        return;
+    }
+    let ctx = current_ctx();
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let flag = done.clone();
+    let spawned = std::thread::Builder::new()
+        .name("isolate-exit".into())
+        .spawn(move || {
+            let _inside = Inside::enter();
+            if ctx != 0
+                && let Some(set) = CTX_SET_CURRENT.get()
+            {
+                unsafe { set(ctx as CUcontext) };
+            }
+            let _ = std::panic::catch_unwind(at_exit);
+            flag.store(true, Release);
+        });
+    if spawned.is_err() {
+        at_exit(); // no thread to be had: the check runs here, unbounded
+        return;
+    }
+    let limit = match config::get().test_exit_check_ms {
+        0 => EXIT_CHECK_LIMIT_NS,
+        ms => ms * 1_000_000,
+    };
+    if !wait_until(now_ns() + limit, || done.load(Acquire)) {
+        let text = format!(
+            "the exit check of the quarantine did not finish within {:.1} s (waiting for the \
+             device?): the process exits without its results",
+            limit as f64 / 1e9
+        );
+        EXIT_GAVE_UP.store(true, Release);
+        warn(&text);
+        event::note(NoteKind::Info, 0, 0, 0, text);
+    }
+}
+
+/// At exit: every allocation still in quarantine is checked (not freed: the process is ending).
+pub fn at_exit() {
+    reap(true);
+    let entries: Vec<Entry> = {
+        let mut g = state();
+        let s = st!(g);
+        s.index.clear();
+        s.held = 0;
+        s.queue.drain(..).collect()
+    };
+    release_batch(&entries, Release::CheckOnly);
+}
+
+/// Checks every allocation in quarantine now (they stay there) and every batch on its way out;
+/// what it finds is recorded (and counted by the tally) like any stale write. For a test
+/// framework's "no stale write in this test" at the end of each test.
+pub fn verify_now() {
+    let _inside = Inside::enter();
+    reap(true);
+    let entries: Vec<Entry> = {
+        let g = STATE.lock();
+        g.as_ref()
+            .map(|s| s.queue.iter().copied().collect())
+            .unwrap_or_default()
+    };
+    release_sync(&entries, false, true);
+}

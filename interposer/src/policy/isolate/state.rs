@@ -1,0 +1,146 @@
+//! The quarantine's state: what isolation handed out and still tracks ([`Live`]), what it holds
+//! back ([`Entry`]: the queue, the index the launch check reads, the bytes held), and the
+//! current context. Every other file of the folder reads and changes it under [`STATE`]'s lock.
+//!
+//! Layer: policies. Uses the base and recording.
+
+use crate::base::cuda::*;
+use crate::base::real::*;
+use crate::base::sys::{ForkLock, ForkLockGuard, now_ns};
+use crate::record::event;
+use crate::record::profile::{self, Part};
+use isolate_trace::{Api, Event};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::AtomicU64;
+
+/// An allocation isolation handed out and still tracks.
+#[derive(Clone, Copy)]
+pub(super) struct Live {
+    pub(super) size: u64,
+    pub(super) seq: u64,
+    /// From a stream-ordered pool: counted in [`POOL_LIVE`].
+    pub(super) pooled: bool,
+    /// From the device's default pool (`cudaMallocAsync`, `cuMemAllocAsync`): what
+    /// [`reuse`] may keep once checked.
+    pub(super) default_pool: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Held {
+    /// Device or managed memory from an allocation call: really freed with `cuMemFree`.
+    Allocation,
+    /// A virtual-memory range the program unmapped: really unmapped on release.
+    Mapping,
+    /// A guard-mode allocation: unmapped at its free, its range reserved for good. Only in the
+    /// index (for the launch check), never released or verified.
+    Guarded,
+}
+
+/// A freed allocation held back.
+#[derive(Clone, Copy)]
+pub struct Entry {
+    pub ptr: u64,
+    pub size: u64,
+    pub alloc_seq: u64,
+    pub free_seq: u64,
+    pub free_ts: u64,
+    pub free_api: Api,
+    pub(super) device: i32,
+    pub(super) ctx: usize,
+    /// Event recorded on the freeing stream after the poison, for stream-ordered frees
+    /// (`ISOLATE_RELEASE=sync`: made for this entry, destroyed at its release).
+    pub(super) event: usize,
+    /// The freeing stream's event from [`release::mark`], recorded after this poison (shared by
+    /// the stream's later frees, never destroyed): what the asynchronous release waits for.
+    pub(super) mark: usize,
+    /// The freeing stream (stream-ordered frees), whose event [`release::refresh`] records
+    /// again before the check.
+    pub(super) stream: usize,
+    pub(super) held: Held,
+    /// As [`Live::default_pool`].
+    pub(super) default_pool: bool,
+}
+
+impl Entry {
+    /// Guard mode's unmapped memory: any access through a pointer into it faults.
+    pub fn guarded(&self) -> bool {
+        self.held == Held::Guarded
+    }
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) live: FxHashMap<u64, Live>,
+    pub(super) queue: VecDeque<Entry>,
+    /// Quarantined ranges by start address: what the launch check looks up.
+    pub(super) index: BTreeMap<u64, Entry>,
+    pub(super) held: u64,
+    pub(super) budget: Option<u64>,
+    /// Virtual-memory mappings made with `cuMemMap`, by start: what `cuMemUnmap` may hold back.
+    pub(super) mapped: BTreeMap<u64, u64>,
+    /// Physical handles made by this process's `cuMemCreate` and not yet released.
+    pub(super) created: std::collections::HashSet<u64>,
+}
+
+pub(super) static STATE: ForkLock<Option<State>> = ForkLock::new(None);
+
+/// Lowest start and highest end ever quarantined: a cheap first test for the launch check.
+pub static LOW: AtomicU64 = AtomicU64::new(u64::MAX);
+
+pub static HIGH: AtomicU64 = AtomicU64::new(0);
+
+impl State {
+    /// Takes the oldest entry out of quarantine (queue, index and byte count together).
+    pub(super) fn pop_oldest(&mut self) -> Option<Entry> {
+        let old = self.queue.pop_front()?;
+        self.held -= old.size;
+        self.index.remove(&old.ptr);
+        Some(old)
+    }
+}
+
+pub(super) fn state() -> ForkLockGuard<'static, Option<State>> {
+    let mut g = STATE.lock();
+    if g.is_none() {
+        *g = Some(State::default());
+    }
+    g
+}
+
+macro_rules! st {
+    ($g:expr) => {
+        $g.as_mut().expect("state initialised by state()")
+    };
+}
+pub(super) use st;
+
+/// The quarantine entry of the allocation `live` (a mapping: no allocation event) that the
+/// free `proto` (event `seq`) gave back.
+pub(super) fn freed(proto: &Event, live: Live, seq: u64, held: Held) -> Entry {
+    Entry {
+        ptr: proto.ptr,
+        size: live.size,
+        alloc_seq: live.seq,
+        free_seq: seq,
+        free_ts: now_ns(),
+        free_api: proto.api,
+        device: event::current_device(),
+        ctx: current_ctx(),
+        event: 0,
+        mark: 0,
+        stream: proto.stream as usize,
+        held,
+        default_pool: live.default_pool,
+    }
+}
+
+pub(super) fn current_ctx() -> usize {
+    profile::timed(Part::Context, || {
+        let mut c: CUcontext = std::ptr::null_mut();
+        if let Some(f) = CTX_GET_CURRENT.get() {
+            unsafe { f(&mut c) };
+        }
+        c as usize
+    })
+}

@@ -1,0 +1,159 @@
+//! Verification: the poison of freed allocations checked on the device (the `isolate_verify`
+//! kernel, all launched, then one copy back) or, where no kernel can be loaded, with copies to
+//! the host; a changed byte is a stale write, recorded as a `Violation` and said on stderr.
+//!
+//! Layer: policies. Uses the base, recording, [`crate::policy::release`] (the module's PTX and
+//! its launch) and the folder's state.
+
+use super::state::{Entry, current_ctx};
+use crate::base::cuda::*;
+use crate::base::real::{self, *};
+use crate::base::sys::{ForkLock, now_ns, warn};
+use crate::policy::release;
+use crate::record::event;
+use crate::record::writer;
+use isolate_trace::{Record, Violation};
+use std::ffi::c_void;
+
+/// Entries verified with one result copy.
+pub(super) const BATCH: usize = 256;
+
+/// Records a violation (and says so on stderr) when the poison changed.
+pub(super) fn report(e: &Entry, first: u64, changed: u64) {
+    if changed == 0 {
+        return;
+    }
+    let v = Violation {
+        seq: event::next_seq(),
+        ts_ns: now_ns(),
+        device: e.device,
+        ptr: e.ptr,
+        size: e.size,
+        first_offset: first,
+        changed_bytes: changed,
+        alloc_seq: e.alloc_seq,
+        free_seq: e.free_seq,
+        free_ts_ns: e.free_ts,
+        free_api: e.free_api,
+    };
+    warn(&format!(
+        "STALE WRITE: {changed} {} of freed allocation 0x{:x} ({} bytes, freed by {} at event {}) changed \
+         after the free; first at offset {first}",
+        if changed == 1 { "byte" } else { "bytes" },
+        e.ptr,
+        e.size,
+        e.free_api,
+        e.free_seq
+    ));
+    writer::submit(Record::Violation(v));
+}
+
+pub(super) struct Kernel {
+    func: CUfunction,
+    result: CUdeviceptr,
+}
+
+// SAFETY: CUDA handles are usable from any thread.
+unsafe impl Send for Kernel {}
+
+pub(super) static KERNELS: ForkLock<Vec<(usize, Option<Kernel>)>> = ForkLock::new(Vec::new());
+
+/// The verification kernel of the current context, loaded on first use (`None` if the driver
+/// cannot load it, e.g. the CI stand-in: then the host path is used).
+pub(super) fn kernel_for_current() -> Option<(CUfunction, CUdeviceptr)> {
+    let ctx = current_ctx();
+    let mut g = KERNELS.lock();
+    if let Some((_, k)) = g.iter().find(|(c, _)| *c == ctx) {
+        return k.as_ref().map(|k| (k.func, k.result));
+    }
+    let loaded = (|| {
+        let load = MODULE_LOAD_DATA.get()?;
+        let get = MODULE_GET_FUNCTION.get()?;
+        let global = MODULE_GET_GLOBAL.get()?;
+        let mut module: *mut c_void = std::ptr::null_mut();
+        if unsafe { load(&mut module, release::PTX.as_ptr().cast()) } != CUDA_SUCCESS {
+            return None;
+        }
+        let mut func: CUfunction = std::ptr::null_mut();
+        if unsafe { get(&mut func, module, c"isolate_verify".as_ptr()) } != CUDA_SUCCESS {
+            return None;
+        }
+        // The result buffer is the module's own global: no allocation call of ours in a hook.
+        let (mut result, mut bytes): (CUdeviceptr, usize) = (0, 0);
+        if unsafe { global(&mut result, &mut bytes, module, c"isolate_result".as_ptr()) }
+            != CUDA_SUCCESS
+            || bytes < BATCH * 16
+        {
+            return None;
+        }
+        Some(Kernel { func, result })
+    })();
+    let r = loaded.as_ref().map(|k| (k.func, k.result));
+    g.push((ctx, loaded));
+    r
+}
+
+/// (first changed offset, changed bytes) of each entry, counted by kernels on the device: all
+/// launched, then one copy back.
+pub(super) fn verify_batch_on_device(entries: &[&Entry], byte: u8) -> Option<Vec<(u64, u64)>> {
+    let (func, result) = kernel_for_current()?;
+    real::LAUNCH_KERNEL.get()?;
+    let htod = MEMCPY_HTOD.get()?;
+    let dtoh = MEMCPY_DTOH.get()?;
+    let n = entries.len().min(BATCH);
+    let init: Vec<u64> = (0..n).flat_map(|_| [0u64, u64::MAX]).collect();
+    if unsafe { htod(result, init.as_ptr().cast(), n * 16) } != CUDA_SUCCESS {
+        return None;
+    }
+    for (i, e) in entries[..n].iter().enumerate() {
+        let mut p = e.ptr;
+        let mut len = e.size;
+        let mut pat = u32::from_ne_bytes([byte; 4]);
+        let mut out = result + (i as u64) * 16;
+        let mut params: [*mut c_void; 4] = [
+            (&mut p as *mut u64).cast(),
+            (&mut len as *mut u64).cast(),
+            (&mut pat as *mut u32).cast(),
+            (&mut out as *mut u64).cast(),
+        ];
+        let blocks = (e.size / 4).div_ceil(256).clamp(1, 132 * 8) as u32;
+        let r = unsafe {
+            release::launch_kernel(func, (blocks, 1), std::ptr::null_mut(), &mut params)?
+        };
+        if r != CUDA_SUCCESS {
+            return None;
+        }
+    }
+    let mut res = vec![0u64; n * 2];
+    if unsafe { dtoh(res.as_mut_ptr().cast(), result, n * 16) } != CUDA_SUCCESS {
+        return None;
+    }
+    Some(
+        (0..n)
+            .map(|i| (if res[2 * i] == 0 { 0 } else { res[2 * i + 1] }, res[2 * i]))
+            .collect(),
+    )
+}
+
+/// The same count with large copies to the host (the path when no kernel can be loaded).
+pub(super) fn verify_on_host(ptr: u64, size: u64, byte: u8) -> Option<(u64, u64)> {
+    let dtoh = MEMCPY_DTOH.get()?;
+    const CHUNK: u64 = 16 << 20;
+    let mut buf = vec![0u8; CHUNK.min(size) as usize];
+    let (mut first, mut changed) = (u64::MAX, 0u64);
+    let mut off = 0;
+    while off < size {
+        let n = CHUNK.min(size - off) as usize;
+        if unsafe { dtoh(buf.as_mut_ptr().cast(), ptr + off, n) } != CUDA_SUCCESS {
+            return None;
+        }
+        for (i, &b) in buf[..n].iter().enumerate() {
+            if b != byte {
+                changed += 1;
+                first = first.min(off + i as u64);
+            }
+        }
+        off += n as u64;
+    }
+    Some((if changed == 0 { 0 } else { first }, changed))
+}
