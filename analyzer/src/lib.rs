@@ -12,7 +12,8 @@
 //! few fixed windows (the last frees remembered, the reordering window, capped lists), not by the
 //! length of the trace or the number of allocations; the aliasing graph streams its nodes, edges
 //! and findings out as it goes. Byte totals saturate at `u64::MAX` rather than wrap. The
-//! `isolate` binary is a thin layer over this crate.
+//! `isolate` binary is a thin layer over this crate; `isolate run`'s process supervision
+//! (signals, the command's descendants) is the `isolate-run` crate, which only the binary uses.
 //!
 //! ```
 //! use isolate_trace::{Api, Encoder, Event, Header, Record};
@@ -38,7 +39,6 @@ pub mod graph;
 pub mod order;
 pub mod regions;
 pub mod report;
-pub mod run;
 pub mod sites;
 mod source;
 pub mod stacks;

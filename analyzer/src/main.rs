@@ -7,8 +7,9 @@
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use isolate_analyzer::{
-    self as ia, Progress, check, diff, export, graph, report, run, sites, summary, util, who,
+    self as ia, Progress, check, diff, export, graph, report, sites, summary, util, who,
 };
+use isolate_run as run;
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
