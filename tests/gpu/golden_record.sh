@@ -43,6 +43,6 @@ rec stale_isolate "ISOLATE_MODE=isolate ISOLATE_CHECK_LAUNCH=on" "$PY" bug_stale
 rec stale_guard "ISOLATE_MODE=isolate ISOLATE_GUARD=on" "$PY" bug_stale_write.py --writer cupy
 rec probe_isolate "ISOLATE_MODE=isolate" "$work/host_round2" probe
 rec end-term_isolate "ISOLATE_MODE=isolate" "$work/host_round2" end-term
-rec mlp-log_no-caching "ISOLATE_MODE=log PYTORCH_NO_CUDA_MEMORY_CACHING=1" "$PY" train_mlp.py --steps 5
+rec mlp-log_no-caching "ISOLATE_MODE=log PYTORCH_NO_CUDA_MEMORY_CACHING=1" "$PY" train_mlp.py --steps 8 --warmup 2
 rm -rf "$work"
 ls -l "$dir"
