@@ -78,11 +78,12 @@ def damage(label, b, kinds):
             x[0] ^= 0x20
             what = "magic changed: not a trace"
         elif kind == "newer-version":
-            x[8] = 2
-            what = "format version 2: newer than the reader"
+            # Far above any version a reader knows (a reader of version 2, then 3, ...).
+            x[8] = 0xFF
+            what = "format version 255: newer than the reader"
         elif kind == "bad-variant":
             x[payload] = 0x09
-            what = "a record with variant 9 (unknown)"
+            what = "a record's variant changed to 9 (Module, of version 2), which its bytes are not: undecodable"
         elif kind == "huge-length":
             x[mid[0] : payload] = b"\xff\xff\xff\xff\x0f"
             what = "a frame length of 4 GiB - 1"

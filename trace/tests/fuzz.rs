@@ -923,10 +923,10 @@ fn frames_near_the_size_limit() {
     }
 }
 
-/// KNOWN BUG (ignored until fixed): docs/trace-format.md says a frame may be up to
-/// 1,048,576 bytes, and `Encoder` writes such frames, but both readers refuse a Note frame of
-/// more than 1,048,532 bytes with `undecodable record: LimitExceeded` (bincode's limit also
-/// counts more than the frame's bytes).
+/// A frame of exactly `MAX_FRAME` (1,048,576) bytes, the most docs/trace-format.md allows and
+/// `Encoder` writes, reads back as the record it holds. (Regression test, commit 9867ea3: both
+/// readers refused a Note frame of more than 1,048,532 bytes with `undecodable record:
+/// LimitExceeded`, because bincode's limit counts more than the frame's bytes.)
 #[test]
 fn a_frame_of_exactly_max_frame_bytes_reads() {
     let (bytes, _, rec) = one_note(MAX_FRAME as usize);
@@ -934,10 +934,10 @@ fn a_frame_of_exactly_max_frame_bytes_reads() {
     assert_eq!(r.next_record().map_err(|e| e.to_string()), Ok(Some(rec)));
 }
 
-/// KNOWN BUG (ignored until fixed): after `next_record` returned an error for a frame's length
-/// prefix (too long, empty, a prefix of more than 5 bytes), `Reader` goes on reading right after
-/// the prefix, inside the bad frame, and can return records from there; `FastReader` (and
-/// `Reader` after an undecodable payload) stays at the end.
+/// After `next_record` returned an error for a frame's length prefix (here one too long),
+/// `Reader` stays at the end, as `FastReader` does: the next call is `Ok(None)`, not a record
+/// read from inside the bad frame. (Regression test, commit 9867ea3: `Reader` went on reading
+/// right after the prefix and could return records from there.)
 #[test]
 fn reader_stays_done_after_a_bad_length() {
     let mut bytes = Vec::new();
