@@ -148,6 +148,12 @@ pub enum Out {
 impl Out {
     /// The address the call wrote, 0 for a null out-pointer.
     pub fn read(self) -> u64 {
+        // SAFETY: an `Out` is only made by the hooks from the out-parameter the application passed
+        // to the allocation call (base::real's declarations give each its C type), and is read
+        // right after that call returned, within the hook, while the caller's pointer is live. The
+        // CUDA API requires a non-null out-parameter to point to writable memory for one value of
+        // that type, so each non-null pointer read here is valid and aligned for its variant; null
+        // is checked first.
         unsafe {
             match self {
                 Out::Device(p) if !p.is_null() => *p,
@@ -160,6 +166,9 @@ impl Out {
 
     /// Writes the address (guard mode makes the allocation itself).
     pub fn write(self, ptr: u64) {
+        // SAFETY: as in `read`: the caller's out-parameter, checked non-null, valid and aligned for
+        // one value of its type for as long as the hook runs, which is when guard mode writes it
+        // (in place of the real call, which would have written the same place).
         unsafe {
             match self {
                 Out::Device(p) if !p.is_null() => *p = ptr,

@@ -116,11 +116,19 @@ pub struct Import<'a> {
 /// The objects loaded now, in the loader's order.
 pub fn loaded() -> Vec<Object> {
     unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
+        // SAFETY: `data` is the `&mut out` that `loaded` passed to dl_iterate_phdr below, which
+        // calls this callback synchronously, one object at a time, while `out` is alive and not
+        // otherwise borrowed.
         let out = unsafe { &mut *(data as *mut Vec<Object>) };
+        // SAFETY: glibc passes a pointer to a `dl_phdr_info` valid for the duration of the
+        // callback; the reference does not outlive it (only copied fields and an owned name are
+        // kept).
         let info = unsafe { &*info };
         let name = if info.dlpi_name.is_null() {
             CString::default()
         } else {
+            // SAFETY: a non-null `dlpi_name` is the loader's NUL-terminated name of the object,
+            // alive while the callback runs; it is copied (`to_owned`) before returning.
             unsafe { CStr::from_ptr(info.dlpi_name) }.to_owned()
         };
         out.push(Object {
@@ -132,11 +140,14 @@ pub fn loaded() -> Vec<Object> {
         0
     }
     let mut out: Vec<Object> = Vec::new();
+    // SAFETY: `each` has the callback's C signature and only reads what glibc passes it; `data` is
+    // `&mut out`, a live Vec<Object>, which is what `each` casts it back to.
     unsafe { libc::dl_iterate_phdr(Some(each), &mut out as *mut _ as *mut c_void) };
     out
 }
 
 fn page_size() -> usize {
+    // SAFETY: sysconf takes an integer and reads no memory of ours; a failure (-1) is handled.
     match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
         n if n > 0 => n as usize,
         _ => 4096,
@@ -419,6 +430,10 @@ impl Object {
         }
         let first = (slot & !(page - 1)) as *mut c_void;
         if in_relro
+            // SAFETY: `first` is the page-aligned start of the page holding `slot`, which the
+            // checks above put inside this object's PT_GNU_RELRO segment, mapped since the object
+            // was loaded; making a page of it writable changes no value, and only the thread
+            // calling this writes it.
             && unsafe { libc::mprotect(first, page, libc::PROT_READ | libc::PROT_WRITE) } != 0
         {
             return Err(format!("mprotect: {}", std::io::Error::last_os_error()));
@@ -426,6 +441,7 @@ impl Object {
         // SAFETY: an aligned, writable word of a loaded object: one store, atomic to any thread
         // that calls through the slot meanwhile.
         unsafe { AtomicUsize::from_ptr(slot as *mut usize) }.store(value, Ordering::Release);
+        // SAFETY: the same page made writable above, back to read-only as glibc left it.
         if in_relro && unsafe { libc::mprotect(first, page, libc::PROT_READ) } != 0 {
             return Err(format!(
                 "mprotect back to read-only: {}",

@@ -18,6 +18,8 @@ pub static REAL_DLOPEN: AtomicUsize = AtomicUsize::new(0);
 
 pub fn real_dlopen() -> Option<DlopenFn> {
     let p = libc_versioned(&REAL_DLOPEN, c"dlopen")?;
+    // SAFETY: `p` is non-zero and was returned by dlvsym for libc's `dlopen`, whose C signature is
+    // `DlopenFn`'s; a usize and a function pointer have the same size.
     Some(unsafe { std::mem::transmute::<usize, DlopenFn>(p) })
 }
 
@@ -41,8 +43,12 @@ struct Serinfo {
 /// The loaded object `addr` lies in (its `link_map`, which glibc takes as a handle), or the
 /// executable's when it lies in none: glibc's `dlopen` does the same with its caller.
 fn object_of(addr: *const c_void, real: DlopenFn) -> *mut c_void {
+    // SAFETY: Dl_info is a C struct of pointers, for which all-zero (null) is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     let mut map: *mut c_void = std::ptr::null_mut();
+    // SAFETY: dladdr1 only reads `addr` as a number (any value is allowed: it answers 0 when no
+    // object holds it) and writes `info` and, with RTLD_DL_LINKMAP, one pointer into `map`; both
+    // are live locals of the right types.
     let found = unsafe {
         libc::dladdr1(
             addr,
@@ -55,8 +61,11 @@ fn object_of(addr: *const c_void, real: DlopenFn) -> *mut c_void {
         return map;
     }
     // The executable's handle; opening it again only takes a reference.
+    // SAFETY: `real` is glibc's dlopen; a null file name means the main program, and RTLD_NOLOAD
+    // only takes a reference to what is loaded already.
     let main = unsafe { real(std::ptr::null(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
     if main.is_null() {
+        // SAFETY: as above: dlopen(NULL) returns the main program's handle, which always exists.
         unsafe { real(std::ptr::null(), libc::RTLD_LAZY) }
     } else {
         main
@@ -68,6 +77,9 @@ fn object_of(addr: *const c_void, real: DlopenFn) -> *mut c_void {
 /// directories is not among them).
 fn search_dirs(object: *mut c_void) -> Vec<Vec<u8>> {
     let mut head = Serinfo { size: 0, cnt: 0 };
+    // SAFETY: `object` is a link_map from dladdr1 or a handle from dlopen (object_of), both valid
+    // dlinfo handles while the object stays loaded; RTLD_DI_SERINFOSIZE writes a Dl_serinfo head
+    // (size and count), which is what `head` is (#[repr(C)], same layout).
     if unsafe {
         libc::dlinfo(
             object,
@@ -82,22 +94,36 @@ fn search_dirs(object: *mut c_void) -> Vec<Vec<u8>> {
     // Room for `size` bytes, aligned for the pointers in it.
     let mut buf = vec![0u64; head.size.div_ceil(8)];
     let info = buf.as_mut_ptr() as *mut Serinfo;
+    // SAFETY: `buf` holds at least `head.size` >= size_of::<Serinfo>() bytes, aligned to 8, so
+    // `info` is valid and aligned for one Serinfo write.
     unsafe {
         info.write(Serinfo {
             size: head.size,
             cnt: head.cnt,
         })
     };
+    // SAFETY: glibc's contract for RTLD_DI_SERINFO: the buffer is the `size` bytes that
+    // RTLD_DI_SERINFOSIZE asked for, with `dls_size` and `dls_cnt` filled in, which `buf` and the
+    // write above are; the handle is valid as in the call above.
     if unsafe { libc::dlinfo(object, libc::RTLD_DI_SERINFO, info as *mut c_void) } != 0 {
         return Vec::new();
     }
+    // SAFETY: `info` points into `buf`, initialised by the write and the dlinfo call above.
     let cnt = unsafe { (*info).cnt } as usize;
     // `dls_serpath` follows `dls_cnt`, aligned as a pointer.
     let paths =
+        // SAFETY: the head's size is within `buf` (head.size >= size_of::<Serinfo>()), so the
+        // offset stays inside the same allocation.
         unsafe { (info as *const u8).add(std::mem::size_of::<Serinfo>()) } as *const Serpath;
     (0..cnt)
         .filter_map(|i| {
+            // SAFETY: glibc wrote `cnt` Dl_serpath entries right after the head, inside the `size`
+            // bytes of `buf` it asked for, so entry `i` < `cnt` is inside `buf`, initialised and
+            // aligned.
             let name = unsafe { (*paths.add(i)).name };
+            // SAFETY: a non-null `dls_name` points to a NUL-terminated string that glibc wrote into
+            // the same buffer (after the entries), alive while `buf` is; it is copied out before
+            // `buf` goes.
             (!name.is_null()).then(|| unsafe { CStr::from_ptr(name) }.to_bytes().to_vec())
         })
         .collect()
@@ -106,6 +132,8 @@ fn search_dirs(object: *mut c_void) -> Vec<Vec<u8>> {
 /// The directory `$ORIGIN` stands for in `object`'s names.
 fn origin(object: *mut c_void) -> Option<Vec<u8>> {
     let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: RTLD_DI_ORIGIN copies the object's origin directory, NUL-terminated, into the buffer,
+    // which must hold PATH_MAX bytes: `buf` holds PATH_MAX + 1; `object` is valid as above.
     if unsafe {
         libc::dlinfo(
             object,
@@ -148,7 +176,9 @@ fn is_file(path: &[u8]) -> bool {
     let Ok(c) = CString::new(path) else {
         return false;
     };
+    // SAFETY: `stat` is a C struct of integers, for which all-zero is a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a live NUL-terminated CString and `st` a live stat for the call to fill.
     unsafe { libc::stat(c.as_ptr(), &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG }
 }
 
@@ -180,8 +210,12 @@ pub fn as_caller_would(file: &CStr, caller: *const c_void) -> Option<CString> {
         let expanded = expand_origin(name, &origin);
         return (expanded != name).then(|| CString::new(expanded).ok())?;
     }
+    // SAFETY: `real` is glibc's dlopen and `file` the caller's NUL-terminated name (a &CStr);
+    // RTLD_NOLOAD loads nothing, it only takes a reference to an object already loaded.
     let loaded = unsafe { real(file.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
     if !loaded.is_null() {
+        // SAFETY: `loaded` is the non-null handle just returned: this gives back the reference that
+        // RTLD_NOLOAD took, so the object stays loaded as before.
         unsafe { libc::dlclose(loaded) };
         return None;
     }

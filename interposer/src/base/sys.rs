@@ -16,6 +16,7 @@ pub fn now_ns() -> u64 {
         tv_sec: 0,
         tv_nsec: 0,
     };
+    // SAFETY: `ts` is a live, writable timespec; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -27,6 +28,7 @@ pub fn nap(ns: u64) {
         tv_sec: 0,
         tv_nsec: ns.min(999_999_999) as libc::c_long,
     };
+    // SAFETY: `ts` is a live timespec with tv_nsec below 1e9; the remainder pointer may be null.
     unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
 }
 
@@ -48,6 +50,7 @@ pub fn gettid() -> u32 {
     if t != 0 {
         return t;
     }
+    // SAFETY: gettid takes no argument, touches no memory and cannot fail.
     let t = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
     let _ = TID.try_with(|c| c.set(t));
     t
@@ -61,6 +64,8 @@ pub fn forget_tid() {
 /// One line on stderr, prefixed, written with a single `write(2)`.
 pub fn warn(msg: &str) {
     let line = format!("isolate: {msg}\n");
+    // SAFETY: `line` is a live String: pointer and length describe its bytes for the whole call,
+    // which only reads them (a closed or full fd 2 just makes it fail, ignored).
     unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
 }
 
@@ -75,6 +80,7 @@ pub struct ForkLock<T> {
 
 // SAFETY: the value is only reached through a guard, which the word makes exclusive.
 unsafe impl<T: Send> Sync for ForkLock<T> {}
+// SAFETY: a ForkLock owns its T and an atomic word: sending it sends the T, allowed as T: Send.
 unsafe impl<T: Send> Send for ForkLock<T> {}
 
 pub struct ForkLockGuard<'a, T> {
@@ -106,6 +112,10 @@ impl<T> ForkLock<T> {
                 if self.word.swap(2, Acquire) == 0 {
                     break;
                 }
+                // SAFETY: FUTEX_WAIT reads the word at `as_ptr()`, the AtomicU32 inside `self`,
+                // alive for this borrow, and sleeps only while it still holds 2; no timeout (null)
+                // and no other memory. A spurious wake-up or EINTR returns to the loop, which
+                // retakes the lock properly.
                 unsafe {
                     libc::syscall(
                         libc::SYS_futex,
@@ -132,6 +142,12 @@ impl<T> ForkLock<T> {
     /// In a `fork()` child only: the lock is free and holds `value`; the old value is left as
     /// it was (a thread of the parent may have been changing it), never dropped.
     pub fn reset_in_child(&self, value: T) {
+        // SAFETY: only called in a fork child, from the pthread_atfork child handlers (life::
+        // child_after_fork and what it calls), before the child runs anything else: only the
+        // forking thread exists, and it holds no guard of this lock there (no code of ours forks
+        // while holding one). So nothing else reads or writes the value now; the pointer is the
+        // UnsafeCell's, valid and aligned; the old value is overwritten without being dropped (a
+        // leak, never a double drop).
         unsafe { std::ptr::write(self.value.get(), value) };
         self.word.store(0, std::sync::atomic::Ordering::Release);
     }
@@ -140,12 +156,17 @@ impl<T> ForkLock<T> {
 impl<T> std::ops::Deref for ForkLockGuard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
+        // SAFETY: a guard exists only between a `lock`/`try_lock` that moved the word from 0 to
+        // held (Acquire) and its drop, so this guard is the only one; the reference lives no longer
+        // than `&self`, the guard's borrow.
         unsafe { &*self.lock.value.get() }
     }
 }
 
 impl<T> std::ops::DerefMut for ForkLockGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as in `deref`: this guard alone holds the lock, and `&mut self` means no other
+        // reference through it is alive.
         unsafe { &mut *self.lock.value.get() }
     }
 }
@@ -154,6 +175,8 @@ impl<T> Drop for ForkLockGuard<'_, T> {
     fn drop(&mut self) {
         use std::sync::atomic::Ordering::*;
         if self.lock.word.swap(0, Release) == 2 {
+            // SAFETY: FUTEX_WAKE at the AtomicU32 inside the lock, alive for the guard's borrow: it
+            // wakes at most one waiter and touches no other memory.
             unsafe {
                 libc::syscall(
                     libc::SYS_futex,

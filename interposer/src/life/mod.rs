@@ -9,6 +9,9 @@
 //! memory without the fork handlers running) has another pid and shares that state: whatever it
 //! does on its way out (`_exit`, `exec`) leaves the state alone.
 
+// Every unsafe block in this layer says why it is sound (issue 29, item 5).
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod signals;
 
 use crate::base::{config, resolve, sys};
@@ -22,6 +25,7 @@ use std::time::Duration;
 /// settings, registers the fork handlers, and notices a late load.
 #[ctor::ctor]
 unsafe fn init() {
+    // SAFETY: getpid takes nothing, touches no memory and cannot fail.
     OWNER.store(unsafe { libc::getpid() } as u32, Release);
     if resolve::another_copy_first() {
         config::stand_down();
@@ -39,6 +43,8 @@ unsafe fn init() {
         crate::policy::before_main();
     }
     writer::on_start(trace_started);
+    // SAFETY: `child_after_fork` is an `extern "C" fn()`, the handler's signature, and lives as
+    // long as this library (which is never unloaded: it is preloaded); no other handler is given.
     unsafe { libc::pthread_atfork(None, None, Some(child_after_fork)) };
 }
 
@@ -49,6 +55,7 @@ static OWNER: AtomicU32 = AtomicU32::new(0);
 /// the parent's memory.
 pub fn owns_state() -> bool {
     let owner = OWNER.load(Acquire);
+    // SAFETY: getpid takes nothing, touches no memory and cannot fail.
     owner == 0 || owner == unsafe { libc::getpid() } as u32
 }
 
@@ -76,6 +83,8 @@ pub fn loaded_late() -> bool {
 /// loaded already (`RTLD_NOLOAD`: this never loads it), and only `cuCtxGetCurrent`, which
 /// answers `CUDA_ERROR_NOT_INITIALIZED` before `cuInit` and changes nothing.
 fn cuda_in_use() -> bool {
+    // SAFETY: a NUL-terminated literal name; RTLD_NOLOAD never loads the driver, it only takes a
+    // reference when it is loaded already.
     let h = unsafe {
         libc::dlopen(
             c"libcuda.so.1".as_ptr(),
@@ -92,9 +101,13 @@ fn cuda_in_use() -> bool {
         // SAFETY: the driver's cuCtxGetCurrent has this signature.
         let get: CtxGetCurrent = unsafe { std::mem::transmute(f) };
         let mut ctx: crate::base::cuda::CUcontext = std::ptr::null_mut();
+        // SAFETY: `get` is the driver's cuCtxGetCurrent (transmuted above), whose one argument is a
+        // `CUcontext *` it writes: `ctx` is a live local of that type.
         let r = unsafe { get(&mut ctx) };
         r != crate::base::cuda::CUDA_ERROR_NOT_INITIALIZED
     };
+    // SAFETY: `h` is the non-null handle opened with RTLD_NOLOAD above: this drops that reference
+    // only (the driver stays loaded), and `get` is not called after it.
     unsafe { libc::dlclose(h) };
     in_use
 }
@@ -147,12 +160,15 @@ pub fn before_exit() {
         Ok(_) => {}
         Err(t) if t == me => {}
         Err(_) => loop {
+            // SAFETY: pause takes nothing and touches no memory; it returns after a handled signal,
+            // and the loop pauses again.
             unsafe { libc::pause() };
         },
     }
 }
 
 extern "C" fn child_after_fork() {
+    // SAFETY: getpid takes nothing, touches no memory and cannot fail.
     OWNER.store(unsafe { libc::getpid() } as u32, Release);
     EXITING.store(0, Release);
     sys::forget_tid();

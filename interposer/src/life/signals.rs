@@ -53,6 +53,8 @@ struct Saved(UnsafeCell<[libc::sigaction; NSIG]>);
 // SAFETY: written only by `install` before the wrapper for that signal is installed (the
 // `INSTALLED` flag lets one thread in), read only afterwards.
 unsafe impl Sync for Saved {}
+// SAFETY: an array of `sigaction`, a C struct of integers, masks and a handler address, for
+// which all-zero (SIG_DFL, no flags, empty mask) is a valid value.
 static OLD: Saved = Saved(UnsafeCell::new(unsafe { std::mem::zeroed() }));
 
 /// Per signal: 0 not ours, 1 ours (the program's action in `OLD`), 2 ours, one-shot already
@@ -75,6 +77,11 @@ pub fn install() {
         return;
     }
     for &sig in FATAL {
+        // SAFETY: `prev`, `act` are live local sigactions (all-zero is a valid value of the C
+        // struct) and `sigaction` only reads `act` and writes `prev`. The write to `OLD` is the one
+        // `Saved` allows: `INSTALLED` let one thread in, and it writes entry `sig` (< NSIG) before
+        // `STATE[sig]` says ours and before our handler, the only reader, is installed for `sig`.
+        // `on_signal` has the SA_SIGINFO handler's C signature, which the flags say.
         unsafe {
             let mut prev: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(sig, std::ptr::null(), &mut prev) != 0 {
@@ -103,6 +110,8 @@ pub fn install() {
 }
 
 extern "C" fn on_signal(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: __errno_location returns this thread's errno, valid for the thread's life; reading
+    // an int from it is async-signal-safe.
     let errno = unsafe { *libc::__errno_location() };
     let prev = old(sig);
     let mut state = STATE[sig as usize].load(Acquire);
@@ -119,6 +128,11 @@ extern "C" fn on_signal(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
             writer::flush(None, Duration::from_secs(2));
         }
         let f = prev.sa_sigaction;
+        // SAFETY: `f` is the program's handler for `sig`, as sigaction gave it to `install`, and
+        // `state == 1` says it is neither SIG_DFL nor SIG_IGN (install skipped those) but a
+        // function. Its flags say which of the two C signatures it was installed with, and it is
+        // called with that one and the `info`/`ctx` the kernel gave us, as the kernel would have
+        // called it.
         unsafe {
             if prev.sa_flags as usize & SA_SIGINFO != 0 {
                 let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
@@ -133,6 +147,7 @@ extern "C" fn on_signal(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
             writer::flush(Some(EndReason::Signal(sig)), Duration::from_secs(2));
         }
     }
+    // SAFETY: this thread's errno (see above), put back as it was when the signal came.
     unsafe { *libc::__errno_location() = errno };
 }
 
@@ -141,6 +156,9 @@ extern "C" fn on_signal(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
 /// kills, as the handler returns (a fault's instruction is never run again).
 fn dies(sig: i32) {
     writer::flush(Some(EndReason::Signal(sig)), Duration::from_secs(2));
+    // SAFETY: `act` and `set` are live locals (all-zero is valid for both C structs); sigaction,
+    // sigemptyset, sigaddset, pthread_sigmask only read and write them. tgkill names this process
+    // and this thread (getpid, gettid), so the signal goes to the thread that is handling it.
     unsafe {
         let mut act: libc::sigaction = std::mem::zeroed();
         act.sa_sigaction = libc::SIG_DFL;
@@ -164,6 +182,9 @@ fn dies(sig: i32) {
 /// the handler set the default action back and the signal is pending again (raised by the
 /// handler) or is a fault that the returning instruction raises again.
 fn comes_back_to_kill(sig: i32, info: *mut libc::siginfo_t) -> bool {
+    // SAFETY: `cur` and `pending` are live locals (all-zero is valid); the calls only fill them
+    // or read them. `info` is the kernel's siginfo for this delivery (checked non-null), alive for
+    // the whole handler, which is still running.
     unsafe {
         let mut cur: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(sig, std::ptr::null(), &mut cur) != 0

@@ -30,6 +30,9 @@ pub fn current_device() -> i32 {
     };
     super::profile::timed(super::profile::Part::Context, || {
         let mut d: CUdevice = -1;
+        // SAFETY: `f` is the driver's cuCtxGetDevice, resolved with that declaration by base::real;
+        // its one argument is a `CUdevice *` it writes, and `d` is a live local of that type. The
+        // call reads only the calling thread's current context.
         if unsafe { f(&mut d) } == CUDA_SUCCESS {
             d
         } else {

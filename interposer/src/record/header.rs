@@ -45,6 +45,8 @@ pub fn header(cfg: &Config) -> Header {
         argv.push(a);
     }
     let mut host = [0u8; 256];
+    // SAFETY: the buffer is valid for its length minus the byte kept for the terminator (a name
+    // that fills it is cut, still terminated by that last zero byte).
     unsafe { libc::gethostname(host.as_mut_ptr().cast(), host.len() - 1) };
     let hostname = String::from_utf8_lossy(&host[..host.iter().position(|&b| b == 0).unwrap_or(0)])
         .into_owned();
@@ -52,9 +54,11 @@ pub fn header(cfg: &Config) -> Header {
         tv_sec: 0,
         tv_nsec: 0,
     };
+    // SAFETY: `wall` is a live, writable timespec; CLOCK_REALTIME always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut wall) };
     Header {
         pid: std::process::id(),
+        // SAFETY: getppid takes nothing, touches no memory and cannot fail.
         ppid: unsafe { libc::getppid() } as u32,
         exe,
         argv,

@@ -2,6 +2,9 @@
 //! thread, events (sequence numbers, timing) handed to it, and running counters over what it
 //! was handed (tally), call stacks (stacks). Below the policies: it records what it is given and decides nothing.
 
+// Every unsafe block in this layer says why it is sound (issue 29, item 5).
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod event;
 pub mod header;
 pub mod profile;

@@ -175,8 +175,12 @@ fn start() {
     SESSION.store(session, Release);
     OWNER_PID.store(std::process::id(), Release);
     // The writer starts with every signal blocked, so signal handlers never run on it.
+    // SAFETY: sigset_t is a plain bit array, for which all-zero (the empty set) is valid.
     let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
     let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `all` and `old` are live local sigsets: sigfillset writes `all`, pthread_sigmask
+    // reads it and writes the calling thread's previous mask into `old`.
     unsafe {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
@@ -184,6 +188,7 @@ fn start() {
     let spawned = std::thread::Builder::new()
         .name("isolate-writer".into())
         .spawn(move || writer_main(rx));
+    // SAFETY: `old` holds the mask the call above saved: the calling thread gets it back.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     match spawned {
         Ok(_) => {
@@ -199,13 +204,15 @@ fn start() {
             }
             let on_start = ON_START.load(Acquire);
             if !on_start.is_null() {
-                // SAFETY: only `on_start` stores here, and it stores a `fn()`.
+                // SAFETY: only `on_start` stores to ON_START, and it stores a `fn(Started)`
+                // (non-null: checked), a pointer of the same size as the one read back.
                 let f: fn(Started) = unsafe { std::mem::transmute(on_start) };
                 f(Started::Before);
             }
             // The writer may have closed already (trace file could not be created): keep that.
             let _ = STATE.compare_exchange(STARTING, RUNNING, AcqRel, Acquire);
             if !on_start.is_null() {
+                // SAFETY: as above.
                 let f: fn(Started) = unsafe { std::mem::transmute(on_start) };
                 f(Started::After); // what it submits is first in the queue
             }
@@ -308,13 +315,18 @@ struct Out {
 
 /// The identity of the file open at `fd`.
 fn identity(fd: i32) -> Option<(u64, u64)> {
+    // SAFETY: `stat` is a C struct of integers, for which all-zero is a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat takes any integer (EBADF for one that is not open) and writes only `st`, a
+    // live local.
     (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
 /// The identity of the file at `path` itself (a symbolic link there is not followed).
 fn identity_at(path: &std::ffi::CStr) -> Option<(u64, u64)> {
+    // SAFETY: `stat` is a C struct of integers, for which all-zero is a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated (&CStr), `st` a live local for lstat to fill.
     (unsafe { libc::lstat(path.as_ptr(), &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
@@ -326,6 +338,7 @@ fn identity_at(path: &std::ffi::CStr) -> Option<(u64, u64)> {
 fn open_high(path: &std::ffi::CStr, flags: i32) -> std::io::Result<(i32, (u64, u64))> {
     let mut flags = flags;
     for _ in 0..8 {
+        // SAFETY: `path` is NUL-terminated (&CStr); the mode argument is given, as O_CREAT needs.
         let fd = unsafe { libc::open(path.as_ptr(), flags, 0o600) };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
@@ -334,6 +347,8 @@ fn open_high(path: &std::ffi::CStr, flags: i32) -> std::io::Result<(i32, (u64, u
         let Some(want) = identity_at(path) else {
             break;
         };
+        // SAFETY: F_DUPFD_CLOEXEC takes an integer argument and touches no memory; `fd` was
+        // opened just above (if the program closed it meanwhile the call fails with EBADF).
         let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 1000) };
         if high < 0 {
             // No number that high (a low limit on descriptors): it stays where it is.
@@ -344,10 +359,15 @@ fn open_high(path: &std::ffi::CStr, flags: i32) -> std::io::Result<(i32, (u64, u
         }
         if identity(high) == Some(want) {
             if identity(fd) == Some(want) {
+                // SAFETY: `fd` is the descriptor opened above and still the same file (the identity
+                // check right before): ours to close, never a descriptor of the program's.
                 unsafe { libc::close(fd) };
             }
             return Ok((high, want));
         }
+        // SAFETY: `high` is the duplicate this loop made with F_DUPFD_CLOEXEC, which no one else
+        // knows of, so closing it closes nothing of the program's (the comment says why it is not
+        // ours to keep).
         unsafe { libc::close(high) }; // a copy of the program's file: ours to close
     }
     Err(std::io::Error::other(
@@ -358,6 +378,8 @@ fn open_high(path: &std::ffi::CStr, flags: i32) -> std::io::Result<(i32, (u64, u
 impl Out {
     fn close(&mut self) {
         if !self.failed && identity(self.fd) == Some(self.id) {
+            // SAFETY: only while `self.fd` is still the trace file (its device and inode are the
+            // ones recorded when we opened it): never a descriptor the program reused.
             unsafe { libc::close(self.fd) };
         }
         self.failed = true;
@@ -384,6 +406,9 @@ impl Out {
                 ));
                 return true;
             }
+            // SAFETY: `fd` was just opened by `open_high`, which returned it as ours, but the file
+            // is not the trace (another file at its path): closing our own descriptor to it touches
+            // nothing else.
             Some((fd, _)) => unsafe {
                 libc::close(fd);
             },
@@ -408,6 +433,8 @@ impl Out {
         let mut off = 0;
         let mut reopened = 0;
         while off < self.buf.len() {
+            // SAFETY: pointer and length are those of `self.buf[off..]`, a live slice (off < len),
+            // which `write` only reads; `self.fd` is checked to still be the trace file just above.
             let n = unsafe {
                 libc::write(
                     self.fd,

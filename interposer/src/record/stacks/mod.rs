@@ -427,6 +427,8 @@ mod tests {
         let fed = pcs.iter().take_while(|&&pc| m.native(pc)).count();
         m.python_left();
         let frames = (0..m.n)
+            // SAFETY: `Merge::push` writes `frames[n]` before it increments `n`, and
+            // nothing else changes `n`, so every frame below `m.n` is initialised.
             .map(|i| unsafe { m.frames[i].assume_init() })
             .collect();
         (frames, fed)

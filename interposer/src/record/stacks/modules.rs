@@ -71,11 +71,16 @@ fn generation_now() -> u64 {
         // dlpi_adds and dlpi_subs follow dlpi_phnum; `size` says whether this glibc has them.
         let need = std::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) + 8;
         if size >= need {
+            // SAFETY: `info` is glibc's dl_phdr_info for this callback, valid while it runs, and
+            // `size` (checked just above) says it has the dlpi_adds and dlpi_subs fields; `out` is
+            // the `&mut g` that generation_now passed, a live u64.
             unsafe { *out = (*info).dlpi_adds.wrapping_add((*info).dlpi_subs) };
         }
         1
     }
     let mut g = 0u64;
+    // SAFETY: `first` has the callback's C signature and `data` is `&mut g`, a live u64,
+    // which is what `first` casts it back to; the iteration is synchronous.
     unsafe { libc::dl_iterate_phdr(Some(first), (&mut g as *mut u64).cast()) };
     g
 }
@@ -86,11 +91,14 @@ pub fn current(now: bool) -> Option<&'static Snapshot> {
     let p = CURRENT.load(Acquire);
     let t = now_ns();
     if !p.is_null() && !now && t.saturating_sub(CHECKED_AT.load(Relaxed)) < CHECK_EVERY_NS {
+        // SAFETY: a non-null CURRENT is a Box leaked by `current` below (Release, read here with
+        // Acquire) and never freed, so it is initialised and lives for 'static.
         return Some(unsafe { &*p });
     }
     CHECKED_AT.store(t, Relaxed);
     let g = generation_now();
     if !p.is_null() {
+        // SAFETY: as above: a leaked, never freed Snapshot.
         let s = unsafe { &*p };
         if s.generation == g {
             return Some(s);
@@ -99,6 +107,7 @@ pub fn current(now: bool) -> Option<&'static Snapshot> {
     let _lock = REFRESH.lock();
     let p = CURRENT.load(Acquire);
     if !p.is_null() {
+        // SAFETY: as above: a leaked, never freed Snapshot.
         let s = unsafe { &*p };
         if s.generation == g {
             return Some(s);
@@ -131,13 +140,20 @@ fn build(generation: u64) -> Snapshot {
         _size: usize,
         data: *mut c_void,
     ) -> c_int {
+        // SAFETY: `data` is the `&mut found` that `build` passed to dl_iterate_phdr, which calls
+        // this synchronously while `found` is alive and not otherwise borrowed.
         let out = unsafe { &mut *(data as *mut Vec<Found>) };
+        // SAFETY: glibc's `info` is valid for the duration of the callback, and `read_object`'s
+        // precondition is exactly that: an object the loader describes now, whose program headers
+        // and mapped segments it reads before returning.
         if let Some(f) = unsafe { read_object(&*info) } {
             out.push(f);
         }
         0
     }
     let mut found: Vec<Found> = Vec::new();
+    // SAFETY: `each` has the callback's C signature and `data` is `&mut found`, a live
+    // Vec<Found>, which is what `each` casts it back to; the iteration is synchronous.
     unsafe { libc::dl_iterate_phdr(Some(each), (&mut found as *mut Vec<Found>).cast()) };
     found.sort_by_key(|f| f.start);
     // Overlapping ranges cannot be told apart: keep the first.
@@ -152,6 +168,15 @@ fn build(generation: u64) -> Snapshot {
     for f in found {
         if let (Some(hdr), Some(eh)) = (f.eh_hdr, f.eh_frame) {
             let mem = |(a, b): (u64, u64)| -> &'static [u8] {
+                // SAFETY: each range is inside a PT_LOAD segment's file-backed part or the
+                // PT_GNU_EH_FRAME segment of an object that dl_iterate_phdr reported (read_object),
+                // so it is mapped and readable, and the loader never writes it after relocation
+                // (text and .eh_frame are read-only). It is valid for as long as that object stays
+                // loaded, not for 'static: a snapshot outlives an object that is dlclose'd after it
+                // was built until the next rebuild (the generation is checked every 10 ms, and at
+                // once for an address no object holds), and a walk that uses the old snapshot
+                // meanwhile could read unmapped memory. Programs rarely unload code they are
+                // running; the limit is stated here, not removed.
                 unsafe { std::slice::from_raw_parts(a as *const u8, (b - a) as usize) }
             };
             let svma = |(a, b): (u64, u64)| (a - f.bias)..(b - f.bias);
@@ -186,6 +211,8 @@ fn build(generation: u64) -> Snapshot {
 /// What the program headers of one loaded object say.
 unsafe fn read_object(info: &libc::dl_phdr_info) -> Option<Found> {
     let bias = info.dlpi_addr;
+    // SAFETY: the caller's precondition: `info` describes an object loaded now, and
+    // glibc's `dlpi_phdr` points to its `dlpi_phnum` program headers, mapped with it.
     let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
     let (mut start, mut end) = (u64::MAX, 0u64);
     let mut text = None;
@@ -205,6 +232,9 @@ unsafe fn read_object(info: &libc::dl_phdr_info) -> Option<Found> {
             }
             libc::PT_GNU_EH_FRAME => eh_hdr = Some((a, a + ph.p_memsz)),
             libc::PT_NOTE if build_id.is_empty() => {
+                // SAFETY: the PT_NOTE segment starts at `a` in this loaded object and its first
+                // min(p_filesz, p_memsz) bytes are mapped from the file, which is `gnu_build_id`'s
+                // precondition.
                 build_id = unsafe { gnu_build_id(a, ph.p_filesz.min(ph.p_memsz)) };
             }
             _ => {}
@@ -215,10 +245,14 @@ unsafe fn read_object(info: &libc::dl_phdr_info) -> Option<Found> {
     }
     // .eh_frame: where .eh_frame_hdr points, to the end of the segment that holds it.
     let eh_frame = eh_hdr.and_then(|(h, he)| {
+        // SAFETY: `h`..`he` is the PT_GNU_EH_FRAME segment of this loaded object, mapped with
+        // it, which is `eh_frame_ptr`'s precondition.
         let p = unsafe { eh_frame_ptr(h, he)? };
         let (_, seg_end) = loads.iter().find(|(s, e)| *s <= p && p < *e)?;
         Some((p, *seg_end))
     });
+    // SAFETY: glibc's `dlpi_name` is a NUL-terminated string (empty for the main
+    // program), valid while the object is loaded; it is copied before returning.
     let name = unsafe { CStr::from_ptr(info.dlpi_name) }.to_string_lossy();
     let path = if name.is_empty() {
         std::fs::read_link("/proc/self/exe")
@@ -244,6 +278,8 @@ unsafe fn eh_frame_ptr(h: u64, end: u64) -> Option<u64> {
     if end < h + 8 {
         return None;
     }
+    // SAFETY: the precondition: `h`..`end` is mapped, and `end >= h + 8` was
+    // checked above, so these 4 bytes are inside it.
     let b = unsafe { std::slice::from_raw_parts(h as *const u8, 4) };
     if b[0] != 1 {
         return None;
@@ -251,8 +287,14 @@ unsafe fn eh_frame_ptr(h: u64, end: u64) -> Option<u64> {
     let enc = b[1];
     let at = h + 4;
     let raw: i64 = match enc & 0x0f {
+        // SAFETY: `at` = h + 4 and `end >= h + 8`: 4 bytes inside the mapped segment; unaligned
+        // reads are allowed by `read_unaligned`.
         0x03 => i64::from(unsafe { (at as *const u32).read_unaligned() }),
+        // SAFETY: as for 0x03: 4 bytes at h + 4, inside the segment.
         0x0b => i64::from(unsafe { (at as *const i32).read_unaligned() }),
+        // SAFETY: 8 bytes at h + 4, up to h + 12: inside the segment only when it is that long. A
+        // valid .eh_frame_hdr with an 8-byte eh_frame_ptr is (its table follows), and the segment
+        // lies inside a mapped PT_LOAD page in practice; `end >= h + 8` alone does not prove it.
         0x04 | 0x0c | 0x00 => unsafe { (at as *const i64).read_unaligned() },
         _ => return None,
     };
@@ -270,6 +312,8 @@ unsafe fn gnu_build_id(a: u64, len: u64) -> Vec<u8> {
     let end = a + len;
     let align = |x: u64| (x + 3) & !3;
     while p + 12 <= end {
+        // SAFETY: the loop condition keeps `p + 12 <= end`, and `a`..`end` is the note
+        // segment's mapped part (the precondition): 12 bytes inside it, read unaligned.
         let (namesz, descsz, ty) = unsafe {
             (
                 (p as *const u32).read_unaligned() as u64,
@@ -285,8 +329,11 @@ unsafe fn gnu_build_id(a: u64, len: u64) -> Vec<u8> {
         }
         if ty == 3
             && namesz == 4
+            // SAFETY: `next <= end` was checked above and `name + 4 <= desc <= next` (namesz is 4),
+            // so these bytes are inside the segment.
             && unsafe { std::slice::from_raw_parts(name as *const u8, 4) } == b"GNU\0"
         {
+            // SAFETY: `desc + descsz <= next <= end`, checked above: inside the segment.
             return unsafe { std::slice::from_raw_parts(desc as *const u8, descsz as usize) }
                 .to_vec();
         }

@@ -43,6 +43,8 @@ pub fn cache_stats() -> (u64, u64) {
 #[inline(always)]
 fn registers() -> (u64, u64, u64) {
     let (ip, sp, bp): (u64, u64, u64);
+    // SAFETY: the three instructions only copy rip, rsp and rbp into output registers; they read
+    // and write no memory and no flags (`nomem, nostack, preserves_flags` are true of them).
     unsafe {
         std::arch::asm!(
             "lea {ip}, [rip]",
@@ -97,13 +99,21 @@ fn stack_bounds() -> Option<(u64, u64)> {
     if b.1 != 0 {
         return Some(b);
     }
+    // SAFETY: pthread_attr_t is an opaque C struct of bytes, for which all-zero is a valid
+    // value; pthread_getattr_np initialises it before any other use.
     let mut attr: libc::pthread_attr_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the calling thread's own id, and a live attr for it to initialise (on
+    // failure nothing else is done with it).
     if unsafe { libc::pthread_getattr_np(libc::pthread_self(), &mut attr) } != 0 {
         return None;
     }
     let mut addr: *mut libc::c_void = std::ptr::null_mut();
     let mut size = 0usize;
+    // SAFETY: `attr` was initialised by pthread_getattr_np above; `addr` and `size` are
+    // live locals for it to write.
     let rc = unsafe { libc::pthread_attr_getstack(&attr, &mut addr, &mut size) };
+    // SAFETY: destroys the attr pthread_getattr_np initialised (it may hold an allocated
+    // cpuset), once; it is not used afterwards.
     unsafe { libc::pthread_attr_destroy(&mut attr) };
     if rc != 0 || size == 0 {
         return None;
@@ -131,6 +141,10 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
     let lo = sp;
     let mut read = |addr: u64| -> Result<u64, ()> {
         if addr >= lo && addr.checked_add(8).is_some_and(|e| e <= hi) && addr.is_multiple_of(8) {
+            // SAFETY: the address was just checked to be 8-aligned and within [sp, hi): the calling
+            // thread's own stack from this frame's stack pointer up to its top (pthread's bounds),
+            // which is mapped and not freed while this function runs. Words above sp belong to live
+            // frames of callers of this one; they are read, never written.
             Ok(unsafe { *(addr as *const u64) })
         } else {
             Err(())

@@ -99,6 +99,9 @@ static LOOKED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
 fn get(generation: u64) -> Option<&'static Py> {
     let s = STATE.load(Acquire);
     match s {
+        // SAFETY: STATE becomes CHECKING or ON only after PY holds a Box (the compare_exchange
+        // below, AcqRel, before the state's), and PY is never freed or changed once set, so it is
+        // non-null, initialised and lives for 'static.
         CHECKING | ON => return Some(unsafe { &*PY.load(Acquire) }),
         OFF => return None,
         ABSENT if LOOKED_AT.load(Relaxed) == generation => return None,
@@ -120,10 +123,14 @@ fn get(generation: u64) -> Option<&'static Py> {
             let p = Box::into_raw(Box::new(py));
             match PY.compare_exchange(std::ptr::null_mut(), p, AcqRel, Acquire) {
                 Ok(_) => {}
+                // SAFETY: `p` came from Box::into_raw just above and was not published (the
+                // compare_exchange failed), so this is its only owner.
                 Err(_) => drop(unsafe { Box::from_raw(p) }),
             }
             let _ = STATE.compare_exchange(s, CHECKING, AcqRel, Relaxed);
             let s = STATE.load(Acquire);
+            // SAFETY: as at the top of `get`: PY was set (by us or the winner) before this
+            // state, and is never freed.
             (s == CHECKING || s == ON).then(|| unsafe { &*PY.load(Acquire) })
         }
     }
@@ -225,7 +232,12 @@ fn find() -> Found {
     };
     Found::Yes(Py {
         layout,
+        // SAFETY: `ts` is the non-zero address dlsym gave for PyGILState_GetThisThreadState,
+        // exported by every CPython 3.10 to 3.13 (the versions that reach here) as the C function
+        // `PyThreadState *(void)`; a u64 and a function pointer have the same size.
         this_ts: unsafe { std::mem::transmute::<u64, unsafe extern "C" fn() -> *mut c_void>(ts) },
+        // SAFETY: `a2l` (checked non-zero in `find`) is dlsym's address for PyCode_Addr2Line,
+        // exported as `int (PyCodeObject *, int)` by the same versions.
         addr2line: unsafe {
             std::mem::transmute::<u64, unsafe extern "C" fn(*mut c_void, c_int) -> c_int>(a2l)
         },
@@ -239,6 +251,9 @@ fn find() -> Found {
 fn version() -> (u32, u32) {
     let v = sym(c"Py_Version");
     if v != 0 {
+        // SAFETY: `v` is the non-zero address dlsym gave for Py_Version, a `const unsigned long`
+        // in the loaded libpython (read as its low 32 bits: x86-64 is little-endian), aligned and
+        // mapped while Python is loaded.
         let hex = unsafe { *(v as *const u32) };
         return (hex >> 24, (hex >> 16) & 0xff);
     }
@@ -246,7 +261,11 @@ fn version() -> (u32, u32) {
     if f == 0 {
         return (0, 0);
     }
+    // SAFETY: `f` is the non-zero address dlsym gave for Py_GetVersion, a C function
+    // `const char *(void)`.
     let f = unsafe { std::mem::transmute::<u64, unsafe extern "C" fn() -> *const i8>(f) };
+    // SAFETY: Py_GetVersion takes nothing, needs no GIL, and returns a pointer to a
+    // static NUL-terminated string.
     let s = unsafe { std::ffi::CStr::from_ptr(f()) }.to_string_lossy();
     let mut it = s.split(|c: char| !c.is_ascii_digit());
     let major = it.next().and_then(|x| x.parse().ok()).unwrap_or(0);
@@ -262,7 +281,11 @@ fn debug_offsets() -> Option<Layout> {
     if rt == 0 {
         return None;
     }
+    // SAFETY: `rt` is the address of the exported _PyRuntime, which in 3.13 starts with
+    // _Py_DebugOffsets: u64 words, far more than the 44 read here (i < 44), aligned and mapped
+    // while Python is loaded. The cookie is checked before any word but 0 is trusted.
     let w = |i: u64| unsafe { *((rt + 8 * i) as *const u64) };
+    // SAFETY: the first 8 bytes of _PyRuntime, mapped as above.
     let cookie = unsafe { std::slice::from_raw_parts(rt as *const u8, 8) };
     if cookie != b"xdebugpy" || (w(1) >> 16) != 0x030d || w(2) != 0 {
         return None;
@@ -313,13 +336,20 @@ fn symbol_range(addr: u64) -> (u64, u64) {
     if addr == 0 {
         return (0, 0);
     }
+    // SAFETY: Dl_info is a C struct of pointers, for which all-zero (null) is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     let mut sym: *mut c_void = std::ptr::null_mut();
+    // SAFETY: glibc's dladdr1, declared as glibc does; it only compares `addr`
+    // with the loaded objects and writes `info` and, with RTLD_DL_SYMENT, one pointer into `sym`,
+    // both live locals.
     if unsafe { dladdr1(addr as *const c_void, &mut info, &mut sym, RTLD_DL_SYMENT) } == 0
         || sym.is_null()
     {
         return (0, 0);
     }
+    // SAFETY: checked non-null: with RTLD_DL_SYMENT glibc points `sym` at the symbol's
+    // Elf64_Sym in the object's mapped dynamic symbol table, valid while it is loaded; only
+    // `st_size` is copied out.
     let sym = unsafe { &*(sym as *const libc::Elf64_Sym) };
     (addr, addr + sym.st_size.max(1))
 }
@@ -346,6 +376,12 @@ impl Mem for Direct {
         if addr < 4096 || !addr.is_multiple_of(8) {
             return None;
         }
+        // SAFETY: used only once STATE is ON, after a first walk read the same kinds of addresses
+        // through `Checked` (which fails on unmapped memory instead of faulting) and checked the
+        // layout. The addresses come from the calling thread's own live Python frame chain (its
+        // thread state, frames, code objects and their strings), which cannot change or be freed
+        // while this thread is inside the call being recorded; aligned (checked) and above the null
+        // page. This is a trust in CPython's layout, checked once, not a proof per read.
         Some(unsafe { *(addr as *const u64) })
     }
 }
@@ -366,6 +402,9 @@ impl Mem for Checked {
             iov_base: addr as *mut c_void,
             iov_len: 8,
         };
+        // SAFETY: `local` describes `v`, a live u64 (8 bytes), as the only destination; `remote` is
+        // only read by the kernel, which answers an error (EFAULT) rather than faulting for an
+        // address that is not mapped, so any value of `addr` is sound here.
         let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
         (n == 8).then_some(v)
     }
@@ -426,6 +465,8 @@ fn turn_off(why: &str) {
 
 fn walk(py: &Py, m: &impl Mem, out: &mut [MaybeUninit<Raw>]) -> Result<Walk, String> {
     let l = &py.layout;
+    // SAFETY: PyGILState_GetThisThreadState (see `find`) takes nothing, needs no GIL and
+    // only reads this thread's thread-local state; null when this thread has none.
     let ts = unsafe { (py.this_ts)() } as u64;
     if ts == 0 {
         return Ok(Walk {
@@ -515,6 +556,9 @@ fn walk(py: &Py, m: &impl Mem, out: &mut [MaybeUninit<Raw>]) -> Result<Walk, Str
 /// The line a frame is at (`PyCode_Addr2Line`: pure, no GIL needed).
 pub fn line(generation: u64, r: &Raw) -> u32 {
     match get(generation) {
+        // SAFETY: PyCode_Addr2Line with a code object taken from one of this thread's
+        // live frames in this same capture (mod.rs calls this before the capture returns), so it is
+        // alive; the function only reads the code object's line table and needs no GIL.
         Some(py) => unsafe { (py.addr2line)(r.code as *mut c_void, r.offset) }.max(0) as u32,
         None => 0,
     }
@@ -545,6 +589,10 @@ fn string(py: &Py, obj: u64) -> String {
     }
     let len = len as usize;
     let data = obj + if ascii { l.str_ascii } else { l.str_compact };
+    // SAFETY: `data`..`data + len * width` is the character data of a compact unicode
+    // object whose type (PyUnicode_Type), length (<= 65536) and kind were read at `obj` just
+    // above, from a code object of a live frame of this thread (see `Direct`), so it is inside that
+    // object's allocation; `len` elements of the kind's width, aligned as CPython stores them.
     unsafe {
         match kind {
             1 => std::slice::from_raw_parts(data as *const u8, len)
