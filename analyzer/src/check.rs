@@ -11,81 +11,11 @@
 //! ```
 
 use crate::diff::{Profile, growth};
-use crate::summary::Totals;
+use crate::finding::Kind;
 use crate::util::human_bytes;
 use crate::words;
 use serde::Serialize;
 use std::collections::BTreeSet;
-
-/// What `--error-exitcode` counts (of `isolate run` and `isolate summary`): the findings of a
-/// summary that are bugs of the program. Stale values (guard mode: a freed pointer a kernel got
-/// but never used), memory held at exit and lost allocations are not among them.
-///
-/// ```
-/// use isolate_analyzer::check::Findings;
-/// use isolate_analyzer::summary::Totals;
-/// let t = Totals { poison_violation_count: 1, invalid_free_count: 3, double_free_count: 1, ..Totals::default() };
-/// let f = Findings::of(&t);
-/// assert!(f.any());
-/// assert_eq!(f.describe(), "1 stale write, 2 invalid frees, 1 double free");
-/// assert_eq!(Findings::default().describe(), "no stale writes, stale launches, invalid or double frees or device faults");
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Findings {
-    pub stale_writes: u64,
-    pub stale_launches: u64,
-    /// Invalid frees that are not double frees.
-    pub invalid_frees: u64,
-    pub double_frees: u64,
-    pub device_faults: u64,
-}
-
-impl Findings {
-    /// The findings of a summary (of one trace or several).
-    pub fn of(t: &Totals) -> Findings {
-        Findings {
-            stale_writes: t.poison_violation_count,
-            stale_launches: t.stale_launch_count,
-            invalid_frees: t.invalid_free_count.saturating_sub(t.double_free_count),
-            double_frees: t.double_free_count,
-            device_faults: t.device_fault_count,
-        }
-    }
-
-    /// Adds `o`'s counts.
-    pub fn add(&mut self, o: &Findings) {
-        self.stale_writes = self.stale_writes.saturating_add(o.stale_writes);
-        self.stale_launches = self.stale_launches.saturating_add(o.stale_launches);
-        self.invalid_frees = self.invalid_frees.saturating_add(o.invalid_frees);
-        self.double_frees = self.double_frees.saturating_add(o.double_frees);
-        self.device_faults = self.device_faults.saturating_add(o.device_faults);
-    }
-
-    /// True when there is any.
-    pub fn any(&self) -> bool {
-        *self != Findings::default()
-    }
-
-    /// `1 stale write, 2 double frees`, or what none were found.
-    pub fn describe(&self) -> String {
-        let parts: Vec<String> = [
-            (self.stale_writes, words::STALE_WRITE),
-            (self.stale_launches, words::STALE_LAUNCH),
-            (self.invalid_frees, words::INVALID_FREE),
-            (self.double_frees, words::DOUBLE_FREE),
-            (self.device_faults, words::DEVICE_FAULT),
-        ]
-        .iter()
-        .filter(|(n, _)| *n > 0)
-        .map(|(n, w)| words::plural(*n, w))
-        .collect();
-        if parts.is_empty() {
-            "no stale writes, stale launches, invalid or double frees or device faults".to_owned()
-        } else {
-            parts.join(", ")
-        }
-    }
-}
 
 /// The budget. Growth limits are fractions of the baseline (0.05 = 5%).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -97,7 +27,9 @@ pub struct Thresholds {
     /// No leak (an allocation never freed, named by API, size and ordinal) that the baseline
     /// does not have.
     pub no_new_leaks: bool,
-    /// No stale write, stale launch, invalid free or true alias at all.
+    /// No finding that counts ([`crate::finding`]'s rule: stale writes, stale launches,
+    /// invalid and double frees, device faults) and no true alias (a graph anomaly: two live
+    /// mappings of the same physical memory) at all.
     pub no_violations: bool,
     /// No API may fail more often than in the baseline.
     pub no_failures: bool,
@@ -214,16 +146,13 @@ pub fn check(base: &Profile, new: &Profile, t: &Thresholds) -> Vec<String> {
         }
     }
     if t.no_violations {
-        let parts: Vec<String> = [
-            (new.poison_violations, "stale write"),
-            (new.stale_launches, "stale launch"),
-            (new.invalid_frees, "invalid free"),
-            (new.true_aliases, "true alias"),
-        ]
-        .iter()
-        .filter(|(n, _)| *n > 0)
-        .map(|(n, what)| format!("{n} {what}{}", if *n == 1 { "" } else { "s" }))
-        .collect();
+        let mut parts = Vec::new();
+        if new.findings.counted() > 0 {
+            parts.push(new.findings.kinds(Kind::counts));
+        }
+        if new.true_aliases > 0 {
+            parts.push(words::plural(new.true_aliases, "true alias"));
+        }
         if !parts.is_empty() {
             r.push(format!("violations found: {}", parts.join(", ")));
         }

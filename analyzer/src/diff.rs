@@ -79,6 +79,9 @@ pub struct Profile {
     pub stale_launches: u64,
     pub true_aliases: u64,
     pub overlaps: u64,
+    /// The findings by kind ([`crate::finding`]), as `check --no-violations` counts them.
+    #[serde(skip)]
+    pub findings: crate::finding::Tally,
     pub leak_count: u64,
     pub leaks: Vec<Leak>,
     pub truncated: Option<u64>,
@@ -279,6 +282,7 @@ pub fn profile(path: &Path, progress: &mut dyn Progress) -> Result<Profile, Erro
         stale_launches: t.stale_launch_count,
         true_aliases: counts.anomalies.get("true_alias").copied().unwrap_or(0),
         overlaps: counts.anomalies.get("overlap").copied().unwrap_or(0),
+        findings: crate::finding::Tally::of(t),
         leak_count: leaks.count,
         leaks: leaks.leaks,
         truncated: t.truncated,

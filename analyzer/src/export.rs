@@ -14,6 +14,7 @@
 //! `isolate export --format memory-viz` (PyTorch's memory snapshot pickle) is in [`memviz`].
 
 use crate::Error;
+use crate::finding::Kind;
 use crate::source::{Progress, analyze};
 use crate::track::{Category, EndHow, Ended, Invalid, Live, Node, Observer};
 use crate::util::{hex, human_bytes};
@@ -183,6 +184,20 @@ impl<W: Write> Exporter<'_, W> {
     }
 }
 
+/// The name of the instant event of a finding of kind `k` about `what` (an address, a kernel,
+/// an error code): `stale write 0x7f…`. Invalid and double frees are both `invalid free 0x…`
+/// (`invalid address_free …` for the other kinds of free), as the timeline always named them.
+/// The exporter makes no instant of a possible leak (its lifetime runs to the end of the
+/// trace); one would be named like the others.
+fn instant_name(k: Kind, what: &str) -> String {
+    match k {
+        Kind::StaleWrite | Kind::StaleLaunch | Kind::DeviceFault | Kind::PossibleLeak => {
+            format!("{} {what}", k.word())
+        }
+        Kind::InvalidFree | Kind::DoubleFree => format!("invalid {what}"),
+    }
+}
+
 impl<W: Write> Observer for Exporter<'_, W> {
     fn begin(&mut self, h: &Header) {
         let name = format!(
@@ -236,7 +251,14 @@ impl<W: Write> Observer for Exporter<'_, W> {
         self.instant(
             ev.ts_ns,
             ev.tid,
-            format!("invalid {} {}", inv.kind.name(), hex(ev.ptr)),
+            instant_name(
+                if inv.is_double() {
+                    Kind::DoubleFree
+                } else {
+                    Kind::InvalidFree
+                },
+                &format!("{} {}", inv.kind.name(), hex(ev.ptr)),
+            ),
             json!({"seq":ev.seq,"api":ev.api.name()}),
         );
     }
@@ -246,14 +268,14 @@ impl<W: Write> Observer for Exporter<'_, W> {
             Record::Violation(v) => self.instant(
                 v.ts_ns,
                 0,
-                format!("stale write {}", hex(v.ptr)),
+                instant_name(Kind::StaleWrite, &hex(v.ptr)),
                 json!({"size":v.size,"first_offset":v.first_offset,"changed_bytes":v.changed_bytes,
                        "alloc_seq":v.alloc_seq,"free_seq":v.free_seq}),
             ),
             Record::StaleLaunch(s) => self.instant(
                 s.ts_ns,
                 s.tid,
-                format!("stale launch {}", s.kernel),
+                instant_name(Kind::StaleLaunch, &s.kernel),
                 json!({"ptr":hex(s.ptr),"param_index":s.param_index,"alloc_seq":s.alloc_seq,
                        "free_seq":s.free_seq}),
             ),
@@ -267,7 +289,7 @@ impl<W: Write> Observer for Exporter<'_, W> {
             Record::Note(n) if n.kind == isolate_trace::NoteKind::DeviceFault => self.instant(
                 n.ts_ns,
                 0,
-                format!("device fault {}", n.value),
+                instant_name(Kind::DeviceFault, &n.value.to_string()),
                 json!({"code":n.value,"clean_until_seq":n.size,"text":n.text}),
             ),
             Record::Note(n) if n.kind == isolate_trace::NoteKind::Signal => self.instant(

@@ -5,7 +5,8 @@
 //! just given back ([`graph`]), everything that ever lived at one address ([`who`]), how two runs
 //! differ ([`diff`]) and whether a run stays within a baseline's budget ([`check`]). [`report`]
 //! renders one self-contained HTML page and [`export`] writes the timeline for Perfetto.
-//! [`stacks`] symbolises the call stacks of format-version-2 traces offline, and [`sites`]
+//! [`finding`] is the one model of a finding that all of them show, and the rule for which
+//! count. [`stacks`] symbolises the call stacks of format-version-2 traces offline, and [`sites`]
 //! ranks allocation sites.
 //!
 //! Every analysis streams over the trace once: memory is bounded by what is live at once and a
@@ -35,6 +36,7 @@ pub mod check;
 pub mod diff;
 mod error;
 pub mod export;
+pub mod finding;
 pub mod graph;
 pub mod order;
 pub mod regions;

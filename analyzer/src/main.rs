@@ -7,7 +7,7 @@
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use isolate_analyzer::{
-    self as ia, Progress, check, diff, export, graph, report, sites, summary, util, who,
+    self as ia, Progress, check, diff, export, finding, graph, report, sites, summary, util, who,
 };
 use isolate_run as run;
 use std::ffi::OsString;
@@ -37,9 +37,10 @@ struct Cli {
 }
 
 /// `--error-exitcode`'s help, shared by `run` and `summary`.
-const ERROR_EXITCODE: &str = "Exit with status N when the traces hold a finding: a stale write, \
-                              stale launch, invalid or double free, or device fault (for CI; \
-                              like compute-sanitizer's --error-exitcode)";
+const ERROR_EXITCODE: &str = "Exit with status N when the traces hold a finding that counts: a \
+                              stale write, stale launch, invalid or double free, or device fault; \
+                              not a possible leak (for CI; like compute-sanitizer's \
+                              --error-exitcode)";
 
 #[derive(Subcommand)]
 enum Cmd {
@@ -417,16 +418,17 @@ fn graph_format(format: Option<GraphFormat>, output: Option<&Path>) -> GraphForm
 }
 
 /// Says on standard error what `--error-exitcode` found; the status to exit with when any.
-fn error_exit(found: &check::Findings, code: Option<u8>, hint: &str) -> Option<u8> {
+/// What counts is [`finding::Tally::counted`]: the rule of [`finding`].
+fn error_exit(found: &finding::Tally, code: Option<u8>, hint: &str) -> Option<u8> {
     let n = code?;
-    if found.any() {
+    if found.counted() > 0 {
         eprintln!(
             "isolate: found {}: exit status {n} (--error-exitcode)",
-            found.describe()
+            found.describe_counted()
         );
         Some(n)
     } else {
-        eprintln!("isolate: found {}{hint}", found.describe());
+        eprintln!("isolate: found {}{hint}", found.describe_counted());
         None
     }
 }
@@ -474,10 +476,10 @@ fn real_main() -> Result<ExitCode> {
             }
             let mut code = None;
             if error_exitcode.is_some() {
-                let mut found = check::Findings::default();
+                let mut found = finding::Tally::default();
                 for t in &fin.traces {
                     match summary::summarize_one(&t.path, 0, &mut bar) {
-                        Ok(s) => found.add(&check::Findings::of(&s.totals)),
+                        Ok(s) => found.add(&finding::Tally::of(&s.totals)),
                         Err(e) => eprintln!(
                             "isolate: {}; its findings are not counted",
                             printable(&e.to_string())
@@ -512,7 +514,7 @@ fn real_main() -> Result<ExitCode> {
                 .map(|t| (t.file.clone(), t.totals.truncated))
                 .collect();
             let truncated = warn_truncated(&t);
-            match error_exit(&check::Findings::of(&s.totals), error_exitcode, "") {
+            match error_exit(&finding::Tally::of(&s.totals), error_exitcode, "") {
                 Some(n) => Ok(ExitCode::from(n)),
                 None => Ok(exit_for(truncated)),
             }

@@ -1,6 +1,7 @@
 //! `isolate who ADDR`: everything that ever lived at one address, in order.
 
 use crate::Error;
+use crate::finding::Kind;
 use crate::source::{Progress, analyze};
 use crate::stacks::{self, ShownStack, StackTable};
 use crate::track::{Category, EndHow, Ended, Invalid, Live, Node, Observer};
@@ -79,6 +80,20 @@ pub struct Incident {
     pub stack: Option<ShownStack>,
     #[serde(skip)]
     stack_id: u32,
+}
+
+/// The `kind` of an incident about a finding of kind `k`: its trace record's name, as the
+/// JSON had it before [`crate::finding`] named kinds (every invalid free is `invalid_free`,
+/// double ones included; `double_free` says which). A device fault names no address and a
+/// possible leak is in the history (an occupant held at exit): `who` makes no incident of
+/// them, and would call them by their [`Kind::key`].
+fn incident_kind(k: Kind) -> &'static str {
+    match k {
+        Kind::StaleWrite => "poison_violation",
+        Kind::StaleLaunch => "stale_launch",
+        Kind::InvalidFree | Kind::DoubleFree => "invalid_free",
+        Kind::DeviceFault | Kind::PossibleLeak => k.key(),
+    }
 }
 
 /// What one trace says about the address.
@@ -163,7 +178,7 @@ impl Observer for Watch {
         let ev = &inv.event;
         if ev.ptr == self.addr {
             self.incidents.push(Incident {
-                kind: "invalid_free",
+                kind: incident_kind(Kind::InvalidFree),
                 seq: ev.seq,
                 ts_ns: ev.ts_ns,
                 api: ev.api.name().into(),
@@ -181,7 +196,7 @@ impl Observer for Watch {
                 if v.ptr <= self.addr && self.addr < v.ptr.saturating_add(v.size) =>
             {
                 self.incidents.push(Incident {
-                    kind: "poison_violation",
+                    kind: incident_kind(Kind::StaleWrite),
                     seq: v.seq,
                     ts_ns: v.ts_ns,
                     api: v.free_api.name().into(),
@@ -200,7 +215,7 @@ impl Observer for Watch {
                         && self.addr < s.alloc_ptr.saturating_add(s.alloc_size)) =>
             {
                 self.incidents.push(Incident {
-                    kind: "stale_launch",
+                    kind: incident_kind(Kind::StaleLaunch),
                     seq: s.seq,
                     ts_ns: s.ts_ns,
                     api: s.api.name().into(),

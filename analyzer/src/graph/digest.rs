@@ -165,9 +165,10 @@ impl Held {
     }
 }
 
-/// A finding and the allocations it names.
+/// An anomaly (a finding of [`crate::finding`], or one of the graph's own) and the allocations
+/// it names.
 #[derive(Clone, Debug)]
-pub struct Finding {
+pub struct Hit {
     pub anomaly: Anomaly,
     /// The nodes it names, each with its brief when it was known.
     pub nodes: Vec<(u64, Option<Brief>)>,
@@ -177,7 +178,7 @@ pub struct Finding {
     pub more_next: u64,
 }
 
-impl Finding {
+impl Hit {
     /// The node it names first (the victim of a stale write or launch, the last holder of an
     /// invalid free's address).
     pub fn victim(&self) -> Option<&(u64, Option<Brief>)> {
@@ -304,7 +305,7 @@ pub struct Digest {
     /// Anomaly kind → how many.
     pub anomalies: BTreeMap<&'static str, u64>,
     /// The first [`FINDINGS_KEPT`] findings of each kind (not `never_freed`), in order.
-    pub findings: Vec<Finding>,
+    pub findings: Vec<Hit>,
     /// Held at exit: how many and bytes, by category, and the largest few of memory (not
     /// [`ADDRESS_SPACE`]).
     pub held_at_exit: BTreeMap<&'static str, (u64, u64)>,
@@ -505,7 +506,7 @@ impl GraphSink for Digest {
                 w.push(f);
             }
         }
-        self.findings.push(Finding {
+        self.findings.push(Hit {
             anomaly: a.clone(),
             nodes,
             next: Vec::new(),

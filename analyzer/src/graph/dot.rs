@@ -173,10 +173,11 @@ fn victim_attrs(what: &str) -> String {
 
 /// What a finding makes of the node it names first: the victim of a stale write or launch.
 fn victim_of(a: &Anomaly) -> Option<(u64, &'static str)> {
-    match a {
-        Anomaly::PoisonViolation { node: Some(n), .. } => Some((*n, crate::words::STALE_WRITE)),
-        Anomaly::StaleLaunch { node: Some(n), .. } => Some((*n, crate::words::STALE_LAUNCH)),
-        _ => None,
+    use crate::finding::Kind;
+    let k = a.finding()?;
+    match k {
+        Kind::StaleWrite | Kind::StaleLaunch => a.nodes().first().map(|n| (*n, k.word())),
+        Kind::InvalidFree | Kind::DoubleFree | Kind::DeviceFault | Kind::PossibleLeak => None,
     }
 }
 

@@ -48,7 +48,7 @@ mod spool;
 mod text;
 
 pub use build::{FREED_KEPT, GraphBuilder};
-pub use digest::{ADDRESS_SPACE, Brief, CHAINS_KEPT, Chain, Digest, FINDINGS_KEPT, Finding};
+pub use digest::{ADDRESS_SPACE, Brief, CHAINS_KEPT, Chain, Digest, FINDINGS_KEPT, Hit};
 pub use dot::{AutoDotSink, DOT_FULL_CHAIN, DOT_FULL_EDGES, DOT_FULL_NODES, DotSink};
 pub use filter::Filter;
 pub use json::JsonSink;
@@ -57,6 +57,7 @@ pub use spool::SPOOL_IN_MEMORY;
 pub use text::{TEXT_CHAINS, TEXT_FINDINGS, TextContext, render_text};
 
 use crate::Error;
+use crate::finding::Kind;
 use crate::source::Progress;
 use crate::util::ser_hex;
 use serde::Serialize;
@@ -202,6 +203,18 @@ pub enum Anomaly {
     },
 }
 
+/// The anomaly (its `kind` tag) under which the graph shows findings of kind `k`, or `None`
+/// when the graph does not show them: a device fault names no allocation, and the graph shows
+/// every allocation held at exit (`never_freed`), not only the possible leaks.
+pub fn anomaly_of(k: Kind) -> Option<&'static str> {
+    match k {
+        Kind::StaleWrite => Some("poison_violation"),
+        Kind::StaleLaunch => Some("stale_launch"),
+        Kind::InvalidFree | Kind::DoubleFree => Some("invalid_free"),
+        Kind::DeviceFault | Kind::PossibleLeak => None,
+    }
+}
+
 impl Anomaly {
     /// The `kind` tag of its JSON.
     pub fn kind(&self) -> &'static str {
@@ -213,6 +226,23 @@ impl Anomaly {
             Anomaly::StaleLaunch { .. } => "stale_launch",
             Anomaly::PoisonViolation { .. } => "poison_violation",
             Anomaly::StaleValue { .. } => "stale_value",
+        }
+    }
+
+    /// The kind of [`crate::finding`] it is, or `None` for the graph's own anomalies about
+    /// nodes (overlaps, true aliases, never-freed nodes, stale values), which are not findings.
+    pub fn finding(&self) -> Option<Kind> {
+        match self {
+            Anomaly::PoisonViolation { .. } => Some(Kind::StaleWrite),
+            Anomaly::StaleLaunch { .. } => Some(Kind::StaleLaunch),
+            Anomaly::InvalidFree {
+                double_free: true, ..
+            } => Some(Kind::DoubleFree),
+            Anomaly::InvalidFree { .. } => Some(Kind::InvalidFree),
+            Anomaly::Overlap { .. }
+            | Anomaly::TrueAlias { .. }
+            | Anomaly::NeverFreed { .. }
+            | Anomaly::StaleValue { .. } => None,
         }
     }
 

@@ -4,8 +4,9 @@
 //! and the commands that show more. However large the graph, it stays a screenful: every list
 //! is cut to its first few entries and ends with an `and N more` line.
 
-use super::digest::{ADDRESS_SPACE, Brief, Chain, Digest, Finding};
+use super::digest::{ADDRESS_SPACE, Brief, Chain, Digest, Hit};
 use super::{Anomaly, EdgeKind, GraphTrace};
+use crate::finding::Kind;
 use crate::util::hex;
 use crate::words;
 use std::fmt::Write as _;
@@ -24,16 +25,28 @@ pub struct TextContext {
     pub traces: Vec<String>,
 }
 
-/// The order findings are shown in, most serious first, and the heading of each.
-const KINDS: [(&str, &str); 7] = [
-    ("poison_violation", words::STALE_WRITE),
-    ("stale_launch", words::STALE_LAUNCH),
-    ("invalid_free", words::INVALID_FREE),
+/// The graph's own anomalies (not findings), shown after the findings, and the name of each.
+const GRAPH_ONLY: [(&str, &str); 4] = [
     ("overlap", "overlap"),
     ("true_alias", "true alias"),
     ("stale_value", words::STALE_VALUE),
     ("never_freed", words::HELD_AT_EXIT),
 ];
+
+/// The order anomalies are shown in and the name of each: the findings in [`Kind::ALL`]'s
+/// order (those the graph shows, [`super::anomaly_of`]), then [`GRAPH_ONLY`].
+fn kinds() -> Vec<(&'static str, &'static str)> {
+    let mut v: Vec<(&str, &str)> = Vec::new();
+    for k in Kind::ALL {
+        if let Some(a) = super::anomaly_of(k)
+            && !v.iter().any(|x| x.0 == a)
+        {
+            v.push((a, k.word()));
+        }
+    }
+    v.extend(GRAPH_ONLY);
+    v
+}
 
 fn node_ref(n: &(u64, Option<Brief>)) -> String {
     match &n.1 {
@@ -42,7 +55,7 @@ fn node_ref(n: &(u64, Option<Brief>)) -> String {
     }
 }
 
-fn next_line(f: &Finding) -> Option<String> {
+fn next_line(f: &Hit) -> Option<String> {
     let v = f.victim()?;
     if f.next.is_empty() {
         // Only worth saying of freed memory.
@@ -62,7 +75,7 @@ fn next_line(f: &Finding) -> Option<String> {
 }
 
 /// The heading line of one finding.
-fn finding_line(f: &Finding) -> String {
+fn finding_line(f: &Hit) -> String {
     match &f.anomaly {
         Anomaly::PoisonViolation {
             seq,
@@ -144,7 +157,7 @@ fn role(a: &Anomaly, i: usize) -> &'static str {
 fn findings(d: &Digest, o: &mut String) {
     // Nodes described once already: named by id after that.
     let mut described = std::collections::BTreeSet::<u64>::new();
-    for (kind, name) in KINDS {
+    for (kind, name) in kinds() {
         if kind == "never_freed" {
             continue;
         }
@@ -152,7 +165,7 @@ fn findings(d: &Digest, o: &mut String) {
         if n == 0 {
             continue;
         }
-        let shown: Vec<&Finding> = d
+        let shown: Vec<&Hit> = d
             .findings
             .iter()
             .filter(|f| f.anomaly.kind() == kind)
@@ -375,7 +388,7 @@ fn header(d: &Digest, o: &mut String) {
         .iter()
         .map(|(k, v)| format!("{} {k}", words::count(*v)))
         .collect();
-    let found: Vec<String> = KINDS
+    let found: Vec<String> = kinds()
         .iter()
         .filter(|(k, _)| *k != "never_freed")
         .filter_map(|(k, name)| {

@@ -8,8 +8,9 @@
 //! the page only shows text and a thing is called the same in the report and the summary.
 
 use super::timeline::{Seen, Timeline};
+use crate::finding::{self, Finding, Kind};
 use crate::graph::Anomaly;
-use crate::summary::{StaleLaunchEntry, TraceSummary};
+use crate::summary::{HeldAllocation, InvalidFree, StaleLaunchEntry, TraceSummary};
 use crate::util::{hex, human_ns};
 use crate::words::{
     self, DEVICE_FAULT, DOUBLE_FREE, INVALID_FREE, LEAK, STALE_LAUNCH, STALE_WRITE, call_result,
@@ -34,11 +35,13 @@ pub struct Badge {
     pub text: String,
 }
 
-/// One finding, in words.
+/// One entry of the findings at the top of the page, in words: a [`Finding`] (several, for
+/// the stale writes and launches of one freed allocation, and for the possible leaks) or a
+/// true alias of the graph.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct Finding {
-    /// `stale_write`, `stale_launch`, `double_free`, `invalid_free`, `true_alias`,
-    /// `device_fault`, `possible_leak`.
+pub struct Entry {
+    /// A [`Kind::key`] (`stale_write`, `stale_launch`, `double_free`, `invalid_free`,
+    /// `device_fault`, `possible_leak`), or `true_alias`.
     pub kind: &'static str,
     pub title: String,
     pub text: String,
@@ -50,7 +53,7 @@ pub struct Finding {
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Verdict {
     pub badges: Vec<Badge>,
-    pub findings: Vec<Finding>,
+    pub findings: Vec<Entry>,
     /// What was found but not listed, or null.
     pub more: Option<String>,
     /// The all-clear, when nothing was found.
@@ -163,39 +166,50 @@ pub(super) fn verdict(
         });
     }
 
-    // Stale writes and stale launches, one finding per freed allocation that was used.
+    // Every finding of the model, once: stale writes and stale launches gathered by the freed
+    // allocation they used, invalid and double frees and possible leaks in order. A device
+    // fault is said once, below, from the first the run saw.
     let mut victims: BTreeMap<u64, Victim> = BTreeMap::new();
-    for v in &t.poison_violations {
-        let e = victims.entry(v.alloc_seq).or_insert_with(|| Victim {
-            ptr: v.ptr,
-            size: v.size,
-            alloc_seq: v.alloc_seq,
-            alloc_api: None,
-            free_seq: v.free_seq,
-            freed_ns: v.freed_at_ns,
-            free_api: None,
-            writes: Vec::new(),
-            launches: Vec::new(),
-        });
-        e.free_api = Some(&v.free_api);
-        e.alloc_api = e.alloc_api.or(v.alloc_api.as_deref());
-        e.writes.push((v.changed_bytes, v.first_offset, v.ts_ns));
-    }
-    for l in &t.stale_launches {
-        let e = victims.entry(l.allocation).or_insert_with(|| Victim {
-            ptr: l.alloc_ptr,
-            size: l.alloc_size,
-            alloc_seq: l.allocation,
-            alloc_api: None,
-            free_seq: l.freed_at.seq,
-            freed_ns: l.freed_at.ts_ns,
-            free_api: None,
-            writes: Vec::new(),
-            launches: Vec::new(),
-        });
-        e.alloc_api = e.alloc_api.or(l.alloc_api.as_deref());
-        e.free_api = e.free_api.or(l.free_api.as_deref());
-        e.launches.push(l);
+    let mut frees: Vec<&InvalidFree> = Vec::new();
+    let mut leaks: Vec<&HeldAllocation> = Vec::new();
+    for f in finding::findings(s) {
+        match f {
+            Finding::StaleWrite(v) => {
+                let e = victims.entry(v.alloc_seq).or_insert_with(|| Victim {
+                    ptr: v.ptr,
+                    size: v.size,
+                    alloc_seq: v.alloc_seq,
+                    alloc_api: None,
+                    free_seq: v.free_seq,
+                    freed_ns: v.freed_at_ns,
+                    free_api: None,
+                    writes: Vec::new(),
+                    launches: Vec::new(),
+                });
+                e.free_api = Some(&v.free_api);
+                e.alloc_api = e.alloc_api.or(v.alloc_api.as_deref());
+                e.writes.push((v.changed_bytes, v.first_offset, v.ts_ns));
+            }
+            Finding::StaleLaunch(l) => {
+                let e = victims.entry(l.allocation).or_insert_with(|| Victim {
+                    ptr: l.alloc_ptr,
+                    size: l.alloc_size,
+                    alloc_seq: l.allocation,
+                    alloc_api: None,
+                    free_seq: l.freed_at.seq,
+                    freed_ns: l.freed_at.ts_ns,
+                    free_api: None,
+                    writes: Vec::new(),
+                    launches: Vec::new(),
+                });
+                e.alloc_api = e.alloc_api.or(l.alloc_api.as_deref());
+                e.free_api = e.free_api.or(l.free_api.as_deref());
+                e.launches.push(l);
+            }
+            Finding::DeviceFault(_) => {}
+            Finding::InvalidFree(f) | Finding::DoubleFree(f) => frees.push(f),
+            Finding::PossibleLeak(l) => leaks.push(l),
+        }
     }
     let mut victims: Vec<Victim> = victims.into_values().collect();
     victims.sort_by_key(|v| v.freed_ns);
@@ -204,7 +218,7 @@ pub(super) fn verdict(
         let faulted = v.launches.iter().find_map(|l| l.fault);
         let (kind, title) = if !v.writes.is_empty() {
             (
-                "stale_write",
+                Kind::StaleWrite.key(),
                 format!(
                     "{}: memory was written after it was freed",
                     capital(STALE_WRITE)
@@ -212,7 +226,7 @@ pub(super) fn verdict(
             )
         } else if faulted.is_some() {
             (
-                "stale_launch",
+                Kind::StaleLaunch.key(),
                 format!(
                     "{} and {DEVICE_FAULT}: a kernel used freed memory",
                     capital(STALE_LAUNCH)
@@ -220,7 +234,7 @@ pub(super) fn verdict(
             )
         } else {
             (
-                "stale_launch",
+                Kind::StaleLaunch.key(),
                 format!(
                     "{}: a kernel got a pointer into freed memory",
                     capital(STALE_LAUNCH)
@@ -272,7 +286,7 @@ pub(super) fn verdict(
                 human_ns(found.saturating_sub(v.freed_ns))
             ));
         }
-        findings.push(Finding {
+        findings.push(Entry {
             kind,
             title,
             text,
@@ -296,8 +310,8 @@ pub(super) fn verdict(
             ),
             _ => format!("CUDA error {} {}", cuda_error(code_u), at(t_ns)),
         };
-        findings.push(Finding {
-            kind: "device_fault",
+        findings.push(Entry {
+            kind: Kind::DeviceFault.key(),
             title: format!("{}: a kernel faulted", capital(DEVICE_FAULT)),
             text: format!(
                 "{what}: a kernel launched before it faulted ({}).",
@@ -308,7 +322,7 @@ pub(super) fn verdict(
     }
 
     // Invalid and double frees.
-    for f in &t.invalid_frees {
+    for f in frees {
         let what = f.what();
         let refused = match f.result {
             0 => String::new(),
@@ -319,7 +333,7 @@ pub(super) fn verdict(
         };
         let (kind, title, text) = match (&f.first_free, &f.allocated) {
             (Some(first), Some(a)) => (
-                "double_free",
+                Kind::DoubleFree.key(),
                 format!("{}: memory given back twice", capital(DOUBLE_FREE)),
                 format!(
                     "{} of {what} ({}) {} gave back what {} ({}) had already given back {} (it \
@@ -335,7 +349,7 @@ pub(super) fn verdict(
                 ),
             ),
             _ => (
-                "invalid_free",
+                Kind::InvalidFree.key(),
                 format!("{}: memory that was not allocated", capital(INVALID_FREE)),
                 format!(
                     "{} of {what} ({}) {}: nothing allocated starts there{refused}.",
@@ -345,7 +359,7 @@ pub(super) fn verdict(
                 ),
             ),
         };
-        findings.push(Finding {
+        findings.push(Entry {
             kind,
             title,
             text,
@@ -361,7 +375,7 @@ pub(super) fn verdict(
             overlap_bytes,
         } = a
         {
-            findings.push(Finding {
+            findings.push(Entry {
                 kind: "true_alias",
                 title: "Two addresses for one memory".into(),
                 text: format!(
@@ -378,7 +392,6 @@ pub(super) fn verdict(
     }
 
     // Possible leaks.
-    let leaks = &t.possible_leaks;
     if !leaks.is_empty() {
         let held = &t.held_at_exit.possible_leak;
         let mut text: Vec<String> = leaks
@@ -399,8 +412,8 @@ pub(super) fn verdict(
         if rest > 0 && leaks.len() > LEAKS_NAMED {
             text.push(format!("{} more", plural(rest, "allocation")));
         }
-        findings.push(Finding {
-            kind: "possible_leak",
+        findings.push(Entry {
+            kind: Kind::PossibleLeak.key(),
             title: format!(
                 "{}: {} ({}) still held at exit that nothing explains",
                 capital(LEAK),
@@ -442,15 +455,12 @@ pub(super) fn verdict(
     }
     let more = (!unlisted.is_empty()).then(|| format!("And {}.", unlisted.join(", ")));
     let clean = findings.is_empty().then(|| {
-        let p = words::plural_of;
-        format!(
-            "No {}, {}, {}, {} or {} found.",
-            p(STALE_WRITE),
-            p(STALE_LAUNCH),
-            p(INVALID_FREE),
-            p(DOUBLE_FREE),
-            p(LEAK)
-        )
+        let p: Vec<String> = Kind::ALL
+            .iter()
+            .map(|k| words::plural_of(k.word()))
+            .collect();
+        let (last, rest) = p.split_last().expect("kinds");
+        format!("No {} or {last} found.", rest.join(", "))
     });
 
     // Worth knowing.

@@ -24,7 +24,7 @@ mod findings;
 mod timeline;
 
 pub use chains::{Chain, ChainNode};
-pub use findings::{AnomalyRow, Badge, Finding, Verdict};
+pub use findings::{AnomalyRow, Badge, Entry, Verdict};
 pub use timeline::{Band, FirstView, Marker, Region, Timeline};
 
 use crate::Error;

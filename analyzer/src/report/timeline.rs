@@ -13,6 +13,7 @@
 //! exit), a stale launch at the launch, a crash at the signal.
 
 use super::{BANDS, MARKERS, POINTS};
+use crate::finding::Kind;
 use crate::regions::{Closed, Regions, UserNote, user_note};
 use crate::track::{Category, Ended, Invalid, Live, Node, Observer};
 use crate::util::{hex, human_ns};
@@ -579,7 +580,7 @@ impl Observer for TimelineObs {
                 }
                 self.mark(
                     ev.ts_ns,
-                    "device_fault",
+                    Kind::DeviceFault.key(),
                     format!("error {code} in {api}"),
                     format!(
                         "{what} returned CUDA error {}: a kernel before it faulted ({})",
@@ -623,7 +624,8 @@ impl Observer for TimelineObs {
         };
         self.mark(
             ev.ts_ns,
-            "invalid_free",
+            // Double frees too: the page marks them all as invalid frees.
+            Kind::InvalidFree.key(),
             format!("invalid {what}"),
             format!(
                 "invalid {what}: {} of {}, which was not allocated then",
@@ -644,7 +646,7 @@ impl Observer for TimelineObs {
                 self.written.insert(v.alloc_seq);
                 self.mark(
                     v.free_ts_ns,
-                    "stale_write",
+                    Kind::StaleWrite.key(),
                     "freed, then written to".into(),
                     format!(
                         "{} at {} freed here by {} ({}); written to after its free: {} changed \
@@ -662,7 +664,7 @@ impl Observer for TimelineObs {
             }
             Record::StaleLaunch(s) => self.mark(
                 s.ts_ns,
-                "stale_launch",
+                Kind::StaleLaunch.key(),
                 format!("kernel {}", short_name(&s.kernel)),
                 format!(
                     "kernel {} ({}) launched with a pointer into freed memory: parameter {} = \
@@ -684,7 +686,7 @@ impl Observer for TimelineObs {
                 }
                 self.mark(
                     n.ts_ns,
-                    "device_fault",
+                    Kind::DeviceFault.key(),
                     format!("device fault {code}"),
                     format!(
                         "the device faulted: CUDA error {}",

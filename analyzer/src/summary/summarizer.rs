@@ -90,6 +90,21 @@ pub struct Summarizer {
 /// (allocation event, the call that made it, the call that freed it, their stacks).
 type FreedCall = (u64, Api, Api, u32, u32);
 
+/// A record's stack id as a finding holds it: `None` for 0 (no stack).
+fn stack_id(s: u32) -> Option<u32> {
+    (s != 0).then_some(s)
+}
+
+/// What a finding names of a freed allocation: the calls that made and freed it and their
+/// stack ids, when known ([`Summarizer::freed`]).
+#[derive(Clone, Copy, Default)]
+struct Freed {
+    alloc_api: Option<Api>,
+    free_api: Option<Api>,
+    alloc_stack: Option<u32>,
+    free_stack: Option<u32>,
+}
+
 /// Guarded stale values kept waiting for a fault that would make them stale launches.
 const PENDING_CAP: usize = 4096;
 /// Distinct error codes counted one by one for each API.
@@ -287,22 +302,13 @@ impl Summarizer {
             (0, Some(_)) => 1,
             (n, _) => n as u64,
         };
-        let findings = [
-            self.violation_count,
-            self.stale_count,
-            self.invalid_count,
-            fault_findings,
-            self.held.possible_leak.count,
-        ]
-        .iter()
-        .fold(0u64, |a, &b| a.saturating_add(b));
         let mut devices = BTreeMap::new();
         for (d, s, live) in &self.devices {
             let mut s = s.clone();
             s.live_at_end.bytes = saturate(*live);
             devices.insert(d.to_string(), s);
         }
-        let totals = Totals {
+        let mut totals = Totals {
             calls: names(&self.calls),
             failed: names(&self.failed),
             failed_results,
@@ -320,7 +326,7 @@ impl Summarizer {
             sites_at_end,
             sites_at_peak,
             no_stacks,
-            findings,
+            findings: 0,
             invalid_free_count: self.invalid_count,
             double_free_count: self.double_count,
             invalid_frees: self.invalid,
@@ -353,6 +359,8 @@ impl Summarizer {
                 late: info.order.late,
             },
         };
+        // Every finding, counted or not (the JSON's `findings`), as the model counts them.
+        totals.findings = crate::finding::Tally::of(&totals).total();
         TraceSummary {
             file: info.file.clone(),
             header: HeaderInfo::new(&self.header, info.format_version),
@@ -479,9 +487,9 @@ impl Observer for Summarizer {
                 first_free_stack: None,
                 alloc_stack: None,
                 stack_ids: [
-                    e.stack,
-                    inv.previous.map_or(0, |(_, f)| f.stack),
-                    inv.previous.map_or(0, |(n, _)| n.stack),
+                    stack_id(e.stack),
+                    inv.previous.and_then(|(_, f)| stack_id(f.stack)),
+                    inv.previous.and_then(|(n, _)| stack_id(n.stack)),
                 ],
             });
         }
@@ -497,8 +505,7 @@ impl Observer for Summarizer {
             Record::Violation(v) => {
                 self.violation_count += 1;
                 if self.violations.len() < LIST_CAP {
-                    let call = self.freed_call(v.alloc_seq);
-                    let alloc_api = call.map(|c| c.1.name().into());
+                    let freed = self.freed(v.alloc_seq);
                     self.violations.push(PoisonViolation {
                         trace: self.trace,
                         pid: self.pid,
@@ -513,10 +520,10 @@ impl Observer for Summarizer {
                         free_seq: v.free_seq,
                         freed_at_ns: v.free_ts_ns,
                         free_api: v.free_api.name().into(),
-                        alloc_api,
+                        alloc_api: freed.alloc_api.map(|a| a.name().into()),
                         alloc_stack: None,
                         free_stack: None,
-                        stack_ids: call.map_or([0, 0], |c| [c.3, c.4]),
+                        stack_ids: [freed.alloc_stack, freed.free_stack],
                     });
                 }
             }
@@ -714,12 +721,26 @@ impl Summarizer {
         self.freed_calls[slot] = call;
     }
 
-    /// The calls (and their stacks) that made and freed the allocation of event `alloc_seq`.
-    fn freed_call(&self, alloc_seq: u64) -> Option<FreedCall> {
-        let c = *self
+    /// The calls that made and freed the allocation of event `alloc_seq`, and their stack ids,
+    /// for a stale write's or stale launch's finding: **the one place** the findings get them.
+    /// Today's traces do not carry them in the Violation and StaleLaunch records, so they come
+    /// from the calls of recent frees remembered in [`FREED_CAP`] slots (a free more than that
+    /// many frees ago may have lost its slot: then all are `None`). When the records carry
+    /// them, read them here.
+    fn freed(&self, alloc_seq: u64) -> Freed {
+        let Some(c) = self
             .freed_calls
-            .get((alloc_seq % FREED_CAP as u64) as usize)?;
-        (c.0 == alloc_seq).then_some(c)
+            .get((alloc_seq % FREED_CAP as u64) as usize)
+            .filter(|c| c.0 == alloc_seq)
+        else {
+            return Freed::default();
+        };
+        Freed {
+            alloc_api: Some(c.1),
+            free_api: Some(c.2),
+            alloc_stack: stack_id(c.3),
+            free_stack: stack_id(c.4),
+        }
     }
 
     /// A device memory node of site `n.stack` ended: the peak's picture is taken first when
@@ -754,13 +775,13 @@ impl Summarizer {
             return (Vec::new(), Vec::new());
         }
         let t = &self.stacks;
-        let show = |id: u32| stacks::shown(t, id);
+        let show = |id: Option<u32>| id.and_then(|id| stacks::shown(t, id));
         for v in &mut self.violations {
             v.alloc_stack = show(v.stack_ids[0]);
             v.free_stack = show(v.stack_ids[1]);
         }
         for s in self.stale.iter_mut().chain(self.pending_values.iter_mut()) {
-            s.stack_ids[0] = t.stack_of(s.seq);
+            s.stack_ids[0] = stack_id(t.stack_of(s.seq));
             s.launch_stack = show(s.stack_ids[0]);
             s.alloc_stack = show(s.stack_ids[1]);
             s.free_stack = show(s.stack_ids[2]);
@@ -778,7 +799,9 @@ impl Summarizer {
         let sites = |v: &[(u32, u64, u64)]| -> Vec<SiteEntry> {
             let mut out: Vec<SiteEntry> = Vec::new();
             for &(id, count, bytes) in v {
-                let Some(stack) = show(id) else { continue };
+                let Some(stack) = show(Some(id)) else {
+                    continue;
+                };
                 let key = stack.key();
                 match out.iter_mut().find(|x| x.stack.key() == key) {
                     Some(x) => {
@@ -850,7 +873,7 @@ impl Summarizer {
                         handle: n.handle,
                         size: n.size,
                         alloc_stack: None,
-                        stack_id: n.stack,
+                        stack_id: stack_id(n.stack),
                     });
                 }
             }
@@ -858,12 +881,12 @@ impl Summarizer {
     }
 
     fn stale_entry(&self, s: &isolate_trace::StaleLaunch, fault: Option<u64>) -> StaleLaunchEntry {
-        let calls = self.freed_call(s.alloc_seq);
+        let freed = self.freed(s.alloc_seq);
         StaleLaunchEntry {
             launch_stack: None,
             alloc_stack: None,
             free_stack: None,
-            stack_ids: [0, calls.map_or(0, |c| c.3), calls.map_or(0, |c| c.4)],
+            stack_ids: [None, freed.alloc_stack, freed.free_stack],
             trace: self.trace,
             pid: self.pid,
             seq: s.seq,
@@ -883,8 +906,8 @@ impl Summarizer {
                 ts_ns: s.free_ts_ns,
             },
             fault,
-            alloc_api: calls.map(|c| c.1.name().into()),
-            free_api: calls.map(|c| c.2.name().into()),
+            alloc_api: freed.alloc_api.map(|a| a.name().into()),
+            free_api: freed.free_api.map(|a| a.name().into()),
         }
     }
 }

@@ -8,6 +8,7 @@ use super::{
     CategoryStats, DEVICE_MEMORY, DeviceFault, DeviceStats, FaultedCall, HeldAllocation,
     HeldAtExit, InvalidFree, PoisonViolation, StaleLaunchEntry, Summary, Totals, TraceSummary,
 };
+use crate::finding::{self, Fault, Finding, Kind, Tally};
 use crate::track::Category;
 use crate::util::{hex, human_ns};
 use crate::words::{
@@ -66,14 +67,14 @@ fn trace_text(o: &mut String, t: &TraceSummary) {
         );
     }
     let f = findings(t);
-    let _ = writeln!(o, "{}", findings_headline(&f, None));
+    let _ = writeln!(o, "{}", findings_headline(&f.tally, None));
     for (i, line) in f.lines.iter().enumerate() {
         let _ = writeln!(o, "  {line}");
         for d in f.details.get(i).into_iter().flatten() {
             let _ = writeln!(o, "    {d}");
         }
     }
-    if f.total() > 0
+    if f.tally.total() > 0
         && let Some(why) = &t.totals.no_stacks
     {
         let _ = writeln!(o, "  ({why})");
@@ -152,13 +153,21 @@ fn regions_text(o: &mut String, t: &Totals, first_ts: Option<u64>) {
 fn overview(o: &mut String, s: &Summary) {
     let n = s.traces.len();
     let _ = writeln!(o, "== {} ==", plural(n as u64, "trace"));
-    let per: Vec<Findings> = s.traces.iter().map(findings).collect();
-    let mut all = Findings::default();
+    let per: Vec<Listing> = s.traces.iter().map(findings).collect();
+    let mut all = Tally::default();
     for f in &per {
-        all.add_counts(f);
+        all.add(&f.tally);
     }
-    let with = per.iter().filter(|f| f.total() > 0).count();
-    let _ = writeln!(o, "{}", findings_headline(&all, Some((with, n))));
+    let with = per.iter().filter(|f| f.tally.counted() > 0).count();
+    let with_others = per
+        .iter()
+        .filter(|f| f.tally.total() > f.tally.counted())
+        .count();
+    let _ = writeln!(
+        o,
+        "{}",
+        findings_headline(&all, Some((with, with_others, n)))
+    );
     let mut shown = 0usize;
     let mut left = 0usize;
     for (t, f) in s.traces.iter().zip(&per) {
@@ -193,7 +202,7 @@ fn overview(o: &mut String, s: &Summary) {
                 short_command(t),
                 t.totals.events.to_string(),
                 size(t.totals.peak_live_bytes),
-                match f.total() {
+                match f.tally.total() {
                     0 => "none".into(),
                     n => count(n),
                 },
@@ -293,16 +302,11 @@ fn ended(t: &TraceSummary) -> String {
     }
 }
 
-/// One trace's findings: counts by kind and one line each (capped).
+/// One trace's findings (or several traces'): their counts ([`Tally`]) and one line each
+/// (capped), with the call stacks under each.
 #[derive(Default)]
-struct Findings {
-    stale_writes: u64,
-    stale_launches: u64,
-    invalid_frees: u64,
-    double_frees: u64,
-    device_faults: u64,
-    leaks: u64,
-    leak_bytes: u64,
+struct Listing {
+    tally: Tally,
     lines: Vec<String>,
     /// Lines under `lines[i]` (its call stacks), indented, in a trace's own section only.
     details: Vec<Vec<String>>,
@@ -310,70 +314,12 @@ struct Findings {
     unlisted: usize,
 }
 
-impl Findings {
-    fn total(&self) -> u64 {
-        [
-            self.stale_writes,
-            self.stale_launches,
-            self.invalid_frees,
-            self.double_frees,
-            self.device_faults,
-            self.leaks,
-        ]
-        .iter()
-        .fold(0u64, |a, &b| a.saturating_add(b))
-    }
-
-    fn add_counts(&mut self, o: &Findings) {
-        let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
-        add(&mut self.stale_writes, o.stale_writes);
-        add(&mut self.stale_launches, o.stale_launches);
-        add(&mut self.invalid_frees, o.invalid_frees);
-        add(&mut self.double_frees, o.double_frees);
-        add(&mut self.device_faults, o.device_faults);
-        add(&mut self.leaks, o.leaks);
-        add(&mut self.leak_bytes, o.leak_bytes);
-    }
-
-    /// `1 stale write, 2 double frees`.
-    fn kinds(&self) -> String {
-        let mut parts = Vec::new();
-        for (n, what) in [
-            (self.stale_writes, STALE_WRITE),
-            (self.stale_launches, STALE_LAUNCH),
-            (self.double_frees, DOUBLE_FREE),
-            (self.invalid_frees, INVALID_FREE),
-            (self.device_faults, DEVICE_FAULT),
-        ] {
-            if n > 0 {
-                parts.push(plural(n, what));
-            }
-        }
-        if self.leaks > 0 {
-            parts.push(format!(
-                "{} ({})",
-                plural(self.leaks, LEAK),
-                size(self.leak_bytes)
-            ));
-        }
-        parts.join(", ")
-    }
-
-    /// Adds the lines of one kind, at most [`SHOWN`], and a last line for the rest.
-    fn list<T>(&mut self, items: &[T], total: u64, what: &str, line: impl Fn(&T) -> String) {
-        self.list_with(items, total, what, |it| (line(it), Vec::new()));
-    }
-
-    /// [`Findings::list`] with lines under each (call stacks).
-    fn list_with<T>(
-        &mut self,
-        items: &[T],
-        total: u64,
-        what: &str,
-        line: impl Fn(&T) -> (String, Vec<String>),
-    ) {
+impl Listing {
+    /// Adds the lines of one list of findings, at most [`SHOWN`], and a last line for the rest
+    /// (`total` of them, `what`).
+    fn list(&mut self, items: &[Finding], total: u64, what: &str) {
         for it in items.iter().take(SHOWN) {
-            let (l, d) = line(it);
+            let (l, d) = finding_lines(it);
             self.lines.push(l);
             self.details.push(d);
         }
@@ -388,67 +334,114 @@ impl Findings {
     }
 }
 
-/// `FINDINGS: 1 stale write, 1 stale launch` or `findings: none (…)`.
-fn findings_headline(f: &Findings, of: Option<(usize, usize)>) -> String {
+/// `a, b or c`.
+fn or_list(w: &[&str]) -> String {
+    match w.split_last() {
+        None => String::new(),
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
+/// The headline of the findings: `FINDINGS: 1 stale write, 1 stale launch` when some count
+/// (the rule of [`crate::finding`]), `findings: none …` otherwise; findings that do not count
+/// (possible leaks) are said after, as not counted.
+/// `of`: for several traces, how many processes have findings that count, how many have others,
+/// and how many there are.
+fn findings_headline(f: &Tally, of: Option<(usize, usize, usize)>) -> String {
+    let words = |counted: bool| -> Vec<&str> {
+        Kind::ALL
+            .iter()
+            .filter(|k| k.counts() == counted)
+            .map(|k| k.word())
+            .collect()
+    };
     if f.total() == 0 {
+        let all: Vec<&str> = Kind::ALL.iter().map(|k| k.word()).collect();
+        return format!("findings: none (no {})", or_list(&all));
+    }
+    let within = |with: usize, n: usize| format!(", in {with} of {}", plural(n as u64, "process"));
+    let mut others = f.kinds(|k| !k.counts());
+    if let Some((_, with, n)) = of
+        && !others.is_empty()
+    {
+        others.push_str(&within(with, n));
+    }
+    if f.counted() == 0 {
         return format!(
-            "findings: none (no {STALE_WRITE}, {STALE_LAUNCH}, {INVALID_FREE}, {DOUBLE_FREE}, \
-             {DEVICE_FAULT} or {LEAK})"
+            "findings: none counted as errors (no {}); {others}",
+            or_list(&words(true))
         );
     }
-    let mut s = format!("FINDINGS: {}", f.kinds());
-    if let Some((with, n)) = of {
-        let _ = write!(s, ", in {with} of {}", plural(n as u64, "process"));
+    let mut s = format!("FINDINGS: {}", f.kinds(Kind::counts));
+    if let Some((with, _, n)) = of {
+        s.push_str(&within(with, n));
+    }
+    if !others.is_empty() {
+        let _ = write!(s, "; also {others}, not counted as errors");
     }
     s
 }
 
-fn findings(t: &TraceSummary) -> Findings {
+/// One trace's findings, listed.
+fn findings(t: &TraceSummary) -> Listing {
     let x = &t.totals;
-    let mut f = Findings {
-        stale_writes: x.poison_violation_count,
-        stale_launches: x.stale_launch_count,
-        invalid_frees: x.invalid_free_count.saturating_sub(x.double_free_count),
-        double_frees: x.double_free_count,
-        leaks: x.held_at_exit.possible_leak.count,
-        leak_bytes: x.held_at_exit.possible_leak.bytes,
-        ..Findings::default()
+    let mut f = Listing {
+        tally: Tally::of(x),
+        ..Listing::default()
     };
-    f.list_with(
-        &x.poison_violations,
+    let all = finding::findings(t);
+    let of = |k: &[Kind]| -> Vec<Finding> {
+        all.iter()
+            .copied()
+            .filter(|f| k.contains(&f.kind()))
+            .collect()
+    };
+    f.list(
+        &of(&[Kind::StaleWrite]),
         x.poison_violation_count,
         STALE_WRITE,
-        |v| {
+    );
+    f.list(
+        &of(&[Kind::StaleLaunch]),
+        x.stale_launch_count,
+        STALE_LAUNCH,
+    );
+    f.list(
+        &of(&[Kind::DeviceFault]),
+        x.device_fault_count,
+        DEVICE_FAULT,
+    );
+    f.list(
+        &of(&[Kind::InvalidFree, Kind::DoubleFree]),
+        x.invalid_free_count,
+        "invalid or double free",
+    );
+    f.list(
+        &of(&[Kind::PossibleLeak]),
+        x.held_at_exit.possible_leak.count,
+        LEAK,
+    );
+    f
+}
+
+/// The line of one finding and the lines under it (its call stacks).
+fn finding_lines(f: &Finding) -> (String, Vec<String>) {
+    match f {
+        Finding::StaleWrite(v) => {
             let mut d = stack_lines("allocated at", v.alloc_stack.as_ref());
             d.extend(stack_lines("freed at", v.free_stack.as_ref()));
             (stale_write_line(v), d)
-        },
-    );
-    f.list_with(&x.stale_launches, x.stale_launch_count, STALE_LAUNCH, |s| {
-        let mut d = stack_lines("launched at", s.launch_stack.as_ref());
-        d.extend(stack_lines("allocated at", s.alloc_stack.as_ref()));
-        d.extend(stack_lines("freed at", s.free_stack.as_ref()));
-        (stale_launch_line(s), d)
-    });
-    f.device_faults = x.device_fault_count;
-    if x.device_faults.is_empty() {
-        if let Some(c) = &t.first_faulted_call {
-            f.lines.push(faulted_call_line(c));
-            f.details.push(Vec::new());
         }
-    } else {
-        f.list(
-            &x.device_faults,
-            f.device_faults,
-            DEVICE_FAULT,
-            device_fault_line,
-        );
-    }
-    f.list_with(
-        &x.invalid_frees,
-        x.invalid_free_count,
-        "invalid or double free",
-        |i| {
+        Finding::StaleLaunch(s) => {
+            let mut d = stack_lines("launched at", s.launch_stack.as_ref());
+            d.extend(stack_lines("allocated at", s.alloc_stack.as_ref()));
+            d.extend(stack_lines("freed at", s.free_stack.as_ref()));
+            (stale_launch_line(s), d)
+        }
+        Finding::DeviceFault(Fault::Noted(d)) => (device_fault_line(d), Vec::new()),
+        Finding::DeviceFault(Fault::Returned(c)) => (faulted_call_line(c), Vec::new()),
+        Finding::InvalidFree(i) | Finding::DoubleFree(i) => {
             let mut d = stack_lines(
                 if i.double_free {
                     "freed again at"
@@ -460,20 +453,12 @@ fn findings(t: &TraceSummary) -> Findings {
             d.extend(stack_lines("first freed at", i.first_free_stack.as_ref()));
             d.extend(stack_lines("allocated at", i.alloc_stack.as_ref()));
             (invalid_free_line(i), d)
-        },
-    );
-    f.list_with(
-        &x.possible_leaks,
-        x.held_at_exit.possible_leak.count,
-        LEAK,
-        |l| {
-            (
-                leak_line(l),
-                stack_lines("allocated at", l.alloc_stack.as_ref()),
-            )
-        },
-    );
-    f
+        }
+        Finding::PossibleLeak(l) => (
+            leak_line(l),
+            stack_lines("allocated at", l.alloc_stack.as_ref()),
+        ),
+    }
 }
 
 /// Width of `allocated at`, `first freed at`, … under a finding.

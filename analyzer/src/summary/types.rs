@@ -73,7 +73,7 @@ pub struct PoisonViolation {
     pub free_stack: Option<ShownStack>,
     /// Stack ids (allocation, free) until the stacks are symbolised.
     #[serde(skip)]
-    pub(crate) stack_ids: [u32; 2],
+    pub(crate) stack_ids: [Option<u32>; 2],
 }
 
 /// Where a stale launch's pointer led: the allocation and its free.
@@ -121,7 +121,7 @@ pub struct StaleLaunchEntry {
     pub free_stack: Option<ShownStack>,
     /// Stack ids (launch, allocation, free) until the stacks are symbolised.
     #[serde(skip)]
-    pub(crate) stack_ids: [u32; 3],
+    pub(crate) stack_ids: [Option<u32>; 3],
 }
 
 /// A device fault that a call the library saw returned.
@@ -186,7 +186,7 @@ pub struct InvalidFree {
     pub alloc_stack: Option<ShownStack>,
     /// Stack ids (this call, first free, allocation) until the stacks are symbolised.
     #[serde(skip)]
-    pub(crate) stack_ids: [u32; 3],
+    pub(crate) stack_ids: [Option<u32>; 3],
 }
 
 impl InvalidFree {
@@ -355,7 +355,7 @@ pub struct HeldAllocation {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alloc_stack: Option<ShownStack>,
     #[serde(skip)]
-    pub(crate) stack_id: u32,
+    pub(crate) stack_id: Option<u32>,
 }
 
 /// Device memory of one allocation site (one call stack): how much of it was live at a moment.

@@ -1,0 +1,356 @@
+//! The findings: the one model of what isolate found wrong in a run, which every output
+//! renders (summary text and JSON, the report, the graph's text, DOT and JSON, `check`, `who`,
+//! the exports) and one rule for which of them make `--error-exitcode` and `check
+//! --no-violations` fail.
+//!
+//! A finding is filled **once**, from the trace, by the summary ([`crate::summary::Summarizer`]
+//! turns each Violation, StaleLaunch, invalid free, device-fault note and unexplained allocation
+//! held at exit into its record, with the calls it is about and their stack ids); a
+//! [`Finding`] is one of those records seen as what it is. The records are also the summary's
+//! JSON form, so their fields are frozen; this module adds the kinds, the counting and the rule.
+//!
+//! # The rule
+//!
+//! A finding **counts** (makes `--error-exitcode` and `check --no-violations` fail, and is
+//! what the summary's `FINDINGS:` headline adds up) when it is certainly a bug of the program:
+//! a stale write, a stale launch, an invalid free, a double free, a device fault. A possible
+//! leak (memory held at exit that nothing explains) is shown with the findings but never
+//! counted: holding memory until exit is often deliberate, and a caching allocator the analyzer
+//! does not know looks the same. [`Kind::counts`] says it; [`Tally::counted`] applies it; nothing
+//! else decides.
+//!
+//! Not findings: stale values (guard mode: a freed pointer a kernel got but never used), memory
+//! held at exit that something explains (a caching allocator, a CUDA library, a process that
+//! died), lost allocations, and the graph's own anomalies about nodes (`overlap`, `true_alias`,
+//! `never_freed`, `stale_value`; see [`crate::graph::Anomaly::finding`]).
+//!
+//! # Adding a kind
+//!
+//! Add a [`Kind`] and a [`Finding`] variant; the compiler then lists every output that does not
+//! show it yet (each renders through an exhaustive `match`). docs/design.md, "Adding a kind of
+//! finding", has the checklist.
+//!
+//! ```
+//! use isolate_analyzer::finding::{Kind, Tally};
+//! use isolate_analyzer::summary::Totals;
+//! let t = Totals { poison_violation_count: 1, invalid_free_count: 3, double_free_count: 1, ..Totals::default() };
+//! let f = Tally::of(&t);
+//! assert_eq!(f.get(Kind::InvalidFree), 2); // invalid frees that are not double frees
+//! assert_eq!(f.counted(), 4);
+//! assert_eq!(f.describe_counted(), "1 stale write, 2 invalid frees, 1 double free");
+//! assert_eq!(Tally::default().describe_counted(), "no stale writes, stale launches, invalid or double frees or device faults");
+//! assert!(!Kind::PossibleLeak.counts());
+//! ```
+
+use crate::summary::{
+    DeviceFault, FaultedCall, HeldAllocation, InvalidFree, PoisonViolation, StaleLaunchEntry,
+    Totals, TraceSummary,
+};
+use crate::words;
+
+/// What a finding is. The order of [`Kind::ALL`] is the order outputs name kinds in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// A write that landed in freed memory (a Violation record: quarantined poison changed).
+    StaleWrite,
+    /// A kernel launched with a pointer into freed memory that it used (a StaleLaunch record).
+    StaleLaunch,
+    /// A free of something that was not live and had not been freed before.
+    InvalidFree,
+    /// A free of something already freed.
+    DoubleFree,
+    /// The device faulted (a device-fault note, or a call that returned a fault code).
+    DeviceFault,
+    /// Device memory held at exit that nothing explains.
+    PossibleLeak,
+}
+
+impl Kind {
+    /// Every kind, in the order outputs name them.
+    pub const ALL: [Kind; 6] = [
+        Kind::StaleWrite,
+        Kind::StaleLaunch,
+        Kind::InvalidFree,
+        Kind::DoubleFree,
+        Kind::DeviceFault,
+        Kind::PossibleLeak,
+    ];
+
+    /// Its name in text, from [`crate::words`]: `stale write`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Kind::StaleWrite => words::STALE_WRITE,
+            Kind::StaleLaunch => words::STALE_LAUNCH,
+            Kind::InvalidFree => words::INVALID_FREE,
+            Kind::DoubleFree => words::DOUBLE_FREE,
+            Kind::DeviceFault => words::DEVICE_FAULT,
+            Kind::PossibleLeak => words::LEAK,
+        }
+    }
+
+    /// Its name in JSON (the report's `kind`): `stale_write`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Kind::StaleWrite => "stale_write",
+            Kind::StaleLaunch => "stale_launch",
+            Kind::InvalidFree => "invalid_free",
+            Kind::DoubleFree => "double_free",
+            Kind::DeviceFault => "device_fault",
+            Kind::PossibleLeak => "possible_leak",
+        }
+    }
+
+    /// **The rule**: whether a finding of this kind counts (for `--error-exitcode`, `check
+    /// --no-violations` and the summary's `FINDINGS:` headline). See the module docs.
+    pub fn counts(self) -> bool {
+        match self {
+            Kind::StaleWrite
+            | Kind::StaleLaunch
+            | Kind::InvalidFree
+            | Kind::DoubleFree
+            | Kind::DeviceFault => true,
+            Kind::PossibleLeak => false,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A device fault, as the trace tells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault<'a> {
+    /// The library noted the fault (with the launches it suspects).
+    Noted(&'a DeviceFault),
+    /// No note (traces of older libraries): a call returned a device-fault code.
+    Returned(&'a FaultedCall),
+}
+
+/// One finding: the record the summary filled from the trace, as what it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finding<'a> {
+    StaleWrite(&'a PoisonViolation),
+    StaleLaunch(&'a StaleLaunchEntry),
+    InvalidFree(&'a InvalidFree),
+    DoubleFree(&'a InvalidFree),
+    DeviceFault(Fault<'a>),
+    PossibleLeak(&'a HeldAllocation),
+}
+
+/// Which call a [`Site`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The call the finding is (the launch, the invalid free).
+    Call,
+    Allocated,
+    Freed,
+    /// A double free's first free.
+    FirstFreed,
+}
+
+/// A call a finding is about: its event, its API when known and its stack id (trace format 2
+/// with the stack known; `None` otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Site<'a> {
+    pub role: Role,
+    pub seq: u64,
+    pub api: Option<&'a str>,
+    pub stack: Option<u32>,
+}
+
+impl<'a> Finding<'a> {
+    /// Its kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Finding::StaleWrite(_) => Kind::StaleWrite,
+            Finding::StaleLaunch(_) => Kind::StaleLaunch,
+            Finding::InvalidFree(_) => Kind::InvalidFree,
+            Finding::DoubleFree(_) => Kind::DoubleFree,
+            Finding::DeviceFault(_) => Kind::DeviceFault,
+            Finding::PossibleLeak(_) => Kind::PossibleLeak,
+        }
+    }
+
+    /// An invalid free as the finding it is: a double free or an invalid one.
+    pub fn of_free(f: &'a InvalidFree) -> Finding<'a> {
+        if f.double_free {
+            Finding::DoubleFree(f)
+        } else {
+            Finding::InvalidFree(f)
+        }
+    }
+
+    /// The calls it is about, with their stack ids (as the summary knew them: the stacks of a
+    /// stale write's or stale launch's allocation and free come from the calls of recent frees
+    /// the summary remembers, see `Summarizer::freed`).
+    pub fn sites(&self) -> Vec<Site<'a>> {
+        let site = |role, seq, api: Option<&'a str>, stack| Site {
+            role,
+            seq,
+            api,
+            stack,
+        };
+        match *self {
+            Finding::StaleWrite(v) => vec![
+                site(
+                    Role::Allocated,
+                    v.alloc_seq,
+                    v.alloc_api.as_deref(),
+                    v.stack_ids[0],
+                ),
+                site(Role::Freed, v.free_seq, Some(&v.free_api), v.stack_ids[1]),
+            ],
+            Finding::StaleLaunch(s) => vec![
+                site(Role::Call, s.seq, Some(&s.api), s.stack_ids[0]),
+                site(
+                    Role::Allocated,
+                    s.allocation,
+                    s.alloc_api.as_deref(),
+                    s.stack_ids[1],
+                ),
+                site(
+                    Role::Freed,
+                    s.freed_at.seq,
+                    s.free_api.as_deref(),
+                    s.stack_ids[2],
+                ),
+            ],
+            Finding::InvalidFree(f) | Finding::DoubleFree(f) => {
+                let mut v = vec![site(Role::Call, f.seq, Some(&f.api), f.stack_ids[0])];
+                if let Some(c) = &f.first_free {
+                    v.push(site(Role::FirstFreed, c.seq, Some(&c.api), f.stack_ids[1]));
+                }
+                if let Some(c) = &f.allocated {
+                    v.push(site(Role::Allocated, c.seq, Some(&c.api), f.stack_ids[2]));
+                }
+                v
+            }
+            Finding::DeviceFault(Fault::Noted(d)) => match &d.call {
+                Some(c) => vec![site(Role::Call, c.seq, Some(&c.api), None)],
+                None => vec![site(Role::Call, d.seq, None, None)],
+            },
+            Finding::DeviceFault(Fault::Returned(c)) => {
+                vec![site(Role::Call, c.seq, Some(&c.api), None)]
+            }
+            Finding::PossibleLeak(l) => {
+                vec![site(Role::Allocated, l.seq, Some(&l.api), l.stack_id)]
+            }
+        }
+    }
+}
+
+/// The findings of one trace that the summary lists, in the order outputs list them: stale
+/// writes, stale launches, device faults, invalid and double frees (in the order they
+/// happened), possible leaks. At most [`LIST_CAP`](crate::summary::LIST_CAP) of each list;
+/// [`Tally`] has the full counts.
+pub fn findings(t: &TraceSummary) -> Vec<Finding<'_>> {
+    let x = &t.totals;
+    let mut v: Vec<Finding> = Vec::new();
+    v.extend(x.poison_violations.iter().map(Finding::StaleWrite));
+    v.extend(x.stale_launches.iter().map(Finding::StaleLaunch));
+    if x.device_faults.is_empty() {
+        v.extend(
+            t.first_faulted_call
+                .iter()
+                .map(|c| Finding::DeviceFault(Fault::Returned(c))),
+        );
+    } else {
+        v.extend(
+            x.device_faults
+                .iter()
+                .map(|d| Finding::DeviceFault(Fault::Noted(d))),
+        );
+    }
+    v.extend(x.invalid_frees.iter().map(Finding::of_free));
+    v.extend(x.possible_leaks.iter().map(Finding::PossibleLeak));
+    v
+}
+
+/// How many findings of each kind (of one trace, or several added up), and the bytes of the
+/// possible leaks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    n: [u64; Kind::ALL.len()],
+    pub leak_bytes: u64,
+}
+
+impl Tally {
+    /// The counts of a summary (of one trace or several): the one place they are read.
+    pub fn of(t: &Totals) -> Tally {
+        let mut f = Tally::default();
+        for k in Kind::ALL {
+            f.n[k.index()] = match k {
+                Kind::StaleWrite => t.poison_violation_count,
+                Kind::StaleLaunch => t.stale_launch_count,
+                Kind::InvalidFree => t.invalid_free_count.saturating_sub(t.double_free_count),
+                Kind::DoubleFree => t.double_free_count,
+                Kind::DeviceFault => t.device_fault_count,
+                Kind::PossibleLeak => t.held_at_exit.possible_leak.count,
+            };
+        }
+        f.leak_bytes = t.held_at_exit.possible_leak.bytes;
+        f
+    }
+
+    /// How many of `k`.
+    pub fn get(&self, k: Kind) -> u64 {
+        self.n[k.index()]
+    }
+
+    /// Adds `o`'s counts.
+    pub fn add(&mut self, o: &Tally) {
+        for (a, b) in self.n.iter_mut().zip(o.n) {
+            *a = a.saturating_add(b);
+        }
+        self.leak_bytes = self.leak_bytes.saturating_add(o.leak_bytes);
+    }
+
+    /// The findings that count ([`Kind::counts`]): what `--error-exitcode` and `check
+    /// --no-violations` fail on.
+    pub fn counted(&self) -> u64 {
+        Kind::ALL
+            .iter()
+            .filter(|k| k.counts())
+            .fold(0u64, |a, k| a.saturating_add(self.get(*k)))
+    }
+
+    /// Every finding, counted or not.
+    pub fn total(&self) -> u64 {
+        self.n.iter().fold(0u64, |a, &b| a.saturating_add(b))
+    }
+
+    /// `1 stale write, 2 double frees` (each kind found, in [`Kind::ALL`]'s order) of the kinds
+    /// `which` keeps; a possible leak with its bytes.
+    pub fn kinds(&self, which: impl Fn(Kind) -> bool) -> String {
+        let mut parts = Vec::new();
+        for k in Kind::ALL.into_iter().filter(|k| which(*k)) {
+            let n = self.get(k);
+            if n == 0 {
+                continue;
+            }
+            parts.push(match k {
+                Kind::PossibleLeak => format!(
+                    "{} ({})",
+                    words::plural(n, k.word()),
+                    words::size(self.leak_bytes)
+                ),
+                Kind::StaleWrite
+                | Kind::StaleLaunch
+                | Kind::InvalidFree
+                | Kind::DoubleFree
+                | Kind::DeviceFault => words::plural(n, k.word()),
+            });
+        }
+        parts.join(", ")
+    }
+
+    /// The counted findings in words, or what none were found: what `--error-exitcode` says.
+    pub fn describe_counted(&self) -> String {
+        if self.counted() == 0 {
+            "no stale writes, stale launches, invalid or double frees or device faults".to_owned()
+        } else {
+            self.kinds(Kind::counts)
+        }
+    }
+}
