@@ -171,3 +171,127 @@ fn exit_status_agrees_with_the_summary() {
         "{failing} failing, {passing} passing"
     );
 }
+
+mod common;
+use common::*;
+use isolate_trace::{NoteKind, Stats};
+
+/// One rule for `summary --error-exitcode` and `check --no-violations`: a device fault counts
+/// for both (`check` left it out before), a possible leak for neither; and the headline says
+/// which is which.
+#[test]
+fn a_device_fault_counts_and_a_possible_leak_does_not() {
+    let d = tempfile::tempdir().unwrap();
+    let mut leak = TraceBuilder::new();
+    leak.malloc(0x7f00_0000_0000, 4096); // never freed: a possible leak
+    leak.end(Stats::default());
+    leak.write(d.path(), "leak.trace");
+    let mut fault = TraceBuilder::new();
+    fault.malloc(0x7f00_0000_0000, 4096);
+    fault.free(0x7f00_0000_0000);
+    fault.note(NoteKind::DeviceFault, 700);
+    fault.end(Stats::default());
+    fault.write(d.path(), "fault.trace");
+
+    let o = isolate(
+        d.path(),
+        &["summary", "--error-exitcode", "9", "leak.trace"],
+    );
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    assert!(
+        o.stdout.contains(
+            "findings: none counted as errors (no stale write, stale launch, invalid free, \
+             double free or device fault); 1 possible leak (4.0 KiB)\n"
+        ),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stderr.contains(
+            "isolate: found no stale writes, stale launches, invalid or double frees or device \
+             faults"
+        ),
+        "{}",
+        o.stderr
+    );
+    let o = isolate(
+        d.path(),
+        &[
+            "check",
+            "leak.trace",
+            "--baseline",
+            "leak.trace",
+            "--no-violations",
+        ],
+    );
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    assert!(o.stdout.starts_with("ok: "), "{}", o.stdout);
+
+    let o = isolate(
+        d.path(),
+        &["summary", "--error-exitcode", "9", "fault.trace"],
+    );
+    assert_eq!(o.code, 9, "{}{}", o.stdout, o.stderr);
+    assert!(
+        o.stdout.contains("FINDINGS: 1 device fault\n"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stderr
+            .contains("isolate: found 1 device fault: exit status 9 (--error-exitcode)"),
+        "{}",
+        o.stderr
+    );
+    let o = isolate(
+        d.path(),
+        &[
+            "check",
+            "fault.trace",
+            "--baseline",
+            "fault.trace",
+            "--no-violations",
+        ],
+    );
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    assert_eq!(o.stdout.trim(), "violations found: 1 device fault");
+}
+
+/// A finding carries the calls it is about and their stack ids: a double free names itself, the
+/// first free and the allocation, each with the stack id its event had.
+#[test]
+fn a_finding_names_its_calls_and_their_stacks() {
+    use isolate_analyzer::finding::{self, Finding, Kind, Role, Site, Tally};
+    let d = tempfile::tempdir().unwrap();
+    let mut t = TraceBuilder::new();
+    let a = t.call_from(isolate_trace::Api::CudaMalloc, 0x7f00_0000_0000, 4096, 5);
+    let f = t.call_from(isolate_trace::Api::CudaFree, 0x7f00_0000_0000, 0, 6);
+    let again = t.call_from(isolate_trace::Api::CudaFree, 0x7f00_0000_0000, 0, 0);
+    t.end(Stats::default());
+    let p = t.write(d.path(), "t.trace");
+    let s = isolate_analyzer::summary::summarize(&[&p], &mut isolate_analyzer::NoProgress).unwrap();
+    let found = finding::findings(&s.traces[0]);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].kind(), Kind::DoubleFree);
+    assert!(matches!(found[0], Finding::DoubleFree(_)));
+    let site = |role, seq, api: &'static str, stack| Site {
+        role,
+        seq,
+        api: Some(api),
+        stack,
+    };
+    assert_eq!(
+        found[0].sites(),
+        vec![
+            site(Role::Call, again, "cudaFree", None),
+            site(Role::FirstFreed, f, "cudaFree", Some(6)),
+            site(Role::Allocated, a, "cudaMalloc", Some(5)),
+        ]
+    );
+    let tally = Tally::of(&s.totals);
+    assert_eq!(
+        (tally.get(Kind::DoubleFree), tally.get(Kind::InvalidFree)),
+        (1, 0)
+    );
+    assert_eq!((tally.counted(), tally.total()), (1, 1));
+}

@@ -103,7 +103,7 @@ fn assert_outcomes_by_name(text: &str) {
         assert_eq!(outcome, &want, "{name}:\n{text}");
     }
     for why in [
-        "1 invalid free(s)",
+        "isolate_no_findings: new findings during the test: 1 invalid free (see the trace",
         "isolate_limit_peak: device memory peaked at 4194304 bytes",
         "isolate_limit_leak: 2097152 bytes (2.0 MiB) more device memory held",
     ] {
@@ -238,7 +238,9 @@ fn a_stale_write_fails_the_test_that_made_it_at_its_end() {
     assert_eq!(outcome("test_pass_clean_after"), "PASSED", "{text}");
     assert_eq!(outcome("test_pass_check_now_counts"), "PASSED", "{text}");
     assert!(
-        text.contains("isolate_no_findings: new findings during the test: 1 stale write(s)"),
+        text.contains(
+            "isolate_no_findings: new findings during the test: 1 stale write (see the trace"
+        ),
         "{text}"
     );
     // Found by the check at the end of the test: said on stderr before the next test ran.

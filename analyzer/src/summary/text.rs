@@ -383,6 +383,19 @@ fn findings_headline(f: &Tally, of: Option<(usize, usize, usize)>) -> String {
     s
 }
 
+/// Where the text lists findings of kind `k`: the list's place among the lists, its name for
+/// its `… and N more` line, and how many it has in all (invalid and double frees share a list,
+/// in the order they happened).
+fn list_of(k: Kind, x: &Totals) -> (u8, &'static str, u64) {
+    match k {
+        Kind::StaleWrite => (0, STALE_WRITE, x.poison_violation_count),
+        Kind::StaleLaunch => (1, STALE_LAUNCH, x.stale_launch_count),
+        Kind::DeviceFault => (2, DEVICE_FAULT, x.device_fault_count),
+        Kind::InvalidFree | Kind::DoubleFree => (3, "invalid or double free", x.invalid_free_count),
+        Kind::PossibleLeak => (4, LEAK, x.held_at_exit.possible_leak.count),
+    }
+}
+
 /// One trace's findings, listed.
 fn findings(t: &TraceSummary) -> Listing {
     let x = &t.totals;
@@ -391,37 +404,17 @@ fn findings(t: &TraceSummary) -> Listing {
         ..Listing::default()
     };
     let all = finding::findings(t);
-    let of = |k: &[Kind]| -> Vec<Finding> {
-        all.iter()
+    let mut lists: Vec<(u8, &str, u64)> = Kind::ALL.iter().map(|k| list_of(*k, x)).collect();
+    lists.sort_by_key(|l| l.0);
+    lists.dedup();
+    for (at, what, total) in lists {
+        let items: Vec<Finding> = all
+            .iter()
             .copied()
-            .filter(|f| k.contains(&f.kind()))
-            .collect()
-    };
-    f.list(
-        &of(&[Kind::StaleWrite]),
-        x.poison_violation_count,
-        STALE_WRITE,
-    );
-    f.list(
-        &of(&[Kind::StaleLaunch]),
-        x.stale_launch_count,
-        STALE_LAUNCH,
-    );
-    f.list(
-        &of(&[Kind::DeviceFault]),
-        x.device_fault_count,
-        DEVICE_FAULT,
-    );
-    f.list(
-        &of(&[Kind::InvalidFree, Kind::DoubleFree]),
-        x.invalid_free_count,
-        "invalid or double free",
-    );
-    f.list(
-        &of(&[Kind::PossibleLeak]),
-        x.held_at_exit.possible_leak.count,
-        LEAK,
-    );
+            .filter(|f| list_of(f.kind(), x).0 == at)
+            .collect();
+        f.list(&items, total, what);
+    }
     f
 }
 

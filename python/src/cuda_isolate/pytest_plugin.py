@@ -4,8 +4,9 @@ Each test runs inside a region named by its node id, and these markers are check
 libisolate.so is loaded (``pytest --isolate``, ``isolate run -- pytest``, or ``LD_PRELOAD``):
 
 - ``@pytest.mark.isolate_no_findings``: fail if a stale write, a stale launch or an invalid free
-  was found while the test ran (the quarantine is checked at the end of the test,
-  ``isolate_check_now``, so a stale write the test made is found then);
+  (double frees included) was found while the test ran (the quarantine is checked at the end of
+  the test, ``isolate_check_now``, so a stale write the test made is found then); the failure
+  names them as the analyzer does (``1 stale write``);
 - ``@pytest.mark.isolate_limit_peak("2 GiB")``: fail if device memory held at once during the
   test went above the limit;
 - ``@pytest.mark.isolate_limit_leak("100 MiB")``: fail if the test left more than that much more
@@ -103,8 +104,31 @@ def pytest_report_header(config):
     )
 
 
+# The findings the library's counters hold, with the names and plurals the analyzer gives them
+# (analyzer/src/words.rs, analyzer/src/finding.rs). All of them count, as they do for
+# `isolate summary --error-exitcode` (invalid frees include double frees here: the library's
+# counter does not tell them apart). Device faults are findings too but not among the counters:
+# the trace has them (`isolate summary`). Possible leaks do not count, as for the analyzer;
+# `isolate_limit_leak` limits memory a test leaves held.
+_KINDS = (
+    ("stale_writes", "stale write", "stale writes"),
+    ("stale_launches", "stale launch", "stale launches"),
+    ("invalid_frees", "invalid free", "invalid frees"),
+)
+
+
 def _findings(c):
-    return c["stale_writes"] + c["stale_launches"] + c["invalid_frees"]
+    return sum(c[k] for k, _, _ in _KINDS)
+
+
+def _describe(before, after):
+    """``1 stale write, 2 invalid frees``: the findings made between two readings."""
+    parts = []
+    for k, one, many in _KINDS:
+        n = after[k] - before[k]
+        if n > 0:
+            parts.append("%d %s" % (n, one if n == 1 else many))
+    return ", ".join(parts)
 
 
 def _limit(item, name):
@@ -145,13 +169,8 @@ def pytest_runtest_call(item):
         after["stale_writes"] = checked
     if no_findings and _findings(after) > _findings(before):
         problems.append(
-            "isolate_no_findings: new findings during the test: %d stale write(s), %d stale "
-            "launch(es), %d invalid free(s) (see the trace: isolate summary)"
-            % (
-                after["stale_writes"] - before["stale_writes"],
-                after["stale_launches"] - before["stale_launches"],
-                after["invalid_frees"] - before["invalid_frees"],
-            )
+            "isolate_no_findings: new findings during the test: %s (see the trace: isolate "
+            "summary)" % _describe(before, after)
         )
     if peak_limit is not None:
         peak = after.get("window_peak_device_bytes", after["peak_device_bytes"])
