@@ -267,6 +267,10 @@ pub fn findings(t: &TraceSummary) -> Vec<Finding<'_>> {
     v
 }
 
+/// What `--error-exitcode` says when no finding counts.
+const NONE_COUNTED: &str =
+    "no stale writes, stale launches, invalid or double frees or device faults";
+
 /// How many findings of each kind (of one trace, or several added up), and the bytes of the
 /// possible leaks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -348,9 +352,69 @@ impl Tally {
     /// The counted findings in words, or what none were found: what `--error-exitcode` says.
     pub fn describe_counted(&self) -> String {
         if self.counted() == 0 {
-            "no stale writes, stale launches, invalid or double frees or device faults".to_owned()
+            // Every kind that counts (the test `none_names_every_counted_kind` holds it).
+            NONE_COUNTED.to_owned()
         } else {
             self.kinds(Kind::counts)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn none_names_every_counted_kind() {
+        // A kind that counts must be named in NONE_COUNTED: "invalid or double frees" names two.
+        let counted: Vec<Kind> = Kind::ALL.into_iter().filter(|k| k.counts()).collect();
+        assert_eq!(
+            counted,
+            [
+                Kind::StaleWrite,
+                Kind::StaleLaunch,
+                Kind::InvalidFree,
+                Kind::DoubleFree,
+                Kind::DeviceFault
+            ],
+            "a kind that counts was added or removed: say so in NONE_COUNTED"
+        );
+        for k in counted {
+            let stem = k.word().split(' ').next_back().unwrap();
+            assert!(NONE_COUNTED.contains(stem), "{k:?}");
+        }
+    }
+
+    #[test]
+    fn kinds_are_in_order_and_named_once() {
+        for (i, k) in Kind::ALL.iter().enumerate() {
+            assert_eq!(k.index(), i, "Kind::ALL is in declaration order");
+        }
+        let mut keys: Vec<&str> = Kind::ALL.iter().map(|k| k.key()).collect();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), Kind::ALL.len());
+    }
+
+    #[test]
+    fn tally_adds_and_counts_by_the_rule() {
+        let t = Totals {
+            stale_launch_count: 2,
+            device_fault_count: 1,
+            held_at_exit: crate::summary::HeldAtExit {
+                possible_leak: crate::summary::CountBytes {
+                    count: 3,
+                    bytes: 4096,
+                },
+                ..Default::default()
+            },
+            ..Totals::default()
+        };
+        let mut f = Tally::of(&t);
+        assert_eq!((f.counted(), f.total()), (3, 6));
+        f.add(&Tally::of(&t));
+        assert_eq!((f.counted(), f.total(), f.leak_bytes), (6, 12, 8192));
+        assert_eq!(f.describe_counted(), "4 stale launches, 2 device faults");
+        assert_eq!(f.kinds(|k| !k.counts()), "6 possible leaks (8.0 KiB)");
     }
 }

@@ -295,3 +295,42 @@ fn a_finding_names_its_calls_and_their_stacks() {
     );
     assert_eq!((tally.counted(), tally.total()), (1, 1));
 }
+
+/// The report renders the model: a clean run's all-clear names every kind (device faults
+/// included, which it left out before), and a double free is an entry of kind `double_free`.
+#[test]
+fn the_report_names_every_kind() {
+    let d = tempfile::tempdir().unwrap();
+    let mut clean = TraceBuilder::new();
+    clean.malloc(0x7f00_0000_0000, 4096);
+    clean.free(0x7f00_0000_0000);
+    clean.end(Stats::default());
+    let p = clean.write(d.path(), "clean.trace");
+    let html = isolate_analyzer::report::render(&[&p], &mut isolate_analyzer::NoProgress)
+        .unwrap()
+        .html;
+    assert!(
+        html.contains(
+            "No stale writes, stale launches, invalid frees, double frees, device faults or \
+             possible leaks found."
+        ),
+        "no all-clear naming every kind"
+    );
+    let mut twice = TraceBuilder::new();
+    twice.malloc(0x7f00_0000_0000, 4096);
+    twice.free(0x7f00_0000_0000);
+    twice.free(0x7f00_0000_0000);
+    twice.end(Stats::default());
+    let p = twice.write(d.path(), "twice.trace");
+    let html = isolate_analyzer::report::render(&[&p], &mut isolate_analyzer::NoProgress)
+        .unwrap()
+        .html;
+    assert!(
+        html.contains("\"kind\":\"double_free\""),
+        "no double_free entry"
+    );
+    assert!(
+        !html.contains("No stale writes"),
+        "an all-clear with a double free"
+    );
+}

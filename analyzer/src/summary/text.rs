@@ -302,8 +302,8 @@ fn ended(t: &TraceSummary) -> String {
     }
 }
 
-/// One trace's findings (or several traces'): their counts ([`Tally`]) and one line each
-/// (capped), with the call stacks under each.
+/// One trace's findings: their counts ([`Tally`]) and one line each (capped), with the call
+/// stacks under each.
 #[derive(Default)]
 struct Listing {
     tally: Tally,
