@@ -1,11 +1,15 @@
 //! What happens around each real call: in log mode, record it; in isolate mode, also keep freed
 //! memory out of circulation (see [`isolate`]). Hooks call only the functions of this file.
 //!
-//! Layer: policies. [`log`], [`guard`], [`isolate`] and [`launch`] stand side by side (isolate
-//! mode records as log mode does and uses guard mode's allocator; the launch check looks freed
-//! memory up in isolate mode's quarantine); each uses only the base and recording, and none
-//! uses this file.
+//! Layer: policies. The modules below this file, from the bottom (each uses only those before
+//! it, the base and recording; none uses this file): [`sync`] (device-wide synchronisations,
+//! numbered), [`device`] (each context's module, kernels, result buffers and release stream),
+//! [`log`], [`reuse`] (checked memory kept for reuse), [`frameworks`] (their pools off);
+//! [`guard`] (uses sync); [`release`] (the release stream's work; uses device); [`isolate`], a
+//! folder (uses log, guard, release, reuse and device); [`launch`] (the launch check; uses
+//! isolate's quarantine index and sync).
 
+pub mod device;
 pub mod frameworks;
 pub mod guard;
 pub mod isolate;
@@ -191,6 +195,7 @@ pub fn after_fork_child() {
     launch::after_fork_child();
     guard::after_fork_child();
     isolate::after_fork_child();
+    device::after_fork_child();
     reuse::after_fork_child();
 }
 

@@ -11,11 +11,13 @@
 //! allocations freed ([`free_all`], `cuMemFreeAsync` on the then idle release stream). Freed
 //! behind the check instead, they would be memory whose free has not happened yet when the
 //! program allocates again: the driver's pool then either makes the program's stream wait for
-//! the check (its internal dependencies) or grows. Descriptors and results live in [`SLOTS`] slots of a module global, so
-//! the library makes no allocation of device memory through the API it hooks.
+//! the check (its internal dependencies) or grows. Descriptors and results live in [`SLOTS`]
+//! slots of a module global ([`device`]: the context's module, kernels, buffers and release
+//! stream), so the library makes no allocation of device memory through the API it hooks.
 //!
-//! Layer: policies. Uses the base only.
+//! Layer: policies. Uses the base and [`super::device`].
 
+use super::device::{self, BATCH, SLOT_BYTES, SLOTS, launch_kernel};
 use crate::base::config;
 use crate::base::cuda::*;
 use crate::base::real::*;
@@ -24,34 +26,11 @@ use rustc_hash::FxHashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
-/// Allocations checked by one launch (the result copy of one slot).
-pub const BATCH: usize = 256;
-/// Batches that can be in flight at once per context.
-pub const SLOTS: usize = 8;
-const SLOT_BYTES: usize = BATCH * 32;
-
-/// The verification kernels (`isolate_verify` for the synchronous release, `isolate_verify_many`
-/// for this one), JIT-compiled by the driver on first use in each context.
-pub static PTX: &str = concat!(include_str!("verify.ptx"), "\0");
-
-/// What one context needs: the release stream, the kernel, the slots on both sides.
-struct Res {
-    stream: CUstream,
-    func: CUfunction,
-    /// `isolate_verify_many16` (128-bit loads), for batches whose allocations all start
-    /// 16-byte aligned, where the module has it.
-    func16: Option<CUfunction>,
-    /// `isolate_poison`, where the module has it (`ISOLATE_POISON_BY=kernel`).
-    fill: Option<CUfunction>,
-    /// `isolate_poison_many`, where the module has it: the deferred poisons ([`defer`]).
-    fill_many: Option<CUfunction>,
-    ring: CUdeviceptr,
-    host: *mut u8,
-    busy: [bool; SLOTS],
+/// A context's release side and the state of its slots.
+struct Res<'a> {
+    d: device::Release,
+    busy: &'a mut [bool; SLOTS],
 }
-
-// SAFETY: CUDA handles and pinned memory are usable from any thread; access is under a lock.
-unsafe impl Send for Res {}
 
 /// A stream's event: recorded after the stream's poisons, or recorded again by [`refresh`]
 /// before a check of memory freed there.
@@ -66,9 +45,8 @@ struct Mark {
 }
 
 struct State {
-    /// Per context: its resources, `None` where they could not be made (then the caller
-    /// releases the old, synchronous way).
-    res: Vec<(usize, Option<Res>)>,
+    /// Per context: which of its slots are in flight.
+    busy: Vec<(usize, [bool; SLOTS])>,
     /// Per (context, stream): the stream's event.
     marks: FxHashMap<(usize, usize), Mark>,
     /// Poisons not queued yet ([`defer`]): (context, stream, ptr, len), in the order freed.
@@ -103,7 +81,7 @@ pub fn after_fork_child() {
 fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
     let mut g = STATE.lock();
     let s = g.get_or_insert_with(|| State {
-        res: Vec::new(),
+        busy: Vec::new(),
         marks: FxHashMap::default(),
         pending: Vec::new(),
         taken: Vec::new(),
@@ -279,43 +257,12 @@ pub fn stream_gone(stream: usize) {
     });
 }
 
-/// Launches `func` on `stream` with `gx` x `gy` blocks of 256 threads and `params` (the real
-/// `cuLaunchKernel`: the library's own kernels are never checked); `None` where the driver has
-/// no launch.
-///
-/// # Safety
-/// `func` is a kernel of the current context, `stream` one of its streams (or null), and
-/// `params` points at one value per kernel parameter, of its type.
-pub unsafe fn launch_kernel(
-    func: CUfunction,
-    (gx, gy): (u32, u32),
-    stream: CUstream,
-    params: &mut [*mut c_void],
-) -> Option<CUresult> {
-    let launch = LAUNCH_KERNEL.get()?;
-    Some(unsafe {
-        launch(
-            func,
-            gx,
-            gy,
-            1,
-            256,
-            1,
-            1,
-            0,
-            stream,
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    })
-}
-
 /// Poisons [ptr, ptr+len) (4-byte aligned) on `stream` of context `ctx` with one launch of
 /// `isolate_poison`; `None` where the kernel is not to be had (the caller then uses the
 /// driver's memset).
 pub fn poison(ctx: usize, stream: usize, ptr: u64, len: u64, byte: u8) -> Option<CUresult> {
     let stream = stream as CUstream;
-    let fill = with(|s| resources(s, ctx).and_then(|r| r.fill))?;
+    let fill = with(|s| resources(s, ctx).and_then(|r| r.d.fill))?;
     let (mut p, mut n, mut pat) = (ptr, len, u32::from_ne_bytes([byte; 4]));
     let mut params: [*mut c_void; 3] = [
         (&mut p as *mut u64).cast(),
@@ -337,7 +284,7 @@ pub fn defer(ctx: usize, stream: usize, ptr: u64, len: u64) -> Option<usize> {
         return None;
     }
     with(|s| {
-        resources(s, ctx)?.fill_many?;
+        resources(s, ctx)?.d.fill_many?;
         let ev = stream_event(s, ctx, stream);
         if ev == 0 {
             return None;
@@ -388,7 +335,7 @@ fn flush_locked(s: &mut State, ctx: usize) {
     if let Some(byte) = config::get().poison {
         // By stream, each stream's in the order freed (a stable sort).
         mine.sort_by_key(|p| p.0);
-        let fill = resources(s, ctx).and_then(|r| r.fill_many);
+        let fill = resources(s, ctx).and_then(|r| r.d.fill_many);
         // Recorded after the poisons now only where `refresh` might not be able to later.
         let record = EVENT_RECORD
             .get()
@@ -464,73 +411,16 @@ impl Launched {
     }
 }
 
-/// The context's resources, made on first use; `None` where the driver cannot load the kernel
-/// (e.g. the CI stand-in without its emulation) or any piece fails.
-fn resources(s: &mut State, ctx: usize) -> Option<&mut Res> {
-    if !s.res.iter().any(|(c, _)| *c == ctx) {
-        let made = make();
-        s.res.push((ctx, made));
+/// The release side of context `ctx` ([`device::release`], made on first use) and its slots;
+/// `None` where the driver cannot load the kernel (e.g. the CI stand-in without its emulation)
+/// or any piece fails.
+fn resources(s: &mut State, ctx: usize) -> Option<Res<'_>> {
+    let d = device::release(ctx)?;
+    if !s.busy.iter().any(|(c, _)| *c == ctx) {
+        s.busy.push((ctx, [false; SLOTS]));
     }
-    s.res
-        .iter_mut()
-        .find(|(c, _)| *c == ctx)
-        .and_then(|(_, r)| r.as_mut())
-}
-
-fn make() -> Option<Res> {
-    let load = MODULE_LOAD_DATA.get()?;
-    let get = MODULE_GET_FUNCTION.get()?;
-    let global = MODULE_GET_GLOBAL.get()?;
-    let screate = STREAM_CREATE.get()?;
-    let halloc = MEM_ALLOC_HOST.get()?;
-    // Every function the release calls must exist before anything is queued.
-    STREAM_WAIT_EVENT.get()?;
-    EVENT_QUERY.get()?;
-    MEMCPY_HTOD_ASYNC.get()?;
-    MEMCPY_DTOH_ASYNC.get()?;
-    MEM_FREE_ASYNC.get()?;
-    LAUNCH_KERNEL.get()?;
-    let mut module: *mut c_void = std::ptr::null_mut();
-    if unsafe { load(&mut module, PTX.as_ptr().cast()) } != CUDA_SUCCESS {
-        return None;
-    }
-    let mut func: CUfunction = std::ptr::null_mut();
-    if unsafe { get(&mut func, module, c"isolate_verify_many".as_ptr()) } != CUDA_SUCCESS {
-        return None;
-    }
-    // The module's other kernels, each optional.
-    let optional = |name: &std::ffi::CStr| {
-        let mut f: CUfunction = std::ptr::null_mut();
-        (unsafe { get(&mut f, module, name.as_ptr()) } == CUDA_SUCCESS && !f.is_null()).then_some(f)
-    };
-    let func16 = optional(c"isolate_verify_many16");
-    let fill = optional(c"isolate_poison");
-    let fill_many = optional(c"isolate_poison_many");
-    let (mut ring, mut bytes): (CUdeviceptr, usize) = (0, 0);
-    if unsafe { global(&mut ring, &mut bytes, module, c"isolate_ring".as_ptr()) } != CUDA_SUCCESS
-        || bytes < SLOTS * SLOT_BYTES
-    {
-        return None;
-    }
-    let mut host: *mut c_void = std::ptr::null_mut();
-    if unsafe { halloc(&mut host, SLOTS * SLOT_BYTES) } != CUDA_SUCCESS || host.is_null() {
-        return None;
-    }
-    let mut stream: CUstream = std::ptr::null_mut();
-    // CU_STREAM_NON_BLOCKING = 1: never ordered behind the legacy default stream.
-    if unsafe { screate(&mut stream, 1) } != CUDA_SUCCESS {
-        return None;
-    }
-    Some(Res {
-        stream,
-        func,
-        func16,
-        fill,
-        fill_many,
-        ring,
-        host: host.cast(),
-        busy: [false; SLOTS],
-    })
+    let busy = &mut s.busy.iter_mut().find(|(c, _)| *c == ctx)?.1;
+    Some(Res { d, busy })
 }
 
 /// Whether context `ctx` can release asynchronously (loads its resources on first use).
@@ -562,12 +452,12 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
         EVENT_CREATE.get()?;
         EVENT_RECORD.get()?;
         for &ev in waits {
-            if unsafe { wait(r.stream, ev as *mut c_void, 0) } != CUDA_SUCCESS {
+            if unsafe { wait(r.d.stream, ev as *mut c_void, 0) } != CUDA_SUCCESS {
                 return None;
             }
         }
         // Descriptors then initial results ({0, MAX}) in the slot's host half, one copy down.
-        let host = unsafe { r.host.add(slot * SLOT_BYTES) } as *mut u64;
+        let host = unsafe { r.d.host.add(slot * SLOT_BYTES) } as *mut u64;
         for (i, &(p, len)) in items[..n].iter().enumerate() {
             unsafe {
                 *host.add(2 * i) = p;
@@ -576,15 +466,21 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
                 *host.add(2 * BATCH + 2 * i + 1) = u64::MAX;
             }
         }
-        let dev = r.ring + (slot * SLOT_BYTES) as u64;
+        let dev = r.d.ring + (slot * SLOT_BYTES) as u64;
         let res_off = (BATCH * 16) as u64;
-        if unsafe { htod(dev, host.cast(), n * 16, r.stream) } != CUDA_SUCCESS
-            || unsafe { htod(dev + res_off, host.add(2 * BATCH).cast(), n * 16, r.stream) }
-                != CUDA_SUCCESS
+        if unsafe { htod(dev, host.cast(), n * 16, r.d.stream) } != CUDA_SUCCESS
+            || unsafe {
+                htod(
+                    dev + res_off,
+                    host.add(2 * BATCH).cast(),
+                    n * 16,
+                    r.d.stream,
+                )
+            } != CUDA_SUCCESS
         {
             return None;
         }
-        let (func, bx) = grid(r, &items[..n]);
+        let (func, bx) = grid(&r, &items[..n]);
         let mut descs = dev;
         let mut count = n as u32;
         let mut pat = u32::from_ne_bytes([byte; 4]);
@@ -595,20 +491,27 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
             (&mut pat as *mut u32).cast(),
             (&mut out as *mut u64).cast(),
         ];
-        let launched = unsafe { launch_kernel(func, (bx, n as u32), r.stream, &mut params)? };
+        let launched = unsafe { launch_kernel(func, (bx, n as u32), r.d.stream, &mut params)? };
         if launched != CUDA_SUCCESS {
             return None;
         }
-        let copied = unsafe { dtoh(host.add(2 * BATCH).cast(), dev + res_off, n * 16, r.stream) };
+        let copied = unsafe {
+            dtoh(
+                host.add(2 * BATCH).cast(),
+                dev + res_off,
+                n * 16,
+                r.d.stream,
+            )
+        };
         let done = if copied == CUDA_SUCCESS {
-            record_event(r.stream as usize)
+            record_event(r.d.stream as usize)
         } else {
             0
         };
         if done == 0 {
             // The check is queued but its results cannot be waited for: wait here instead.
             if let Some(sync) = STREAM_SYNCHRONIZE.get() {
-                unsafe { sync(r.stream) };
+                unsafe { sync(r.d.stream) };
             }
         }
         r.busy[slot] = true;
@@ -623,9 +526,9 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
 /// Short and wide is right: capped at 256 blocks a launch (tried on the H200, seventh session),
 /// the long-lived check blocks sat beside the program's kernels on every SM and ResNet-50's
 /// step took 2.48× the default's (1.33× with this shape), GPT-2's 2.32× (1.16×).
-fn grid(r: &Res, items: &[(u64, u64)]) -> (CUfunction, u32) {
-    let (wide, bx) = shape(r.func16.is_some(), items);
-    (r.func16.filter(|_| wide).unwrap_or(r.func), bx)
+fn grid(r: &Res<'_>, items: &[(u64, u64)]) -> (CUfunction, u32) {
+    let (wide, bx) = shape(r.d.func16.is_some(), items);
+    (r.d.func16.filter(|_| wide).unwrap_or(r.d.func), bx)
 }
 
 /// [`grid`]'s choice: whether the 128-bit kernel checks `items` (it exists and every start is
@@ -666,12 +569,8 @@ pub fn poll(l: &Launched, wait: bool) -> Option<Vec<(u64, u64)>> {
         }
     }
     with(|s| {
-        let r = s
-            .res
-            .iter_mut()
-            .find(|(c, _)| *c == l.ctx)
-            .and_then(|(_, r)| r.as_mut())?;
-        let host = unsafe { r.host.add(l.slot * SLOT_BYTES) } as *const u64;
+        let r = resources(s, l.ctx)?;
+        let host = unsafe { r.d.host.add(l.slot * SLOT_BYTES) } as *const u64;
         let out = (0..l.n)
             .map(|i| {
                 let (changed, first) = unsafe {
@@ -697,7 +596,7 @@ pub fn free_all(ctx: usize, ptrs: &[u64], wait: bool) -> bool {
     let Some(free) = MEM_FREE_ASYNC.get() else {
         return false;
     };
-    let Some(stream) = with(|s| resources(s, ctx).map(|r| r.stream)) else {
+    let Some(stream) = device::release(ctx).map(|r| r.stream) else {
         return false;
     };
     for &p in ptrs {

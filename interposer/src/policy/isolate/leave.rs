@@ -9,11 +9,12 @@
 
 use super::counters::{ASYNC_BATCHES, ON_DEVICE, ON_HOST, RELEASE_NS, WAIT_NS};
 use super::state::{Entry, Held, current_ctx, st, state};
-use super::verify::{BATCH, report, verify_batch_on_device, verify_on_host};
+use super::verify::{report, verify_batch_on_device, verify_on_host};
 use crate::base::config;
 use crate::base::cuda::*;
 use crate::base::real::{self, *};
 use crate::base::sys::{ForkLock, now_ns};
+use crate::policy::device::BATCH;
 use crate::policy::{release, reuse};
 use crate::record::writer::Q_RELEASES;
 use std::collections::VecDeque;
@@ -102,7 +103,7 @@ pub(super) fn release_async(entries: &[Entry]) -> Vec<Entry> {
             rest.extend(group);
         } else {
             refresh_streams(ctx, &group);
-            for chunk in group.chunks(release::BATCH) {
+            for chunk in group.chunks(BATCH) {
                 let mut waits: Vec<usize> = chunk.iter().map(|e| e.mark).collect();
                 waits.sort_unstable();
                 waits.dedup();

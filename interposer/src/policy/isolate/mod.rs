@@ -12,7 +12,7 @@
 //! is what the rest of the policies see.
 //!
 //! Layer: policies. Uses the base, recording, [`super::log`], [`super::guard`],
-//! [`super::release`] and [`super::reuse`].
+//! [`super::release`], [`super::reuse`] and [`super::device`].
 
 mod alloc;
 mod counters;
@@ -41,7 +41,6 @@ use std::sync::atomic::Ordering::*;
 /// of the parent may have held these locks at the fork.
 pub fn after_fork_child() {
     state::STATE.reset_in_child(None);
-    verify::KERNELS.reset_in_child(Vec::new());
     leave::INFLIGHT.reset_in_child(VecDeque::new());
     leave::IN_FLIGHT.store(0, Relaxed);
     exit::EXIT_OWNER.store(unsafe { libc::getpid() } as u32, Release);

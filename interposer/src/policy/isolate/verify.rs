@@ -2,21 +2,18 @@
 //! kernel, all launched, then one copy back) or, where no kernel can be loaded, with copies to
 //! the host; a changed byte is a stale write, recorded as a `Violation` and said on stderr.
 //!
-//! Layer: policies. Uses the base, recording, [`crate::policy::release`] (the module's PTX and
-//! its launch) and the folder's state.
+//! Layer: policies. Uses the base, recording, [`crate::policy::device`] (the context's kernel
+//! and result buffer) and the folder's state.
 
 use super::state::{Entry, current_ctx};
 use crate::base::cuda::*;
 use crate::base::real::{self, *};
-use crate::base::sys::{ForkLock, now_ns, warn};
-use crate::policy::release;
+use crate::base::sys::{now_ns, warn};
+use crate::policy::device::{self, BATCH};
 use crate::record::event;
 use crate::record::writer;
 use isolate_trace::{Record, Violation};
 use std::ffi::c_void;
-
-/// Entries verified with one result copy.
-pub(super) const BATCH: usize = 256;
 
 /// Records a violation (and says so on stderr) when the poison changed.
 pub(super) fn report(e: &Entry, first: u64, changed: u64) {
@@ -48,55 +45,10 @@ pub(super) fn report(e: &Entry, first: u64, changed: u64) {
     writer::submit(Record::Violation(v));
 }
 
-pub(super) struct Kernel {
-    func: CUfunction,
-    result: CUdeviceptr,
-}
-
-// SAFETY: CUDA handles are usable from any thread.
-unsafe impl Send for Kernel {}
-
-pub(super) static KERNELS: ForkLock<Vec<(usize, Option<Kernel>)>> = ForkLock::new(Vec::new());
-
-/// The verification kernel of the current context, loaded on first use (`None` if the driver
-/// cannot load it, e.g. the CI stand-in: then the host path is used).
-pub(super) fn kernel_for_current() -> Option<(CUfunction, CUdeviceptr)> {
-    let ctx = current_ctx();
-    let mut g = KERNELS.lock();
-    if let Some((_, k)) = g.iter().find(|(c, _)| *c == ctx) {
-        return k.as_ref().map(|k| (k.func, k.result));
-    }
-    let loaded = (|| {
-        let load = MODULE_LOAD_DATA.get()?;
-        let get = MODULE_GET_FUNCTION.get()?;
-        let global = MODULE_GET_GLOBAL.get()?;
-        let mut module: *mut c_void = std::ptr::null_mut();
-        if unsafe { load(&mut module, release::PTX.as_ptr().cast()) } != CUDA_SUCCESS {
-            return None;
-        }
-        let mut func: CUfunction = std::ptr::null_mut();
-        if unsafe { get(&mut func, module, c"isolate_verify".as_ptr()) } != CUDA_SUCCESS {
-            return None;
-        }
-        // The result buffer is the module's own global: no allocation call of ours in a hook.
-        let (mut result, mut bytes): (CUdeviceptr, usize) = (0, 0);
-        if unsafe { global(&mut result, &mut bytes, module, c"isolate_result".as_ptr()) }
-            != CUDA_SUCCESS
-            || bytes < BATCH * 16
-        {
-            return None;
-        }
-        Some(Kernel { func, result })
-    })();
-    let r = loaded.as_ref().map(|k| (k.func, k.result));
-    g.push((ctx, loaded));
-    r
-}
-
 /// (first changed offset, changed bytes) of each entry, counted by kernels on the device: all
 /// launched, then one copy back.
 pub(super) fn verify_batch_on_device(entries: &[&Entry], byte: u8) -> Option<Vec<(u64, u64)>> {
-    let (func, result) = kernel_for_current()?;
+    let device::Verify { func, result } = device::verify(current_ctx())?;
     real::LAUNCH_KERNEL.get()?;
     let htod = MEMCPY_HTOD.get()?;
     let dtoh = MEMCPY_DTOH.get()?;
@@ -117,9 +69,8 @@ pub(super) fn verify_batch_on_device(entries: &[&Entry], byte: u8) -> Option<Vec
             (&mut out as *mut u64).cast(),
         ];
         let blocks = (e.size / 4).div_ceil(256).clamp(1, 132 * 8) as u32;
-        let r = unsafe {
-            release::launch_kernel(func, (blocks, 1), std::ptr::null_mut(), &mut params)?
-        };
+        let r =
+            unsafe { device::launch_kernel(func, (blocks, 1), std::ptr::null_mut(), &mut params)? };
         if r != CUDA_SUCCESS {
             return None;
         }

@@ -1,0 +1,216 @@
+//! The device side of isolation, made once per context and shared by everything that needs it:
+//! the PTX module (`verify.ptx`, JIT-compiled by the driver and loaded once per context), its
+//! kernels, the result buffers (module globals, so the library allocates no device memory
+//! through the API it hooks; pinned host memory for the release stream's copies) and the
+//! release stream. Each part is made on its first use in a context; a part the driver cannot
+//! make stays `None` there for good, and its user goes another way (the host check, the
+//! synchronous release, the driver's memset).
+//!
+//! Layer: policies. Uses the base only.
+
+use crate::base::cuda::*;
+use crate::base::real::*;
+use crate::base::sys::ForkLock;
+use std::ffi::{CStr, c_void};
+
+/// Allocations checked by one launch, and by one copy of results back: the synchronous check's
+/// batch and the release stream's (a slot of [`Release::ring`]).
+pub const BATCH: usize = 256;
+/// Batches that can be in flight at once per context on the release stream.
+pub const SLOTS: usize = 8;
+/// Bytes of one slot: [`BATCH`] descriptors (ptr, len), then [`BATCH`] results (changed, first).
+pub const SLOT_BYTES: usize = BATCH * 32;
+
+/// The module's kernels (`isolate_verify` for the synchronous check, `isolate_verify_many`
+/// and `isolate_verify_many16` for the release stream's, `isolate_poison` and
+/// `isolate_poison_many` for the poisons) and its globals.
+static PTX: &str = concat!(include_str!("verify.ptx"), "\0");
+
+/// The synchronous check's kernel and its results (the module global `isolate_result`,
+/// [`BATCH`] pairs).
+#[derive(Clone, Copy)]
+pub struct Verify {
+    pub func: CUfunction,
+    pub result: CUdeviceptr,
+}
+
+/// What the release stream needs: the stream, its kernels, the slots on both sides.
+#[derive(Clone, Copy)]
+pub struct Release {
+    pub stream: CUstream,
+    /// `isolate_verify_many`.
+    pub func: CUfunction,
+    /// `isolate_verify_many16` (128-bit loads), for batches whose allocations all start
+    /// 16-byte aligned, where the module has it.
+    pub func16: Option<CUfunction>,
+    /// `isolate_poison`, where the module has it (`ISOLATE_POISON_BY=kernel`).
+    pub fill: Option<CUfunction>,
+    /// `isolate_poison_many`, where the module has it: the deferred poisons.
+    pub fill_many: Option<CUfunction>,
+    /// [`SLOTS`] slots of [`SLOT_BYTES`] on the device (the module global `isolate_ring`).
+    pub ring: CUdeviceptr,
+    /// The same on the host, pinned.
+    pub host: *mut u8,
+}
+
+/// One context's parts; `None` inside: tried, and not to be had.
+#[derive(Default)]
+struct Parts {
+    module: Option<Option<usize>>,
+    verify: Option<Option<Verify>>,
+    release: Option<Option<Release>>,
+}
+
+// SAFETY: CUDA handles and pinned memory are usable from any thread; access is under a lock.
+unsafe impl Send for Parts {}
+
+static CACHE: ForkLock<Vec<(usize, Parts)>> = ForkLock::new(Vec::new());
+
+/// In a fork child: the parent's handles are not the child's.
+pub fn after_fork_child() {
+    CACHE.reset_in_child(Vec::new());
+}
+
+/// `f` with context `ctx`'s parts (made empty on its first use).
+fn with<R>(ctx: usize, f: impl FnOnce(&mut Parts) -> R) -> R {
+    let mut g = CACHE.lock();
+    let i = match g.iter().position(|(c, _)| *c == ctx) {
+        Some(i) => i,
+        None => {
+            g.push((ctx, Parts::default()));
+            g.len() - 1
+        }
+    };
+    f(&mut g[i].1)
+}
+
+/// The module of the current context `ctx`, loaded on first use.
+fn module(p: &mut Parts) -> Option<*mut c_void> {
+    let m = *p.module.get_or_insert_with(|| {
+        let load = MODULE_LOAD_DATA.get()?;
+        let mut module: *mut c_void = std::ptr::null_mut();
+        (unsafe { load(&mut module, PTX.as_ptr().cast()) } == CUDA_SUCCESS)
+            .then_some(module as usize)
+    });
+    m.map(|m| m as *mut c_void)
+}
+
+fn function(module: *mut c_void, name: &CStr) -> Option<CUfunction> {
+    let get = MODULE_GET_FUNCTION.get()?;
+    let mut f: CUfunction = std::ptr::null_mut();
+    (unsafe { get(&mut f, module, name.as_ptr()) } == CUDA_SUCCESS).then_some(f)
+}
+
+/// A module global of at least `bytes`.
+fn global(module: *mut c_void, name: &CStr, bytes: usize) -> Option<CUdeviceptr> {
+    let get = MODULE_GET_GLOBAL.get()?;
+    let (mut ptr, mut size): (CUdeviceptr, usize) = (0, 0);
+    (unsafe { get(&mut ptr, &mut size, module, name.as_ptr()) } == CUDA_SUCCESS && size >= bytes)
+        .then_some(ptr)
+}
+
+/// The synchronous check's kernel of context `ctx` (current), made on first use; `None` where
+/// the driver cannot load it (e.g. the CI stand-in: then the host check is used).
+pub fn verify(ctx: usize) -> Option<Verify> {
+    with(ctx, |p| {
+        if let Some(v) = p.verify {
+            return v;
+        }
+        let v = (|| {
+            MODULE_GET_FUNCTION.get()?;
+            MODULE_GET_GLOBAL.get()?;
+            let module = module(p)?;
+            let func = function(module, c"isolate_verify")?;
+            // The result buffer is the module's own global: no allocation call of ours in a hook.
+            let result = global(module, c"isolate_result", BATCH * 16)?;
+            Some(Verify { func, result })
+        })();
+        p.verify = Some(v);
+        v
+    })
+}
+
+/// The release stream's side of context `ctx` (current), made on first use; `None` where the
+/// driver cannot load the kernel (e.g. the CI stand-in without its emulation) or any piece
+/// fails (then the caller releases the synchronous way).
+pub fn release(ctx: usize) -> Option<Release> {
+    with(ctx, |p| {
+        if let Some(r) = p.release {
+            return r;
+        }
+        let r = make_release(p);
+        p.release = Some(r);
+        r
+    })
+}
+
+fn make_release(p: &mut Parts) -> Option<Release> {
+    let screate = STREAM_CREATE.get()?;
+    let halloc = MEM_ALLOC_HOST.get()?;
+    MODULE_GET_FUNCTION.get()?;
+    MODULE_GET_GLOBAL.get()?;
+    // Every function the release calls must exist before anything is queued.
+    STREAM_WAIT_EVENT.get()?;
+    EVENT_QUERY.get()?;
+    MEMCPY_HTOD_ASYNC.get()?;
+    MEMCPY_DTOH_ASYNC.get()?;
+    MEM_FREE_ASYNC.get()?;
+    LAUNCH_KERNEL.get()?;
+    let module = module(p)?;
+    let func = function(module, c"isolate_verify_many")?;
+    // The module's other kernels, each optional.
+    let optional = |name: &CStr| function(module, name).filter(|f| !f.is_null());
+    let func16 = optional(c"isolate_verify_many16");
+    let fill = optional(c"isolate_poison");
+    let fill_many = optional(c"isolate_poison_many");
+    let ring = global(module, c"isolate_ring", SLOTS * SLOT_BYTES)?;
+    let mut host: *mut c_void = std::ptr::null_mut();
+    if unsafe { halloc(&mut host, SLOTS * SLOT_BYTES) } != CUDA_SUCCESS || host.is_null() {
+        return None;
+    }
+    let mut stream: CUstream = std::ptr::null_mut();
+    // CU_STREAM_NON_BLOCKING = 1: never ordered behind the legacy default stream.
+    if unsafe { screate(&mut stream, 1) } != CUDA_SUCCESS {
+        return None;
+    }
+    Some(Release {
+        stream,
+        func,
+        func16,
+        fill,
+        fill_many,
+        ring,
+        host: host.cast(),
+    })
+}
+
+/// Launches `func` on `stream` with `gx` x `gy` blocks of 256 threads and `params` (the real
+/// `cuLaunchKernel`: the library's own kernels are never checked); `None` where the driver has
+/// no launch.
+///
+/// # Safety
+/// `func` is a kernel of the current context, `stream` one of its streams (or null), and
+/// `params` points at one value per kernel parameter, of its type.
+pub unsafe fn launch_kernel(
+    func: CUfunction,
+    (gx, gy): (u32, u32),
+    stream: CUstream,
+    params: &mut [*mut c_void],
+) -> Option<CUresult> {
+    let launch = LAUNCH_KERNEL.get()?;
+    Some(unsafe {
+        launch(
+            func,
+            gx,
+            gy,
+            1,
+            256,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    })
+}
