@@ -1,4 +1,8 @@
-//! The CUDA entry points a trace can name, and what each one does to memory.
+//! The CUDA entry points a trace can name, and what each one is: what it does to memory
+//! ([`Kind`], [`Memory`]), whether it is stream-ordered and on which stream ([`Order`]), which
+//! pool an allocation comes from ([`Source`]), how it is laid out ([`Layout`]). One row an entry
+//! point, every column required: the library's policies decide by these (never by name), so a
+//! new entry point cannot get another's behaviour by being left out of a list.
 
 use bincode::{Decode, Encode};
 
@@ -47,8 +51,40 @@ pub enum Memory {
     None,
 }
 
+/// Whether a call happens in the order of a stream, and which.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Order {
+    /// Not stream-ordered: it happens when it is called (a plain free waits for the device).
+    Sync,
+    /// In the order of the stream it is given (the legacy default stream for a null one).
+    Stream,
+    /// As `Stream`, in the `_ptsz` variant: a null stream is the calling thread's own default
+    /// stream, on which only that thread may queue work.
+    PerThread,
+}
+
+/// Where an allocation's memory comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Source {
+    /// Not from a stream-ordered pool (also every call that is not an allocation).
+    Driver,
+    /// The device's current memory pool (`cudaMallocAsync`, `cuMemAllocAsync`).
+    DefaultPool,
+    /// A pool the program names (`cudaMallocFromPoolAsync`, `cuMemAllocFromPoolAsync`).
+    NamedPool,
+}
+
+/// How an allocation's memory is laid out, for the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Layout {
+    /// One range, its address written to one out-parameter.
+    Linear,
+    /// Rows of a pitch the call chooses and writes back (`cudaMallocPitch`, `cudaMalloc3D`).
+    Pitched,
+}
+
 macro_rules! apis {
-    ($( $variant:ident = $name:literal, $kind:ident, $mem:ident; )*) => {
+    ($( $variant:ident = $name:literal, $kind:ident, $mem:ident, $order:ident, $source:ident, $layout:ident; )*) => {
         /// Every API a trace event can name. New variants only ever go at the end: the variant
         /// index is what the trace stores.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Encode, Decode, Default)]
@@ -76,61 +112,77 @@ macro_rules! apis {
             pub const fn memory(self) -> Memory {
                 match self { $( Api::$variant => Memory::$mem, )* }
             }
+
+            /// Whether it happens in the order of a stream, and which.
+            pub const fn order(self) -> Order {
+                match self { $( Api::$variant => Order::$order, )* }
+            }
+
+            /// Where an allocation's memory comes from.
+            pub const fn source(self) -> Source {
+                match self { $( Api::$variant => Source::$source, )* }
+            }
+
+            /// How an allocation's memory is laid out.
+            pub const fn layout(self) -> Layout {
+                match self { $( Api::$variant => Layout::$layout, )* }
+            }
         }
     };
 }
 
+// name = export, kind, memory, order, source, layout;
 apis! {
-    CudaMalloc = "cudaMalloc", Alloc, Device;
-    CudaFree = "cudaFree", Free, Device;
-    CudaMallocAsync = "cudaMallocAsync", Alloc, Device;
-    CudaMallocAsyncPtsz = "cudaMallocAsync_ptsz", Alloc, Device;
-    CudaFreeAsync = "cudaFreeAsync", Free, Device;
-    CudaFreeAsyncPtsz = "cudaFreeAsync_ptsz", Free, Device;
-    CudaMallocFromPoolAsync = "cudaMallocFromPoolAsync", Alloc, Device;
-    CudaMallocFromPoolAsyncPtsz = "cudaMallocFromPoolAsync_ptsz", Alloc, Device;
-    CudaMallocManaged = "cudaMallocManaged", Alloc, Managed;
-    CudaMallocPitch = "cudaMallocPitch", Alloc, Device;
-    CudaMalloc3D = "cudaMalloc3D", Alloc, Device;
-    CudaMallocHost = "cudaMallocHost", Alloc, Host;
-    CudaHostAlloc = "cudaHostAlloc", Alloc, Host;
-    CudaFreeHost = "cudaFreeHost", Free, Host;
-    CudaHostRegister = "cudaHostRegister", Register, Host;
-    CudaHostUnregister = "cudaHostUnregister", Unregister, Host;
-    CuMemAlloc = "cuMemAlloc_v2", Alloc, Device;
-    CuMemFree = "cuMemFree_v2", Free, Device;
-    CuMemAllocAsync = "cuMemAllocAsync", Alloc, Device;
-    CuMemAllocAsyncPtsz = "cuMemAllocAsync_ptsz", Alloc, Device;
-    CuMemFreeAsync = "cuMemFreeAsync", Free, Device;
-    CuMemFreeAsyncPtsz = "cuMemFreeAsync_ptsz", Free, Device;
-    CuMemAllocFromPoolAsync = "cuMemAllocFromPoolAsync", Alloc, Device;
-    CuMemAllocFromPoolAsyncPtsz = "cuMemAllocFromPoolAsync_ptsz", Alloc, Device;
-    CuMemAllocManaged = "cuMemAllocManaged", Alloc, Managed;
-    CuMemAllocPitch = "cuMemAllocPitch_v2", Alloc, Device;
-    CuMemAllocHost = "cuMemAllocHost_v2", Alloc, Host;
-    CuMemHostAlloc = "cuMemHostAlloc", Alloc, Host;
-    CuMemFreeHost = "cuMemFreeHost", Free, Host;
-    CuMemHostRegister = "cuMemHostRegister_v2", Register, Host;
-    CuMemHostUnregister = "cuMemHostUnregister", Unregister, Host;
-    CuMemAddressReserve = "cuMemAddressReserve", Reserve, Virtual;
-    CuMemAddressFree = "cuMemAddressFree", AddressFree, Virtual;
-    CuMemCreate = "cuMemCreate", Create, Virtual;
-    CuMemRelease = "cuMemRelease", Release, Virtual;
-    CuMemMap = "cuMemMap", Map, Virtual;
-    CuMemUnmap = "cuMemUnmap", Unmap, Virtual;
-    CuMemSetAccess = "cuMemSetAccess", SetAccess, Virtual;
-    CuGraphAddMemAllocNode = "cuGraphAddMemAllocNode", Alloc, Graph;
-    CuGraphAddMemFreeNode = "cuGraphAddMemFreeNode", Free, Graph;
-    CuLaunchKernel = "cuLaunchKernel", Launch, None;
-    CuLaunchKernelPtsz = "cuLaunchKernel_ptsz", Launch, None;
-    CuLaunchKernelEx = "cuLaunchKernelEx", Launch, None;
-    CuLaunchKernelExPtsz = "cuLaunchKernelEx_ptsz", Launch, None;
-    CuLaunchCooperativeKernel = "cuLaunchCooperativeKernel", Launch, None;
-    CuLaunchCooperativeKernelPtsz = "cuLaunchCooperativeKernel_ptsz", Launch, None;
-    CuIpcOpenMemHandle = "cuIpcOpenMemHandle_v2", Alloc, Shared;
-    CuIpcCloseMemHandle = "cuIpcCloseMemHandle", Free, Shared;
-    CudaIpcOpenMemHandle = "cudaIpcOpenMemHandle", Alloc, Shared;
-    CudaIpcCloseMemHandle = "cudaIpcCloseMemHandle", Free, Shared;
+    CudaMalloc = "cudaMalloc", Alloc, Device, Sync, Driver, Linear;
+    CudaFree = "cudaFree", Free, Device, Sync, Driver, Linear;
+    CudaMallocAsync = "cudaMallocAsync", Alloc, Device, Stream, DefaultPool, Linear;
+    CudaMallocAsyncPtsz = "cudaMallocAsync_ptsz", Alloc, Device, PerThread, DefaultPool, Linear;
+    CudaFreeAsync = "cudaFreeAsync", Free, Device, Stream, Driver, Linear;
+    CudaFreeAsyncPtsz = "cudaFreeAsync_ptsz", Free, Device, PerThread, Driver, Linear;
+    CudaMallocFromPoolAsync = "cudaMallocFromPoolAsync", Alloc, Device, Stream, NamedPool, Linear;
+    CudaMallocFromPoolAsyncPtsz = "cudaMallocFromPoolAsync_ptsz", Alloc, Device, PerThread, NamedPool, Linear;
+    CudaMallocManaged = "cudaMallocManaged", Alloc, Managed, Sync, Driver, Linear;
+    CudaMallocPitch = "cudaMallocPitch", Alloc, Device, Sync, Driver, Pitched;
+    CudaMalloc3D = "cudaMalloc3D", Alloc, Device, Sync, Driver, Pitched;
+    CudaMallocHost = "cudaMallocHost", Alloc, Host, Sync, Driver, Linear;
+    CudaHostAlloc = "cudaHostAlloc", Alloc, Host, Sync, Driver, Linear;
+    CudaFreeHost = "cudaFreeHost", Free, Host, Sync, Driver, Linear;
+    CudaHostRegister = "cudaHostRegister", Register, Host, Sync, Driver, Linear;
+    CudaHostUnregister = "cudaHostUnregister", Unregister, Host, Sync, Driver, Linear;
+    CuMemAlloc = "cuMemAlloc_v2", Alloc, Device, Sync, Driver, Linear;
+    CuMemFree = "cuMemFree_v2", Free, Device, Sync, Driver, Linear;
+    CuMemAllocAsync = "cuMemAllocAsync", Alloc, Device, Stream, DefaultPool, Linear;
+    CuMemAllocAsyncPtsz = "cuMemAllocAsync_ptsz", Alloc, Device, PerThread, DefaultPool, Linear;
+    CuMemFreeAsync = "cuMemFreeAsync", Free, Device, Stream, Driver, Linear;
+    CuMemFreeAsyncPtsz = "cuMemFreeAsync_ptsz", Free, Device, PerThread, Driver, Linear;
+    CuMemAllocFromPoolAsync = "cuMemAllocFromPoolAsync", Alloc, Device, Stream, NamedPool, Linear;
+    CuMemAllocFromPoolAsyncPtsz = "cuMemAllocFromPoolAsync_ptsz", Alloc, Device, PerThread, NamedPool, Linear;
+    CuMemAllocManaged = "cuMemAllocManaged", Alloc, Managed, Sync, Driver, Linear;
+    CuMemAllocPitch = "cuMemAllocPitch_v2", Alloc, Device, Sync, Driver, Pitched;
+    CuMemAllocHost = "cuMemAllocHost_v2", Alloc, Host, Sync, Driver, Linear;
+    CuMemHostAlloc = "cuMemHostAlloc", Alloc, Host, Sync, Driver, Linear;
+    CuMemFreeHost = "cuMemFreeHost", Free, Host, Sync, Driver, Linear;
+    CuMemHostRegister = "cuMemHostRegister_v2", Register, Host, Sync, Driver, Linear;
+    CuMemHostUnregister = "cuMemHostUnregister", Unregister, Host, Sync, Driver, Linear;
+    CuMemAddressReserve = "cuMemAddressReserve", Reserve, Virtual, Sync, Driver, Linear;
+    CuMemAddressFree = "cuMemAddressFree", AddressFree, Virtual, Sync, Driver, Linear;
+    CuMemCreate = "cuMemCreate", Create, Virtual, Sync, Driver, Linear;
+    CuMemRelease = "cuMemRelease", Release, Virtual, Sync, Driver, Linear;
+    CuMemMap = "cuMemMap", Map, Virtual, Sync, Driver, Linear;
+    CuMemUnmap = "cuMemUnmap", Unmap, Virtual, Sync, Driver, Linear;
+    CuMemSetAccess = "cuMemSetAccess", SetAccess, Virtual, Sync, Driver, Linear;
+    CuGraphAddMemAllocNode = "cuGraphAddMemAllocNode", Alloc, Graph, Sync, Driver, Linear;
+    CuGraphAddMemFreeNode = "cuGraphAddMemFreeNode", Free, Graph, Sync, Driver, Linear;
+    CuLaunchKernel = "cuLaunchKernel", Launch, None, Stream, Driver, Linear;
+    CuLaunchKernelPtsz = "cuLaunchKernel_ptsz", Launch, None, PerThread, Driver, Linear;
+    CuLaunchKernelEx = "cuLaunchKernelEx", Launch, None, Stream, Driver, Linear;
+    CuLaunchKernelExPtsz = "cuLaunchKernelEx_ptsz", Launch, None, PerThread, Driver, Linear;
+    CuLaunchCooperativeKernel = "cuLaunchCooperativeKernel", Launch, None, Stream, Driver, Linear;
+    CuLaunchCooperativeKernelPtsz = "cuLaunchCooperativeKernel_ptsz", Launch, None, PerThread, Driver, Linear;
+    CuIpcOpenMemHandle = "cuIpcOpenMemHandle_v2", Alloc, Shared, Sync, Driver, Linear;
+    CuIpcCloseMemHandle = "cuIpcCloseMemHandle", Free, Shared, Sync, Driver, Linear;
+    CudaIpcOpenMemHandle = "cudaIpcOpenMemHandle", Alloc, Shared, Sync, Driver, Linear;
+    CudaIpcCloseMemHandle = "cudaIpcCloseMemHandle", Free, Shared, Sync, Driver, Linear;
 }
 
 impl Api {
@@ -142,6 +194,30 @@ impl Api {
     /// True for runtime (`cuda*`) entry points, false for driver (`cu*`) ones.
     pub fn is_runtime(self) -> bool {
         self.name().starts_with("cuda")
+    }
+
+    /// True when it happens in the order of a stream (`Order::Stream` or `Order::PerThread`).
+    pub const fn stream_ordered(self) -> bool {
+        !matches!(self.order(), Order::Sync)
+    }
+
+    /// True for the `_ptsz` variants: a null stream is the calling thread's own default stream.
+    pub const fn per_thread_stream(self) -> bool {
+        matches!(self.order(), Order::PerThread)
+    }
+
+    /// True for allocations from a stream-ordered pool (the device's current one or a named one).
+    pub const fn from_pool(self) -> bool {
+        !matches!(self.source(), Source::Driver)
+    }
+
+    /// True for allocations guard mode can make itself: one linear range of device memory,
+    /// its address the only out-parameter (not managed, host, graph or shared memory, and not
+    /// a pitched allocation, whose pitch the caller reads back).
+    pub const fn guardable(self) -> bool {
+        matches!(self.kind(), Kind::Alloc)
+            && matches!(self.memory(), Memory::Device)
+            && matches!(self.layout(), Layout::Linear)
     }
 
     /// True when the event's memory is host memory (pinned or registered).
@@ -168,6 +244,57 @@ mod tests {
             assert_eq!(Api::from_name(api.name()), Some(api));
         }
         assert_eq!(Api::from_name("cudaMemcpy"), None);
+    }
+
+    /// The columns agree with CUDA's naming: `_ptsz` is the per-thread stream, `Async` and
+    /// launches are stream-ordered, `FromPool` names a pool, `Pitch`/`3D` write a pitch. A row
+    /// added with a column copied from the wrong neighbour fails here.
+    #[test]
+    fn the_columns_agree_with_the_names() {
+        for &api in Api::ALL {
+            let n = api.name();
+            assert_eq!(api.per_thread_stream(), n.ends_with("_ptsz"), "{n}");
+            assert_eq!(
+                api.stream_ordered(),
+                n.contains("Async") || n.contains("Launch"),
+                "{n}"
+            );
+            assert_eq!(
+                api.source() == Source::NamedPool,
+                n.contains("FromPool"),
+                "{n}"
+            );
+            assert_eq!(
+                api.from_pool(),
+                api.kind() == Kind::Alloc && n.contains("Async"),
+                "{n}"
+            );
+            assert_eq!(
+                api.layout() == Layout::Pitched,
+                n.contains("Pitch") || n.contains("3D"),
+                "{n}"
+            );
+        }
+        let guardable: Vec<&str> = Api::ALL
+            .iter()
+            .filter(|a| a.guardable())
+            .map(|a| a.name())
+            .collect();
+        assert_eq!(
+            guardable,
+            [
+                "cudaMalloc",
+                "cudaMallocAsync",
+                "cudaMallocAsync_ptsz",
+                "cudaMallocFromPoolAsync",
+                "cudaMallocFromPoolAsync_ptsz",
+                "cuMemAlloc_v2",
+                "cuMemAllocAsync",
+                "cuMemAllocAsync_ptsz",
+                "cuMemAllocFromPoolAsync",
+                "cuMemAllocFromPoolAsync_ptsz",
+            ]
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ mod read;
 mod record;
 mod wire;
 
-pub use api::{Api, Kind, Memory};
+pub use api::{Api, Kind, Layout, Memory, Order, Source};
 pub use error::{ErrorKind, TraceError};
 pub use fast::FastReader;
 pub use read::Reader;

@@ -183,7 +183,7 @@ pub fn handed_out(h: &Hooked) -> bool {
     {
         return crate::policy::defers_poison();
     }
-    !super::shape::is_launch(h) || crate::policy::check_launches() || crate::policy::defers_poison()
+    !h.launch || crate::policy::check_launches() || crate::policy::defers_poison()
 }
 
 /// Every driver hook, by export name: the driver's and the stream work's tables.

@@ -93,6 +93,19 @@ macro_rules! body {
     }};
 }
 
+/// Whether a hook of this body is one of the launch check's ([`shape::Hooked::launch`]).
+macro_rules! launch_check_body {
+    ([launch $($x:tt)*]) => {
+        true
+    };
+    ([unloads]) => {
+        true
+    };
+    ($other:tt) => {
+        false
+    };
+}
+
 /// Declares hooks and their table: see the module comment.
 macro_rules! hooks {
     (
@@ -121,6 +134,7 @@ macro_rules! hooks {
                 hook: $name as *const std::ffi::c_void,
                 store: |p| $crate::base::real::$real.store(p),
                 adopt: |p| $crate::base::real::$real.adopt(p),
+                launch: launch_check_body!($body),
             }, )*
         ];
     };

@@ -70,22 +70,11 @@ pub struct Hooked {
     pub hook: *const c_void,
     pub store: fn(*mut c_void),
     pub adopt: fn(*mut c_void) -> bool,
+    /// One of the launch check's hooks (its body is `[launch …]` or `[unloads]`: a kernel
+    /// launch, or a call after which a kernel handle may stand for another kernel), handed out
+    /// only while launches are checked or poisons deferred.
+    pub launch: bool,
 }
 
 // SAFETY: the table is immutable.
 unsafe impl Sync for Hooked {}
-
-/// True for the launch check's hooks (launches, and the calls that end kernels' lives).
-pub fn is_launch(h: &Hooked) -> bool {
-    let n = h.name.to_bytes();
-    n.starts_with(b"cuLaunch") || UNLOADS.contains(&n)
-}
-
-/// The calls after which a kernel handle may stand for another kernel.
-const UNLOADS: [&[u8]; 5] = [
-    b"cuModuleUnload",
-    b"cuLibraryUnload",
-    b"cuCtxDestroy_v2",
-    b"cuDevicePrimaryCtxReset_v2",
-    b"cuDevicePrimaryCtxRelease_v2",
-];

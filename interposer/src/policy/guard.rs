@@ -49,26 +49,12 @@ fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
     f(g.get_or_insert_with(State::default))
 }
 
-/// Device allocations guard mode takes over (managed, host and graph memory keep their own
-/// contracts and are not guarded).
+/// Device allocations guard mode takes over: [`Api::guardable`] (managed, host, graph and
+/// shared memory keep their own contracts, pitched allocations their pitch), at least
+/// `ISOLATE_GUARD_MIN_SIZE` bytes.
 pub fn guardable(api: Api, size: u64) -> bool {
     let c = config::get();
-    c.guard
-        && size > 0
-        && size >= c.guard_min_size
-        && matches!(
-            api,
-            Api::CudaMalloc
-                | Api::CuMemAlloc
-                | Api::CudaMallocAsync
-                | Api::CudaMallocAsyncPtsz
-                | Api::CuMemAllocAsync
-                | Api::CuMemAllocAsyncPtsz
-                | Api::CudaMallocFromPoolAsync
-                | Api::CudaMallocFromPoolAsyncPtsz
-                | Api::CuMemAllocFromPoolAsync
-                | Api::CuMemAllocFromPoolAsyncPtsz
-        )
+    c.guard && size > 0 && size >= c.guard_min_size && api.guardable()
 }
 
 fn prop(device: i32) -> CUmemAllocationProp {

@@ -20,19 +20,12 @@ use crate::base::sys::now_ns;
 use crate::policy::{guard, release, reuse};
 use crate::record::event::{self, Pending};
 use crate::record::profile::{self, Part};
-use isolate_trace::{Api, Event, Memory, NoteKind};
+use isolate_trace::{Api, Event, Memory, NoteKind, Source};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
 pub(super) fn quarantinable(api: Api) -> bool {
     matches!(api.memory(), Memory::Device | Memory::Managed)
-}
-
-pub(super) fn stream_ordered(api: Api) -> bool {
-    matches!(
-        api,
-        Api::CudaFreeAsync | Api::CudaFreeAsyncPtsz | Api::CuMemFreeAsync | Api::CuMemFreeAsyncPtsz
-    )
 }
 
 pub fn alloc(
@@ -45,7 +38,11 @@ pub fn alloc(
     p.ev = proto;
     let guarded = guard::guardable(proto.api, proto.size) && !out.is_null();
     // Checked memory of this size kept by the library (`ISOLATE_REUSE=on`): no driver call.
-    let kept = if !guarded && !out.is_null() && default_pool(proto.api) && reuse::enabled() {
+    let kept = if !guarded
+        && !out.is_null()
+        && proto.api.source() == Source::DefaultPool
+        && reuse::enabled()
+    {
         profile::timed(Part::Kept, || reuse::take(current_ctx(), proto.size))
     } else {
         None
@@ -120,7 +117,7 @@ pub fn alloc(
         p.ev.ptr = out.read();
     }
     after(&mut p.ev);
-    if r == CUDA_SUCCESS && stream_ordered_alloc(proto.api) && p.ev.ptr != 0 {
+    if r == CUDA_SUCCESS && proto.api.from_pool() && p.ev.ptr != 0 {
         let now = POOL_LIVE.fetch_add(p.ev.size, Relaxed) + p.ev.size;
         POOL_PEAK.fetch_max(now, Relaxed);
     }
@@ -128,8 +125,8 @@ pub fn alloc(
         let live = Live {
             size: p.ev.size,
             seq: p.ev.seq,
-            pooled: stream_ordered_alloc(proto.api),
-            default_pool: default_pool(proto.api),
+            pooled: proto.api.from_pool(),
+            default_pool: proto.api.source() == Source::DefaultPool,
         };
         profile::timed(Part::Live, || st!(state()).live.insert(p.ev.ptr, live));
     }
@@ -171,7 +168,7 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         return r;
     };
     p.ev.size = live.size;
-    let ordered = stream_ordered(proto.api);
+    let ordered = proto.api.stream_ordered();
     if live.pooled {
         let _ = POOL_LIVE.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(live.size)));
     }
@@ -239,20 +236,7 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
 /// work ([`release::batching`]): not on the per-thread default stream (only its own thread may
 /// queue there), not where the start is not 16-byte aligned (the fill kernel's stores).
 pub(super) fn defers(api: Api, ptr: u64) -> bool {
-    release::batching()
-        && ptr.is_multiple_of(16)
-        && !matches!(api, Api::CudaFreeAsyncPtsz | Api::CuMemFreeAsyncPtsz)
-}
-
-/// Stream-ordered allocations from the device's current pool (not a pool the program named).
-pub(super) fn default_pool(api: Api) -> bool {
-    matches!(
-        api,
-        Api::CudaMallocAsync
-            | Api::CudaMallocAsyncPtsz
-            | Api::CuMemAllocAsync
-            | Api::CuMemAllocAsyncPtsz
-    )
+    release::batching() && ptr.is_multiple_of(16) && !api.per_thread_stream()
 }
 
 /// What a double free returns, without touching the memory: the runtime is asked to free an
@@ -304,18 +288,4 @@ pub fn pool_used(peak: bool) -> u64 {
 
 pub fn pool_peak_reset() {
     POOL_PEAK.store(POOL_LIVE.load(Relaxed), Relaxed);
-}
-
-pub(super) fn stream_ordered_alloc(api: Api) -> bool {
-    matches!(
-        api,
-        Api::CudaMallocAsync
-            | Api::CudaMallocAsyncPtsz
-            | Api::CudaMallocFromPoolAsync
-            | Api::CudaMallocFromPoolAsyncPtsz
-            | Api::CuMemAllocAsync
-            | Api::CuMemAllocAsyncPtsz
-            | Api::CuMemAllocFromPoolAsync
-            | Api::CuMemAllocFromPoolAsyncPtsz
-    )
 }
