@@ -6,6 +6,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod config;
+pub mod cu;
 pub mod cuda;
 pub mod got;
 pub mod loader;

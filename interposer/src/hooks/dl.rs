@@ -49,12 +49,15 @@ extern "C" fn dlsym_intercept(handle: *mut c_void, symbol: *const c_char) -> *mu
     // Cheap first test: every dlsym of the process comes through here.
     // Byte by byte, so a short name is never read past its terminator.
     let b = symbol as *const u8;
+    // SAFETY: `symbol` is a NUL-terminated name (dlsym's contract); the second byte is read only
+    // when the first is not the terminator (`||` stops at the first test).
     if unsafe { *b != b'c' || *b.add(1) != b'u' } {
         return std::ptr::null_mut();
     }
     if !crate::policy::intercepting() {
         return std::ptr::null_mut();
     }
+    // SAFETY: as above: dlsym's `symbol` is a NUL-terminated string.
     let name = unsafe { CStr::from_ptr(symbol) };
     let special = handle.is_null() || handle == libc::RTLD_NEXT;
     if let b"cuGetProcAddress_v2" | b"cuGetProcAddress" = name.to_bytes() {

@@ -74,11 +74,13 @@ struct Patching;
 
 impl Patching {
     fn take() -> Patching {
+        // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
         loop {
             match PATCHING.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
                 Ok(_) => return Patching,
                 Err(holder) => {
+                    // SAFETY: signal 0 only asks whether thread `holder` of this process exists.
                     let gone = unsafe {
                         libc::syscall(libc::SYS_tgkill, libc::getpid(), holder as libc::c_long, 0)
                     } != 0;
@@ -115,6 +117,7 @@ extern "C" fn dlopen_deepbind(
         return std::ptr::null_mut();
     };
     let (path, before) = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `file` is dlopen's NUL-terminated name (checked non-null above).
         let path = loader::as_caller_would(unsafe { CStr::from_ptr(file) }, caller);
         (path, got::loaded())
     }))
@@ -123,10 +126,13 @@ extern "C" fn dlopen_deepbind(
     if handle.is_null() || before.is_empty() {
         return handle;
     }
+    // SAFETY: errno is this thread's.
     let errno = unsafe { *libc::__errno_location() };
     let _ = catch_unwind(AssertUnwindSafe(|| observe(real, handle, &before)));
     // Our own look-ups leave nothing behind: after a successful dlopen, dlerror() says nothing.
+    // SAFETY: dlerror has no preconditions (it clears this thread's message).
     unsafe { libc::dlerror() };
+    // SAFETY: errno is this thread's.
     unsafe { *libc::__errno_location() = errno };
     handle
 }
@@ -134,11 +140,13 @@ extern "C" fn dlopen_deepbind(
 /// The real `dlopen` of `path` where the caller would have opened that file, else of `file`.
 fn open(real: DlopenFn, file: *const c_char, path: Option<&CStr>, flags: c_int) -> *mut c_void {
     if let Some(path) = path {
+        // SAFETY: the real dlopen, with a NUL-terminated path.
         let h = unsafe { real(path.as_ptr(), flags) };
         if !h.is_null() {
             return h;
         }
     }
+    // SAFETY: the real dlopen, with the caller's own arguments.
     unsafe { real(file, flags) }
 }
 
@@ -153,11 +161,14 @@ fn observe(real: DlopenFn, handle: *mut c_void, before: &[Object]) {
             continue;
         }
         // Held while it is read and written: another thread may close what it loaded meanwhile.
+        // SAFETY: the real dlopen, with the object's NUL-terminated name (RTLD_NOLOAD: no new
+        // load).
         let held = unsafe { real(obj.name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
         if held.is_null() {
             continue;
         }
         rewrite(handle, &obj);
+        // SAFETY: the handle our RTLD_NOLOAD open returned, closed once.
         unsafe { libc::dlclose(held) };
     }
 }
@@ -241,6 +252,7 @@ fn replacement(handle: *mut c_void, imp: &Import<'_>) -> Option<usize> {
 /// where our export comes first.
 fn bound_to(handle: *mut c_void, imp: &Import<'_>) -> usize {
     let p = match imp.version {
+        // SAFETY: a handle of a loaded object and NUL-terminated name and version.
         Some(v) => unsafe { libc::dlvsym(handle, imp.name.as_ptr(), v.as_ptr()) },
         None => resolve::dlsym_in(handle, imp.name),
     };

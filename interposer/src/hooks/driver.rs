@@ -41,6 +41,7 @@ hooks! {
         = MEM_ALLOC_PITCH [CuMemAllocPitch, Alloc(Out::Device(dptr)),
         |e| (e.size, e.flags) = ((width as u64).saturating_mul(height as u64), elem as u64),
         then |e| if e.result == 0 && !pitch.is_null() {
+            // SAFETY: the real call succeeded, so it wrote the caller's non-null out-parameter.
             e.pitch = unsafe { *pitch } as u64;
             e.size = e.pitch.saturating_mul(height as u64);
         }];
@@ -65,6 +66,7 @@ hooks! {
         = MEM_ADDRESS_RESERVE [CuMemAddressReserve, Returns,
         |e| (e.size, e.offset, e.handle, e.flags) = (size as u64, alignment as u64, addr, flags),
         then |e| if e.result == 0 && !ptr.is_null() {
+            // SAFETY: the real call succeeded, so it wrote the caller's non-null out-parameter.
             e.ptr = unsafe { *ptr };
         }];
     cuMemAddressFree(ptr: CUdeviceptr, size: usize) = MEM_ADDRESS_FREE
@@ -74,6 +76,7 @@ hooks! {
         |e| {
             (e.size, e.flags) = (size as u64, flags);
             if !prop.is_null() {
+                // SAFETY: non-null, the caller's property struct (the CUDA function's contract).
                 let p = unsafe { *prop };
                 // CU_MEM_LOCATION_TYPE_DEVICE = 1: the memory lives on that device.
                 if p.location.type_ == 1 {
@@ -83,6 +86,7 @@ hooks! {
             }
         },
         then |e| if e.result == 0 && !handle.is_null() {
+            // SAFETY: the real call succeeded, so it wrote the caller's non-null out-parameter.
             e.handle = unsafe { *handle };
         }];
     cuMemRelease(handle: CUmemGenericAllocationHandle) = MEM_RELEASE
@@ -100,6 +104,8 @@ hooks! {
             (e.ptr, e.size, e.offset) = (ptr, size as u64, count as u64);
             if !desc.is_null() {
                 for i in 0..count.min(64) {
+                    // SAFETY: the caller's array of `count` descriptors (the CUDA function's
+                    // contract), `i < count`.
                     let d = unsafe { *desc.add(i) };
                     if d.location.type_ == 1 && (0..64).contains(&d.location.id) && d.flags != 0 {
                         e.handle |= 1u64 << d.location.id;
@@ -118,10 +124,13 @@ hooks! {
         |e| {
             e.handle = graph as u64;
             if !params.is_null() {
+                // SAFETY: non-null, the caller's node parameters (the CUDA function's contract).
                 e.size = unsafe { (*params).bytesize } as u64;
             }
         },
         then |e| if e.result == 0 && !params.is_null() {
+            // SAFETY: the real call succeeded, so it wrote the address into the caller's
+            // parameters.
             e.ptr = unsafe { (*params).dptr };
         }];
     cuGraphAddMemFreeNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, ndeps: usize,

@@ -23,6 +23,8 @@
 //!
 //! Layer: hooks, the top. Uses every layer below (policies, process life, recording, base).
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 /// The body of one hook; see the module comment for the eight forms.
 macro_rules! body {
     ($real:ident, ($($a:ident),*), [$api:ident, $kind:expr, |$e:ident| $fill:expr $(, then |$e2:ident| $after:expr)?]) => {
@@ -37,10 +39,14 @@ macro_rules! body {
                 $crate::policy::call(
                     $kind,
                     $e,
+                    // SAFETY: the real function of this export, called with the caller's arguments as
+                    // they came: the caller's contract (the CUDA function's) is the real function's.
                     || $crate::hooks::shape::call(slot, || unsafe { $real($($a),*) }),
                     |_e: &mut isolate_trace::Event| { $( let $e2 = _e; $after; )? },
                 )
             },
+            // SAFETY: the real function of this export, called with the caller's arguments as
+            // they came: the caller's contract (the CUDA function's) is the real function's.
             || unsafe { $real($($a),*) },
         )
     };
@@ -49,9 +55,14 @@ macro_rules! body {
         // Deferred poisons go first: the launch runs after them.
         $crate::policy::stream_work();
         if !$crate::policy::check_launches() || $crate::record::thread::nested() {
+            // SAFETY: the real function of this export, called with the caller's arguments as
+            // they came: the caller's contract (the CUDA function's) is the real function's.
             return $crate::record::profile::real(|| unsafe { $real($($a),*) });
         }
+        // SAFETY: the arguments of the launch the driver is about to receive.
         let found = unsafe { $crate::policy::launch_check(isolate_trace::Api::$api, $f, $params, $extra) };
+        // SAFETY: the real function of this export, called with the caller's arguments as
+        // they came: the caller's contract (the CUDA function's) is the real function's.
         let r = $crate::record::profile::real(|| unsafe { $real($($a),*) });
         $crate::policy::launched(isolate_trace::Api::$api, found, r);
         r
@@ -59,19 +70,27 @@ macro_rules! body {
     ($real:ident, ($($a:ident),*), [stream_work]) => {{
         let _span = $crate::record::profile::span($crate::record::profile::Class::StreamWork);
         $crate::policy::stream_work();
+        // SAFETY: the real function of this export, called with the caller's arguments as
+        // they came: the caller's contract (the CUDA function's) is the real function's.
         $crate::record::profile::real(|| unsafe { $real($($a),*) })
     }};
     ($real:ident, ($($a:ident),*), [capture_start]) => {{
         let _span = $crate::record::profile::span($crate::record::profile::Class::StreamWork);
         $crate::policy::capture_start();
+        // SAFETY: the real function of this export, called with the caller's arguments as
+        // they came: the caller's contract (the CUDA function's) is the real function's.
         $crate::record::profile::real(|| unsafe { $real($($a),*) })
     }};
     ($real:ident, ($($a:ident),*), [stream_gone $s:ident]) => {{
         // Before the call: after it the handle may already name another stream.
         $crate::policy::stream_gone($s as usize);
+        // SAFETY: the real function of this export, called with the caller's arguments as
+        // they came: the caller's contract (the CUDA function's) is the real function's.
         unsafe { $real($($a),*) }
     }};
     ($real:ident, ($($a:ident),*), [pool_set]) => {{
+        // SAFETY: the real function of this export, called with the caller's arguments as
+        // they came: the caller's contract (the CUDA function's) is the real function's.
         let r = unsafe { $real($($a),*) };
         if r == 0 {
             $crate::policy::pool_set();
@@ -79,14 +98,19 @@ macro_rules! body {
         r
     }};
     ($real:ident, ($($a:ident),*), [unloads]) => {{
+        // SAFETY: the real function of this export, called with the caller's arguments as
+        // they came: the caller's contract (the CUDA function's) is the real function's.
         let r = unsafe { $real($($a),*) };
         // After the call: a launch that looks a layout up from now on sees kernels gone.
         $crate::policy::kernels_unloaded();
         r
     }};
     ($real:ident, ($($a:ident),*), [resolver $pfn:ident]) => {{
+        // SAFETY: the real function of this export, called with the caller's arguments as
+        // they came: the caller's contract (the CUDA function's) is the real function's.
         let r = unsafe { $real($($a),*) };
         if r == 0 && !$pfn.is_null() && $crate::policy::intercepting() {
+            // SAFETY: `pfn` is the caller's out-parameter, which the real resolver just wrote.
             unsafe { *$pfn = $crate::hooks::driver::substitute(*$pfn) };
         }
         r

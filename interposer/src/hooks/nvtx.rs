@@ -401,6 +401,7 @@ unsafe fn fill(get: GetModuleFunctionTable, module: c_int, fns: &[(usize, *const
         // SAFETY: `table` has `size` entries, each null or the address of one slot.
         let slot = unsafe { *table.add(id) };
         if !slot.is_null() {
+            // SAFETY: a non-null slot of NVTX's table, which it hands over to be filled.
             unsafe { *slot = f };
         }
     }
@@ -428,8 +429,10 @@ pub unsafe extern "C" fn InitializeInjectionNvtx2(get: Option<GetExportTable>) -
             // SAFETY: the other copy's entry point, of the same signature.
             let first: unsafe extern "C" fn(Option<GetExportTable>) -> c_int =
                 unsafe { std::mem::transmute(first) };
+            // SAFETY: the other copy's InitializeInjectionNvtx2, given NVTX's own argument.
             return unsafe { first(Some(get)) };
         }
+        // SAFETY: a child handler of this library, which is never unloaded.
         ATFORK.call_once(|| unsafe {
             libc::pthread_atfork(None, None, Some(after_fork_child));
         });
@@ -487,6 +490,7 @@ pub unsafe extern "C" fn InitializeInjectionNvtx2(get: Option<GetExportTable>) -
         // SAFETY: NVTX's GetModuleFunctionTable.
         let ok = unsafe { fill(gmft, MODULE_CORE, &core) };
         if ok {
+            // SAFETY: NVTX's GetModuleFunctionTable, given a table of our functions.
             unsafe { fill(gmft, MODULE_CORE2, &core2) };
         }
         ok as c_int

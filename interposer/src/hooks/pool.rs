@@ -34,11 +34,14 @@ pub unsafe extern "C" fn cudaMemPoolGetAttribute(
     let Some(real) = MEM_POOL_GET_ATTRIBUTE_RT.get() else {
         return CUDA_ERROR_SYMBOL_NOT_FOUND_RT;
     };
+    // SAFETY: the real function, with the caller's own arguments.
     let r = unsafe { real(pool, attr, value) };
     if r == 0 && !value.is_null() && matches!(attr, USED_MEM_CURRENT | USED_MEM_HIGH) {
         let v = value as *mut u64;
         let _ = std::panic::catch_unwind(|| {
             if let Some(ours) = policy::pool_used(attr == USED_MEM_HIGH) {
+                // SAFETY: the real call succeeded and wrote a 64-bit value at the caller's non-null
+                // `value` (these two attributes are cuuint64_t).
                 unsafe { *v = (*v).min(ours) };
             }
         });
@@ -57,6 +60,7 @@ pub unsafe extern "C" fn cudaMemPoolSetAttribute(
     let Some(real) = MEM_POOL_SET_ATTRIBUTE_RT.get() else {
         return CUDA_ERROR_SYMBOL_NOT_FOUND_RT;
     };
+    // SAFETY: the real function, with the caller's own arguments.
     let r = unsafe { real(pool, attr, value) };
     if r == 0 && attr == USED_MEM_HIGH {
         // Setting the high-water mark (to 0) resets it to the current value.

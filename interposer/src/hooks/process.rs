@@ -18,7 +18,9 @@ macro_rules! exit_hook {
         pub unsafe extern "C" fn $name(status: c_int) -> ! {
             $before();
             match $real.get() {
+                // SAFETY: the real exit function, with the caller's status.
                 Some(f) => unsafe { f(status) },
+                // SAFETY: exit_group has no preconditions and does not return.
                 None => unsafe {
                     libc::syscall(libc::SYS_exit_group, status);
                     std::process::abort()
@@ -52,8 +54,10 @@ macro_rules! exec_hook {
         pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
             life::before_exec();
             match $real.get() {
+                // SAFETY: the real exec function, with the caller's own arguments.
                 Some(f) => unsafe { f($($a),*) },
                 None => {
+                    // SAFETY: errno is this thread's.
                     unsafe { *libc::__errno_location() = libc::ENOSYS };
                     -1
                 }
@@ -113,6 +117,8 @@ unsafe fn args(
     regs: *const *const c_char,
     stack: *const *const c_char,
 ) -> Option<(Vec<*const c_char>, *const c_char)> {
+    // SAFETY: the caller of `args` vouches for `regs` (five saved registers) and `stack` (the
+    // variadic arguments after them, NULL-terminated).
     let at = |i: usize| unsafe {
         if i < 5 {
             *regs.add(i)
@@ -132,6 +138,7 @@ unsafe fn args(
 }
 
 fn e2big() -> c_int {
+    // SAFETY: errno is this thread's.
     unsafe { *libc::__errno_location() = libc::E2BIG };
     -1
 }
@@ -144,7 +151,9 @@ macro_rules! collect_exec {
             regs: *const *const c_char,
             stack: *const *const c_char,
         ) -> c_int {
+            // SAFETY: `regs` and `stack` are what the stub saved of the variadic call.
             match unsafe { args(regs, stack) } {
+                // SAFETY: the real exec function, with the argument list rebuilt from the caller's.
                 Some(($argv, $next)) => unsafe { $call },
                 None => e2big(),
             }

@@ -35,6 +35,7 @@ hooks! {
         [CudaMallocPitch, Alloc(Out::DevicePtr(p)),
         |e| e.size = (width as u64).saturating_mul(height as u64),
         then |e| if e.result == 0 && !pitch.is_null() {
+            // SAFETY: the real call succeeded, so it wrote the caller's non-null out-parameter.
             e.pitch = unsafe { *pitch } as u64;
             e.size = e.pitch.saturating_mul(height as u64);
         }];
@@ -44,6 +45,7 @@ hooks! {
             .saturating_mul(extent.height as u64)
             .saturating_mul(extent.depth as u64),
         then |e| if e.result == 0 && !pp.is_null() {
+            // SAFETY: the real call succeeded, so it wrote the caller's non-null out-parameter.
             e.pitch = unsafe { (*pp).pitch } as u64;
             e.size = e
                 .pitch

@@ -8,6 +8,7 @@
 //!
 //! Layer: policies. Uses the base only.
 
+use crate::base::cu::{self, CuError};
 use crate::base::cuda::*;
 use crate::base::real::*;
 use crate::base::sys::ForkLock;
@@ -84,29 +85,27 @@ fn with<R>(ctx: usize, f: impl FnOnce(&mut Parts) -> R) -> R {
     f(&mut g[i].1)
 }
 
-/// The module of the current context `ctx`, loaded on first use.
-fn module(p: &mut Parts) -> Option<*mut c_void> {
+/// The module of the current context, loaded on first use.
+fn module(p: &mut Parts) -> Option<cu::CUmodule> {
     let m = *p.module.get_or_insert_with(|| {
-        let load = MODULE_LOAD_DATA.get()?;
-        let mut module: *mut c_void = std::ptr::null_mut();
-        (unsafe { load(&mut module, PTX.as_ptr().cast()) } == CUDA_SUCCESS)
-            .then_some(module as usize)
+        // `PTX` ends in its only NUL.
+        let image = CStr::from_bytes_with_nul(PTX.as_bytes()).ok()?;
+        cu::module_load_data(image).ok().map(|m| m as usize)
     });
-    m.map(|m| m as *mut c_void)
+    m.map(|m| m as cu::CUmodule)
 }
 
-fn function(module: *mut c_void, name: &CStr) -> Option<CUfunction> {
-    let get = MODULE_GET_FUNCTION.get()?;
-    let mut f: CUfunction = std::ptr::null_mut();
-    (unsafe { get(&mut f, module, name.as_ptr()) } == CUDA_SUCCESS).then_some(f)
+fn function(module: cu::CUmodule, name: &CStr) -> Option<CUfunction> {
+    // SAFETY: `module` was loaded into the current context by `module` above and is never
+    // unloaded.
+    unsafe { cu::module_get_function(module, name) }.ok()
 }
 
 /// A module global of at least `bytes`.
-fn global(module: *mut c_void, name: &CStr, bytes: usize) -> Option<CUdeviceptr> {
-    let get = MODULE_GET_GLOBAL.get()?;
-    let (mut ptr, mut size): (CUdeviceptr, usize) = (0, 0);
-    (unsafe { get(&mut ptr, &mut size, module, name.as_ptr()) } == CUDA_SUCCESS && size >= bytes)
-        .then_some(ptr)
+fn global(module: cu::CUmodule, name: &CStr, bytes: usize) -> Option<CUdeviceptr> {
+    // SAFETY: as in `function`.
+    let (ptr, size) = unsafe { cu::module_get_global(module, name) }.ok()?;
+    (size >= bytes).then_some(ptr)
 }
 
 /// The synchronous check's kernel of context `ctx` (current), made on first use; `None` where
@@ -145,8 +144,8 @@ pub fn release(ctx: usize) -> Option<Release> {
 }
 
 fn make_release(p: &mut Parts) -> Option<Release> {
-    let screate = STREAM_CREATE.get()?;
-    let halloc = MEM_ALLOC_HOST.get()?;
+    STREAM_CREATE.get()?;
+    MEM_ALLOC_HOST.get()?;
     MODULE_GET_FUNCTION.get()?;
     MODULE_GET_GLOBAL.get()?;
     // Every function the release calls must exist before anything is queued.
@@ -164,15 +163,12 @@ fn make_release(p: &mut Parts) -> Option<Release> {
     let fill = optional(c"isolate_poison");
     let fill_many = optional(c"isolate_poison_many");
     let ring = global(module, c"isolate_ring", SLOTS * SLOT_BYTES)?;
-    let mut host: *mut c_void = std::ptr::null_mut();
-    if unsafe { halloc(&mut host, SLOTS * SLOT_BYTES) } != CUDA_SUCCESS || host.is_null() {
+    let host = cu::mem_alloc_host(SLOTS * SLOT_BYTES).ok()?;
+    if host.is_null() {
         return None;
     }
-    let mut stream: CUstream = std::ptr::null_mut();
     // CU_STREAM_NON_BLOCKING = 1: never ordered behind the legacy default stream.
-    if unsafe { screate(&mut stream, 1) } != CUDA_SUCCESS {
-        return None;
-    }
+    let stream = cu::stream_create(1).ok()?;
     Some(Release {
         stream,
         func,
@@ -186,31 +182,20 @@ fn make_release(p: &mut Parts) -> Option<Release> {
 
 /// Launches `func` on `stream` with `gx` x `gy` blocks of 256 threads and `params` (the real
 /// `cuLaunchKernel`: the library's own kernels are never checked); `None` where the driver has
-/// no launch.
+/// no launch, else the launch's code.
 ///
 /// # Safety
-/// `func` is a kernel of the current context, `stream` one of its streams (or null), and
-/// `params` points at one value per kernel parameter, of its type.
+/// As [`cu::launch_kernel`].
 pub unsafe fn launch_kernel(
     func: CUfunction,
-    (gx, gy): (u32, u32),
+    grid: (u32, u32),
     stream: CUstream,
     params: &mut [*mut c_void],
 ) -> Option<CUresult> {
-    let launch = LAUNCH_KERNEL.get()?;
-    Some(unsafe {
-        launch(
-            func,
-            gx,
-            gy,
-            1,
-            256,
-            1,
-            1,
-            0,
-            stream,
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    })
+    // SAFETY: the caller's contract is the wrapper's.
+    match unsafe { cu::launch_kernel(func, grid, stream, params) } {
+        Ok(()) => Some(CUDA_SUCCESS),
+        Err(CuError::Code(c)) => Some(c),
+        Err(CuError::Missing) => None,
+    }
 }

@@ -21,6 +21,8 @@ static SAID_JAX: AtomicBool = AtomicBool::new(false);
 /// From the constructor, before `main`, in isolate mode only.
 pub fn before_main() {
     if std::env::var_os("XLA_PYTHON_CLIENT_ALLOCATOR").is_none() {
+        // SAFETY: before main, from the constructor: no other thread reads the environment
+        // yet; both strings are NUL-terminated literals.
         unsafe {
             libc::setenv(
                 c"XLA_PYTHON_CLIENT_ALLOCATOR".as_ptr(),

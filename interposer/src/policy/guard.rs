@@ -7,6 +7,7 @@
 //! Layer: policies. Uses the base, recording and [`super::sync`].
 
 use crate::base::config;
+use crate::base::cu::{self, CuError};
 use crate::base::cuda::*;
 use crate::base::real::{self, *};
 use crate::base::sys::ForkLock;
@@ -77,11 +78,9 @@ fn granularity(device: i32) -> Option<u64> {
     if let Some(g) = with(|s| s.granularity.get(&device).copied()) {
         return Some(g);
     }
-    let f = MEM_GET_ALLOCATION_GRANULARITY.get()?;
-    let p = prop(device);
-    let mut g = 0usize;
     // CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0
-    if unsafe { f(&mut g, &p, 0) } != CUDA_SUCCESS || g == 0 {
+    let g = cu::mem_get_allocation_granularity(&prop(device), 0).ok()?;
+    if g == 0 {
         return None;
     }
     with(|s| s.granularity.insert(device, g as u64));
@@ -103,6 +102,7 @@ pub fn alloc(
         // The program's first CUDA call: the runtime makes its context current on it. Have it
         // do so now (cudaFree(NULL), its usual way), or this allocation would not be guarded.
         if let Some(f) = real::FREE.get() {
+            // SAFETY: freeing null is defined (it does nothing but initialise the runtime).
             unsafe { f(std::ptr::null_mut()) };
         }
         device = event::current_device();
@@ -113,26 +113,17 @@ pub fn alloc(
     let Some(gran) = granularity(device) else {
         return Ok(None);
     };
-    let (
-        Some(reserve),
-        Some(create),
-        Some(map),
-        Some(access),
-        Some(release),
-        Some(unmap),
-        Some(free_va),
-    ) = (
-        real::MEM_ADDRESS_RESERVE.get(),
-        real::MEM_CREATE.get(),
-        real::MEM_MAP.get(),
-        real::MEM_SET_ACCESS.get(),
-        real::MEM_RELEASE.get(),
-        real::MEM_UNMAP.get(),
-        real::MEM_ADDRESS_FREE.get(),
-    )
-    else {
+    // Every call below exists, or guard mode is not used at all.
+    if real::MEM_ADDRESS_RESERVE.get().is_none()
+        || real::MEM_CREATE.get().is_none()
+        || real::MEM_MAP.get().is_none()
+        || real::MEM_SET_ACCESS.get().is_none()
+        || real::MEM_RELEASE.get().is_none()
+        || real::MEM_UNMAP.get().is_none()
+        || real::MEM_ADDRESS_FREE.get().is_none()
+    {
         return Ok(None);
-    };
+    }
     // Unmapped address space on both sides: an access just past the end (or, left-aligned,
     // just before the start) faults instead of reaching a neighbour.
     let gap = GAP.div_ceil(gran) * gran;
@@ -143,14 +134,14 @@ pub fn alloc(
     else {
         return Ok(None);
     };
-    let mut va: CUdeviceptr = 0;
-    let mut r = unsafe { reserve(&mut va, va_size as usize, gran as usize, 0, 0) };
-    while r != CUDA_SUCCESS {
+    let mut r = cu::mem_address_reserve(va_size as usize, gran as usize);
+    while r.is_err() {
         // Address space short: hand the oldest retired reservations back, say so, try again.
         let Some((old, old_size)) = with(|s| s.retired.pop_front()) else {
             return Ok(None);
         };
-        unsafe { free_va(old, old_size as usize) };
+        // SAFETY: a retired reservation of ours: its memory was unmapped at its free.
+        let _ = unsafe { cu::mem_address_free(old, old_size as usize) };
         // Its addresses may be handed out again now: no longer "freed memory" to the launch check.
         recycled(old, old_size);
         event::note(
@@ -160,22 +151,26 @@ pub fn alloc(
             0,
             "guard mode recycled an old address reservation: address space ran short".into(),
         );
-        r = unsafe { reserve(&mut va, va_size as usize, gran as usize, 0, 0) };
+        r = cu::mem_address_reserve(va_size as usize, gran as usize);
     }
-    let p = prop(device);
-    let mut handle: CUmemGenericAllocationHandle = 0;
-    let r = unsafe { create(&mut handle, phys as usize, &p, 0) };
-    if r != CUDA_SUCCESS {
-        unsafe { free_va(va, va_size as usize) };
-        return if r == CUDA_ERROR_OUT_OF_MEMORY {
-            Err(r)
-        } else {
-            Ok(None)
-        };
-    }
+    let Ok(va) = r else { return Ok(None) };
+    let handle = match cu::mem_create(phys as usize, &prop(device)) {
+        Ok(h) => h,
+        Err(e) => {
+            // SAFETY: reserved just now, nothing mapped in it.
+            let _ = unsafe { cu::mem_address_free(va, va_size as usize) };
+            return if e == CuError::Code(CUDA_ERROR_OUT_OF_MEMORY) {
+                Err(CUDA_ERROR_OUT_OF_MEMORY)
+            } else {
+                Ok(None)
+            };
+        }
+    };
     let under = config::get().guard_underflow;
     let map_at = va + gap;
-    let ok = unsafe { map(map_at, phys as usize, 0, handle, 0) } == CUDA_SUCCESS && {
+    // SAFETY: [map_at, map_at+phys) lies inside the reservation just made (`gap` bytes in),
+    // where nothing is mapped.
+    let ok = unsafe { cu::mem_map(map_at, phys as usize, handle) }.is_ok() && {
         let desc = CUmemAccessDesc {
             location: CUmemLocation {
                 type_: 1,
@@ -183,16 +178,20 @@ pub fn alloc(
             },
             flags: 3,
         };
-        let r = unsafe { access(map_at, phys as usize, &desc, 1) };
-        if r != CUDA_SUCCESS {
-            unsafe { unmap(map_at, phys as usize) };
+        // SAFETY: mapped just now.
+        let r = unsafe { cu::mem_set_access(map_at, phys as usize, &[desc]) };
+        if r.is_err() {
+            // SAFETY: mapped just now, used by nobody.
+            let _ = unsafe { cu::mem_unmap(map_at, phys as usize) };
         }
-        r == CUDA_SUCCESS
+        r.is_ok()
     };
     if !ok {
+        // SAFETY: made just now, mapped nowhere (any mapping was undone above), and the
+        // reservation holds nothing.
         unsafe {
-            release(handle);
-            free_va(va, va_size as usize);
+            let _ = cu::mem_release(handle);
+            let _ = cu::mem_address_free(va, va_size as usize);
         }
         return Ok(None);
     }
@@ -228,23 +227,25 @@ pub fn free(ptr: u64, stream: Option<CUstream>) -> CUresult {
     };
     // Work still queued must finish before the memory goes (as cudaFree waits).
     let r = match stream {
-        Some(st) => STREAM_SYNCHRONIZE
-            .get()
-            .map_or(CUDA_SUCCESS, |f| unsafe { f(st) }),
-        None => CTX_SYNCHRONIZE.get().map_or(CUDA_SUCCESS, |f| {
+        // SAFETY: the stream the program passed to its free: it exists.
+        Some(st) => cu::code(unsafe { cu::stream_synchronize(st) }, CUDA_SUCCESS),
+        None if CTX_SYNCHRONIZE.get().is_some() => {
             let token = super::sync::begins();
-            let r = unsafe { f() };
-            if r == CUDA_SUCCESS {
+            let r = cu::ctx_synchronize();
+            if r.is_ok() {
                 // Every launch before it ran without a fault: their stale values went unused.
                 super::sync::clean(token);
             }
-            r
-        }),
+            cu::code(r, CUDA_SUCCESS)
+        }
+        None => CUDA_SUCCESS,
     };
-    if let (Some(unmap), Some(release)) = (real::MEM_UNMAP.get(), real::MEM_RELEASE.get()) {
+    if real::MEM_UNMAP.get().is_some() && real::MEM_RELEASE.get().is_some() {
+        // SAFETY: the guarded allocation the program just freed (the work before the free
+        // has run): its mapping and handle are ours and nobody uses them after.
         unsafe {
-            unmap(g.map_at, g.phys as usize);
-            release(g.handle);
+            let _ = cu::mem_unmap(g.map_at, g.phys as usize);
+            let _ = cu::mem_release(g.handle);
         }
     }
     with(|s| s.retired.push_back((g.va, g.va_size)));

@@ -14,6 +14,7 @@
 //! [`super::sync`].
 
 use super::{isolate, sync};
+use crate::base::cu;
 use crate::base::cuda::*;
 use crate::base::real::*;
 use crate::base::sys::ForkLock;
@@ -53,7 +54,7 @@ pub fn kernels_unloaded() {
 /// parameter's place and size. That look costs two driver calls (~3 us on the H200, as much as
 /// the rest of the check); without unloads a launch makes none.
 fn layout(f: CUfunction) -> Option<&'static Layout> {
-    let info = FUNC_GET_PARAM_INFO.get()?;
+    FUNC_GET_PARAM_INFO.get()?;
     // Read before looking: an unload counted after this makes the next launch look again.
     let unloads = UNLOADS.load(Acquire);
     let mut g = LAYOUTS.lock();
@@ -62,29 +63,30 @@ fn layout(f: CUfunction) -> Option<&'static Layout> {
         if l.fitted.load(Relaxed) == unloads {
             return Some(*l);
         }
-        if still_fits(info, f, l) {
+        if still_fits(f, l) {
             l.fitted.store(unloads, Relaxed);
             return Some(*l);
         }
     }
     let mut params = Vec::new();
     for i in 0..4096 {
-        let (mut off, mut size) = (0usize, 0usize);
-        if unsafe { info(f, i, &mut off, &mut size) } != CUDA_SUCCESS {
+        // SAFETY: `f` is the kernel the program is launching now: its module is loaded.
+        let Ok((off, size)) = (unsafe { cu::func_get_param_info(f, i) }) else {
             break;
-        }
+        };
         params.push((off as u32, size as u32));
     }
     let mut name = String::from("?");
-    if let Some(get) = FUNC_GET_NAME.get() {
-        let mut p: *const std::ffi::c_char = std::ptr::null();
-        if unsafe { get(&mut p, f) } == CUDA_SUCCESS && !p.is_null() {
-            name = unsafe { CStr::from_ptr(p) }
-                .to_string_lossy()
-                .chars()
-                .take(4096)
-                .collect();
-        }
+    // SAFETY: as above.
+    if let Ok(p) = unsafe { cu::func_get_name(f) }
+        && !p.is_null()
+    {
+        // SAFETY: the driver's NUL-terminated name, alive as long as the module.
+        name = unsafe { CStr::from_ptr(p) }
+            .to_string_lossy()
+            .chars()
+            .take(4096)
+            .collect();
     }
     // Leaked on purpose: kernels live as long as their module, layouts are small, and a hit
     // may still name a replaced one.
@@ -98,21 +100,18 @@ fn layout(f: CUfunction) -> Option<&'static Layout> {
 }
 
 /// True when kernel `f` still has layout `l`'s parameter count and last parameter.
-fn still_fits(
-    info: unsafe extern "C" fn(CUfunction, usize, *mut usize, *mut usize) -> CUresult,
-    f: CUfunction,
-    l: &Layout,
-) -> bool {
-    let (mut off, mut size) = (0usize, 0usize);
+fn still_fits(f: CUfunction, l: &Layout) -> bool {
     let n = l.params.len();
-    if unsafe { info(f, n, &mut off, &mut size) } == CUDA_SUCCESS {
+    // SAFETY: `f` is the kernel the program is launching now: its module is loaded.
+    if unsafe { cu::func_get_param_info(f, n) }.is_ok() {
         return false; // more parameters than the layout has
     }
     match l.params.last() {
         None => true,
         Some(&(o, sz)) => {
-            let r = unsafe { info(f, n - 1, &mut off, &mut size) };
-            r == CUDA_SUCCESS && off == o as usize && size == sz as usize
+            // SAFETY: as above.
+            let r = unsafe { cu::func_get_param_info(f, n - 1) };
+            r == Ok((o as usize, sz as usize))
         }
     }
 }
@@ -305,12 +304,16 @@ pub unsafe fn check(
             guarded: Vec::new(),
         };
         for (i, &(off, size)) in layout.params.iter().enumerate() {
+            // SAFETY: `params` holds one pointer per parameter of `f` (the caller's contract:
+            // the launch's own arguments), and the layout has `f`'s parameter count.
             let value = unsafe { *params.add(i) } as *const u8;
             if value.is_null() {
                 continue;
             }
             let mut at = 0u32;
             while at + 8 <= size {
+                // SAFETY: `value` points at parameter `i`, `size` bytes (the driver's layout),
+                // and `at + 8 <= size`.
                 let word =
                     unsafe { std::ptr::read_unaligned(value.add(at as usize) as *const u64) };
                 words.push(word, i as u32, off + at, &mut out);
@@ -327,10 +330,14 @@ pub unsafe fn check(
     let (mut buf, mut size) = (std::ptr::null::<u8>(), 0usize);
     let mut i = 0;
     loop {
+        // SAFETY: `extra` is the launch's key/value list, ended by CU_LAUNCH_PARAM_END (the
+        // caller's contract); `i` is a key's place, reached only before the end was read.
         let key = unsafe { *extra.add(i) } as usize;
         match key {
             CU_LAUNCH_PARAM_END => break,
+            // SAFETY: a key other than the end is followed by its value.
             CU_LAUNCH_PARAM_BUFFER_POINTER => buf = unsafe { *extra.add(i + 1) } as *const u8,
+            // SAFETY: as above; the value of BUFFER_SIZE points at a size_t.
             CU_LAUNCH_PARAM_BUFFER_SIZE => size = unsafe { *(*extra.add(i + 1) as *const usize) },
             _ => {}
         }
@@ -350,6 +357,7 @@ pub unsafe fn check(
     };
     let mut at = 0usize;
     while at + 8 <= size {
+        // SAFETY: the packed buffer holds `size` bytes (its BUFFER_SIZE), `at + 8 <= size`.
         let word = unsafe { std::ptr::read_unaligned(buf.add(at) as *const u64) };
         let index = layout
             .params

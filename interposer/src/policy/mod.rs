@@ -9,6 +9,8 @@
 //! folder (uses log, guard, release, reuse and device); [`launch`] (the launch check; uses
 //! isolate's quarantine index and sync).
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod device;
 pub mod frameworks;
 pub mod guard;
@@ -209,6 +211,7 @@ pub unsafe fn launch_check(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> Option<launch::Guarded> {
+    // SAFETY: the caller's contract is `launch::check`'s.
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
         profile::timed(profile::Part::LaunchCheck, || {
             launch::check(api, f, params, extra)

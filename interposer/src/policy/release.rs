@@ -19,6 +19,7 @@
 
 use super::device::{self, BATCH, SLOT_BYTES, SLOTS, launch_kernel};
 use crate::base::config;
+use crate::base::cu::{self, CuError};
 use crate::base::cuda::*;
 use crate::base::real::*;
 use crate::base::sys::ForkLock;
@@ -91,27 +92,32 @@ fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
 
 /// A new event without timing; 0 where the driver makes none.
 fn new_event() -> usize {
-    let Some(create) = EVENT_CREATE.get() else {
-        return 0;
-    };
-    let mut e: *mut c_void = std::ptr::null_mut();
     // CU_EVENT_DISABLE_TIMING = 2
-    if unsafe { create(&mut e, 2) } != CUDA_SUCCESS {
-        return 0;
-    }
-    e as usize
+    cu::event_create(2).map_or(0, |e| e as usize)
+}
+
+/// Records the library's event `ev` on `stream`; true when recorded.
+///
+/// # Safety
+/// `ev` is an event of the library's not destroyed yet, and `stream` exists: a stream the
+/// program freed on and has not destroyed (a mark's `live`), or the library's own.
+unsafe fn record_on(ev: usize, stream: usize) -> bool {
+    // SAFETY: the caller vouches for both handles.
+    unsafe { cu::event_record(ev as cu::CUevent, stream as CUstream) }.is_ok()
 }
 
 /// A new event recorded on `stream`; 0 where it cannot be made or recorded (one made is then
 /// destroyed).
 pub fn record_event(stream: usize) -> usize {
-    let (ev, Some(record)) = (new_event(), EVENT_RECORD.get()) else {
+    let ev = new_event();
+    if EVENT_RECORD.get().is_none() {
         return 0;
-    };
-    if ev != 0 && unsafe { record(ev as *mut c_void, stream as CUstream) } != CUDA_SUCCESS {
-        if let Some(d) = EVENT_DESTROY.get() {
-            unsafe { d(ev as *mut c_void) };
-        }
+    }
+    // SAFETY: `ev` was just made; the caller's `stream` is one it is about to free on (it
+    // exists), or the library's release stream.
+    if ev != 0 && !unsafe { record_on(ev, stream) } {
+        // SAFETY: made just now, used by nothing else.
+        let _ = unsafe { cu::event_destroy(ev as cu::CUevent) };
         return 0;
     }
     ev
@@ -139,16 +145,18 @@ fn stream_event(s: &mut State, ctx: usize, stream: usize) -> usize {
 /// After a stream-ordered poison on `stream` of context `ctx`: records the stream's event, and
 /// returns it (0 when no event could be made: the caller then cannot release asynchronously).
 pub fn mark(ctx: usize, stream: usize) -> usize {
-    let Some(record) = EVENT_RECORD.get() else {
+    if EVENT_RECORD.get().is_none() {
         return 0;
-    };
+    }
     // Under the lock, as `stream_gone` records its last: a destroyed handle is never recorded on.
     with(|s| {
         let ev = stream_event(s, ctx, stream);
         if ev == 0 {
             return 0;
         }
-        if unsafe { record(ev as *mut c_void, stream as CUstream) } != CUDA_SUCCESS {
+        // SAFETY: the stream's event is never destroyed; the program just freed on `stream`,
+        // so it exists.
+        if !unsafe { record_on(ev, stream) } {
             return 0;
         }
         if let Some(m) = s.marks.get_mut(&(ctx, stream)) {
@@ -170,12 +178,9 @@ const PER_THREAD: usize = 2;
 /// after its poisons, since a flush records at once once a capture has begun
 /// ([`capture_start`] records the events behind their poisons first).
 pub fn refresh(ctx: usize, stream: usize) {
-    if stream == PER_THREAD {
+    if stream == PER_THREAD || EVENT_RECORD.get().is_none() {
         return;
     }
-    let Some(record) = EVENT_RECORD.get() else {
-        return;
-    };
     with(|s| {
         flush_locked(s, ctx);
         let Some(m) = s.marks.get_mut(&(ctx, stream)) else {
@@ -184,19 +189,18 @@ pub fn refresh(ctx: usize, stream: usize) {
         if !m.live {
             return;
         }
-        let mut status = 0i32;
-        let queried = STREAM_IS_CAPTURING
-            .get()
-            .map(|capturing| unsafe { capturing(stream as CUstream, &mut status) });
-        match queried {
-            Some(CUDA_SUCCESS) if status == 0 => {}
+        // SAFETY: the mark is live: the program has not destroyed the stream
+        // (`stream_gone` is told before it does, under this lock).
+        match unsafe { cu::stream_is_capturing(stream as CUstream) } {
+            Ok(false) => {}
             // Capturing: nothing may be queued on it that the graph does not own.
-            Some(CUDA_SUCCESS) => return,
+            Ok(true) => return,
             // Cannot tell: record only while no capture has begun anywhere.
-            _ if CAPTURE_SEEN.load(Relaxed) => return,
-            _ => {}
+            Err(_) if CAPTURE_SEEN.load(Relaxed) => return,
+            Err(_) => {}
         }
-        if unsafe { record(m.ev as *mut c_void, stream as CUstream) } == CUDA_SUCCESS {
+        // SAFETY: as above; the mark's event is never destroyed.
+        if unsafe { record_on(m.ev, stream) } {
             m.behind = false;
         }
     });
@@ -209,9 +213,9 @@ pub fn refresh(ctx: usize, stream: usize) {
 /// record at once.
 pub fn capture_start(ctx: usize) {
     CAPTURE_SEEN.store(true, Relaxed);
-    let Some(record) = EVENT_RECORD.get() else {
+    if EVENT_RECORD.get().is_none() {
         return;
-    };
+    }
     with(|s| {
         flush_locked(s, ctx);
         for (&(c, stream), m) in s.marks.iter_mut() {
@@ -219,7 +223,8 @@ pub fn capture_start(ctx: usize) {
                 && m.live
                 && m.behind
                 && stream != PER_THREAD
-                && unsafe { record(m.ev as *mut c_void, stream as CUstream) } == CUDA_SUCCESS
+                // SAFETY: a live mark's stream exists; its event is never destroyed.
+                && unsafe { record_on(m.ev, stream) }
             {
                 m.behind = false;
             }
@@ -231,9 +236,9 @@ pub fn capture_start(ctx: usize) {
 /// work, which still completes after the destruction) and never again on that handle, until a
 /// free on a stream of the same handle (a new stream) marks it again.
 pub fn stream_gone(stream: usize) {
-    let Some(record) = EVENT_RECORD.get() else {
+    if EVENT_RECORD.get().is_none() {
         return;
-    };
+    }
     with(|s| {
         // Its deferred poisons first: after the destruction nothing can be queued on it.
         let streams_ctx: Vec<usize> = s
@@ -249,7 +254,9 @@ pub fn stream_gone(stream: usize) {
             if *st == stream && m.live {
                 m.live = false;
                 if stream != PER_THREAD {
-                    unsafe { record(m.ev as *mut c_void, stream as CUstream) };
+                    // SAFETY: the program destroys the stream after this returns; the event
+                    // is never destroyed.
+                    unsafe { record_on(m.ev, stream) };
                     m.behind = false;
                 }
             }
@@ -270,6 +277,9 @@ pub fn poison(ctx: usize, stream: usize, ptr: u64, len: u64, byte: u8) -> Option
         (&mut pat as *mut u32).cast(),
     ];
     let blocks = (len / 4).div_ceil(256).clamp(1, 1024) as u32;
+    // SAFETY: `isolate_poison(ptr, len, pattern)` of this context's module, its three
+    // parameters pointing at locals of their types; [ptr, ptr+len) was just freed by the
+    // program on `stream` (it is quarantined: nobody else's now).
     unsafe { launch_kernel(fill, (blocks, 1), stream, &mut params) }
 }
 
@@ -337,29 +347,34 @@ fn flush_locked(s: &mut State, ctx: usize) {
         mine.sort_by_key(|p| p.0);
         let fill = resources(s, ctx).and_then(|r| r.d.fill_many);
         // Recorded after the poisons now only where `refresh` might not be able to later.
-        let record = EVENT_RECORD
-            .get()
-            .filter(|_| CAPTURE_SEEN.load(Relaxed) || STREAM_IS_CAPTURING.get().is_none());
+        let record = EVENT_RECORD.get().is_some()
+            && (CAPTURE_SEEN.load(Relaxed) || STREAM_IS_CAPTURING.get().is_none());
         for run in mine.chunk_by(|a, b| a.0 == b.0) {
             let stream = run[0].0;
             for chunk in run.chunks(FILL_RANGES) {
                 let launched = fill.is_some_and(|f| fill_ranges(f, stream, chunk, byte));
                 if launched {
                     FILLS.fetch_add(1, Relaxed);
-                } else if let Some(set) = MEMSET_D8_ASYNC.get() {
+                } else {
                     // The launch failed: a memset each, as without deferral.
                     for &(_, p, n) in chunk {
-                        unsafe { set(p, byte, n as usize, stream as CUstream) };
+                        // SAFETY: each range was freed by the program on `stream`, which has
+                        // not been destroyed (`stream_gone` flushes first); it is quarantined.
+                        let r =
+                            unsafe { cu::memset_d8_async(p, byte, n as usize, stream as CUstream) };
+                        if r == Err(CuError::Missing) {
+                            break;
+                        }
                     }
                 }
             }
             if let Some(m) = s.marks.get_mut(&(ctx, stream)) {
-                match record {
-                    Some(record) => {
-                        unsafe { record(m.ev as *mut c_void, stream as CUstream) };
-                        m.behind = false;
-                    }
-                    None => m.behind = true,
+                if record {
+                    // SAFETY: as the memsets above; the mark's event is never destroyed.
+                    unsafe { record_on(m.ev, stream) };
+                    m.behind = false;
+                } else {
+                    m.behind = true;
                 }
             }
         }
@@ -384,6 +399,9 @@ fn fill_ranges(fill: CUfunction, stream: usize, ranges: &[(usize, u64, u64)], by
     ];
     let longest = ranges.iter().map(|r| r.2).max().unwrap_or(0);
     let bx = wide_blocks(longest, ranges.len());
+    // SAFETY: `isolate_poison_many(ranges, count, pattern)` of this context's module, its
+    // parameters pointing at locals of their types (`buf` is the by-value array of 64
+    // ranges); every range was freed by the program on `stream` and is quarantined.
     let r = unsafe {
         launch_kernel(
             fill,
@@ -444,21 +462,23 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
     with(|s| {
         let r = resources(s, ctx)?;
         let slot = r.busy.iter().position(|b| !b)?;
-        let wait = STREAM_WAIT_EVENT.get()?;
-        let htod = MEMCPY_HTOD_ASYNC.get()?;
-        let dtoh = MEMCPY_DTOH_ASYNC.get()?;
+        STREAM_WAIT_EVENT.get()?;
+        MEMCPY_HTOD_ASYNC.get()?;
+        MEMCPY_DTOH_ASYNC.get()?;
         LAUNCH_KERNEL.get()?;
         // The completion event is made below: nothing is queued without a way to make it.
         EVENT_CREATE.get()?;
         EVENT_RECORD.get()?;
         for &ev in waits {
-            if unsafe { wait(r.d.stream, ev as *mut c_void, 0) } != CUDA_SUCCESS {
-                return None;
-            }
+            // SAFETY: the release stream is ours; `ev` is a stream's mark, never destroyed.
+            unsafe { cu::stream_wait_event(r.d.stream, ev as cu::CUevent) }.ok()?;
         }
         // Descriptors then initial results ({0, MAX}) in the slot's host half, one copy down.
+        // SAFETY: `slot < SLOTS`, and the pinned buffer holds SLOTS * SLOT_BYTES.
         let host = unsafe { r.d.host.add(slot * SLOT_BYTES) } as *mut u64;
         for (i, &(p, len)) in items[..n].iter().enumerate() {
+            // SAFETY: `i < n <= BATCH`: the four words lie in the slot (4 * BATCH words), which
+            // is free (not busy), so no copy of the device reads or writes it now.
             unsafe {
                 *host.add(2 * i) = p;
                 *host.add(2 * i + 1) = len;
@@ -468,18 +488,19 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
         }
         let dev = r.d.ring + (slot * SLOT_BYTES) as u64;
         let res_off = (BATCH * 16) as u64;
-        if unsafe { htod(dev, host.cast(), n * 16, r.d.stream) } != CUDA_SUCCESS
-            || unsafe {
-                htod(
-                    dev + res_off,
-                    host.add(2 * BATCH).cast(),
-                    n * 16,
-                    r.d.stream,
-                )
-            } != CUDA_SUCCESS
-        {
-            return None;
+        // SAFETY: both halves of the slot, on the host (pinned, ours, not reused until the slot is
+        // polled) and on the device (the module's `isolate_ring`), `n * 16 <= BATCH * 16` bytes.
+        unsafe { cu::memcpy_htod_async(dev, host.cast(), n * 16, r.d.stream) }.ok()?;
+        // SAFETY: as above, the results half.
+        unsafe {
+            cu::memcpy_htod_async(
+                dev + res_off,
+                host.add(2 * BATCH).cast(),
+                n * 16,
+                r.d.stream,
+            )
         }
+        .ok()?;
         let (func, bx) = grid(&r, &items[..n]);
         let mut descs = dev;
         let mut count = n as u32;
@@ -491,28 +512,28 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
             (&mut pat as *mut u32).cast(),
             (&mut out as *mut u64).cast(),
         ];
-        let launched = unsafe { launch_kernel(func, (bx, n as u32), r.d.stream, &mut params)? };
-        if launched != CUDA_SUCCESS {
-            return None;
-        }
+        // SAFETY: `isolate_verify_many(descs, count, pattern, out)` (or its 16-byte twin) of this
+        // context's module, its parameters pointing at locals of their types; it reads the
+        // quarantined ranges the descriptors name and writes the slot's results.
+        unsafe { cu::launch_kernel(func, (bx, n as u32), r.d.stream, &mut params) }.ok()?;
+        // SAFETY: as the copies down.
         let copied = unsafe {
-            dtoh(
+            cu::memcpy_dtoh_async(
                 host.add(2 * BATCH).cast(),
                 dev + res_off,
                 n * 16,
                 r.d.stream,
             )
         };
-        let done = if copied == CUDA_SUCCESS {
+        let done = if copied.is_ok() {
             record_event(r.d.stream as usize)
         } else {
             0
         };
         if done == 0 {
             // The check is queued but its results cannot be waited for: wait here instead.
-            if let Some(sync) = STREAM_SYNCHRONIZE.get() {
-                unsafe { sync(r.d.stream) };
-            }
+            // SAFETY: the release stream is ours and never destroyed.
+            let _ = unsafe { cu::stream_synchronize(r.d.stream) };
         }
         r.busy[slot] = true;
         Some(Launched { ctx, slot, n, done })
@@ -554,25 +575,27 @@ fn wide_blocks(longest: u64, rows: usize) -> u32 {
 /// run; `None` while it has not (`wait` makes it wait). The slot is free again afterwards.
 pub fn poll(l: &Launched, wait: bool) -> Option<Vec<(u64, u64)>> {
     if l.done != 0 {
-        let ev = l.done as *mut c_void;
+        let ev = l.done as cu::CUevent;
         if wait {
-            let sync = EVENT_SYNCHRONIZE.get()?;
-            unsafe { sync(ev) };
-        } else {
-            let query = EVENT_QUERY.get()?;
-            if unsafe { query(ev) } != CUDA_SUCCESS {
+            // SAFETY: the batch's completion event, destroyed only below, once.
+            if unsafe { cu::event_synchronize(ev) } == Err(CuError::Missing) {
                 return None;
             }
+        } else {
+            // SAFETY: as above.
+            unsafe { cu::event_query(ev) }.ok()?;
         }
-        if let Some(d) = EVENT_DESTROY.get() {
-            unsafe { d(ev) };
-        }
+        // SAFETY: as above; the batch is polled no more after this (its `Launched` is dropped).
+        let _ = unsafe { cu::event_destroy(ev) };
     }
     with(|s| {
         let r = resources(s, l.ctx)?;
+        // SAFETY: `l.slot < SLOTS`, inside the pinned buffer.
         let host = unsafe { r.d.host.add(l.slot * SLOT_BYTES) } as *const u64;
         let out = (0..l.n)
             .map(|i| {
+                // SAFETY: `i < l.n <= BATCH`: the results half of the slot, which the device
+                // finished writing (the completion event has passed, or the stream was waited for).
                 let (changed, first) = unsafe {
                     (
                         *host.add(2 * BATCH + 2 * i),
@@ -593,17 +616,20 @@ pub fn poll(l: &Launched, wait: bool) -> Option<Vec<(u64, u64)>> {
 /// `wait`, returns once they have (an allocation that ran out of memory is about to retry).
 /// False where `ctx` has no release stream.
 pub fn free_all(ctx: usize, ptrs: &[u64], wait: bool) -> bool {
-    let Some(free) = MEM_FREE_ASYNC.get() else {
+    if MEM_FREE_ASYNC.get().is_none() {
         return false;
-    };
+    }
     let Some(stream) = device::release(ctx).map(|r| r.stream) else {
         return false;
     };
     for &p in ptrs {
-        unsafe { free(p, stream) };
+        // SAFETY: each is a stream-ordered allocation whose check has run: it leaves
+        // quarantine here, used by nobody; the release stream is ours.
+        let _ = unsafe { cu::mem_free_async(p, stream) };
     }
-    if wait && let Some(sync) = STREAM_SYNCHRONIZE.get() {
-        unsafe { sync(stream) };
+    if wait {
+        // SAFETY: the release stream is ours and never destroyed.
+        let _ = unsafe { cu::stream_synchronize(stream) };
     }
     true
 }

@@ -14,6 +14,7 @@ use super::leave::{IN_FLIGHT, INFLIGHT, POLL_EVERY, SINCE_POLL, free_to_driver, 
 use super::poison::poison;
 use super::quarantine::{forget_range, quarantine, quarantine_index_only, release_oldest};
 use super::state::{Held, Live, current_ctx, freed, st, state};
+use crate::base::cu;
 use crate::base::cuda::*;
 use crate::base::real::{self, *};
 use crate::base::sys::now_ns;
@@ -102,9 +103,7 @@ pub fn alloc(
             );
             if r == CUDA_SUCCESS && proto.api.is_runtime() {
                 // The failed attempt left a sticky runtime error that PyTorch would throw on.
-                if let Some(f) = GET_LAST_ERROR.get() {
-                    unsafe { f() };
-                }
+                let _ = cu::get_last_error();
             }
         }
         if r != CUDA_SUCCESS {
@@ -243,17 +242,26 @@ pub(super) fn defers(api: Api, ptr: u64) -> bool {
 /// address nothing can own, so it also sets its sticky last error exactly as for a double free.
 pub(super) fn double_free(api: Api, stream: CUstream) -> i32 {
     let bogus = std::ptr::dangling_mut::<c_void>(); // address 1: never allocated
+    // SAFETY (every arm): the address 1 is no allocation's, so the real free rejects it
+    // without touching memory (as it does the program's double free); `stream` is the one
+    // the program passed to its own call, handed on unchanged.
     let r = match api {
+        // SAFETY: see above.
         Api::CudaFree => real::FREE.get().map(|f| unsafe { f(bogus) }),
+        // SAFETY: see above.
         Api::CudaFreeAsync => real::FREE_ASYNC.get().map(|f| unsafe { f(bogus, stream) }),
         Api::CudaFreeAsyncPtsz => real::FREE_ASYNC_PTSZ
             .get()
+            // SAFETY: see above.
             .map(|f| unsafe { f(bogus, stream) }),
         // The driver too decides the code (no context is reported before a bad address).
+        // SAFETY: see above.
         Api::CuMemFree => real::MEM_FREE.get().map(|f| unsafe { f(1) }),
+        // SAFETY: see above.
         Api::CuMemFreeAsync => real::MEM_FREE_ASYNC.get().map(|f| unsafe { f(1, stream) }),
         Api::CuMemFreeAsyncPtsz => real::MEM_FREE_ASYNC_PTSZ
             .get()
+            // SAFETY: see above.
             .map(|f| unsafe { f(1, stream) }),
         _ => None,
     };
@@ -262,13 +270,12 @@ pub(super) fn double_free(api: Api, stream: CUstream) -> i32 {
 
 /// Whether `stream` is capturing a CUDA graph (false where the driver cannot say).
 pub(super) fn capturing(stream: CUstream) -> bool {
-    let Some(f) = STREAM_IS_CAPTURING.get() else {
+    if STREAM_IS_CAPTURING.get().is_none() {
         return false;
-    };
+    }
     profile::timed(Part::Capturing, || {
-        let mut status: std::ffi::c_int = 0;
-        let r = unsafe { f(stream, &mut status) };
-        r == CUDA_SUCCESS && status != 0
+        // SAFETY: the stream the program passed to the free it is making: it exists.
+        unsafe { cu::stream_is_capturing(stream) }.unwrap_or(false)
     })
 }
 

@@ -6,8 +6,8 @@
 use super::leave::{Release, reap, release_batch, release_sync};
 use super::state::{Entry, STATE, current_ctx, st, state};
 use crate::base::config;
+use crate::base::cu;
 use crate::base::cuda::*;
-use crate::base::real::*;
 use crate::base::sys::{now_ns, wait_until, warn};
 use crate::record::event;
 use crate::record::thread::Inside;
@@ -38,6 +38,7 @@ pub(super) const EXIT_CHECK_LIMIT_NS: u64 = 30_000_000_000;
 /// trace, and the unfinished check is left to die with the process.
 pub fn at_exit_bounded() {
     let owner = EXIT_OWNER.load(Acquire);
+    // SAFETY: getpid has no preconditions.
     if owner != 0 && owner != unsafe { libc::getpid() } as u32 {
         return; // a vfork child: the quarantine is its parent's, and so is the address space
     }
@@ -55,10 +56,10 @@ pub fn at_exit_bounded() {
         .name("isolate-exit".into())
         .spawn(move || {
             let _inside = Inside::enter();
-            if ctx != 0
-                && let Some(set) = CTX_SET_CURRENT.get()
-            {
-                unsafe { set(ctx as CUcontext) };
+            if ctx != 0 {
+                // SAFETY: the exiting thread's current context, which the exit has not
+                // destroyed yet (the check runs before the runtime's exit handler).
+                let _ = unsafe { cu::ctx_set_current(ctx as CUcontext) };
             }
             let _ = std::panic::catch_unwind(at_exit);
             flag.store(true, Release);

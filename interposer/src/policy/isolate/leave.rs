@@ -11,14 +11,13 @@ use super::counters::{ASYNC_BATCHES, ON_DEVICE, ON_HOST, RELEASE_NS, WAIT_NS};
 use super::state::{Entry, Held, current_ctx, st, state};
 use super::verify::{report, verify_batch_on_device, verify_on_host};
 use crate::base::config;
+use crate::base::cu::{self, CuError};
 use crate::base::cuda::*;
-use crate::base::real::{self, *};
 use crate::base::sys::{ForkLock, now_ns};
 use crate::policy::device::BATCH;
 use crate::policy::{release, reuse};
 use crate::record::writer::Q_RELEASES;
 use std::collections::VecDeque;
-use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
 
 /// Verifies, then really frees (or unmaps) entries: per context, every check is launched first
@@ -63,15 +62,19 @@ pub(super) fn in_each_context(entries: &[Entry], mut f: impl FnMut(usize, Vec<En
     ctxs.dedup();
     for ctx in ctxs {
         let switch = ctx != 0 && ctx != cur;
-        if switch && let Some(set) = CTX_SET_CURRENT.get() {
-            unsafe { set(ctx as CUcontext) };
+        if switch {
+            // SAFETY: a context an entry was freed in: entries of a destroyed context are
+            // not held (the program destroys a context after freeing its memory, and a
+            // context is only ever destroyed by the program).
+            let _ = unsafe { cu::ctx_set_current(ctx as CUcontext) };
         }
         f(
             ctx,
             entries.iter().filter(|e| e.ctx == ctx).copied().collect(),
         );
-        if switch && let Some(set) = CTX_SET_CURRENT.get() {
-            unsafe { set(cur as CUcontext) };
+        if switch {
+            // SAFETY: the calling thread's own current context, put back.
+            let _ = unsafe { cu::ctx_set_current(cur as CUcontext) };
         }
     }
 }
@@ -228,12 +231,14 @@ pub(super) fn free_to_driver(ctx: usize, ptrs: &[u64], wait: bool) {
     if ptrs.is_empty() {
         return;
     }
-    if !release::free_all(ctx, ptrs, wait)
-        && let Some(f) = MEM_FREE.get()
-    {
+    if !release::free_all(ctx, ptrs, wait) {
         // Unreachable in practice (a batch was launched on this context's stream).
         for &p in ptrs {
-            unsafe { f(p) };
+            // SAFETY: checked memory leaving quarantine (or kept for reuse and given back):
+            // nobody uses it.
+            if unsafe { cu::mem_free(p) } == Err(CuError::Missing) {
+                break;
+            }
         }
     }
 }
@@ -261,10 +266,8 @@ pub(super) fn cap_for(budget: u64, mem: Option<(u64, u64)>) -> u64 {
 
 /// The current context's device memory: (free, total) bytes, as the driver says.
 pub(super) fn device_memory() -> Option<(u64, u64)> {
-    let f = MEM_GET_INFO.get()?;
-    let (mut free, mut total) = (0usize, 0usize);
-    (unsafe { f(&mut free, &mut total) } == CUDA_SUCCESS && total > 0)
-        .then_some((free as u64, total as u64))
+    let (free, total) = cu::mem_get_info().ok()?;
+    (total > 0).then_some((free as u64, total as u64))
 }
 
 /// Pops the batches at the head of `q` whose checks have run, with their results: with
@@ -325,12 +328,12 @@ pub(super) fn release_sync(entries: &[Entry], free: bool, repoison: bool) {
         let t0 = now_ns();
         for e in &group {
             if e.event != 0 {
-                if let Some(s) = EVENT_SYNCHRONIZE.get() {
-                    unsafe { s(e.event as *mut c_void) };
-                }
-                if let Some(d) = EVENT_DESTROY.get() {
-                    unsafe { d(e.event as *mut c_void) };
-                }
+                let ev = e.event as cu::CUevent;
+                // SAFETY: the entry's own event, made at its free and destroyed here, once
+                // (the entry has left the queue).
+                let _ = unsafe { cu::event_synchronize(ev) };
+                // SAFETY: as above.
+                let _ = unsafe { cu::event_destroy(ev) };
             }
         }
         refresh_streams(ctx, &group);
@@ -338,9 +341,8 @@ pub(super) fn release_sync(entries: &[Entry], free: bool, repoison: bool) {
         marks.sort_unstable();
         marks.dedup();
         for m in marks {
-            if let Some(s) = EVENT_SYNCHRONIZE.get() {
-                unsafe { s(m as *mut c_void) };
-            }
+            // SAFETY: a stream's mark, never destroyed.
+            let _ = unsafe { cu::event_synchronize(m as cu::CUevent) };
         }
         WAIT_NS.fetch_add(now_ns().saturating_sub(t0), Relaxed);
         if let Some(byte) = config::get().poison {
@@ -359,11 +361,9 @@ pub(super) fn release_sync(entries: &[Entry], free: bool, repoison: bool) {
                     };
                     if let Some((first, changed)) = r {
                         report(e, first, changed);
-                        if repoison
-                            && changed > 0
-                            && let Some(set) = MEMSET_D8.get()
-                        {
-                            unsafe { set(e.ptr, byte, e.size as usize) };
+                        if repoison && changed > 0 {
+                            // SAFETY: quarantined memory (it stays there), nobody else's.
+                            let _ = unsafe { cu::memset_d8(e.ptr, byte, e.size as usize) };
                         }
                     }
                 }
@@ -373,14 +373,13 @@ pub(super) fn release_sync(entries: &[Entry], free: bool, repoison: bool) {
             for e in &group {
                 match e.held {
                     Held::Allocation => {
-                        if let Some(f) = real::MEM_FREE.get() {
-                            unsafe { f(e.ptr) };
-                        }
+                        // SAFETY: checked, leaving quarantine: nobody uses it.
+                        let _ = unsafe { cu::mem_free(e.ptr) };
                     }
                     Held::Mapping => {
-                        if let Some(f) = real::MEM_UNMAP.get() {
-                            unsafe { f(e.ptr, e.size as usize) };
-                        }
+                        // SAFETY: a range the program unmapped, held back mapped: nobody
+                        // uses it.
+                        let _ = unsafe { cu::mem_unmap(e.ptr, e.size as usize) };
                     }
                     Held::Guarded => {} // never queued
                 }

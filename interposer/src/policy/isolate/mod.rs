@@ -43,6 +43,7 @@ pub fn after_fork_child() {
     state::STATE.reset_in_child(None);
     leave::INFLIGHT.reset_in_child(VecDeque::new());
     leave::IN_FLIGHT.store(0, Relaxed);
+    // SAFETY: getpid has no preconditions.
     exit::EXIT_OWNER.store(unsafe { libc::getpid() } as u32, Release);
     super::release::after_fork_child();
 }

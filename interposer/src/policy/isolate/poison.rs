@@ -8,8 +8,8 @@
 use super::counters::BY_KERNEL;
 use super::state::current_ctx;
 use crate::base::config;
+use crate::base::cu::{self, CuError};
 use crate::base::cuda::*;
-use crate::base::real::*;
 use crate::policy::release;
 use std::sync::atomic::Ordering::*;
 
@@ -38,19 +38,25 @@ pub(super) fn poison(ptr: u64, size: u64, ordered: bool, stream: CUstream, ctx: 
             BY_KERNEL.fetch_add(1, Relaxed);
             return r;
         }
-        if let (Some(b), Some(f)) = (byte, MEMSET_D8_ASYNC.get()) {
-            return unsafe { f(ptr, b, size as usize, stream) };
-        }
-        return CUDA_SUCCESS;
+        let Some(b) = byte else {
+            return CUDA_SUCCESS;
+        };
+        // SAFETY: the program freed [ptr, ptr+size) on `stream` (its own, existing): from
+        // the stream's position on it is quarantined, nobody's.
+        return cu::code(
+            unsafe { cu::memset_d8_async(ptr, b, size as usize, stream) },
+            CUDA_SUCCESS,
+        );
     }
-    if let Some(sync) = CTX_SYNCHRONIZE.get() {
-        let r = unsafe { sync() };
-        if r != CUDA_SUCCESS {
-            return r;
-        }
+    if let Err(CuError::Code(r)) = cu::ctx_synchronize() {
+        return r;
     }
-    match (byte, MEMSET_D8.get()) {
-        (Some(b), Some(f)) => unsafe { f(ptr, b, size as usize) },
-        _ => CUDA_SUCCESS,
+    match byte {
+        // SAFETY: freed by the program and quarantined; the device is idle (synchronised).
+        Some(b) => cu::code(
+            unsafe { cu::memset_d8(ptr, b, size as usize) },
+            CUDA_SUCCESS,
+        ),
+        None => CUDA_SUCCESS,
     }
 }

@@ -27,6 +27,8 @@ pub fn before_main() {
     ) {
         Substrate::UserChose => {}
         Substrate::StreamOrdered => {
+            // SAFETY: before main, from the constructor: no other thread reads the environment
+            // yet; both strings are NUL-terminated literals.
             unsafe {
                 libc::setenv(
                     c"PYTORCH_CUDA_ALLOC_CONF".as_ptr(),
@@ -40,6 +42,7 @@ pub fn before_main() {
             );
         }
         Substrate::NoCaching(name) => {
+            // SAFETY: as above.
             unsafe { libc::setenv(c"PYTORCH_NO_CUDA_MEMORY_CACHING".as_ptr(), c"1".as_ptr(), 1) };
             say(&format!(
                 "set PYTORCH_NO_CUDA_MEMORY_CACHING=1 (PyTorch's caching allocator off; {name} \

@@ -10,7 +10,7 @@ use super::exit::{ATEXIT, EXIT_OWNER, verify_all_at_exit};
 use super::leave::{Release, release_batch};
 use super::state::{Entry, HIGH, Held, LOW, STATE, State, st, state};
 use crate::base::config::{self, Budget};
-use crate::base::real::*;
+use crate::base::cu;
 use crate::record::profile::{self, Part};
 use crate::record::writer::{Q_EARLY, Q_PEAK};
 use std::sync::atomic::Ordering::*;
@@ -22,10 +22,7 @@ pub(super) fn budget(s: &mut State, device: i32) -> u64 {
     let b = match config::get().quarantine {
         Budget::Bytes(b) => b,
         Budget::Percent(pct) => {
-            let mut total = 0usize;
-            if let Some(f) = DEVICE_TOTAL_MEM.get() {
-                unsafe { f(&mut total, device.max(0)) };
-            }
+            let mut total = cu::device_total_mem(device.max(0)).unwrap_or(0);
             if total == 0 {
                 total = 8 << 30;
             }
@@ -40,7 +37,9 @@ pub(super) fn quarantine(entry: Entry) {
     if !ATEXIT.swap(true, AcqRel) {
         // Registered after the CUDA runtime's own exit handler, so it runs before the context
         // goes away.
+        // SAFETY: getpid has no preconditions.
         EXIT_OWNER.store(unsafe { libc::getpid() } as u32, Release);
+        // SAFETY: an `extern "C" fn()` of this library, which is never unloaded.
         unsafe { libc::atexit(verify_all_at_exit) };
     }
     let mut over = Vec::new();

@@ -4,8 +4,7 @@
 //!
 //! Layer: policies. Uses the base and recording.
 
-use crate::base::cuda::*;
-use crate::base::real::*;
+use crate::base::cu;
 use crate::base::sys::{ForkLock, ForkLockGuard, now_ns};
 use crate::record::event;
 use crate::record::profile::{self, Part};
@@ -137,10 +136,6 @@ pub(super) fn freed(proto: &Event, live: Live, seq: u64, held: Held) -> Entry {
 
 pub(super) fn current_ctx() -> usize {
     profile::timed(Part::Context, || {
-        let mut c: CUcontext = std::ptr::null_mut();
-        if let Some(f) = CTX_GET_CURRENT.get() {
-            unsafe { f(&mut c) };
-        }
-        c as usize
+        cu::ctx_get_current().unwrap_or(std::ptr::null_mut()) as usize
     })
 }

@@ -6,7 +6,7 @@
 //! and result buffer) and the folder's state.
 
 use super::state::{Entry, current_ctx};
-use crate::base::cuda::*;
+use crate::base::cu;
 use crate::base::real::{self, *};
 use crate::base::sys::{now_ns, warn};
 use crate::policy::device::{self, BATCH};
@@ -50,13 +50,14 @@ pub(super) fn report(e: &Entry, first: u64, changed: u64) {
 pub(super) fn verify_batch_on_device(entries: &[&Entry], byte: u8) -> Option<Vec<(u64, u64)>> {
     let device::Verify { func, result } = device::verify(current_ctx())?;
     real::LAUNCH_KERNEL.get()?;
-    let htod = MEMCPY_HTOD.get()?;
-    let dtoh = MEMCPY_DTOH.get()?;
+    MEMCPY_HTOD.get()?;
+    MEMCPY_DTOH.get()?;
     let n = entries.len().min(BATCH);
     let init: Vec<u64> = (0..n).flat_map(|_| [0u64, u64::MAX]).collect();
-    if unsafe { htod(result, init.as_ptr().cast(), n * 16) } != CUDA_SUCCESS {
-        return None;
-    }
+    // SAFETY: `isolate_result` holds BATCH * 16 bytes (checked when it was found), `n <= BATCH`;
+    // only this check uses it, under the caller's release (one thread releases a context's
+    // entries at a time: the quarantine's lock hands each entry out once).
+    unsafe { cu::memcpy_htod(result, &init) }.ok()?;
     for (i, e) in entries[..n].iter().enumerate() {
         let mut p = e.ptr;
         let mut len = e.size;
@@ -69,16 +70,14 @@ pub(super) fn verify_batch_on_device(entries: &[&Entry], byte: u8) -> Option<Vec
             (&mut out as *mut u64).cast(),
         ];
         let blocks = (e.size / 4).div_ceil(256).clamp(1, 132 * 8) as u32;
-        let r =
-            unsafe { device::launch_kernel(func, (blocks, 1), std::ptr::null_mut(), &mut params)? };
-        if r != CUDA_SUCCESS {
-            return None;
-        }
+        // SAFETY: `isolate_verify(ptr, len, pattern, out)` of this context's module, its
+        // parameters pointing at locals of their types; it reads the quarantined range and
+        // writes its pair of `isolate_result`.
+        unsafe { cu::launch_kernel(func, (blocks, 1), std::ptr::null_mut(), &mut params) }.ok()?;
     }
     let mut res = vec![0u64; n * 2];
-    if unsafe { dtoh(res.as_mut_ptr().cast(), result, n * 16) } != CUDA_SUCCESS {
-        return None;
-    }
+    // SAFETY: as the copy down; any bits are a u64.
+    unsafe { cu::memcpy_dtoh(&mut res, result) }.ok()?;
     Some(
         (0..n)
             .map(|i| (if res[2 * i] == 0 { 0 } else { res[2 * i + 1] }, res[2 * i]))
@@ -88,16 +87,16 @@ pub(super) fn verify_batch_on_device(entries: &[&Entry], byte: u8) -> Option<Vec
 
 /// The same count with large copies to the host (the path when no kernel can be loaded).
 pub(super) fn verify_on_host(ptr: u64, size: u64, byte: u8) -> Option<(u64, u64)> {
-    let dtoh = MEMCPY_DTOH.get()?;
+    MEMCPY_DTOH.get()?;
     const CHUNK: u64 = 16 << 20;
     let mut buf = vec![0u8; CHUNK.min(size) as usize];
     let (mut first, mut changed) = (u64::MAX, 0u64);
     let mut off = 0;
     while off < size {
         let n = CHUNK.min(size - off) as usize;
-        if unsafe { dtoh(buf.as_mut_ptr().cast(), ptr + off, n) } != CUDA_SUCCESS {
-            return None;
-        }
+        // SAFETY: [ptr+off, ptr+off+n) lies in a quarantined allocation (the device has
+        // finished with it: the caller waited for its freeing stream); any bits are a u8.
+        unsafe { cu::memcpy_dtoh(&mut buf[..n], ptr + off) }.ok()?;
         for (i, &b) in buf[..n].iter().enumerate() {
             if b != byte {
                 changed += 1;
