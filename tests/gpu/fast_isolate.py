@@ -16,13 +16,13 @@ Configurations, interleaved (round -> model -> configurations in a rotated order
                stream-ordered poison, release on the library's own stream)
   isolate-stacks  isolate-new with call stacks (ISOLATE_STACKS=all; the others run with none)
   isolate-q4   isolate-stacks with a 4 GiB quarantine (how much of the cost is the pool growing)
-  isolate-sync the same substrate with ISOLATE_RELEASE=sync (where the release stream's gain is)
+  isolate-sync the same substrate with ISOLATE_TEST_RELEASE=sync (where the release stream's gain is)
   isolate-nolaunch  isolate-new with ISOLATE_CHECK_LAUNCH=off (the launch check's share)
-  isolate-kernel    isolate-stacks with ISOLATE_POISON_BY=kernel (the library's fill kernel as
+  isolate-kernel    isolate-stacks with ISOLATE_TEST_POISON_BY=kernel (the library's fill kernel as
                the poison instead of cuMemsetD8Async)
   isolate-q1   isolate-new with a 1 GiB quarantine (what fresh addresses cost the device)
   isolate-nopoison  isolate-new with ISOLATE_POISON=off (the poison and its check's share)
-  isolate-nobatch   isolate-stacks with ISOLATE_POISON_BATCH=off (a memset per free instead of
+  isolate-nobatch   isolate-stacks with ISOLATE_TEST_POISON_BATCH=off (a memset per free instead of
                the deferred poisons' one launch per run of frees)
   isolate-allframes isolate-stacks with ISOLATE_NATIVE_FRAMES=all (every native frame walked)
   isolate-reuse     isolate-stacks with ISOLATE_REUSE=on (checked allocations kept and served
@@ -32,7 +32,7 @@ Configurations, interleaved (round -> model -> configurations in a rotated order
   isolate-profile   isolate-stacks with ISOLATE_PROFILE=on: the exit note says where the calling
                threads' time went, by kind of hooked call (isolate-reuse-profile: with reuse;
                log-profile: log mode without stacks, what the hooks alone cost)
-  isolate-prev isolate-stacks with ISOLATE_POISON_BATCH=off and ISOLATE_NATIVE_FRAMES=all: the
+  isolate-prev isolate-stacks with ISOLATE_TEST_POISON_BATCH=off and ISOLATE_NATIVE_FRAMES=all: the
                defaults of the fourth session
   log          log mode of this library, cache on (goal: within 1% of default)
   log-stacks   the same with call stacks
@@ -66,19 +66,19 @@ CONFIGS = {
     "isolate-new": ({"ISOLATE_STACKS": "none"}, "new", "isolate"),
     "isolate-stacks": ({"ISOLATE_STACKS": "all"}, "new", "isolate"),
     "isolate-q4": ({"ISOLATE_QUARANTINE": "4GiB"}, "new", "isolate"),
-    "isolate-sync": ({"ISOLATE_RELEASE": "sync", "ISOLATE_STACKS": "none"}, "new", "isolate"),
+    "isolate-sync": ({"ISOLATE_TEST_RELEASE": "sync", "ISOLATE_STACKS": "none"}, "new", "isolate"),
     "isolate-nolaunch": ({"ISOLATE_CHECK_LAUNCH": "off", "ISOLATE_STACKS": "none"}, "new", "isolate"),
-    "isolate-kernel": ({"ISOLATE_POISON_BY": "kernel"}, "new", "isolate"),
+    "isolate-kernel": ({"ISOLATE_TEST_POISON_BY": "kernel"}, "new", "isolate"),
     "isolate-q1": ({"ISOLATE_QUARANTINE": "1GiB", "ISOLATE_STACKS": "none"}, "new", "isolate"),
     "isolate-nopoison": ({"ISOLATE_POISON": "off", "ISOLATE_STACKS": "none"}, "new", "isolate"),
-    "isolate-nobatch": ({"ISOLATE_POISON_BATCH": "off"}, "new", "isolate"),
+    "isolate-nobatch": ({"ISOLATE_TEST_POISON_BATCH": "off"}, "new", "isolate"),
     "isolate-allframes": ({"ISOLATE_NATIVE_FRAMES": "all"}, "new", "isolate"),
     "isolate-reuse": ({"ISOLATE_REUSE": "on"}, "new", "isolate"),
     "isolate-depth20": ({"ISOLATE_STACK_DEPTH": "20"}, "new", "isolate"),
     "isolate-profile": ({"ISOLATE_PROFILE": "on"}, "new", "isolate"),
     "isolate-reuse-profile": ({"ISOLATE_REUSE": "on", "ISOLATE_PROFILE": "on"}, "new", "isolate"),
     "log-profile": ({"ISOLATE_STACKS": "none", "ISOLATE_PROFILE": "on"}, "new", "log"),
-    "isolate-prev": ({"ISOLATE_POISON_BATCH": "off", "ISOLATE_NATIVE_FRAMES": "all"}, "new", "isolate"),
+    "isolate-prev": ({"ISOLATE_TEST_POISON_BATCH": "off", "ISOLATE_NATIVE_FRAMES": "all"}, "new", "isolate"),
     "log": ({"ISOLATE_STACKS": "none"}, "new", "log"),
     "log-stacks": ({"ISOLATE_STACKS": "all"}, "new", "log"),
     "preload-off": ({}, "new", "off"),

@@ -13,7 +13,7 @@ Two parts, printed as tables:
   pairs   `x = torch.empty(n); x.fill_(1); del x` in a loop on PyTorch's stream-ordered backend
           (what isolate mode sets up), sizes 4 KiB and 1 MiB alternating: us per tensor without
           the preload, in log mode, and in isolate mode with stacks off / launch check off /
-          stacks on / the fill kernel as the poison (ISOLATE_POISON_BY=kernel).
+          stacks on / the fill kernel as the poison (ISOLATE_TEST_POISON_BY=kernel).
           Configurations interleaved, each round in a rotated order; medians.
 """
 import argparse
@@ -60,7 +60,7 @@ CONFIGS = {
     "isolate-nolaunch": {"ISOLATE_MODE": "isolate", "ISOLATE_STACKS": "none",
                          "ISOLATE_CHECK_LAUNCH": "off"},
     "isolate-stacks": {"ISOLATE_MODE": "isolate", "ISOLATE_STACKS": "all"},
-    "isolate-kernel": {"ISOLATE_MODE": "isolate", "ISOLATE_STACKS": "none", "ISOLATE_POISON_BY": "kernel"},
+    "isolate-kernel": {"ISOLATE_MODE": "isolate", "ISOLATE_STACKS": "none", "ISOLATE_TEST_POISON_BY": "kernel"},
 }
 
 

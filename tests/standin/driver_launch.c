@@ -218,7 +218,7 @@ static void isolate_verify_many16(void **params) {
 }
 
 /* isolate_poison(p, n, pattern), as isolate's PTX defines it, run on the host: [p, p+n) filled
- * with the pattern's byte (ISOLATE_POISON_BY=kernel). */
+ * with the pattern's byte (ISOLATE_TEST_POISON_BY=kernel). */
 static void isolate_poison(void **params) {
     unsigned char *p = (unsigned char *)(uintptr_t) * (uint64_t *)params[0];
     uint64_t n = *(uint64_t *)params[1];

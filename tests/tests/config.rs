@@ -72,6 +72,45 @@ fn unknown_setting() {
     );
 }
 
+/// The free and release settings that exist only to measure are test-only (issue 29): their
+/// old names are refused like any unknown setting, and the settings the refusal lists name
+/// `ISOLATE_REUSE` (the user's choice) but no `ISOLATE_TEST_*` name.
+#[test]
+fn measurement_settings_are_test_only() {
+    // Each with its default value, which the old name accepted.
+    for (old, value) in [
+        ("ISOLATE_RELEASE", "async"),
+        ("ISOLATE_POISON_BY", "memset"),
+        ("ISOLATE_POISON_BATCH", "on"),
+    ] {
+        refused(Run::program("rt_basic").env(old, value), old);
+    }
+    let out = Run::program("rt_basic")
+        .env("ISOLATE_RELEASE", "sync")
+        .run();
+    assert!(out.stderr.contains("ISOLATE_REUSE"), "{}", out.stderr);
+    assert!(!out.stderr.contains("ISOLATE_TEST_"), "{}", out.stderr);
+    // The test-only names are read.
+    let out = Run::program("rt_basic")
+        .env("ISOLATE_MODE", "isolate")
+        .env("ISOLATE_TEST_RELEASE", "sync")
+        .env("ISOLATE_TEST_POISON_BY", "kernel")
+        .env("ISOLATE_TEST_POISON_BATCH", "off")
+        .run();
+    out.assert_success();
+    let t = out.only_trace();
+    for (k, v) in [
+        ("ISOLATE_TEST_RELEASE", "sync"),
+        ("ISOLATE_TEST_POISON_BY", "kernel"),
+    ] {
+        assert!(
+            t.header.config.iter().any(|(a, b)| a == k && b == v),
+            "{k}={v} in {:?}",
+            t.header.config
+        );
+    }
+}
+
 #[test]
 fn mode_off_records_nothing() {
     let both = Run::program("rt_basic")

@@ -494,7 +494,7 @@ fn reuses(t: &Trace, within_of: u64) -> Vec<(Event, Event)> {
 /// again while it is held, the stream-ordered write before each free is not taken for a stale
 /// one (poison and check follow the stream), and the stale write queued after one free is
 /// found to the byte. In log mode the same program gets freed ranges straight back (the check
-/// would fail there), and `ISOLATE_RELEASE=sync` finds the same stale write the old way.
+/// would fail there), and `ISOLATE_TEST_RELEASE=sync` finds the same stale write the old way.
 #[test]
 fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
     let budget = MIB;
@@ -521,9 +521,9 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
     ] {
         let out = isolate(quarantine("async"))
             .env("ISOLATE_QUARANTINE", "4MiB")
-            .env("ISOLATE_RELEASE", release)
-            .env("ISOLATE_POISON_BY", by)
-            .env("ISOLATE_POISON_BATCH", batch)
+            .env("ISOLATE_TEST_RELEASE", release)
+            .env("ISOLATE_TEST_POISON_BY", by)
+            .env("ISOLATE_TEST_POISON_BATCH", batch)
             .env("ISOLATE_REUSE", reuse)
             .run();
         out.assert_success();
@@ -531,8 +531,8 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
         let t = out.only_trace();
         t.assert_complete(EndReason::Exit);
         assert_eq!(t.header.mode, "isolate");
-        assert_eq!(config(t, "ISOLATE_RELEASE"), Some(release));
-        assert_eq!(config(t, "ISOLATE_POISON_BY"), Some(by));
+        assert_eq!(config(t, "ISOLATE_TEST_RELEASE"), Some(release));
+        assert_eq!(config(t, "ISOLATE_TEST_POISON_BY"), Some(by));
         if let Some((f, a)) = reused_too_early(t, budget) {
             panic!("{release}: {a:?} got a range still held since {f:?}");
         }
@@ -612,7 +612,7 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
     }
 }
 
-/// Poisons deferred to the stream's next work (`ISOLATE_POISON_BATCH=on`, the default): four
+/// Poisons deferred to the stream's next work (`ISOLATE_TEST_POISON_BATCH=on`, the default): four
 /// runs of frees (4, 2, 1 and 1) are each poisoned by one multi-range launch, queued before the
 /// work that follows them (a set, an asynchronous copy, a synchronous copy, an event record
 /// that another stream waits for), so each run's stale write, through that work, lands after
@@ -659,7 +659,7 @@ fn deferred_poisons_are_queued_before_the_streams_next_work() {
         );
     }
     let off = isolate(quarantine("batch"))
-        .env("ISOLATE_POISON_BATCH", "off")
+        .env("ISOLATE_TEST_POISON_BATCH", "off")
         .run();
     off.assert_success();
     assert_eq!(

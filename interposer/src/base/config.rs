@@ -80,13 +80,13 @@ pub struct Config {
     /// the depth).
     pub native_frames: u32,
     /// Stream-ordered frees leave quarantine on the library's own stream, without a host wait
-    /// (`ISOLATE_RELEASE=async`, the default); `sync` is the older way, kept for comparison.
+    /// (`ISOLATE_TEST_RELEASE=async`, the default); `sync` is the older way, kept for comparison.
     pub async_release: bool,
     /// A stream-ordered free is poisoned by one launch of the library's own fill kernel
-    /// (`ISOLATE_POISON_BY=kernel`) instead of `cuMemsetD8Async` (`memset`, the default).
+    /// (`ISOLATE_TEST_POISON_BY=kernel`) instead of `cuMemsetD8Async` (`memset`, the default).
     pub poison_kernel: bool,
     /// A stream-ordered free's poison waits for the stream's next work, so that one launch
-    /// poisons a run of frees (`ISOLATE_POISON_BATCH=on`, the default; `off`: a memset each).
+    /// poisons a run of frees (`ISOLATE_TEST_POISON_BATCH=on`, the default; `off`: a memset each).
     pub poison_batch: bool,
     /// Checked allocations of the default pool are kept for the next stream-ordered
     /// allocation of the same size instead of freed (`ISOLATE_REUSE=on`, the default).
@@ -129,9 +129,9 @@ pub const VARIABLES: &[(&str, &str)] = &[
         "ISOLATE_NATIVE_FRAMES",
         "a number of frames from 1 to 256, or all",
     ),
-    ("ISOLATE_RELEASE", "async, sync"),
-    ("ISOLATE_POISON_BY", "memset, kernel"),
-    ("ISOLATE_POISON_BATCH", "on, off"),
+    ("ISOLATE_TEST_RELEASE", "async, sync"),
+    ("ISOLATE_TEST_POISON_BY", "memset, kernel"),
+    ("ISOLATE_TEST_POISON_BATCH", "on, off"),
     ("ISOLATE_REUSE", "on, off"),
     ("ISOLATE_PROFILE", "on, off"),
     ("ISOLATE_TEST_PANIC", "1 (internal test hook)"),
@@ -223,19 +223,19 @@ const GUARD_SIDE: TwoWay = TwoWay {
     default: false,
 };
 const RELEASE: TwoWay = TwoWay {
-    name: "ISOLATE_RELEASE",
+    name: "ISOLATE_TEST_RELEASE",
     yes: "async",
     no: "sync",
     default: true,
 };
 const POISON_BY: TwoWay = TwoWay {
-    name: "ISOLATE_POISON_BY",
+    name: "ISOLATE_TEST_POISON_BY",
     yes: "kernel",
     no: "memset",
     default: false,
 };
 const POISON_BATCH: TwoWay = TwoWay {
-    name: "ISOLATE_POISON_BATCH",
+    name: "ISOLATE_TEST_POISON_BATCH",
     yes: "on",
     no: "off",
     default: true,

@@ -4,7 +4,7 @@
 //! sets that the legacy default stream orders, and the waits for streams and contexts: in
 //! isolate mode each first queues the poisons deferred so far (`policy::stream_work`), so that
 //! the work runs after them. Handed out only while poisons are deferred
-//! (`ISOLATE_POISON_BATCH=on`, the default in isolate mode).
+//! (`ISOLATE_TEST_POISON_BATCH=on`, the default in isolate mode).
 //!
 //! Not hooked (their frees' poisons can come after them; docs/isolation.md): the batched
 //! copies (`cuMemcpyBatchAsync`, `cuMemcpy3DBatchAsync`) and copies to and from CUDA arrays.

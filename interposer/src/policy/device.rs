@@ -44,7 +44,7 @@ pub struct Release {
     /// `isolate_verify_many16` (128-bit loads), for batches whose allocations all start
     /// 16-byte aligned, where the module has it.
     pub func16: Option<CUfunction>,
-    /// `isolate_poison`, where the module has it (`ISOLATE_POISON_BY=kernel`).
+    /// `isolate_poison`, where the module has it (`ISOLATE_TEST_POISON_BY=kernel`).
     pub fill: Option<CUfunction>,
     /// `isolate_poison_many`, where the module has it: the deferred poisons.
     pub fill_many: Option<CUfunction>,

@@ -634,14 +634,14 @@ pub fn free_all(ctx: usize, ptrs: &[u64], wait: bool) -> bool {
     true
 }
 
-/// Whether the asynchronous release is on (`ISOLATE_RELEASE`, on by default).
+/// Whether the asynchronous release is on (`ISOLATE_TEST_RELEASE`, on by default).
 pub fn enabled() -> bool {
     config::get().async_release
 }
 
 /// Whether stream-ordered frees' poisons wait for the next stream work ([`defer`]): a poison,
-/// `ISOLATE_POISON_BATCH=on`, the asynchronous release, the memset poison (not
-/// `ISOLATE_POISON_BY=kernel`).
+/// `ISOLATE_TEST_POISON_BATCH=on`, the asynchronous release, the memset poison (not
+/// `ISOLATE_TEST_POISON_BY=kernel`).
 pub fn batching() -> bool {
     let c = config::get();
     c.poison.is_some() && c.poison_batch && c.async_release && !c.poison_kernel

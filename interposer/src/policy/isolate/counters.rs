@@ -25,7 +25,7 @@ pub(super) static POISONED: AtomicU64 = AtomicU64::new(0);
 /// Bytes those frees held: what the device writes with the poison, and reads again to check.
 pub(super) static POISON_BYTES: AtomicU64 = AtomicU64::new(0);
 
-/// Of those frees, the ones poisoned by the library's fill kernel (`ISOLATE_POISON_BY=kernel`).
+/// Of those frees, the ones poisoned by the library's fill kernel (`ISOLATE_TEST_POISON_BY=kernel`).
 pub(super) static BY_KERNEL: AtomicU64 = AtomicU64::new(0);
 
 pub(super) static POISON_NS: AtomicU64 = AtomicU64::new(0);

@@ -26,7 +26,7 @@ pub fn capture_start() {
 /// Fills freed memory with the poison byte. A plain free behaves as `cudaFree` does (waits for
 /// the device, so work still in flight finishes first); a stream-ordered free is poisoned on its
 /// stream, after the work queued there (by the fill kernel of context `ctx` with
-/// `ISOLATE_POISON_BY=kernel`).
+/// `ISOLATE_TEST_POISON_BY=kernel`).
 pub(super) fn poison(ptr: u64, size: u64, ordered: bool, stream: CUstream, ctx: usize) -> CUresult {
     let byte = config::get().poison;
     if ordered {

@@ -48,7 +48,7 @@ pub struct Entry {
     pub(super) device: i32,
     pub(super) ctx: usize,
     /// Event recorded on the freeing stream after the poison, for stream-ordered frees
-    /// (`ISOLATE_RELEASE=sync`: made for this entry, destroyed at its release).
+    /// (`ISOLATE_TEST_RELEASE=sync`: made for this entry, destroyed at its release).
     pub(super) event: usize,
     /// The freeing stream's event from [`release::mark`], recorded after this poison (shared by
     /// the stream's later frees, never destroyed): what the asynchronous release waits for.
