@@ -130,6 +130,19 @@ macro_rules! launch_check_body {
     };
 }
 
+/// The API row a hook of this body records under ([`shape::Hooked::api`]), if it records.
+macro_rules! body_api {
+    ([launch $api:ident, $($x:tt)*]) => {
+        Some(isolate_trace::Api::$api)
+    };
+    ([$api:ident, $($x:tt)*]) => {
+        Some(isolate_trace::Api::$api)
+    };
+    ($other:tt) => {
+        None
+    };
+}
+
 /// Declares hooks and their table: see the module comment.
 macro_rules! hooks {
     (
@@ -159,6 +172,7 @@ macro_rules! hooks {
                 store: |p| $crate::base::real::$real.store(p),
                 adopt: |p| $crate::base::real::$real.adopt(p),
                 launch: launch_check_body!($body),
+                api: body_api!($body),
             }, )*
         ];
     };
@@ -187,6 +201,27 @@ mod tests {
             .chain(super::runtime::RUNTIME_HOOKED)
         {
             assert_eq!(h.name.to_str().unwrap(), h.export);
+        }
+    }
+
+    /// A recorded hook names the API row of its own export (a row copied from a neighbour
+    /// would record the wrong entry point, and the policies would ask the wrong row), and every
+    /// row of the API table is recorded by exactly one hook.
+    #[test]
+    fn every_recorded_hook_records_under_its_own_row() {
+        let all: Vec<&super::shape::Hooked> = super::driver::HOOKED
+            .iter()
+            .chain(super::stream::STREAM_HOOKED)
+            .chain(super::runtime::RUNTIME_HOOKED)
+            .collect();
+        for h in &all {
+            if let Some(api) = h.api {
+                assert_eq!(api.name(), h.export, "{}", h.export);
+            }
+        }
+        for &api in isolate_trace::Api::ALL {
+            let n = all.iter().filter(|h| h.api == Some(api)).count();
+            assert_eq!(n, 1, "{api} is recorded by {n} hooks");
         }
     }
 }

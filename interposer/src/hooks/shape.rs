@@ -74,6 +74,8 @@ pub struct Hooked {
     /// launch, or a call after which a kernel handle may stand for another kernel), handed out
     /// only while launches are checked or poisons deferred.
     pub launch: bool,
+    /// The API row it records under (`[Api, …]` and `[launch Api, …]` bodies), else `None`.
+    pub api: Option<Api>,
 }
 
 // SAFETY: the table is immutable.
