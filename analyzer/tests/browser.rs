@@ -7,8 +7,9 @@
 //! big page in time.
 //!
 //! Needs Chromium (`chromium` on PATH, or `ISOLATE_CHROMIUM=PATH`), node and `npm ci` run in
-//! `tests/browser` (CI does all three: `.ci/run`). Without Chromium the test says so and passes,
-//! unless `CI` is set; a missing node or `npm ci` is an error with the command that fixes it.
+//! `tests/browser` (CI does all three: `.ci/run`). Without any of them the test says so on
+//! stderr (`SKIPPED …`, with the command that fixes it: `common::skip`) and passes, unless `CI`
+//! is set: then it fails with the same words.
 //!
 //! `ISOLATE_REPORT_SHOTS=DIR` also writes the screenshots of the documentation there
 //! (`report-stale-write.png`, `report-guard-crash.png`, `report-training.png`,
@@ -154,26 +155,28 @@ fn stacks_trace(dir: &Path) -> PathBuf {
 #[test]
 fn report_pages_in_headless_chromium() {
     let Some(chromium) = chromium() else {
-        if std::env::var_os("CI").is_some() {
-            panic!(
-                "chromium is not installed, and CI is set: install it (apt-get install -y chromium)"
-            );
-        }
-        eprintln!(
-            "NOTICE: skipping the report's browser test: chromium is not installed \
-             (apt-get install -y chromium chromium-driver; then npm ci in tests/browser)"
+        common::skip(
+            "chromium is not installed (apt-get install -y chromium; or ISOLATE_CHROMIUM=PATH): \
+             the report's pages are not tested in a browser",
         );
         return;
     };
     let browser = repo().join("tests/browser");
-    let node = on_path(&["node", "nodejs"]).unwrap_or_else(|| {
-        panic!("chromium is installed but node is not: install node 18 or later (apt-get install -y nodejs npm), then run `npm ci` in tests/browser")
-    });
-    assert!(
-        browser.join("node_modules/playwright-core").is_dir(),
-        "playwright-core is not installed: run `npm ci` in {}",
-        browser.display()
-    );
+    let Some(node) = on_path(&["node", "nodejs"]) else {
+        common::skip(
+            "chromium is installed but node is not: install node 18 or later \
+             (apt-get install -y nodejs npm), then run `npm --prefix tests/browser ci`",
+        );
+        return;
+    };
+    if !browser.join("node_modules/playwright-core").is_dir() {
+        common::skip(&format!(
+            "chromium and node are installed but the browser driver is not: run \
+             `npm --prefix {} ci` (playwright-core, as tests/browser/package-lock.json locks it)",
+            browser.display()
+        ));
+        return;
+    }
 
     let d = tempfile::tempdir().unwrap();
     let dir = d.path();

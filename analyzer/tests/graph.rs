@@ -299,20 +299,23 @@ fn dot_escapes_untrusted_text() {
         }
         assert_eq!(n % 2, 0, "unbalanced quotes in {line:?}");
     }
-    // When Graphviz is there, it must accept the file.
-    if let Ok(out) = std::process::Command::new("dot")
+    // Graphviz must accept the file.
+    match std::process::Command::new("dot")
         .arg("-Tsvg")
         .arg("-o")
         .arg(d.path().join("g.svg"))
         .stdin(std::process::Stdio::piped())
         .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(dot.as_bytes())?;
-            c.wait_with_output()
-        })
     {
-        assert!(out.status.success(), "dot rejected the graph");
+        Ok(mut c) => {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(dot.as_bytes()).unwrap();
+            let out = c.wait_with_output().unwrap();
+            assert!(out.status.success(), "dot rejected the graph");
+        }
+        Err(e) => skip(&format!(
+            "Graphviz's dot cannot be run ({e}; apt-get install -y graphviz): the DOT file is not checked by it"
+        )),
     }
 }
 

@@ -110,11 +110,9 @@ fn python_check(pickle: &Path) -> Option<serde_json::Value> {
     {
         Ok(o) => o,
         Err(e) => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "python3 cannot be run ({e}), and CI is set"
-            );
-            eprintln!("memviz: no python3 ({e}): the Python half of the check is skipped");
+            skip(&format!(
+                "python3 cannot be run ({e}): the Python half of the memory_viz check is not run"
+            ));
             return None;
         }
     };

@@ -171,13 +171,8 @@ fn dump_dom(chromium: &Path, page: &Path, profile: &Path) -> String {
 #[test]
 fn renders_in_headless_chromium() {
     let Some(chromium) = find_chromium() else {
-        if std::env::var_os("CI").is_some() {
-            panic!(
-                "chromium is not installed, and CI is set: install it (apt-get install -y chromium)"
-            );
-        }
-        eprintln!(
-            "NOTICE: skipping the browser test: chromium is not installed (apt-get install -y chromium)"
+        skip(
+            "chromium is not installed (apt-get install -y chromium): the report is not rendered in a browser",
         );
         return;
     };

