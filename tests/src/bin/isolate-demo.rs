@@ -15,6 +15,11 @@
 //! can be found for the program (which is linked against it): then it runs on the GPU.
 //! `--standin` forces the stand-in; `--keep` keeps the trace directories.
 //!
+//! `--standin-path` prints the stand-in's directory (for `LD_LIBRARY_PATH`: a CUDA program run
+//! with it there runs on host memory), `--programs-path` the directory of the compiled test
+//! programs (`stale_write` and the others of `tests/programs/`), and exit: how to try the tool
+//! by hand on a machine without a GPU (docs/user-guide.md, "Trying it without a GPU").
+//!
 //! Exit status 0 when every step worked and each mode showed what it should; 1 otherwise.
 
 use isolate_trace::{Api, Reader, Record};
@@ -36,12 +41,21 @@ fn main() -> ExitCode {
         match a.as_str() {
             "--standin" => standin_only = true,
             "--keep" => keep = true,
+            "--standin-path" => return print_dir(STANDIN_DIR, "the stand-in CUDA"),
+            "--programs-path" => return print_dir(STANDIN_BIN, "the test programs"),
             "-h" | "--help" => {
                 println!("usage: isolate-demo [--standin] [--keep]");
+                println!("       isolate-demo --standin-path | --programs-path");
                 println!(
-                    "  --standin  run against the stand-in CUDA even when a GPU driver is installed"
+                    "  --standin        run against the stand-in CUDA even when a GPU driver is installed"
                 );
-                println!("  --keep     keep the temporary directories with the traces");
+                println!("  --keep           keep the temporary directories with the traces");
+                println!(
+                    "  --standin-path   print the stand-in CUDA's directory, for LD_LIBRARY_PATH"
+                );
+                println!(
+                    "  --programs-path  print the directory of the test programs (stale_write, ...)"
+                );
                 return ExitCode::SUCCESS;
             }
             other => {
@@ -56,6 +70,20 @@ fn main() -> ExitCode {
             eprintln!("\nisolate-demo: FAILED: {msg}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Prints `dir` (built by tests/build.rs: `what`) for a shell's `$(...)`; an error when it is
+/// gone (a `cargo clean` since this binary was built).
+fn print_dir(dir: &str, what: &str) -> ExitCode {
+    if Path::new(dir).is_dir() {
+        println!("{dir}");
+        ExitCode::SUCCESS
+    } else {
+        eprintln!(
+            "isolate-demo: {what} is not at {dir} any more: build it again (cargo build --release --workspace)"
+        );
+        ExitCode::FAILURE
     }
 }
 
