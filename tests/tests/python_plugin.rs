@@ -1,70 +1,114 @@
 //! The Python package's module and pytest plugin (python/src/cuda_isolate), on the stand-in
 //! CUDA: python/tests/test_plugin_cases.py run by pytest in a subprocess, with libisolate.so
 //! preloaded, through `--isolate` (pytest run again under the preload), and without it. The
-//! cases' names say the outcome (`test_pass_*`, `test_fail_*`). Skipped, saying so, only when
-//! python3 or pytest is missing; with `CI` set that fails instead (.ci/run installs pytest).
+//! cases' names say the outcome (`test_pass_*`, `test_fail_*`). Skipped, saying so
+//! ([`isolate_tests::skip`]), only when python3 or pytest is missing; with `CI` set that fails
+//! instead (.ci/run installs pytest).
+//!
+//! With `ISOLATE_TEST_PYTHON` naming the Python of an environment where the `cuda-isolate`
+//! package is installed (.ci/run's wheel step: a fresh venv with the wheel built from the sdist),
+//! the same cases test the installed package instead of the source tree: its module (nothing
+//! on `PYTHONPATH`), its plugin loaded through its `pytest11` entry point, and the
+//! libisolate.so it installed (`python -m cuda_isolate --lib`).
 
-use isolate_tests::{analyzer_path, preload_path, standin_dir, workspace_root};
+use isolate_tests::{analyzer_path, preload_path, skip, standin_dir, workspace_root};
 use isolate_trace::{NoteKind, Reader, Record};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn python_with_pytest() -> bool {
-    let ok = Command::new("python3")
+/// The Python the cases run under, and what it tests.
+struct Python {
+    exe: PathBuf,
+    /// The installed package (`ISOLATE_TEST_PYTHON`), not python/src.
+    installed: bool,
+    /// The libisolate.so preloaded.
+    lib: PathBuf,
+}
+
+fn python_with_pytest() -> Option<Python> {
+    let (exe, installed) = match std::env::var_os("ISOLATE_TEST_PYTHON") {
+        Some(p) => (PathBuf::from(p), true),
+        None => (PathBuf::from("python3"), false),
+    };
+    let ok = Command::new(&exe)
         .args(["-c", "import pytest"])
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !ok {
-        let msg = "python3 with pytest not found (pip install pytest): the plugin is not tested";
-        assert!(std::env::var_os("CI").is_none(), "{msg}");
-        eprintln!("SKIPPED: {msg}");
+        skip(&format!(
+            "{} with pytest not found (pip install pytest): the pytest plugin is not tested",
+            exe.display()
+        ));
+        return None;
     }
-    ok
+    let lib = if installed {
+        let o = Command::new(&exe)
+            .args(["-m", "cuda_isolate", "--lib"])
+            .env_remove("CUDA_ISOLATE_LIB")
+            .output()
+            .expect("run python -m cuda_isolate --lib");
+        assert!(
+            o.status.success(),
+            "ISOLATE_TEST_PYTHON={}: python -m cuda_isolate --lib failed (is the package installed?): {}",
+            exe.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
+    } else {
+        preload_path()
+    };
+    Some(Python {
+        exe,
+        installed,
+        lib,
+    })
 }
 
 /// Runs pytest on python/tests/test_plugin_cases.py in `dir`; `preload`: with LD_PRELOAD;
 /// `args`: more pytest options.
-fn pytest(dir: &Path, preload: bool, args: &[&str]) -> (String, bool) {
-    pytest_cases(dir, "test_plugin_cases.py", preload, &[], args)
+fn pytest(py: &Python, dir: &Path, preload: bool, args: &[&str]) -> (String, bool) {
+    pytest_cases(py, dir, "test_plugin_cases.py", preload, &[], args)
 }
 
 /// Runs pytest on python/tests/`cases` in `dir`, with `env` set too.
 fn pytest_cases(
+    py: &Python,
     dir: &Path,
     cases: &str,
     preload: bool,
     env: &[(&str, &str)],
     args: &[&str],
 ) -> (String, bool) {
-    let mut cmd = Command::new("python3");
+    let mut cmd = Command::new(&py.exe);
     cmd.current_dir(dir);
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy();
-        if k.starts_with("ISOLATE_") || k.starts_with("LD_") || k.starts_with("CUDA_ISOLATE_") {
+        if k.starts_with("ISOLATE_")
+            || k.starts_with("LD_")
+            || k.starts_with("CUDA_ISOLATE_")
+            || k == "PYTHONPATH"
+        {
             cmd.env_remove(k.as_ref());
         }
     }
     cmd.env("LD_LIBRARY_PATH", standin_dir())
-        .env("PYTHONPATH", workspace_root().join("python/src"))
         .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("CUDA_ISOLATE_LIB", preload_path())
         .env("ISOLATE_TRACE", dir.join("isolate-%p.trace"));
     if preload {
-        cmd.env("LD_PRELOAD", preload_path());
+        cmd.env("LD_PRELOAD", &py.lib);
     }
-    cmd.args([
-        "-m",
-        "pytest",
-        "-p",
-        "cuda_isolate.pytest_plugin",
-        "-p",
-        "no:cacheprovider",
-        "-rA",
-    ])
-    .envs(env.iter().copied())
-    .args(args)
-    .arg(workspace_root().join("python/tests").join(cases));
+    cmd.args(["-m", "pytest", "-p", "no:cacheprovider", "-rA"]);
+    if !py.installed {
+        // The source tree's module and plugin, and the workspace's library for `--isolate`;
+        // the installed package brings all three itself (its entry point loads the plugin).
+        cmd.env("PYTHONPATH", workspace_root().join("python/src"))
+            .env("CUDA_ISOLATE_LIB", &py.lib)
+            .args(["-p", "cuda_isolate.pytest_plugin"]);
+    }
+    cmd.envs(env.iter().copied())
+        .args(args)
+        .arg(workspace_root().join("python/tests").join(cases));
     let out = cmd.output().expect("run python3 -m pytest");
     let text = format!(
         "{}{}",
@@ -128,11 +172,11 @@ fn the_trace(dir: &Path) -> std::path::PathBuf {
 
 #[test]
 fn markers_pass_and_fail_under_the_preload_and_regions_reach_the_trace() {
-    if !python_with_pytest() {
+    let Some(py) = python_with_pytest() else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
-    let (text, ok) = pytest(dir.path(), true, &[]);
+    let (text, ok) = pytest(&py, dir.path(), true, &[]);
     assert!(!ok, "three cases fail:\n{text}");
     assert!(text.contains("isolate_* markers are checked"), "{text}");
     assert_outcomes_by_name(&text);
@@ -181,11 +225,11 @@ fn markers_pass_and_fail_under_the_preload_and_regions_reach_the_trace() {
 
 #[test]
 fn the_isolate_option_runs_pytest_again_under_the_preload() {
-    if !python_with_pytest() {
+    let Some(py) = python_with_pytest() else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
-    let (text, ok) = pytest(dir.path(), false, &["--isolate"]);
+    let (text, ok) = pytest(&py, dir.path(), false, &["--isolate"]);
     assert!(!ok, "three cases fail:\n{text}");
     assert_outcomes_by_name(&text);
     the_trace(dir.path());
@@ -193,11 +237,11 @@ fn the_isolate_option_runs_pytest_again_under_the_preload() {
 
 #[test]
 fn without_the_library_everything_runs_and_the_header_says_markers_are_not_checked() {
-    if !python_with_pytest() {
+    let Some(py) = python_with_pytest() else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
-    let (text, ok) = pytest(dir.path(), false, &[]);
+    let (text, ok) = pytest(&py, dir.path(), false, &[]);
     assert!(ok, "all pass:\n{text}");
     assert!(
         text.contains("libisolate.so is not loaded: isolate_* markers are NOT checked"),
@@ -214,11 +258,12 @@ fn without_the_library_everything_runs_and_the_header_says_markers_are_not_check
 /// tests before and after it pass (python/tests/test_check_now_cases.py, isolate mode).
 #[test]
 fn a_stale_write_fails_the_test_that_made_it_at_its_end() {
-    if !python_with_pytest() {
+    let Some(py) = python_with_pytest() else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     let (text, ok) = pytest_cases(
+        &py,
         dir.path(),
         "test_check_now_cases.py",
         true,

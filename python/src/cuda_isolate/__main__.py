@@ -22,8 +22,8 @@ def main(argv=None):
         return 0
     lib = library_path()
     if not lib or not os.path.isfile(lib):
-        print("cuda_isolate: libisolate.so not found (%s): install the wheel "
-              "(python/build-wheel.sh) or set CUDA_ISOLATE_LIB" % lib, file=sys.stderr)
+        print("cuda_isolate: libisolate.so not found (%s): install the package "
+              "(pip install . in a checkout) or set CUDA_ISOLATE_LIB" % lib, file=sys.stderr)
         return 1
     if a.lib:
         print(lib)
