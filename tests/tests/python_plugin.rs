@@ -99,11 +99,18 @@ fn pytest_cases(
         cmd.env("LD_PRELOAD", &py.lib);
     }
     cmd.args(["-m", "pytest", "-p", "no:cacheprovider", "-rA"]);
-    if !py.installed {
-        // The source tree's module and plugin, and the workspace's library for `--isolate`;
-        // the installed package brings all three itself (its entry point loads the plugin).
+    if py.installed {
+        // The installed package brings the module, the library and the plugin (through its
+        // pytest11 entry point) itself.
+        cmd.env_remove("PYTEST_DISABLE_PLUGIN_AUTOLOAD");
+    } else {
+        // The source tree's module and plugin, and the workspace's library for `--isolate`.
+        // No plugin from entry points: a cuda-isolate installed in this Python, or the
+        // egg-info that `python -m build` leaves in python/src, would register the plugin a
+        // second time ("Plugin already registered under a different name").
         cmd.env("PYTHONPATH", workspace_root().join("python/src"))
             .env("CUDA_ISOLATE_LIB", &py.lib)
+            .env("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
             .args(["-p", "cuda_isolate.pytest_plugin"]);
     }
     cmd.envs(env.iter().copied())
