@@ -29,24 +29,10 @@ pub fn parse_u64(s: &str) -> Result<u64, Error> {
     r.map_err(|_| Error::invalid(format!("{s:?} is not a number (use decimal or 0x… hex)")))
 }
 
-/// Parses a size with an optional binary unit: `4096`, `64K`, `2M`, `1G`, `0x1000`.
+/// Parses a size in the project's one grammar ([`isolate_trace::parse_size`]: `4096`, `64K`,
+/// `2MiB`, `1.5G`, `2MB` = 2,000,000, `0x1000`).
 pub fn parse_size(s: &str) -> Result<u64, Error> {
-    let t = s.trim();
-    if t.starts_with("0x") || t.starts_with("0X") {
-        return parse_u64(t);
-    }
-    let t = t.strip_suffix(['b', 'B']).unwrap_or(t);
-    let t = t.strip_suffix('i').unwrap_or(t);
-    let (num, mul) = match t.chars().last().map(|c| c.to_ascii_lowercase()) {
-        Some('k') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('m') => (&t[..t.len() - 1], 1 << 20),
-        Some('g') => (&t[..t.len() - 1], 1 << 30),
-        Some('t') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    parse_u64(num.trim())?
-        .checked_mul(mul)
-        .ok_or_else(|| Error::invalid(format!("{s:?} is too large")))
+    isolate_trace::parse_size(s).map_err(Error::invalid)
 }
 
 /// The size class of an allocation: the next power of two at or above its size (0 for 0).
@@ -168,6 +154,10 @@ mod tests {
         assert_eq!(parse_size("2MiB").unwrap(), 2 << 20);
         assert_eq!(parse_size("0x100").unwrap(), 256);
         assert_eq!(parse_size("100").unwrap(), 100);
+        // The grammar of the library and the Python package (it was 2 MiB here, and "1.5M"
+        // was refused).
+        assert_eq!(parse_size("2MB").unwrap(), 2_000_000);
+        assert_eq!(parse_size("1.5M").unwrap(), 3 << 19);
         assert_eq!(size_class(0), 0);
         assert_eq!(size_class(u64::MAX), 1 << 63);
         assert_eq!(human_bytes(1536), "1.5 KiB");

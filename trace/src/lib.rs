@@ -23,6 +23,7 @@ mod error;
 mod fast;
 mod read;
 mod record;
+mod settings;
 mod wire;
 
 pub use api::{Api, Kind, Layout, Memory, Order, Source};
@@ -30,6 +31,7 @@ pub use error::{ErrorKind, TraceError};
 pub use fast::FastReader;
 pub use read::Reader;
 pub use record::*;
+pub use settings::{Owner, SETTINGS, Setting, parse_size, setting};
 pub use wire::Encoder;
 
 /// The first eight bytes of every trace.

@@ -100,50 +100,17 @@ pub struct Config {
     pub test_writer_stall_ms: u64,
     /// Internal test hook: the exit check's time limit, in place of 30 s (0: the default).
     pub test_exit_check_ms: u64,
+    /// The process runs with `AT_SECURE` (or `ISOLATE_TEST_SECURE=1`): the library stood
+    /// down without reading the environment's settings.
+    pub secure: bool,
+    /// `RANK`, `LOCAL_RANK`, `WORLD_SIZE` as the launcher set them (read with the settings,
+    /// for the header and `%r`: never `getenv` from the writer thread).
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
+    pub world_size: Option<u32>,
     /// Every setting as the trace header records it.
     pub pairs: Vec<(String, String)>,
 }
-
-/// Every variable we read. Any other `ISOLATE_*` variable is a typo and refused.
-pub const VARIABLES: &[(&str, &str)] = &[
-    ("ISOLATE_MODE", "log, isolate, off"),
-    (
-        "ISOLATE_TRACE",
-        "a file path; %p = pid, %r = rank, %h = host name, %% = %",
-    ),
-    ("ISOLATE_POISON", "a byte (0xFF, 255) or off"),
-    (
-        "ISOLATE_QUARANTINE",
-        "a size (8GiB, 512MiB, 1000000) or a share of device memory (25%)",
-    ),
-    ("ISOLATE_GUARD", "on, off"),
-    ("ISOLATE_GUARD_MIN_SIZE", "a size (0, 64KiB, 2MiB)"),
-    (
-        "ISOLATE_GUARD_SIDE",
-        "end (catch overflows), start (catch underflows)",
-    ),
-    ("ISOLATE_CHECK_LAUNCH", "on, off"),
-    ("ISOLATE_STACKS", "all, native, python, none"),
-    ("ISOLATE_STACK_DEPTH", "a number of frames from 1 to 256"),
-    (
-        "ISOLATE_NATIVE_FRAMES",
-        "a number of frames from 1 to 256, or all",
-    ),
-    ("ISOLATE_TEST_RELEASE", "async, sync"),
-    ("ISOLATE_TEST_POISON_BY", "memset, kernel"),
-    ("ISOLATE_TEST_POISON_BATCH", "on, off"),
-    ("ISOLATE_REUSE", "on, off"),
-    ("ISOLATE_PROFILE", "on, off"),
-    ("ISOLATE_TEST_PANIC", "1 (internal test hook)"),
-    (
-        "ISOLATE_TEST_WRITER_STALL_MS",
-        "milliseconds (internal test hook)",
-    ),
-    (
-        "ISOLATE_TEST_EXIT_CHECK_MS",
-        "milliseconds (internal test hook)",
-    ),
-];
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
 /// The settings of a copy of the library that stands down: mode `off`.
@@ -154,25 +121,127 @@ static STOOD_DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool
 /// process's symbol order, records this process.
 pub fn stand_down() {
     STOOD_DOWN.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Read the environment now, from the constructor, as the copy that records does.
+    get();
 }
 
-/// The settings; parsed on first use (normally from the constructor, before `main`).
+/// The settings; parsed on first use (normally from the constructor, before `main`, before
+/// the program has threads: the environment is read then, once, and never again, since a
+/// `getenv` racing another thread's `setenv` can crash).
 pub fn get() -> &'static Config {
     if STOOD_DOWN.load(std::sync::atomic::Ordering::Relaxed) {
         return OFF.get_or_init(|| {
-            let env = |k: &str| match k {
+            let env = snapshot();
+            if env.secure {
+                return secure_config();
+            }
+            let var = |k: &str| match k {
                 "ISOLATE_MODE" => Some("off".to_string()),
-                _ => std::env::var(k).ok(),
+                _ => env.var(k),
             };
-            from_env(env, std::env::vars().map(|(k, _)| k)).unwrap_or_else(|msg| die(&msg))
+            env.check()
+                .and_then(|()| from_env(var, env.names()))
+                .unwrap_or_else(|msg| die(&msg))
         });
     }
     CONFIG.get_or_init(|| {
-        match from_env(|k| std::env::var(k).ok(), std::env::vars().map(|(k, _)| k)) {
+        let env = snapshot();
+        if env.secure {
+            return secure_config();
+        }
+        match env
+            .check()
+            .and_then(|()| from_env(|k| env.var(k), env.names()))
+        {
             Ok(c) => c,
             Err(msg) => die(&msg),
         }
     })
+}
+
+/// The part of the environment the library reads, copied once as bytes (never
+/// `std::env::vars`, which panics on a variable that is not UTF-8, and a panic in the
+/// constructor aborts the process).
+struct Env {
+    vars: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    /// The process runs with `AT_SECURE` (set-user-ID, set-group-ID, file capabilities), or the
+    /// test hook `ISOLATE_TEST_SECURE=1` says to behave as if.
+    secure: bool,
+}
+
+/// Variables other than `ISOLATE_*` that the library reads (recorded in the header).
+const OTHERS: [&str; 6] = [
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+];
+
+fn snapshot() -> Env {
+    use std::os::unix::ffi::OsStrExt;
+    let vars: Vec<_> = std::env::vars_os()
+        .filter(|(k, _)| {
+            k.as_bytes().starts_with(b"ISOLATE_")
+                || OTHERS.iter().any(|o| k.as_bytes() == o.as_bytes())
+        })
+        .collect();
+    let test_secure = vars
+        .iter()
+        .any(|(k, v)| k == "ISOLATE_TEST_SECURE" && v == "1");
+    // SAFETY: getauxval only reads the auxiliary vector the kernel gave the process.
+    let at_secure = unsafe { libc::getauxval(libc::AT_SECURE) } != 0;
+    Env {
+        vars,
+        secure: at_secure || test_secure,
+    }
+}
+
+impl Env {
+    /// A variable's value, when it is set and UTF-8.
+    fn var(&self, name: &str) -> Option<String> {
+        let (_, v) = self.vars.iter().find(|(k, _)| k == name)?;
+        v.to_str().map(str::to_owned)
+    }
+
+    /// Every name, as text (a name that is not UTF-8 lossily: it is only ever refused).
+    fn names(&self) -> impl Iterator<Item = String> + '_ {
+        self.vars
+            .iter()
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+    }
+
+    /// A setting of the library's whose value is not UTF-8 is refused, by name.
+    fn check(&self) -> Result<(), String> {
+        for (k, v) in &self.vars {
+            let Some(s) = k.to_str().and_then(isolate_trace::setting) else {
+                continue;
+            };
+            if s.library() && v.to_str().is_none() {
+                return Err(format!(
+                    "{}={:?} is not valid (not UTF-8); accepted: {}",
+                    s.name, v, s.accepted
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Under `AT_SECURE` the environment belongs to whoever started the program, who is not whom
+/// it runs as: the library stands down (mode `off`, no trace, no message, no exit on a bad
+/// value) without reading a single setting. Not "ignore the settings and use the defaults":
+/// the default trace path is relative to the caller's working directory, so the caller would
+/// still choose where a privileged process creates a file holding its command line.
+fn secure_config() -> Config {
+    let mut c = from_env(
+        |k| (k == "ISOLATE_MODE").then(|| "off".to_string()),
+        std::iter::empty(),
+    )
+    .expect("the defaults are valid");
+    c.secure = true;
+    c
 }
 
 fn die(msg: &str) -> ! {
@@ -262,46 +331,13 @@ fn on_off(name: &str, v: &str) -> Result<bool, String> {
 }
 
 fn bad(name: &str, v: &str) -> String {
-    let accepted = VARIABLES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, a)| *a)
-        .unwrap_or("");
+    let accepted = isolate_trace::setting(name).map_or("", |s| s.accepted);
     format!("{name}={v:?} is not valid; accepted: {accepted}")
 }
 
-/// Parses `8GiB`, `512MiB`, `64KiB`, `2MB`, `1000000`.
+/// A size in the project's one grammar ([`isolate_trace::parse_size`]).
 pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    if num.is_empty() {
-        return None;
-    }
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        "kb" => 1000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        _ => return None,
-    };
-    if num.contains('.') {
-        let f: f64 = num.parse().ok()?;
-        if !f.is_finite() || f < 0.0 {
-            return None;
-        }
-        let v = f * mult as f64;
-        (v < u64::MAX as f64).then_some(v as u64)
-    } else {
-        num.parse::<u64>().ok()?.checked_mul(mult)
-    }
+    isolate_trace::parse_size(s).ok()
 }
 
 fn parse_pattern(v: &str) -> Result<(), String> {
@@ -323,11 +359,12 @@ pub fn from_env(
     names: impl Iterator<Item = String>,
 ) -> Result<Config, String> {
     for name in names {
-        if name.starts_with("ISOLATE_") && !VARIABLES.iter().any(|(n, _)| *n == name) {
-            let known: Vec<&str> = VARIABLES
+        // The analyzer's and the tools' variables are theirs: left alone.
+        if name.starts_with("ISOLATE_") && isolate_trace::setting(&name).is_none() {
+            let known: Vec<&str> = isolate_trace::SETTINGS
                 .iter()
-                .map(|(n, _)| *n)
-                .filter(|n| !n.starts_with("ISOLATE_TEST_"))
+                .filter(|s| s.owner == isolate_trace::Owner::Library)
+                .map(|s| s.name)
                 .collect();
             return Err(format!(
                 "{name} is not a setting; the settings are {}",
@@ -422,6 +459,12 @@ pub fn from_env(
     let test_exit_check_ms = var("ISOLATE_TEST_EXIT_CHECK_MS")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    let rank_var = |k: &str| var(k).and_then(|v| v.trim().parse::<u32>().ok());
+    let (rank, local_rank, world_size) = (
+        rank_var("RANK"),
+        rank_var("LOCAL_RANK"),
+        rank_var("WORLD_SIZE"),
+    );
     let mut pairs = vec![
         ("ISOLATE_MODE".to_string(), mode.name().to_string()),
         ("ISOLATE_TRACE".to_string(), trace.clone()),
@@ -495,6 +538,10 @@ pub fn from_env(
         test_panic,
         test_writer_stall_ms,
         test_exit_check_ms,
+        secure: false,
+        rank,
+        local_rank,
+        world_size,
         pairs,
     })
 }
@@ -665,6 +712,31 @@ mod tests {
             Some(0xA5)
         );
         assert_eq!(cfg(&[("ISOLATE_POISON", "off")]).unwrap().poison, None);
+    }
+
+    #[test]
+    fn names_of_others_are_left_alone() {
+        for name in ["ISOLATE_SYSROOT", "ISOLATE_FUZZ_SECS", "ISOLATE_LIB_PATH"] {
+            assert!(cfg(&[(name, "/")]).is_ok(), "{name}");
+        }
+        assert!(
+            cfg(&[("ISOLATE_SYSROT", "/")])
+                .unwrap_err()
+                .starts_with("ISOLATE_SYSROT is not a setting; the settings are ISOLATE_MODE, ")
+        );
+        let c = cfg(&[("RANK", " 3"), ("WORLD_SIZE", "8"), ("LOCAL_RANK", "x")]).unwrap();
+        assert_eq!(
+            (c.rank, c.local_rank, c.world_size),
+            (Some(3), None, Some(8))
+        );
+    }
+
+    #[test]
+    fn secure_reads_nothing() {
+        let c = secure_config();
+        assert!(c.secure);
+        assert_eq!(c.mode, Mode::Off);
+        assert_eq!(c.trace, "isolate-%p.trace");
     }
 
     #[test]

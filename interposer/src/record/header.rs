@@ -10,10 +10,6 @@ fn read_file(path: &str) -> Vec<u8> {
     std::fs::read(path).unwrap_or_default()
 }
 
-fn env_u32(name: &str) -> Option<u32> {
-    std::env::var(name).ok()?.trim().parse().ok()
-}
-
 /// At most this many bytes of one argument, and of the whole command line, go in the header.
 const ARG_MAX_KEPT: usize = 64 << 10;
 const ARGV_BUDGET: usize = 256 << 10;
@@ -67,9 +63,11 @@ pub fn header(cfg: &Config) -> Header {
         hostname,
         library_version: env!("CARGO_PKG_VERSION").to_string(),
         mode: cfg.mode.name().to_string(),
-        rank: env_u32("RANK"),
-        local_rank: env_u32("LOCAL_RANK"),
-        world_size: env_u32("WORLD_SIZE"),
+        // Read with the settings, before main: never `getenv` here, on the writer thread, while
+        // a thread of the program may be in `setenv`.
+        rank: cfg.rank,
+        local_rank: cfg.local_rank,
+        world_size: cfg.world_size,
         config: cfg.pairs.clone(),
     }
 }

@@ -24,6 +24,9 @@ const RUNNING: u8 = 2;
 /// Closed at exit, or recording impossible (mode off, trace file could not be created).
 const CLOSED: u8 = 3;
 
+/// The writer thread's stack: std's default for its threads.
+const WRITER_STACK: usize = 2 << 20;
+
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 static SESSION: AtomicPtr<Session> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -185,8 +188,11 @@ fn start() {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
     }
+    // The stack size given, so that std does not read `RUST_MIN_STACK` (a `getenv`, here on a
+    // thread of the program while another of its threads may be in `setenv`).
     let spawned = std::thread::Builder::new()
         .name("isolate-writer".into())
+        .stack_size(WRITER_STACK)
         .spawn(move || writer_main(rx));
     // SAFETY: `old` holds the mask the call above saved: the calling thread gets it back.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };

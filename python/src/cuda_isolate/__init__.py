@@ -223,20 +223,43 @@ def peak_reset():
 
 _UNITS = {
     "": 1, "b": 1,
-    "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3,
-    "t": 1024**4, "tib": 1024**4,
+    "k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10,
+    "m": 1 << 20, "mi": 1 << 20, "mib": 1 << 20,
+    "g": 1 << 30, "gi": 1 << 30, "gib": 1 << 30,
+    "t": 1 << 40, "ti": 1 << 40, "tib": 1 << 40,
     "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
 }
+_DIGITS = frozenset("0123456789")
 
 
 def parse_size(s):
-    """Bytes in a size like ``2 GiB``, ``100MiB``, ``1.5 GB`` or ``4096`` (as ISOLATE_QUARANTINE:
-    K/M/G/T and KiB… are powers of 1024, KB… of 1000)."""
-    if isinstance(s, (int, float)):
-        return int(s)
-    t = str(s).strip().replace(" ", "").lower()
-    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = t[len(num):]
-    if not num or unit not in _UNITS:
-        raise ValueError("not a size: %r (e.g. 2 GiB, 100 MiB, 4096)" % (s,))
-    return int(float(num) * _UNITS[unit])
+    """Bytes in a size, in the grammar of every part of isolate (a port of
+    ``isolate_trace::parse_size``, checked on the same cases: trace/src/size-cases.txt): a whole
+    number (``4096``), a decimal (``1.5``), or ``0x`` hex (no unit); then, after optional spaces,
+    an optional unit, any case: ``B``; ``K``/``Ki``/``KiB``, ``M``…, ``G``…, ``T``… (powers of
+    1024); ``KB``, ``MB``, ``GB``, ``TB`` (powers of 1000). A fraction of a byte is dropped; more
+    than 2**64 - 1 bytes is refused. An int is taken as it is."""
+    if isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 64:
+        return s
+    t = str(s).strip()
+    bad = ValueError("not a size: %r (e.g. 4096, 64KiB, 1.5G, 2MB)" % (s,))
+    if t[:2] in ("0x", "0X"):
+        h = t[2:]
+        if not h or any(c not in "0123456789abcdefABCDEF" for c in h):
+            raise bad
+        v = int(h, 16)
+    else:
+        end = 0
+        while end < len(t) and (t[end] in _DIGITS or t[end] == "."):
+            end += 1
+        num, unit = t[:end], t[end:].lstrip().lower()
+        whole, _, frac = num.partition(".")
+        if not whole or ("." in num and not frac) or "." in frac or unit not in _UNITS:
+            raise bad
+        mult = _UNITS[unit]
+        v = int(whole) * mult
+        if frac:
+            v += int(frac) * mult // 10 ** len(frac)
+    if v >= 1 << 64:
+        raise bad
+    return v
