@@ -324,7 +324,7 @@ pub fn chrome_trace<P: AsRef<Path>, W: Write>(
     let mut first = true;
     let mut next_tid = 1u64;
     for (i, p) in paths.iter().enumerate() {
-        let mut pid = isolate_trace::FastReader::open(p.as_ref())?.header().pid;
+        let mut pid = isolate_trace::Reader::open(p.as_ref())?.header().pid;
         // Two traces of one pid (before and after an exec) stay apart.
         while !used_pids.insert(pid) {
             pid = pid.wrapping_add(1_000_000 + i as u32);

@@ -3,7 +3,7 @@
 use crate::Error;
 use crate::order::{Order, Reorder};
 use crate::track::{Observer, Tracker};
-use isolate_trace::{FastReader, Header, Record};
+use isolate_trace::{Header, Reader, Record};
 use std::path::{Path, PathBuf};
 
 /// Told how far the reading of each trace has got (the binary draws a progress bar with it).
@@ -86,7 +86,7 @@ fn drive(
     progress: &mut dyn Progress,
     sink: &mut impl Sink,
 ) -> Result<TraceInfo, Error> {
-    let mut r = FastReader::open(path)?;
+    let mut r = Reader::open(path)?;
     let total = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     progress.begin(path, total);
     sink.header(r.header());

@@ -811,3 +811,68 @@ int main(int argc, char **argv) {
     );
     assert!(text.contains("1 possible leak"), "{text}");
 }
+
+/// Format version 3: a stale write carries the stacks of its allocation and free. The summary
+/// takes them from the record; it used to find them only through its ring of the last 65,536
+/// frees, which a busy program overwrites before the quarantine is checked (here 33,000
+/// allocations later: without the ids in the record, the stacks are lost).
+#[test]
+fn a_stale_write_carries_its_stacks_past_the_ring() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Built::new(dir.path(), "prog", &["-O2"]);
+    let trace = |ids: (u32, u32)| {
+        let mut h = header(4242, &["./prog"]);
+        h.mode = "isolate".into();
+        let mut t = TraceBuilder::with_header(h);
+        t.record(Record::Module(b.module(1)));
+        let frames = |f: &str| vec![Frame::Native(b.ret_in(f)), Frame::Native(b.ret_in("main"))];
+        t.record(stack(1, frames("make_buffer")));
+        t.record(stack(2, frames("drop_buffer")));
+        let alloc = t.call_from(Api::CudaMalloc, A, 4 * MIB, 1);
+        let free = t.call_from(Api::CudaFree, A, 0, 2);
+        for _ in 0..33_000 {
+            t.malloc(A + 64 * MIB, 4096);
+            t.free(A + 64 * MIB);
+        }
+        t.record(Record::Violation(Violation {
+            seq: t.seq,
+            ts_ns: t.ts,
+            ptr: A,
+            size: 4 * MIB,
+            first_offset: 0,
+            changed_bytes: 8,
+            alloc_seq: alloc,
+            free_seq: free,
+            free_api: Api::CudaFree,
+            alloc_stack: ids.0,
+            free_stack: ids.1,
+            ..Violation::default()
+        }));
+        t.seq += 1;
+        t.end(Default::default());
+        t.write(dir.path(), &format!("ring-{}.trace", ids.0))
+    };
+    let with = trace((1, 2));
+    let j = isolate(dir.path(), &["summary", "--json", with.to_str().unwrap()]).json();
+    let v = &j["poison_violations"][0];
+    let site = |k: &str| {
+        v[k]["site"]
+            .as_str()
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(site("alloc_stack"), "make_buffer", "{v}");
+    assert_eq!(site("free_stack"), "drop_buffer", "{v}");
+    // The same trace without the ids (as versions 1 and 2 wrote it): the ring lost them.
+    let without = trace((0, 0));
+    let j = isolate(
+        dir.path(),
+        &["summary", "--json", without.to_str().unwrap()],
+    )
+    .json();
+    let v = &j["poison_violations"][0];
+    assert!(v.get("alloc_stack").is_none(), "{v}");
+}

@@ -198,6 +198,7 @@ fn violations_stale_launches_quarantine_json() {
         free_seq: 1,
         free_ts_ns: 1_002_000,
         free_api: Api::CudaFree,
+        ..Default::default()
     }));
     t.record(Record::StaleLaunch(StaleLaunch {
         seq: 3,
@@ -214,6 +215,7 @@ fn violations_stale_launches_quarantine_json() {
         alloc_seq: 0,
         free_seq: 1,
         free_ts_ns: 1_002_000,
+        ..Default::default()
     }));
     t.note(NoteKind::QuarantineRelease, 0);
     t.note(NoteKind::QuarantineEarlyRelease, 0);
@@ -425,6 +427,7 @@ fn stale(seq: u64, kernel: &str, alloc_seq: u64, ptr: u64) -> StaleLaunch {
         alloc_seq,
         free_seq: alloc_seq + 1,
         free_ts_ns: 0,
+        ..Default::default()
     }
 }
 

@@ -263,7 +263,7 @@ pub(crate) fn the_runs(new: BTreeSet<PathBuf>, family: &BTreeSet<u32>) -> (Vec<T
     let mut candidates: Vec<Option<TraceFile>> = new
         .into_iter()
         .map(|path| {
-            let r = isolate_trace::FastReader::open(&path).ok()?;
+            let r = isolate_trace::Reader::open(&path).ok()?;
             let h = r.header();
             Some(TraceFile {
                 pid: h.pid,

@@ -20,15 +20,16 @@
 
 mod api;
 mod error;
-mod fast;
 mod read;
 mod record;
+#[cfg(any(test, feature = "reference"))]
+#[doc(hidden)]
+pub mod reference;
 mod settings;
 mod wire;
 
 pub use api::{Api, Kind, Layout, Memory, Order, Source};
 pub use error::{ErrorKind, TraceError};
-pub use fast::FastReader;
 pub use read::Reader;
 pub use record::*;
 pub use settings::{Owner, SETTINGS, Setting, parse_size, setting};
@@ -36,8 +37,9 @@ pub use wire::Encoder;
 
 /// The first eight bytes of every trace.
 pub const MAGIC: [u8; 8] = *b"ISOTRACE";
-/// The format version this crate writes and the newest it reads.
-pub const FORMAT_VERSION: u32 = 2;
+/// The format version this crate writes and the newest it reads (every older one too).
+/// 3: [`Violation`] and [`StaleLaunch`] carry the allocation's and the free's stacks.
+pub const FORMAT_VERSION: u32 = 3;
 /// The name of a CUDA error code that means the device faulted (a kernel touched memory it
 /// may not, or died); `None` for every other code. Driver and runtime share these numbers.
 pub fn device_fault_name(code: u64) -> Option<&'static str> {

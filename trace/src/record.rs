@@ -89,6 +89,10 @@ pub struct Violation {
     pub free_ts_ns: u64,
     /// The API that freed it.
     pub free_api: Api,
+    /// Format version 3: the call stacks of the allocation and of its free (a [`Stack`]'s
+    /// id; 0 when none was captured, and in older traces).
+    pub alloc_stack: u32,
+    pub free_stack: u32,
 }
 
 /// A kernel launched with a parameter that points into freed memory.
@@ -110,6 +114,10 @@ pub struct StaleLaunch {
     pub alloc_seq: u64,
     pub free_seq: u64,
     pub free_ts_ns: u64,
+    /// Format version 3: the call stacks of the allocation and of its free, as in
+    /// [`Violation`].
+    pub alloc_stack: u32,
+    pub free_stack: u32,
 }
 
 /// What a [`Note`] tells.

@@ -227,3 +227,126 @@ fn marks_and_regions_round_trip() {
     assert_eq!(kind_byte(&recs[3]), 13);
     assert_eq!(kind_byte(&recs[6]), 0);
 }
+
+/// Format version 3 added the stacks to `Violation` and `StaleLaunch` as new record variants; a
+/// version-2 trace's variants (written here as the version-2 encoder wrote them) still read,
+/// with stack ids 0.
+#[test]
+fn version_2_violations_and_stale_launches_still_read() {
+    use crate::wire::{CONFIG, V1StaleLaunch, V1Violation, WireRecord};
+    let v1 = V1Violation {
+        seq: 5,
+        ts_ns: 6,
+        device: 0,
+        ptr: 0x7f00_0000_0000,
+        size: 4096,
+        first_offset: 8,
+        changed_bytes: 2,
+        alloc_seq: 1,
+        free_seq: 2,
+        free_ts_ns: 3,
+        free_api: Api::CudaFree,
+    };
+    let s1 = V1StaleLaunch {
+        seq: 7,
+        ts_ns: 8,
+        tid: 9,
+        device: 0,
+        api: Api::CuLaunchKernel,
+        kernel: "k".into(),
+        param_index: 1,
+        param_offset: 8,
+        ptr: 0x7f00_0000_0010,
+        alloc_ptr: 0x7f00_0000_0000,
+        alloc_size: 4096,
+        alloc_seq: 1,
+        free_seq: 2,
+        free_ts_ns: 3,
+    };
+    let mut bytes = Vec::new();
+    Encoder::preamble(&header(), &mut bytes);
+    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    for w in [
+        WireRecord::Violation(v1.clone()),
+        WireRecord::StaleLaunch(s1.clone()),
+        WireRecord::StaleValue(s1.clone()),
+    ] {
+        let payload = bincode::encode_to_vec(&w, CONFIG).unwrap();
+        bytes.push(payload.len() as u8); // < 128: one LEB128 byte
+        bytes.extend_from_slice(&payload);
+    }
+    let want = [
+        Record::Violation(v1.into()),
+        Record::StaleLaunch(s1.clone().into()),
+        Record::StaleValue(s1.into()),
+    ];
+    for rec in &want {
+        match rec {
+            Record::Violation(v) => assert_eq!((v.alloc_stack, v.free_stack), (0, 0)),
+            Record::StaleLaunch(s) | Record::StaleValue(s) => {
+                assert_eq!((s.alloc_stack, s.free_stack), (0, 0))
+            }
+            _ => unreachable!(),
+        }
+    }
+    let mut r = Reader::new(&bytes[..], None).unwrap();
+    assert_eq!(r.version(), 2);
+    let back: Vec<Record> = (&mut r).map(|x| x.unwrap()).collect();
+    assert_eq!(back, want);
+    let mut r = crate::reference::Reader::new(&bytes[..], None).unwrap();
+    let back: Vec<Record> = (&mut r).map(|x| x.unwrap()).collect();
+    assert_eq!(back, want);
+
+    // Version 3 writes the stacks, and reads them back.
+    let mut v = Violation::from(v1_again());
+    (v.alloc_stack, v.free_stack) = (3, 4);
+    let bytes = encode_all(&[Record::Violation(v.clone())]);
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 3);
+    let back: Vec<Record> = Reader::new(&bytes[..], None)
+        .unwrap()
+        .map(|x| x.unwrap())
+        .collect();
+    assert_eq!(back, [Record::Violation(v)]);
+}
+
+fn v1_again() -> crate::wire::V1Violation {
+    crate::wire::V1Violation {
+        seq: 1,
+        ts_ns: 2,
+        device: 0,
+        ptr: 3,
+        size: 4,
+        first_offset: 0,
+        changed_bytes: 1,
+        alloc_seq: 0,
+        free_seq: 1,
+        free_ts_ns: 2,
+        free_api: Api::CudaFree,
+    }
+}
+
+/// The example frame of docs/trace-format.md (version 3, `Violation`), byte for byte.
+#[test]
+fn the_documented_bytes_of_a_version_3_violation() {
+    let mut out = Vec::new();
+    Encoder::new().encode(
+        &Record::Violation(Violation {
+            seq: 9,
+            ptr: 0x100,
+            size: 256,
+            changed_bytes: 1,
+            alloc_seq: 1,
+            free_seq: 2,
+            free_api: Api::CudaFree,
+            alloc_stack: 3,
+            free_stack: 4,
+            ..Violation::default()
+        }),
+        &mut out,
+    );
+    let hex: Vec<String> = out.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(
+        hex.join(" "),
+        "12 0d 09 00 00 fb 00 01 fb 00 01 00 01 01 02 00 01 03 04"
+    );
+}

@@ -2,7 +2,7 @@
 //!
 //! Events are stored relative to the event before them (sequence number, timestamp and address
 //! as signed differences, the thread as an index into a table built as the trace goes), so that
-//! a typical event takes about 20 bytes. [`Encoder`] and [`Decoder`] carry that state.
+//! a typical event takes about 20 bytes. [`Encoder`] and the readers carry that state.
 
 use crate::api::Api;
 use crate::record::*;
@@ -51,12 +51,12 @@ pub(crate) enum WireRecord {
         index: u32,
         tid: u32,
     },
-    Violation(Violation),
-    StaleLaunch(StaleLaunch),
+    Violation(V1Violation),
+    StaleLaunch(V1StaleLaunch),
     Note(Note),
     Stats(Stats),
     End(End),
-    StaleValue(StaleLaunch),
+    StaleValue(V1StaleLaunch),
     // Format version 2 (appended, so every version-1 frame decodes as before).
     /// An event with a call stack (events without one stay `Event`).
     StackedEvent(WireEvent, u32),
@@ -64,6 +64,112 @@ pub(crate) enum WireRecord {
     Stack(Stack),
     PyCode(PyCode),
     StackOf(StackOf),
+    // Format version 3 (appended): the records about a freed allocation carry the stacks of its
+    // allocation and free. The variants above keep their version-1 layout, so older traces read.
+    ViolationStacks(Violation),
+    StaleLaunchStacks(StaleLaunch),
+    StaleValueStacks(StaleLaunch),
+}
+
+/// A [`Violation`] as versions 1 and 2 store it: no stack ids.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct V1Violation {
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub device: i32,
+    pub ptr: u64,
+    pub size: u64,
+    pub first_offset: u64,
+    pub changed_bytes: u64,
+    pub alloc_seq: u64,
+    pub free_seq: u64,
+    pub free_ts_ns: u64,
+    pub free_api: Api,
+}
+
+/// A [`StaleLaunch`] as versions 1 and 2 store it: no stack ids.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct V1StaleLaunch {
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub tid: u32,
+    pub device: i32,
+    pub api: Api,
+    pub kernel: String,
+    pub param_index: u32,
+    pub param_offset: u32,
+    pub ptr: u64,
+    pub alloc_ptr: u64,
+    pub alloc_size: u64,
+    pub alloc_seq: u64,
+    pub free_seq: u64,
+    pub free_ts_ns: u64,
+}
+
+impl From<V1Violation> for Violation {
+    fn from(v: V1Violation) -> Self {
+        Violation {
+            seq: v.seq,
+            ts_ns: v.ts_ns,
+            device: v.device,
+            ptr: v.ptr,
+            size: v.size,
+            first_offset: v.first_offset,
+            changed_bytes: v.changed_bytes,
+            alloc_seq: v.alloc_seq,
+            free_seq: v.free_seq,
+            free_ts_ns: v.free_ts_ns,
+            free_api: v.free_api,
+            alloc_stack: 0,
+            free_stack: 0,
+        }
+    }
+}
+
+impl From<V1StaleLaunch> for StaleLaunch {
+    fn from(s: V1StaleLaunch) -> Self {
+        StaleLaunch {
+            seq: s.seq,
+            ts_ns: s.ts_ns,
+            tid: s.tid,
+            device: s.device,
+            api: s.api,
+            kernel: s.kernel,
+            param_index: s.param_index,
+            param_offset: s.param_offset,
+            ptr: s.ptr,
+            alloc_ptr: s.alloc_ptr,
+            alloc_size: s.alloc_size,
+            alloc_seq: s.alloc_seq,
+            free_seq: s.free_seq,
+            free_ts_ns: s.free_ts_ns,
+            alloc_stack: 0,
+            free_stack: 0,
+        }
+    }
+}
+
+/// The record of a frame that is neither an event nor a thread introduction (`None` for those:
+/// they need the reader's delta state).
+pub(crate) fn plain_record(wire: WireRecord) -> Result<Record, WireRecord> {
+    Ok(match wire {
+        w @ (WireRecord::Event(_) | WireRecord::StackedEvent(..) | WireRecord::Thread { .. }) => {
+            return Err(w);
+        }
+        WireRecord::Violation(v) => Record::Violation(v.into()),
+        WireRecord::StaleLaunch(s) => Record::StaleLaunch(s.into()),
+        WireRecord::Note(n) => Record::Note(n),
+        WireRecord::Stats(s) => Record::Stats(s),
+        WireRecord::End(e) => Record::End(e),
+        WireRecord::StaleValue(s) => Record::StaleValue(s.into()),
+        WireRecord::Module(m) => Record::Module(m),
+        WireRecord::Stack(s) => Record::Stack(s),
+        WireRecord::PyCode(c) => Record::PyCode(c),
+        WireRecord::StackOf(s) => Record::StackOf(s),
+        WireRecord::ViolationStacks(v) => Record::Violation(v),
+        WireRecord::StaleLaunchStacks(s) => Record::StaleLaunch(s),
+        WireRecord::StaleValueStacks(s) => Record::StaleValue(s),
+    })
 }
 
 /// Delta state shared by the encoder and the decoder.
@@ -204,12 +310,12 @@ impl Encoder {
                     WireRecord::Event(w)
                 }
             }
-            Record::Violation(v) => WireRecord::Violation(v.clone()),
-            Record::StaleLaunch(s) => WireRecord::StaleLaunch(s.clone()),
+            Record::Violation(v) => WireRecord::ViolationStacks(v.clone()),
+            Record::StaleLaunch(s) => WireRecord::StaleLaunchStacks(s.clone()),
             Record::Note(n) => WireRecord::Note(n.clone()),
             Record::Stats(s) => WireRecord::Stats(s.clone()),
             Record::End(e) => WireRecord::End(e.clone()),
-            Record::StaleValue(s) => WireRecord::StaleValue(s.clone()),
+            Record::StaleValue(s) => WireRecord::StaleValueStacks(s.clone()),
             Record::Module(m) => WireRecord::Module(m.clone()),
             Record::Stack(s) => WireRecord::Stack(s.clone()),
             Record::PyCode(c) => WireRecord::PyCode(c.clone()),
@@ -219,13 +325,16 @@ impl Encoder {
     }
 }
 
-/// Turns frame payloads back into records.
+/// Turns frame payloads back into records: the reference decoder's half (the reader decodes
+/// on its own, `read.rs`).
+#[cfg(any(test, feature = "reference"))]
 #[derive(Default)]
 pub struct Decoder {
     prev: Prev,
     threads: Vec<u32>,
 }
 
+#[cfg(any(test, feature = "reference"))]
 impl Decoder {
     /// Decodes one payload. `Ok(None)` for frames that only update the decoder (threads).
     pub(crate) fn decode(&mut self, payload: &[u8]) -> Result<Option<Record>, String> {
@@ -238,8 +347,9 @@ impl Decoder {
                 payload.len()
             ));
         }
-        Ok(Some(match wire {
-            WireRecord::Thread { index, tid } => {
+        Ok(Some(match plain_record(wire) {
+            Ok(rec) => rec,
+            Err(WireRecord::Thread { index, tid }) => {
                 if index as usize != self.threads.len() {
                     return Err(format!(
                         "thread index {index} out of order (expected {})",
@@ -249,18 +359,9 @@ impl Decoder {
                 self.threads.push(tid);
                 return Ok(None);
             }
-            WireRecord::Event(w) => self.event(w, 0)?,
-            WireRecord::StackedEvent(w, stack) => self.event(w, stack)?,
-            WireRecord::Violation(v) => Record::Violation(v),
-            WireRecord::StaleLaunch(s) => Record::StaleLaunch(s),
-            WireRecord::Note(n) => Record::Note(n),
-            WireRecord::Stats(s) => Record::Stats(s),
-            WireRecord::End(e) => Record::End(e),
-            WireRecord::StaleValue(s) => Record::StaleValue(s),
-            WireRecord::Module(m) => Record::Module(m),
-            WireRecord::Stack(s) => Record::Stack(s),
-            WireRecord::PyCode(c) => Record::PyCode(c),
-            WireRecord::StackOf(s) => Record::StackOf(s),
+            Err(WireRecord::StackedEvent(w, stack)) => self.event(w, stack)?,
+            Err(WireRecord::Event(w)) => self.event(w, 0)?,
+            Err(_) => unreachable!("plain_record leaves only events and threads"),
         }))
     }
 

@@ -1,8 +1,8 @@
-//! Fuzzing the two trace readers on stable Rust (no libFuzzer: see `trace/fuzz/` for that).
+//! Fuzzing the trace reader against the reference decoder on stable Rust (no libFuzzer: see `trace/fuzz/` for that).
 //!
 //! `mutated_traces_never_panic_and_readers_agree` mutates valid traces for a bounded time
 //! (`ISOLATE_FUZZ_SECS`, default 20 s) from a fixed seed (`ISOLATE_FUZZ_SEED` to change it; the
-//! seed in use is printed) and feeds every input to both [`Reader`] and [`FastReader`]. For every
+//! seed in use is printed) and feeds every input to both [`RefReader`] and [`Reader`]. For every
 //! input it holds that
 //!
 //! - neither reader panics (a panic fails the test with the input in hex, also saved under
@@ -18,10 +18,10 @@
 //! `random_records_round_trip` encodes random records (every field random, long strings,
 //! kernel names of a few KiB, frames right at the size limit) and reads them back exactly.
 
+use isolate_trace::reference::Reader as RefReader;
 use isolate_trace::{
-    Api, Encoder, End, EndReason, ErrorKind, Event, FastReader, Frame, Header, MAX_FRAME, Module,
-    Note, NoteKind, PyCode, Reader, Record, Stack, StackOf, StaleLaunch, Stats, TraceError,
-    Violation,
+    Api, Encoder, End, EndReason, ErrorKind, Event, Frame, Header, MAX_FRAME, Module, Note,
+    NoteKind, PyCode, Reader, Record, Stack, StackOf, StaleLaunch, Stats, TraceError, Violation,
 };
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -247,6 +247,8 @@ fn random_record(rng: &mut Rng, tids: &[u32]) -> Record {
             free_seq: rng.u64(),
             free_ts_ns: rng.u64(),
             free_api: rng.api(),
+            alloc_stack: rng.u32(),
+            free_stack: rng.u32(),
         }),
         7 => {
             // Kernel names: usually short, sometimes a C++ template name of a few KiB.
@@ -266,6 +268,8 @@ fn random_record(rng: &mut Rng, tids: &[u32]) -> Record {
                 alloc_seq: rng.u64(),
                 free_seq: rng.u64(),
                 free_ts_ns: rng.u64(),
+                alloc_stack: rng.u32(),
+                free_stack: rng.u32(),
             })
         }
         8 | 9 => {
@@ -347,7 +351,7 @@ fn error_of(e: &TraceError, len: usize) -> (String, u64) {
     (msg, e.offset)
 }
 
-/// Reads `bytes` with `Reader` or `FastReader` to the end; with `fused`, also holds that the
+/// Reads `bytes` with `RefReader` or `Reader` to the end; with `fused`, also holds that the
 /// reader stays at its end once it has returned `Ok(None)` or an error.
 macro_rules! read_with {
     ($reader:ident, $bytes:expr) => {
@@ -394,8 +398,8 @@ macro_rules! read_with {
                     records,
                     error,
                     truncated_at: r.truncated_at(),
-                    // After a bad length prefix `Reader` has consumed the prefix and
-                    // `FastReader` has not: only the offset of a clean end is compared.
+                    // After a bad length prefix `RefReader` has consumed the prefix and
+                    // `Reader` has not: only the offset of a clean end is compared.
                     offset,
                 }
             }
@@ -467,11 +471,11 @@ fn class(o: &Outcome) -> &'static str {
 
 /// Every property for one input; panics on a violation. Returns the outcome's class.
 fn check(bytes: &[u8]) -> &'static str {
-    // `Reader` is not fused after a frame-level error (see `reader_stays_done_after_a_bad_length`),
-    // so only `FastReader` is held to that here.
-    let slow = read_with!(Reader, bytes, false);
-    let fast = read_with!(FastReader, bytes, true);
-    assert_eq!(slow, fast, "Reader and FastReader disagree");
+    // `RefReader` is not fused after a frame-level error (see `reader_stays_done_after_a_bad_length`),
+    // so only `Reader` is held to that here.
+    let slow = read_with!(RefReader, bytes, false);
+    let fast = read_with!(Reader, bytes, true);
+    assert_eq!(slow, fast, "RefReader and Reader disagree");
     if let Outcome::Read {
         header,
         records,
@@ -495,7 +499,7 @@ fn check(bytes: &[u8]) -> &'static str {
             _ => None,
         };
         if let Some(cut) = cut {
-            let prefix = read_with!(Reader, &bytes[..cut as usize], false);
+            let prefix = read_with!(RefReader, &bytes[..cut as usize], false);
             let want = Outcome::Read {
                 header: header.clone(),
                 records: records.clone(),
@@ -848,8 +852,8 @@ fn random_records_round_trip() {
     for i in 0..3000 {
         let (bytes, header, records) = random_trace(&mut rng, 60);
         let r = catch_unwind(|| {
-            let mut s = Reader::new(&bytes[..], None).unwrap();
-            let mut f = FastReader::new(&bytes[..], None).unwrap();
+            let mut s = RefReader::new(&bytes[..], None).unwrap();
+            let mut f = Reader::new(&bytes[..], None).unwrap();
             assert_eq!(s.header(), &header);
             assert_eq!(f.header(), &header);
             let a: Vec<Record> = (&mut s).map(|r| r.unwrap()).collect();
@@ -900,8 +904,8 @@ fn one_note(payload: usize) -> (Vec<u8>, u64, Record) {
 #[test]
 fn frames_near_the_size_limit() {
     let (bytes, _, rec) = one_note(MAX_FRAME as usize - 4096);
-    let slow = read_with!(Reader, &bytes, false);
-    assert_eq!(slow, read_with!(FastReader, &bytes));
+    let slow = read_with!(RefReader, &bytes, false);
+    assert_eq!(slow, read_with!(Reader, &bytes));
     match slow {
         Outcome::Read { records, error, .. } => {
             assert!(error.is_none(), "{error:?}");
@@ -910,8 +914,8 @@ fn frames_near_the_size_limit() {
         o => panic!("{o:?}"),
     }
     let (bytes, at, _) = one_note(MAX_FRAME as usize + 1);
-    let slow = read_with!(Reader, &bytes, false);
-    assert_eq!(slow, read_with!(FastReader, &bytes));
+    let slow = read_with!(RefReader, &bytes, false);
+    assert_eq!(slow, read_with!(Reader, &bytes));
     match slow {
         Outcome::Read { records, error, .. } => {
             assert!(records.is_empty());
@@ -935,9 +939,9 @@ fn a_frame_of_exactly_max_frame_bytes_reads() {
 }
 
 /// After `next_record` returned an error for a frame's length prefix (here one too long),
-/// `Reader` stays at the end, as `FastReader` does: the next call is `Ok(None)`, not a record
-/// read from inside the bad frame. (Regression test, commit 9867ea3: `Reader` went on reading
-/// right after the prefix and could return records from there.)
+/// the reader stays at the end: the next call is `Ok(None)`, not a record read from inside the
+/// bad frame. (Regression test, commit 9867ea3: the reader that is now the reference decoder
+/// went on reading right after the prefix and could return records from there.)
 #[test]
 fn reader_stays_done_after_a_bad_length() {
     let mut bytes = Vec::new();

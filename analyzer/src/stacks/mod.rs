@@ -122,7 +122,7 @@ impl StackTable {
     /// Reads only the stack records of the trace at `path` (no model, no reordering).
     pub fn read(path: &std::path::Path) -> Result<StackTable, crate::Error> {
         let mut t = StackTable::new();
-        let mut r = isolate_trace::FastReader::open(path)?;
+        let mut r = isolate_trace::Reader::open(path)?;
         while let Some(rec) = r.next_record()? {
             t.record(&rec);
         }

@@ -505,7 +505,7 @@ impl Observer for Summarizer {
             Record::Violation(v) => {
                 self.violation_count += 1;
                 if self.violations.len() < LIST_CAP {
-                    let freed = self.freed(v.alloc_seq);
+                    let freed = self.freed(v.alloc_seq, [v.alloc_stack, v.free_stack]);
                     self.violations.push(PoisonViolation {
                         trace: self.trace,
                         pid: self.pid,
@@ -723,24 +723,28 @@ impl Summarizer {
 
     /// The calls that made and freed the allocation of event `alloc_seq`, and their stack ids,
     /// for a stale write's or stale launch's finding: **the one place** the findings get them.
-    /// Today's traces do not carry them in the Violation and StaleLaunch records, so they come
-    /// from the calls of recent frees remembered in [`FREED_CAP`] slots (a free more than that
-    /// many frees ago may have lost its slot: then all are `None`). When the records carry
-    /// them, read them here.
-    fn freed(&self, alloc_seq: u64) -> Freed {
-        let Some(c) = self
+    /// The stack ids come from the record (`carried`: its `alloc_stack` and `free_stack`,
+    /// format version 3) when it has them; else, as for older traces, from the calls of recent
+    /// frees remembered in [`FREED_CAP`] slots (a free more than that many frees ago may have
+    /// lost its slot: then all are `None`). The calls' APIs always come from the slots.
+    fn freed(&self, alloc_seq: u64, carried: [u32; 2]) -> Freed {
+        let slot = self
             .freed_calls
             .get((alloc_seq % FREED_CAP as u64) as usize)
-            .filter(|c| c.0 == alloc_seq)
-        else {
-            return Freed::default();
+            .filter(|c| c.0 == alloc_seq);
+        let mut f = match slot {
+            None => Freed::default(),
+            Some(c) => Freed {
+                alloc_api: Some(c.1),
+                free_api: Some(c.2),
+                alloc_stack: stack_id(c.3),
+                free_stack: stack_id(c.4),
+            },
         };
-        Freed {
-            alloc_api: Some(c.1),
-            free_api: Some(c.2),
-            alloc_stack: stack_id(c.3),
-            free_stack: stack_id(c.4),
+        if carried != [0, 0] {
+            (f.alloc_stack, f.free_stack) = (stack_id(carried[0]), stack_id(carried[1]));
         }
+        f
     }
 
     /// A device memory node of site `n.stack` ended: the peak's picture is taken first when
@@ -881,7 +885,7 @@ impl Summarizer {
     }
 
     fn stale_entry(&self, s: &isolate_trace::StaleLaunch, fault: Option<u64>) -> StaleLaunchEntry {
-        let freed = self.freed(s.alloc_seq);
+        let freed = self.freed(s.alloc_seq, [s.alloc_stack, s.free_stack]);
         StaleLaunchEntry {
             launch_stack: None,
             alloc_stack: None,

@@ -1,7 +1,7 @@
-//! libFuzzer target: any bytes into both trace readers.
+//! libFuzzer target: any bytes into the trace reader and the reference decoder.
 //!
 //! The same properties as `trace/tests/fuzz.rs` (the stable, time-bounded fuzzer that CI runs):
-//! no panic, every error names its byte offset inside the input, and `Reader` and `FastReader`
+//! no panic, every error names its byte offset inside the input, and `RefReader` and `Reader`
 //! agree on the header, every record, the error (text and offset) and the truncation point.
 //!
 //! Seed it with real traces for a fast start:
@@ -11,7 +11,8 @@
 
 #![no_main]
 
-use isolate_trace::{FastReader, Reader, Record, TraceError};
+use isolate_trace::reference::Reader as RefReader;
+use isolate_trace::{Reader, Record, TraceError};
 use libfuzzer_sys::fuzz_target;
 
 /// What a reader makes of the input: the header's debug text (or the error that refused it),
@@ -67,7 +68,7 @@ macro_rules! read {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let slow = read!(Reader, data);
-    let fast = read!(FastReader, data);
-    assert_eq!(slow, fast, "Reader and FastReader disagree");
+    let slow = read!(RefReader, data);
+    let fast = read!(Reader, data);
+    assert_eq!(slow, fast, "RefReader and Reader disagree");
 });
