@@ -811,3 +811,35 @@ fn a_call_that_returns_a_fault_code_is_a_device_fault() {
     assert_eq!(s.device_faults[0].call.as_ref().map(|c| c.seq), Some(1));
     assert_eq!(s.findings, 1);
 }
+
+/// The library's cost notes are told by their kind and topic (format version 3: `Cost` notes);
+/// the `Info` notes of older traces by the text they begin with. Counters are not costs.
+#[test]
+fn cost_notes_by_kind_and_topic_older_ones_by_text() {
+    let mut t = TraceBuilder::new();
+    t.malloc(A, 4096);
+    for (kind, topic, text) in [
+        (
+            NoteKind::Cost,
+            isolate_trace::CostTopic::Isolation as u64,
+            "isolation: 3 frees",
+        ),
+        (
+            NoteKind::Cost,
+            isolate_trace::CostTopic::LaunchCheck as u64,
+            "launch check: 2",
+        ),
+        (NoteKind::Cost, 99, "a topic this analyzer does not know"),
+        (NoteKind::Info, 0, "call stacks: 5 captured"),
+        (NoteKind::Info, 0, "hello"),
+    ] {
+        t.text_note(kind, topic, 0, text);
+        t.seq += 1;
+    }
+    t.end(Stats::default());
+    let (_d, s) = summarize(&t);
+    assert_eq!(
+        s.library_cost,
+        ["isolation: 3 frees", "call stacks: 5 captured"]
+    );
+}

@@ -547,7 +547,7 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
         assert_eq!(v[0].free_api, Api::CudaFreeAsync);
         let s = stats(t);
         assert!(s.quarantine_releases > 1000, "{release}: {s:?}");
-        let info: Vec<String> = notes(t, NoteKind::Info)
+        let info: Vec<String> = notes(t, NoteKind::Cost)
             .into_iter()
             .map(|n| n.text)
             .collect();
@@ -645,7 +645,7 @@ fn deferred_poisons_are_queued_before_the_streams_next_work() {
             vec![(100, 8), (200, 8), (300, 8), (400, 8)],
             "sync {sync}"
         );
-        let info: Vec<String> = notes(t, NoteKind::Info)
+        let info: Vec<String> = notes(t, NoteKind::Cost)
             .into_iter()
             .map(|n| n.text)
             .collect();
@@ -684,7 +684,7 @@ fn the_profile_note_counts_the_hooked_calls_by_kind() {
         .run();
     out.assert_success();
     let t = out.only_trace();
-    let info: Vec<String> = notes(t, NoteKind::Info)
+    let info: Vec<String> = notes(t, NoteKind::Cost)
         .into_iter()
         .map(|n| n.text)
         .collect();
@@ -731,7 +731,7 @@ fn the_profile_note_counts_the_hooked_calls_by_kind() {
     let off = isolate(quarantine("batch")).run();
     off.assert_success();
     assert!(
-        !notes(off.only_trace(), NoteKind::Info)
+        !notes(off.only_trace(), NoteKind::Cost)
             .iter()
             .any(|n| n.text.starts_with("hooks' time")),
     );
@@ -768,7 +768,7 @@ fn kept_checked_memory_is_served_again_and_given_back_when_memory_runs_out() {
         {
             panic!("{reuse}: {a:?} got a range still held since {f:?}");
         }
-        let note = notes(t, NoteKind::Info)
+        let note = notes(t, NoteKind::Cost)
             .into_iter()
             .map(|n| n.text)
             .find(|n| n.starts_with("reuse (ISOLATE_REUSE=on): "));
@@ -824,7 +824,7 @@ fn a_free_during_graph_capture_goes_to_the_driver() {
     out.assert_success();
     assert_eq!(out.stdout, plain.stdout);
     let t = out.only_trace();
-    let info: Vec<String> = notes(t, NoteKind::Info)
+    let info: Vec<String> = notes(t, NoteKind::Cost)
         .into_iter()
         .map(|n| n.text)
         .collect();
@@ -845,7 +845,7 @@ fn a_free_during_graph_capture_goes_to_the_driver() {
         .env("ISOLATE_POISON", "off")
         .run();
     off.assert_success();
-    let info: Vec<String> = notes(off.only_trace(), NoteKind::Info)
+    let info: Vec<String> = notes(off.only_trace(), NoteKind::Cost)
         .into_iter()
         .map(|n| n.text)
         .collect();

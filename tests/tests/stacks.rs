@@ -273,7 +273,13 @@ fn a_million_allocations_from_three_call_sites_are_three_stacks() {
         .records
         .iter()
         .find_map(|r| match r {
-            Record::Note(n) if n.text.starts_with("call stacks: ") => Some(n.text.clone()),
+            // Told by its kind and topic, not its text.
+            Record::Note(n)
+                if isolate_trace::CostTopic::of(n) == Some(isolate_trace::CostTopic::Stacks) =>
+            {
+                assert!(n.text.starts_with("call stacks: "), "{}", n.text);
+                Some(n.text.clone())
+            }
             _ => None,
         })
         .expect("a call stacks note");

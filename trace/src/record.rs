@@ -160,6 +160,66 @@ pub enum NoteKind {
     /// `text` = its name, `ptr` = the thread id, `value` = the depth before the pop (the same
     /// as its push's).
     RegionPop,
+    /// The library's own cost or counters, written at exit (format version 3; before, `Info`
+    /// notes told by their text): `ptr` = the [`CostTopic`] (its number), `size` and `value`
+    /// = its two main numbers (each topic says which), `text` = all of it, for people.
+    Cost,
+}
+
+/// What a [`NoteKind::Cost`] note is about: its `ptr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CostTopic {
+    /// Isolation's time: `size` = frees poisoned, `value` = batches released on the release
+    /// stream.
+    Isolation = 1,
+    /// Call stacks: `size` = stacks captured, `value` = ns the calling threads spent on them.
+    Stacks = 2,
+    /// `ISOLATE_REUSE`: `size` = allocations served from kept memory, `value` = kept.
+    Reuse = 3,
+    /// `ISOLATE_PROFILE`: the hooks' time by kind of call.
+    Hooks = 4,
+    /// `ISOLATE_PROFILE`: the hooks' own time by part.
+    HookParts = 5,
+    /// The launch check's counters: `size` = stale pointers, `value` = launches checked.
+    LaunchCheck = 6,
+    /// Poison verified: `size` = allocations on the device, `value` = on the host.
+    PoisonVerified = 7,
+    /// Stream-ordered frees during graph capture that went unquarantined: `size` = how many.
+    CaptureFrees = 8,
+}
+
+impl CostTopic {
+    pub const ALL: [CostTopic; 8] = [
+        CostTopic::Isolation,
+        CostTopic::Stacks,
+        CostTopic::Reuse,
+        CostTopic::Hooks,
+        CostTopic::HookParts,
+        CostTopic::LaunchCheck,
+        CostTopic::PoisonVerified,
+        CostTopic::CaptureFrees,
+    ];
+
+    /// The topic of a note: `None` unless it is a [`NoteKind::Cost`] note of a known topic.
+    pub fn of(n: &Note) -> Option<CostTopic> {
+        if n.kind != NoteKind::Cost {
+            return None;
+        }
+        CostTopic::ALL.into_iter().find(|t| *t as u64 == n.ptr)
+    }
+
+    /// True for the library's own time (what `isolate summary` lists as its cost); false for
+    /// counters of what it did.
+    pub fn is_time(self) -> bool {
+        matches!(
+            self,
+            CostTopic::Isolation
+                | CostTopic::Stacks
+                | CostTopic::Reuse
+                | CostTopic::Hooks
+                | CostTopic::HookParts
+        )
+    }
 }
 
 /// Something that happened that is not an API call.

@@ -133,7 +133,8 @@ const NOTE_NAMES: [&str; N_NOTES] = [
     "region_pop",
 ];
 
-/// How the library's notes about its own cost begin (see `Summary::library_cost`).
+/// How the library's notes about its own cost began before they were `Cost` notes (format
+/// version 2 and older; see `Summary::library_cost`).
 const COST_NOTES: [&str; 4] = [
     "isolation's time: ",
     "call stacks: ",
@@ -158,6 +159,8 @@ fn note_index(k: NoteKind) -> usize {
         NoteKind::Mark => 11,
         NoteKind::RegionPush => 12,
         NoteKind::RegionPop => 13,
+        // Counted with the `Info` notes, as these were before they had a kind of their own.
+        NoteKind::Cost => 0,
     }
 }
 
@@ -576,6 +579,12 @@ impl Observer for Summarizer {
                     NoteKind::QuarantineEarlyRelease => self.note_early += 1,
                     NoteKind::OomRetry => self.quarantine.oom_retries += 1,
                     NoteKind::Signal => self.signal = Some(n.value),
+                    NoteKind::Cost
+                        if isolate_trace::CostTopic::of(n).is_some_and(|t| t.is_time())
+                            && self.library_cost.len() < LIST_CAP =>
+                    {
+                        self.library_cost.push(n.text.clone())
+                    }
                     NoteKind::Info
                         if COST_NOTES.iter().any(|p| n.text.starts_with(p))
                             && self.library_cost.len() < LIST_CAP =>

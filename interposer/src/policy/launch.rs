@@ -474,9 +474,8 @@ pub fn after_fork_child() {
 pub fn note_at_exit() {
     let checked = CHECKED.load(Relaxed);
     let kernels = LAYOUTS.lock().as_ref().map_or(0, |m| m.len());
-    event::note(
-        isolate_trace::NoteKind::Info,
-        0,
+    event::cost_note(
+        isolate_trace::CostTopic::LaunchCheck,
         HITS.load(Relaxed),
         checked,
         format!(

@@ -158,6 +158,7 @@ pub fn at_exit() {
     if n > 0 {
         let (hits, misses) = crate::record::stacks::native::cache_stats();
         exit_note(
+            isolate_trace::CostTopic::Stacks,
             n,
             ns,
             format!(
@@ -170,21 +171,21 @@ pub fn at_exit() {
         );
     }
     if let Some(text) = profile::text() {
-        exit_note(0, 0, text);
+        exit_note(isolate_trace::CostTopic::Hooks, 0, 0, text);
     }
     if let Some(text) = profile::parts_text() {
-        exit_note(0, 0, text);
+        exit_note(isolate_trace::CostTopic::HookParts, 0, 0, text);
     }
 }
 
 /// A note about the library's own cost, written as the stack table's own records are: not
 /// counted as an accepted event.
-fn exit_note(size: u64, value: u64, text: String) {
+fn exit_note(topic: isolate_trace::CostTopic, size: u64, value: u64, text: String) {
     crate::record::writer::submit_definition(isolate_trace::Record::Note(isolate_trace::Note {
         seq: crate::record::event::next_seq(),
         ts_ns: crate::base::sys::now_ns(),
-        kind: isolate_trace::NoteKind::Info,
-        ptr: 0,
+        kind: isolate_trace::NoteKind::Cost,
+        ptr: topic as u64,
         size,
         value,
         text,

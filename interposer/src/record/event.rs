@@ -96,6 +96,11 @@ impl Pending {
     }
 }
 
+/// A note about the library's own cost or counters ([`NoteKind::Cost`]).
+pub fn cost_note(topic: isolate_trace::CostTopic, size: u64, value: u64, text: String) {
+    note(NoteKind::Cost, topic as u64, size, value, text);
+}
+
 /// A note from the library itself (quarantine, OOM retries, …).
 pub fn note(kind: NoteKind, ptr: u64, size: u64, value: u64, text: String) {
     let seq = next_seq();

@@ -8,7 +8,6 @@ use crate::base::config;
 use crate::policy::{release, reuse};
 use crate::record::event;
 use crate::record::writer;
-use isolate_trace::NoteKind;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
 /// Entries verified by the kernel on the device, and by copies to the host (the fallback where
@@ -50,9 +49,8 @@ pub fn exit_notes() {
     }
     let (device, host) = (ON_DEVICE.load(Relaxed), ON_HOST.load(Relaxed));
     if device + host > 0 {
-        event::note(
-            NoteKind::Info,
-            0,
+        event::cost_note(
+            isolate_trace::CostTopic::PoisonVerified,
             device,
             host,
             format!("poison verified for {device} allocations on the device, {host} on the host"),
@@ -60,9 +58,8 @@ pub fn exit_notes() {
     }
     let (served, kept) = reuse::stats();
     if kept > 0 {
-        event::note(
-            NoteKind::Info,
-            0,
+        event::cost_note(
+            isolate_trace::CostTopic::Reuse,
             served,
             kept,
             format!(
@@ -73,9 +70,8 @@ pub fn exit_notes() {
     }
     let captured = CAPTURED.load(Relaxed);
     if captured > 0 {
-        event::note(
-            NoteKind::Info,
-            0,
+        event::cost_note(
+            isolate_trace::CostTopic::CaptureFrees,
             captured,
             0,
             format!(
@@ -99,9 +95,8 @@ pub fn exit_notes() {
         };
         let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
         let (deferred, fills) = release::deferred_stats();
-        event::note(
-            NoteKind::Info,
-            0,
+        event::cost_note(
+            isolate_trace::CostTopic::Isolation,
             poisoned,
             ASYNC_BATCHES.load(Relaxed),
             format!(
