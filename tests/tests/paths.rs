@@ -656,6 +656,8 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
             "getenv",
             &["XLA_PYTHON_CLIENT_ALLOCATOR", "NVTX_INJECTION64_PATH"],
         ),
+        // tests/environment.rs (run 300 times there).
+        ("setenv_race", &[]),
     ];
     let dir = isolate_tests::workspace_root().join("tests/programs");
     for entry in std::fs::read_dir(&dir).unwrap().flatten() {
