@@ -155,6 +155,18 @@ pub fn at_exit() {
         return;
     }
     let (n, ns) = crate::record::stacks::cost();
+    let small = crate::record::stacks::small_stacks();
+    if small > 0 {
+        exit_note(
+            small,
+            0,
+            format!(
+                "call stacks: {small} left out, their threads' stacks having less than {} KiB \
+                 left (a capture needs that much)",
+                crate::record::stacks::CAPTURE_ROOM >> 10
+            ),
+        );
+    }
     if n > 0 {
         let (hits, misses) = crate::record::stacks::native::cache_stats();
         exit_note(

@@ -123,6 +123,16 @@ fn stack_bounds() -> Option<(u64, u64)> {
     Some(b)
 }
 
+/// The calling thread's stack left below the caller (bytes), when its bounds are known. The
+/// bounds are read once per thread (`pthread_getattr_np`; for the main thread glibc reads
+/// `/proc/self/maps` then, on a stack that is never small).
+#[inline(always)]
+pub fn stack_room() -> Option<u64> {
+    let (_, sp, _) = registers();
+    let (lo, _) = stack_bounds()?;
+    Some(sp.saturating_sub(lo))
+}
+
 /// Hands `visit` the return addresses of the calling thread, innermost first, leaving out the
 /// frames of this library that lead up to here, until `visit` says no to one. Returns whether
 /// it did (the stack went on past what `visit` took).

@@ -1,0 +1,241 @@
+// link: cudart
+/* The host process first (issue 33): programs that behaved differently under the library.
+ * Every scenario prints only what must be the same with and without the library; timings go
+ * to stderr.
+ *
+ *   fresh_free N      N allocations made on the main thread, each freed with cudaFree by a
+ *                     thread of its own whose first CUDA call that is
+ *   fresh_free_async N  the same with cudaFreeAsync on the legacy stream
+ *   async_limit N     N rounds of cudaMallocAsync of 48 MiB (run with a 64 MiB device), a
+ *                     memset, cudaFreeAsync and a synchronize
+ *   probe             1 MiB allocated and freed, a cudaMalloc(1 << 40) memory probe that fails,
+ *                     a write through the freed pointer, another allocation
+ *   small_stack KIB   a thread with a KIB KiB stack allocates and frees
+ *   nofile LIMIT      the soft descriptor limit set to LIMIT, one allocation, then files opened
+ *                     until none can be: prints how many
+ *   stderr_reuse      a stale write, stderr closed and a file opened in its place
+ *                     (`program.txt`, in the working directory), the program's own line
+ *                     written there, then the quarantine checked (over its budget)
+ *   trim N SIZE       N allocations of SIZE bytes, all freed (the quarantine trims when over
+ *                     budget); the longest single free goes to stderr
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "common.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------------------- fresh_free */
+
+static int use_async;
+
+static void *free_first(void *p) {
+    int rc = use_async ? cudaFreeAsync(p, 0) : cudaFree(p);
+    return (void *)(intptr_t)rc;
+}
+
+static int fresh_free(int n, int async) {
+    use_async = async;
+    void **p = calloc(n, sizeof *p);
+    int failed = 0;
+    for (int i = 0; i < n; i++)
+        if (cudaMalloc(&p[i], 4096) != 0)
+            failed++;
+    say("allocated %d, failed %d", n, failed);
+    int bad = 0, last = 0;
+    for (int i = 0; i < n; i += 8) {
+        pthread_t t[8];
+        int m = n - i < 8 ? n - i : 8;
+        for (int j = 0; j < m; j++)
+            pthread_create(&t[j], NULL, free_first, p[i + j]);
+        for (int j = 0; j < m; j++) {
+            void *rc = NULL;
+            pthread_join(t[j], &rc);
+            if (rc) {
+                bad++;
+                last = (int)(intptr_t)rc;
+            }
+        }
+    }
+    say("%s from a fresh thread: %d of %d failed (last code %d)",
+        async ? "cudaFreeAsync" : "cudaFree", bad, n, last);
+    say("synchronize %d", cudaDeviceSynchronize());
+    /* The memory really was given back: all of it can be allocated again. */
+    size_t fr = 0, total = 0;
+    cudaMemGetInfo(&fr, &total);
+    void *big = NULL;
+    int rc = cudaMalloc(&big, fr);
+    say("all free memory allocated again %d", rc);
+    if (rc == 0)
+        cudaFree(big);
+    free(p);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ async_limit */
+
+static int async_limit(int rounds) {
+    int ok = 0, fail = 0, first_fail = -1;
+    for (int i = 0; i < rounds; i++) {
+        void *p = NULL;
+        int rc = cudaMallocAsync(&p, 48 << 20, 0);
+        if (rc != 0) {
+            fail++;
+            if (first_fail < 0)
+                first_fail = i;
+            cudaGetLastError();
+            continue;
+        }
+        cudaMemsetAsync(p, 1, 48 << 20, 0);
+        cudaFreeAsync(p, 0);
+        cudaStreamSynchronize(0);
+        ok++;
+    }
+    say("cudaMallocAsync of 48 MiB: %d ok, %d failed (first at %d)", ok, fail, first_fail);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------ probe */
+
+static int probe(void) {
+    void *a = NULL, *big = NULL, *b = NULL;
+    say("cudaMalloc 1 MiB %d", cudaMalloc(&a, 1 << 20));
+    say("cudaFree %d", cudaFree(a));
+    say("cudaMalloc(1 << 40) %d", cudaMalloc(&big, (size_t)1 << 40));
+    say("cudaGetLastError %d", cudaGetLastError());
+    /* A stale write: the stand-in's device memory is host memory. */
+    ((volatile char *)a)[100] = 0x5a;
+    say("cudaMalloc 1 MiB %d", cudaMalloc(&b, 1 << 20));
+    say("cudaFree %d", cudaFree(b));
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ small_stack */
+
+static void *small(void *arg) {
+    (void)arg;
+    void *p = NULL;
+    int a = cudaMalloc(&p, 4096);
+    int f = cudaFree(p);
+    int s = cudaStreamSynchronize(0);
+    return (void *)(intptr_t)(a * 10000 + f * 100 + s);
+}
+
+static int small_stack(int kib) {
+    void *p = NULL;
+    say("main thread: cudaMalloc %d cudaFree %d", cudaMalloc(&p, 4096), cudaFree(p));
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    int rc = pthread_attr_setstacksize(&attr, (size_t)kib << 10);
+    say("stack size %d KiB: %d", kib, rc);
+    pthread_t t;
+    if (pthread_create(&t, &attr, small, NULL) != 0)
+        return 1;
+    void *r = NULL;
+    pthread_join(t, &r);
+    say("small-stack thread: %d", (int)(intptr_t)r);
+    return 0;
+}
+
+/* ----------------------------------------------------------------------------- nofile */
+
+static int nofile(int limit) {
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = limit;
+    say("setrlimit %d", setrlimit(RLIMIT_NOFILE, &rl));
+    void *p = NULL;
+    say("cudaMalloc %d", cudaMalloc(&p, 4096));
+    int fds[4096], n = 0, err = 0;
+    while (n < 4096) {
+        int fd = open("/dev/null", O_RDONLY);
+        if (fd < 0) {
+            err = errno;
+            break;
+        }
+        fds[n++] = fd;
+    }
+    say("opened %d files, then errno %d", n, err);
+    for (int i = 0; i < n; i++)
+        close(fds[i]);
+    say("cudaFree %d", cudaFree(p));
+    getrlimit(RLIMIT_NOFILE, &rl);
+    say("soft limit %d", (int)rl.rlim_cur);
+    return 0;
+}
+
+/* ----------------------------------------------------------------------- stderr_reuse */
+
+static int stderr_reuse(void) {
+    void *a = NULL, *b = NULL;
+    say("cudaMalloc %d", cudaMalloc(&a, 1 << 20));
+    say("cudaFree %d", cudaFree(a));
+    ((volatile char *)a)[7] = 0x11;
+    close(2);
+    int fd = open("program.txt", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    say("program's file at %d", fd);
+    const char line[] = "the program's own line\n";
+    say("write %d", (int)write(fd, line, sizeof line - 1));
+    /* Over the quarantine budget (run with ISOLATE_QUARANTINE=1MiB): the stale allocation is
+     * checked now, while the file is open at 2. */
+    say("cudaMalloc %d", cudaMalloc(&b, 2 << 20));
+    say("cudaFree %d", cudaFree(b));
+    say("close %d", close(fd));
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------- trim */
+
+static int trim(int n, size_t size) {
+    void **p = calloc(n, sizeof *p);
+    int failed = 0;
+    for (int i = 0; i < n; i++)
+        failed += cudaMalloc(&p[i], size) != 0;
+    double longest = 0, total = 0;
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        double t0 = now_s();
+        bad += cudaFree(p[i]) != 0;
+        double dt = now_s() - t0;
+        total += dt;
+        if (dt > longest)
+            longest = dt;
+    }
+    say("%d allocations of %zu bytes: %d failed; %d frees failed", n, size, failed, bad);
+    fprintf(stderr, "longest free: %.6f s, all frees: %.3f s\n", longest, total);
+    free(p);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setup();
+    if (argc < 2)
+        return 2;
+    const char *s = argv[1];
+    int n = argc > 2 ? atoi(argv[2]) : 0;
+    if (!strcmp(s, "fresh_free"))
+        return fresh_free(n, 0);
+    if (!strcmp(s, "fresh_free_async"))
+        return fresh_free(n, 1);
+    if (!strcmp(s, "async_limit"))
+        return async_limit(n);
+    if (!strcmp(s, "probe"))
+        return probe();
+    if (!strcmp(s, "small_stack"))
+        return small_stack(n);
+    if (!strcmp(s, "nofile"))
+        return nofile(n);
+    if (!strcmp(s, "stderr_reuse"))
+        return stderr_reuse();
+    if (!strcmp(s, "trim"))
+        return trim(n, argc > 3 ? (size_t)atol(argv[3]) : 768);
+    return 2;
+}

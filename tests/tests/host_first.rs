@@ -1,0 +1,57 @@
+//! The host process first (issue 33): programs that behaved differently under the library
+//! (`tests/programs/host_first.c`, one scenario per run). Each runs without the library first;
+//! the run under it must print the same and end the same way, and the trace must say what
+//! happened.
+
+use isolate_tests::{Output, Run, Trace};
+use isolate_trace::{EndReason, Record};
+
+fn scenario(name: &str) -> Run {
+    Run::program("host_first").arg(name)
+}
+
+/// Runs `run` without the library, then under it with each of `modes` (`ISOLATE_MODE`); every
+/// traced run must print what the plain one printed and end the same way. Returns the traced
+/// runs.
+fn against_plain(run: Run, modes: &[&str]) -> Vec<Output> {
+    let plain = run.clone().preload(false).run();
+    plain.assert_success();
+    modes
+        .iter()
+        .map(|m| {
+            let out = run.clone().env("ISOLATE_MODE", *m).run();
+            out.assert_same_as(&plain);
+            out
+        })
+        .collect()
+}
+
+fn complete(out: &Output) -> &Trace {
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    t
+}
+
+// ------------------------------------------------------------------------ (5) small stacks
+
+/// Threads with 16 and 32 KiB stacks (glibc's minimum is 16 KiB) make CUDA calls in every mode
+/// and stack setting. Before the fix: SIGSEGV at the first call, even with `ISOLATE_STACKS=none`.
+#[test]
+fn threads_with_small_stacks_make_cuda_calls() {
+    for kib in ["16", "32"] {
+        for stacks in ["none", "native"] {
+            let run = scenario("small_stack")
+                .arg(kib)
+                .env("ISOLATE_STACKS", stacks);
+            for out in against_plain(run, &["log", "isolate"]) {
+                let t = complete(&out);
+                // The thread's events are there, without a stack where it had no room for one.
+                assert_eq!(t.count("cudaMalloc"), 2, "{}", out.describe);
+                let left_out = t.records.iter().any(|r| {
+                    matches!(r, Record::Note(n) if n.text.contains("left out, their threads' stacks"))
+                });
+                assert_eq!(left_out, stacks == "native", "{}", out.describe);
+            }
+        }
+    }
+}
