@@ -32,6 +32,10 @@ fn complete(out: &Output) -> &Trace {
     t
 }
 
+fn violations(t: &Trace) -> usize {
+    t.violations().len()
+}
+
 // ------------------------------------------------------------------------ (5) small stacks
 
 /// Threads with 16 and 32 KiB stacks (glibc's minimum is 16 KiB) make CUDA calls in every mode
@@ -54,4 +58,30 @@ fn threads_with_small_stacks_make_cuda_calls() {
             }
         }
     }
+}
+
+// ------------------------------------------------------------- (11) descriptors and stderr
+
+/// Under a low soft limit on descriptors, the program opens as many files as it does without
+/// the library: the trace's descriptor lives above the soft limit. Before the fix: one fewer.
+#[test]
+fn the_trace_costs_no_descriptor_under_a_low_limit() {
+    for out in against_plain(scenario("nofile").arg("40"), &["log", "isolate"]) {
+        complete(&out);
+    }
+}
+
+/// With stderr closed and its number reused for the program's file, the live `STALE WRITE` line
+/// is not written into that file (the finding is in the trace). Before the fix the file held it.
+#[test]
+fn a_live_finding_is_never_written_into_the_programs_file() {
+    let run = scenario("stderr_reuse").env("ISOLATE_QUARANTINE", "1MiB");
+    let plain = run.clone().preload(false).run();
+    plain.assert_success();
+    let want = std::fs::read_to_string(plain.dir.path().join("program.txt")).unwrap();
+    let out = run.env("ISOLATE_MODE", "isolate").run();
+    out.assert_same_as(&plain);
+    let got = std::fs::read_to_string(out.dir.path().join("program.txt")).unwrap();
+    assert_eq!(got, want, "{}: the program's file", out.describe);
+    assert_eq!(violations(complete(&out)), 1, "{}", out.describe);
 }

@@ -336,6 +336,60 @@ fn identity_at(path: &std::ffi::CStr) -> Option<(u64, u64)> {
     (unsafe { libc::lstat(path.as_ptr(), &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
+/// The highest soft limit on descriptors under which the trace's descriptor is put at the
+/// limit itself (below, at 1000 or where it was opened): the kernel grows a process's
+/// descriptor table to the highest number in use, and a few thousand entries cost nothing.
+const AT_LIMIT_UP_TO: u64 = 4096;
+
+/// A copy of `fd` at a high number (close-on-exec), or -1. Under a soft limit on descriptors
+/// below the hard one (and at most [`AT_LIMIT_UP_TO`]), the copy is made **at** the soft limit:
+/// the limit is raised by one for the `fcntl` and put back at once. A descriptor at or above
+/// the limit stays valid, and the program's own files, numbered below it, have every number
+/// they would have without the library: the trace costs the program no descriptor. Between the
+/// two `setrlimit` calls another thread of the program would see the limit one higher.
+/// Elsewhere (no room between the limits, or a high limit) it goes to 1000 or above.
+fn move_up(fd: i32) -> i32 {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` through a pointer to a live local.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0
+        && rl.rlim_cur < rl.rlim_max
+        && rl.rlim_cur <= AT_LIMIT_UP_TO
+    {
+        let soft = rl.rlim_cur;
+        let raised = libc::rlimit {
+            rlim_cur: soft + 1,
+            rlim_max: rl.rlim_max,
+        };
+        // SAFETY: setrlimit reads one `rlimit` from a live local.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            // SAFETY: F_DUPFD_CLOEXEC takes an integer argument and touches no memory; `fd` was
+            // opened by the caller (closed meanwhile by the program: EBADF).
+            let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, soft as libc::c_int) };
+            // Put back, unless the program set a limit of its own in between.
+            let mut now = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: as above, a live local written.
+            if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut now) } == 0
+                && now.rlim_cur == raised.rlim_cur
+                && now.rlim_max == raised.rlim_max
+            {
+                // SAFETY: as above, a live local read.
+                unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) };
+            }
+            if high >= 0 {
+                return high;
+            }
+        }
+    }
+    // SAFETY: as above: an integer argument, no memory touched.
+    unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 1000) }
+}
+
 /// Opens `path` and moves the descriptor up, out of the way of the small numbers programs reuse
 /// and `dup2` onto; returns it with the file's identity. Between the `open` and the move, another
 /// thread of the program may close the small number (it closes every descriptor it did not open)
@@ -353,9 +407,7 @@ fn open_high(path: &std::ffi::CStr, flags: i32) -> std::io::Result<(i32, (u64, u
         let Some(want) = identity_at(path) else {
             break;
         };
-        // SAFETY: F_DUPFD_CLOEXEC takes an integer argument and touches no memory; `fd` was
-        // opened just above (if the program closed it meanwhile the call fails with EBADF).
-        let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 1000) };
+        let high = move_up(fd);
         if high < 0 {
             // No number that high (a low limit on descriptors): it stays where it is.
             if identity(fd) == Some(want) {
