@@ -61,12 +61,54 @@ pub fn forget_tid() {
     let _ = TID.try_with(|c| c.set(0));
 }
 
-/// One line on stderr, prefixed, written with a single `write(2)`.
+/// One line on stderr, prefixed, written with a single `write(2)` — only while descriptor 2
+/// is still the file the process started with. A program that closes stderr and opens a file
+/// of its own gets that file at 2 (the lowest free number): the line is then left out rather
+/// than written into the program's data (what the line says is in the trace).
 pub fn warn(msg: &str) {
+    if !stderr_is_the_first() {
+        return;
+    }
     let line = format!("isolate: {msg}\n");
     // SAFETY: `line` is a live String: pointer and length describe its bytes for the whole call,
     // which only reads them (a closed or full fd 2 just makes it fail, ignored).
     unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+}
+
+/// What descriptor 2 was when the library was loaded: 0 not looked at yet, 1 closed, else
+/// (device, inode) in [`STDERR_DEV`] and [`STDERR_INO`].
+static STDERR_STATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+static STDERR_DEV: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static STDERR_INO: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn fd_identity(fd: i32) -> Option<(u64, u64)> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// Runs as the library loads (before `main`; again in an exec'd image): notes what stderr is.
+/// One `fstat`, nothing else.
+#[ctor::ctor]
+unsafe fn remember_stderr() {
+    use std::sync::atomic::Ordering::*;
+    match fd_identity(2) {
+        Some((dev, ino)) => {
+            STDERR_DEV.store(dev, Relaxed);
+            STDERR_INO.store(ino, Relaxed);
+            STDERR_STATE.store(2, Release);
+        }
+        None => STDERR_STATE.store(1, Release),
+    }
+}
+
+/// Whether descriptor 2 is the file it was at load (true before that was looked at).
+fn stderr_is_the_first() -> bool {
+    use std::sync::atomic::Ordering::*;
+    match STDERR_STATE.load(Acquire) {
+        0 => true,
+        1 => false,
+        _ => fd_identity(2) == Some((STDERR_DEV.load(Relaxed), STDERR_INO.load(Relaxed))),
+    }
 }
 
 /// A lock that a `fork()` child can take over: in the child only the forking thread exists, so
