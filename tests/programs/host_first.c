@@ -16,6 +16,9 @@
  *   stderr_reuse      a stale write, stderr closed and a file opened in its place
  *                     (`program.txt`, in the working directory), the program's own line
  *                     written there, then the quarantine checked (over its budget)
+ *   samebase          libsamebase_a.so loaded, its function allocating and freeing, unloaded;
+ *                     then libsamebase_b.so (the same code) loaded, at the same address, and
+ *                     the same; where each was loaded goes to stderr
  *   trim N SIZE       N allocations of SIZE bytes, all freed (the quarantine trims when over
  *                     budget); the longest single free goes to stderr
  */
@@ -215,6 +218,25 @@ static int trim(int n, size_t size) {
     return 0;
 }
 
+/* --------------------------------------------------------------------------- samebase */
+
+static int samebase(void) {
+    char dir[4096], path[4200];
+    exe_dir(dir, sizeof dir);
+    const char *names[2] = {"a", "b"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/libsamebase_%s.so", dir, names[i]);
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!h)
+            return 1;
+        int (*f)(const char *) = (int (*)(const char *))dlsym(h, "samebase_alloc");
+        say("%s: samebase_alloc %d", names[i], f ? f(names[i]) : -1);
+        fprintf(stderr, "%s at %p\n", names[i], (void *)f);
+        say("%s: dlclose %d", names[i], dlclose(h));
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setup();
     if (argc < 2)
@@ -235,6 +257,8 @@ int main(int argc, char **argv) {
         return nofile(n);
     if (!strcmp(s, "stderr_reuse"))
         return stderr_reuse();
+    if (!strcmp(s, "samebase"))
+        return samebase();
     if (!strcmp(s, "trim"))
         return trim(n, argc > 3 ? (size_t)atol(argv[3]) : 768);
     return 2;

@@ -85,3 +85,80 @@ fn a_live_finding_is_never_written_into_the_programs_file() {
     assert_eq!(got, want, "{}: the program's file", out.describe);
     assert_eq!(violations(complete(&out)), 1, "{}", out.describe);
 }
+
+// ------------------------------------------------- (11) a library loaded where another was
+
+/// The module a stack's frame at `pc` lies in: the last `Module` record before the `Stack`
+/// record that covers `pc` (the library writes each stack after the modules it names).
+fn module_of(t: &Trace, stack: u32, pc: u64) -> Option<String> {
+    let mut latest: Vec<(u64, u64, String)> = Vec::new();
+    for r in &t.records {
+        match r {
+            Record::Module(m) => {
+                latest.retain(|(s, e, _)| !(*s < m.end && m.start < *e));
+                latest.push((m.start, m.end, m.path.clone()));
+            }
+            Record::Stack(s) if s.id == stack => {
+                return latest
+                    .iter()
+                    .find(|(s, e, _)| *s <= pc && pc < *e)
+                    .map(|(_, _, p)| p.clone());
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// libsamebase_b.so loaded where libsamebase_a.so was (the same code at the same addresses):
+/// each library's allocation has a stack in its own module. Before the fix B's allocation
+/// got A's stack (the same return addresses, interned once; the module keyed by its range).
+#[test]
+fn a_library_loaded_where_another_was_gets_its_own_stacks() {
+    let out = against_plain(
+        scenario("samebase").env("ISOLATE_STACKS", "native"),
+        &["log"],
+    )
+    .remove(0);
+    let t = complete(&out);
+    t.assert_events(&out.expected_all());
+    let allocs: Vec<_> = t
+        .events_by_seq()
+        .into_iter()
+        .filter(|e| e.api == isolate_trace::Api::CudaMalloc)
+        .collect();
+    assert_eq!(allocs.len(), 2, "{}", out.describe);
+    let inner = |e: &isolate_trace::Event| {
+        let st = t
+            .records
+            .iter()
+            .find_map(|r| match r {
+                Record::Stack(s) if s.id == e.stack => Some(s.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("event {} has no stack", e.seq));
+        match st.frames.first() {
+            Some(isolate_trace::Frame::Native(pc)) => (*pc, module_of(t, st.id, *pc)),
+            f => panic!("stack {} starts with {f:?}", st.id),
+        }
+    };
+    let (pc_a, mod_a) = inner(&allocs[0]);
+    let (pc_b, mod_b) = inner(&allocs[1]);
+    assert_eq!(
+        pc_a, pc_b,
+        "{}: loaded at the same address (the premise)",
+        out.describe
+    );
+    assert!(
+        mod_a
+            .as_deref()
+            .is_some_and(|p| p.ends_with("/libsamebase_a.so")),
+        "{mod_a:?}"
+    );
+    assert!(
+        mod_b
+            .as_deref()
+            .is_some_and(|p| p.ends_with("/libsamebase_b.so")),
+        "{mod_b:?}"
+    );
+}

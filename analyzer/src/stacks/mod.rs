@@ -39,7 +39,15 @@ use serde::Serialize;
 pub struct StackTable {
     /// Sorted by start address.
     modules: Vec<Module>,
+    /// For each of `modules` (same index): how many modules were defined before it.
+    module_order: Vec<u32>,
+    /// True once a module was defined over another's range (a library loaded where an unloaded
+    /// one was): a frame's module then depends on when its stack was defined.
+    overlaps: bool,
     stacks: FxHashMap<u32, (Box<[Frame]>, bool)>,
+    /// For each stack: how many modules were defined before it (the library writes a stack
+    /// after every module it names).
+    stack_modules: FxHashMap<u32, u32>,
     codes: FxHashMap<u32, PyCode>,
     stack_of: FxHashMap<u64, u32>,
     /// True once any version-2 stack record was seen.
@@ -61,13 +69,22 @@ impl StackTable {
         match rec {
             Record::Module(m) => {
                 self.seen = true;
+                if self
+                    .modules
+                    .iter()
+                    .any(|x| x.start < m.end && m.start < x.end)
+                {
+                    self.overlaps = true;
+                }
                 let at = self.modules.partition_point(|x| x.start < m.start);
+                self.module_order.insert(at, self.modules.len() as u32);
                 self.modules.insert(at, m.clone());
             }
             Record::Stack(s) => {
                 self.seen = true;
                 self.stacks
                     .insert(s.id, (s.frames.clone().into_boxed_slice(), s.truncated));
+                self.stack_modules.insert(s.id, self.modules.len() as u32);
             }
             Record::PyCode(c) => {
                 self.seen = true;
@@ -109,6 +126,20 @@ impl StackTable {
         let i = self.modules.partition_point(|m| m.start <= addr);
         let m = self.modules.get(i.checked_sub(1)?)?;
         (addr < m.end).then_some(m)
+    }
+
+    /// The module that held `addr` when stack `stack` was defined: the last one defined before
+    /// it whose range holds `addr` (where no two modules overlap, [`StackTable::module_at`]).
+    pub fn module_of_stack(&self, addr: u64, stack: u32) -> Option<&Module> {
+        if !self.overlaps {
+            return self.module_at(addr);
+        }
+        let before = self.stack_modules.get(&stack).copied().unwrap_or(u32::MAX);
+        let end = self.modules.partition_point(|m| m.start <= addr);
+        (0..end)
+            .filter(|&i| addr < self.modules[i].end && self.module_order[i] < before)
+            .max_by_key(|&i| self.module_order[i])
+            .map(|i| &self.modules[i])
     }
 
     pub fn modules(&self) -> &[Module] {
@@ -361,6 +392,42 @@ pub fn why_none(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A library loaded where an unloaded one was (the same range): each stack's frames are in
+    /// the module defined last before the stack, not in whichever sorts last.
+    #[test]
+    fn a_frame_is_in_the_module_that_held_its_address_when_its_stack_was_defined() {
+        let module = |id: u32, path: &str| {
+            Record::Module(Module {
+                id,
+                path: path.into(),
+                base: 0x1000,
+                start: 0x1000,
+                end: 0x2000,
+                build_id: vec![],
+            })
+        };
+        let stack = |id: u32| {
+            Record::Stack(isolate_trace::Stack {
+                id,
+                frames: vec![Frame::Native(0x1100)],
+                truncated: false,
+            })
+        };
+        let mut t = StackTable::new();
+        for r in [
+            module(1, "/lib/liba.so"),
+            stack(1),
+            module(2, "/lib/libb.so"),
+            stack(2),
+        ] {
+            t.record(&r);
+        }
+        let path = |s: u32| t.module_of_stack(0x1100, s).map(|m| m.path.as_str());
+        assert_eq!(path(1), Some("/lib/liba.so"));
+        assert_eq!(path(2), Some("/lib/libb.so"));
+        assert_eq!(t.module_of_stack(0x2100, 2).map(|m| m.id), None);
+    }
 
     fn native(f: &str, hidden: bool) -> SymFrame {
         SymFrame {

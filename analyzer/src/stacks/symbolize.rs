@@ -138,7 +138,7 @@ impl Symbolizer {
                 }
                 Frame::Native(GAP) => out.push(SymFrame::gap()),
                 Frame::Native(addr) => {
-                    let m = table.module_at(addr);
+                    let m = table.module_of_stack(addr, id);
                     if let Some(p) = m.and_then(|m| self.problem(m))
                         && !problems.contains(&p)
                     {

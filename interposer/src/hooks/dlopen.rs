@@ -51,6 +51,8 @@ pub unsafe extern "C" fn dlopen(file: *const c_char, flags: c_int) -> *mut c_voi
 /// intercept. Also 0 when the real `dlopen` cannot be found: [`dlopen_deepbind`] then returns
 /// null.
 extern "C" fn dlopen_route(file: *const c_char, flags: c_int) -> usize {
+    // The call stacks' next capture on this thread looks at what is loaded at once.
+    crate::record::stacks::modules::dlopen_called();
     let Some(real) = loader::real_dlopen() else {
         return 0;
     };

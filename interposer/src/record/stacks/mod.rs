@@ -39,9 +39,11 @@ enum RawFrame {
 }
 
 struct Table {
-    stacks: HashMap<Box<[RawFrame]>, u32>,
-    /// (start, end, bias) of a loaded object → its Module id.
-    modules: HashMap<(u64, u64, u64), u32>,
+    /// (epoch of the snapshot, frames) → Stack id: the same return addresses are another
+    /// stack once a library was loaded where another was ([`modules::Snapshot::epoch`]).
+    stacks: HashMap<(u64, Box<[RawFrame]>), u32>,
+    /// A loaded object's serial ([`modules::Obj::serial`]) → its Module id.
+    modules: HashMap<u64, u32>,
     /// (code, file, name, first line) → PyCode id.
     codes: HashMap<(u64, u64, u64, i32), u32>,
     next_stack: u32,
@@ -334,12 +336,12 @@ fn capture_inner(mode: Stacks, depth: usize) -> u32 {
     })
 }
 
-fn hashes(frames: &[RawFrame], truncated: bool) -> (u64, u64) {
+fn hashes(frames: &[RawFrame], truncated: bool, epoch: u64) -> (u64, u64) {
     // Two fixed-key hashers: the same stack hashes the same on every thread.
     const K1: u64 = 0x9e37_79b9_7f4a_7c15;
     const K2: u64 = 0xc2b2_ae3d_27d4_eb4f;
-    let mut a = K1 ^ frames.len() as u64 ^ ((truncated as u64) << 63);
-    let mut b = K2.wrapping_add(frames.len() as u64);
+    let mut a = K1 ^ frames.len() as u64 ^ ((truncated as u64) << 63) ^ epoch.rotate_left(40);
+    let mut b = K2.wrapping_add(frames.len() as u64) ^ epoch;
     let mut mix = |x: u64| {
         a = (a ^ x).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(29);
         b = (b.rotate_left(17) ^ x).wrapping_mul(K1 | 1);
@@ -359,7 +361,7 @@ fn hashes(frames: &[RawFrame], truncated: bool) -> (u64, u64) {
 }
 
 fn intern(frames: &[RawFrame], truncated: bool, snap: &modules::Snapshot) -> u32 {
-    let (h1, h2) = hashes(frames, truncated);
+    let (h1, h2) = hashes(frames, truncated, snap.epoch);
     let generation = GENERATION.load(Acquire);
     let slot = (h1 as usize) % SLOTS;
     if let Ok(Some(id)) = SEEN.try_with(|s| {
@@ -381,11 +383,12 @@ fn intern_locked(frames: &[RawFrame], truncated: bool, snap: &modules::Snapshot)
     let mut guard = TABLE.lock();
     let t = guard.get_or_insert_with(Table::new);
     // The truncation flag is part of the key: the same frames cut short or not are two stacks.
-    let mut key: Vec<RawFrame> = frames.to_vec();
+    let mut frames_key: Vec<RawFrame> = frames.to_vec();
     if truncated {
-        key.push(RawFrame::Native(u64::MAX));
+        frames_key.push(RawFrame::Native(u64::MAX));
     }
-    if let Some(&id) = t.stacks.get(key.as_slice()) {
+    let key = (snap.epoch, frames_key.into_boxed_slice());
+    if let Some(&id) = t.stacks.get(&key) {
         return id;
     }
     let mut out = Vec::with_capacity(frames.len());
@@ -393,11 +396,11 @@ fn intern_locked(frames: &[RawFrame], truncated: bool, snap: &modules::Snapshot)
         match *f {
             RawFrame::Native(pc) => {
                 if let Some((_, o)) = snap.find(pc)
-                    && !t.modules.contains_key(&(o.start, o.end, o.bias))
+                    && !t.modules.contains_key(&o.serial)
                 {
                     let id = t.next_module;
                     t.next_module += 1;
-                    t.modules.insert((o.start, o.end, o.bias), id);
+                    t.modules.insert(o.serial, id);
                     writer::submit_definition(Record::Module(Module {
                         id,
                         path: o.path.clone(),
@@ -441,7 +444,7 @@ fn intern_locked(frames: &[RawFrame], truncated: bool, snap: &modules::Snapshot)
         frames: out,
         truncated,
     }));
-    t.stacks.insert(key.into_boxed_slice(), id);
+    t.stacks.insert(key, id);
     id
 }
 

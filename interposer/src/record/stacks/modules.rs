@@ -28,6 +28,10 @@ pub struct Obj {
     pub start: u64,
     pub end: u64,
     pub build_id: Vec<u8>,
+    /// Which loaded object this is, over the process's life: the same for the same object in
+    /// every snapshot (path, range, bias and build id alike), another for an object loaded
+    /// where an unloaded one was. The `Module` records are keyed by it.
+    pub serial: u64,
 }
 
 /// Every loaded object, sorted by start address, and an unwinder that knows them.
@@ -38,6 +42,10 @@ pub struct Snapshot {
     pub generation: u64,
     /// libisolate.so's own range: its frames are not part of a stack.
     pub own: (u64, u64),
+    /// How many times an address range has held another object than before (a library
+    /// loaded where an unloaded one was): the same return addresses mean other code in
+    /// another epoch, so the stacks are interned per epoch.
+    pub epoch: u64,
 }
 
 impl Snapshot {
@@ -52,6 +60,27 @@ impl Snapshot {
     pub fn is_own(&self, addr: u64) -> bool {
         addr >= self.own.0 && addr < self.own.1
     }
+}
+
+/// Every object any snapshot held, by identity (range, bias, path, build id), with its serial;
+/// the one that last held an address range stays, the ones it replaced go.
+type Seen = Vec<((u64, u64, u64, String, Vec<u8>), u64)>;
+static SEEN: ForkLock<Seen> = ForkLock::new(Vec::new());
+/// The last serial handed out, and the epoch ([`Snapshot::epoch`]): only ever go up, also
+/// across `fork`.
+static SERIAL: AtomicU64 = AtomicU64::new(0);
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+
+std::thread_local! {
+    /// Set when this thread called `dlopen` (before the load): its next capture looks at the
+    /// loader's count at once, so that code it just loaded is known (even when loaded where
+    /// an unloaded object was, which a stack ending in known code would not reveal).
+    static LOADED_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Called by the `dlopen` hook on the calling thread, before the real `dlopen` runs.
+pub fn dlopen_called() {
+    let _ = LOADED_HERE.try_with(|c| c.set(true));
 }
 
 static CURRENT: AtomicPtr<Snapshot> = AtomicPtr::new(std::ptr::null_mut());
@@ -90,6 +119,7 @@ fn generation_now() -> u64 {
 pub fn current(now: bool) -> Option<&'static Snapshot> {
     let p = CURRENT.load(Acquire);
     let t = now_ns();
+    let now = now || LOADED_HERE.try_with(|c| c.replace(false)).unwrap_or(false);
     if !p.is_null() && !now && t.saturating_sub(CHECKED_AT.load(Relaxed)) < CHECK_EVERY_NS {
         // SAFETY: a non-null CURRENT is a Box leaked by `current` below (Release, read here with
         // Acquire) and never freed, so it is initialised and lives for 'static.
@@ -121,6 +151,10 @@ pub fn current(now: bool) -> Option<&'static Snapshot> {
 /// In a fork child: the lock may have been held by another thread of the parent.
 pub fn after_fork_child() {
     REFRESH.reset_in_child(());
+    // The list may have been in the middle of a change: started again, with a new epoch (and
+    // new serials) for everything the child captures from its next snapshot on.
+    SEEN.reset_in_child(Vec::new());
+    EPOCH.fetch_add(1, AcqRel);
 }
 
 struct Found {
@@ -165,7 +199,23 @@ fn build(generation: u64) -> Snapshot {
         .map_or((0, 0), |f| (f.start, f.end));
     let mut unwinder = UnwinderX86_64::new();
     let mut objs = Vec::with_capacity(found.len());
+    let mut known = SEEN.lock();
     for f in found {
+        let id = (f.start, f.end, f.bias, f.path.clone(), f.build_id.clone());
+        let serial = match known.iter().find(|(k, _)| *k == id) {
+            Some((_, serial)) => *serial,
+            None => {
+                // Another object where one was before: the same addresses are other code now.
+                let before = known.len();
+                known.retain(|((start, end, ..), _)| !(*start < f.end && f.start < *end));
+                if known.len() != before {
+                    EPOCH.fetch_add(1, AcqRel);
+                }
+                let serial = SERIAL.fetch_add(1, AcqRel) + 1;
+                known.push((id, serial));
+                serial
+            }
+        };
         if let (Some(hdr), Some(eh)) = (f.eh_hdr, f.eh_frame) {
             let mem = |(a, b): (u64, u64)| -> &'static [u8] {
                 // SAFETY: each range is inside a PT_LOAD segment's file-backed part or the
@@ -198,6 +248,7 @@ fn build(generation: u64) -> Snapshot {
             start: f.start,
             end: f.end,
             build_id: f.build_id,
+            serial,
         });
     }
     Snapshot {
@@ -205,6 +256,7 @@ fn build(generation: u64) -> Snapshot {
         unwinder,
         generation,
         own,
+        epoch: EPOCH.load(Acquire),
     }
 }
 

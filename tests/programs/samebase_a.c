@@ -1,0 +1,3 @@
+// shared: libsamebase_a.so
+// link: cudart
+#include "samebase.h"

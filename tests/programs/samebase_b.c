@@ -1,0 +1,3 @@
+// shared: libsamebase_b.so
+// link: cudart
+#include "samebase.h"
