@@ -6,8 +6,9 @@
  *   fresh_free N      N allocations made on the main thread, each freed with cudaFree by a
  *                     thread of its own whose first CUDA call that is
  *   fresh_free_async N  the same with cudaFreeAsync on the legacy stream
- *   async_limit N     N rounds of cudaMallocAsync of 48 MiB (run with a 64 MiB device), a
- *                     memset, cudaFreeAsync and a synchronize
+ *   async_limit N [T] N rounds of cudaMallocAsync of 48 MiB (run with a 64 MiB device), a
+ *                     memset, cudaFreeAsync and a synchronize; with T threads, each that many
+ *                     rounds of 48/T MiB
  *   probe             1 MiB allocated and freed, a cudaMalloc(1 << 40) memory probe that fails,
  *                     a write through the freed pointer, another allocation
  *   small_stack KIB   a thread with a KIB KiB stack allocates and frees
@@ -85,24 +86,47 @@ static int fresh_free(int n, int async) {
 
 /* ------------------------------------------------------------------------ async_limit */
 
-static int async_limit(int rounds) {
-    int ok = 0, fail = 0, first_fail = -1;
-    for (int i = 0; i < rounds; i++) {
+struct limit_args {
+    int rounds;
+    size_t size;
+    int ok, fail;
+};
+
+static void *async_rounds(void *arg) {
+    struct limit_args *a = arg;
+    for (int i = 0; i < a->rounds; i++) {
         void *p = NULL;
-        int rc = cudaMallocAsync(&p, 48 << 20, 0);
+        int rc = cudaMallocAsync(&p, a->size, 0);
         if (rc != 0) {
-            fail++;
-            if (first_fail < 0)
-                first_fail = i;
+            a->fail++;
             cudaGetLastError();
             continue;
         }
-        cudaMemsetAsync(p, 1, 48 << 20, 0);
+        cudaMemsetAsync(p, 1, a->size, 0);
         cudaFreeAsync(p, 0);
         cudaStreamSynchronize(0);
-        ok++;
+        a->ok++;
     }
-    say("cudaMallocAsync of 48 MiB: %d ok, %d failed (first at %d)", ok, fail, first_fail);
+    return NULL;
+}
+
+/* THREADS threads (1 by default) share the 48 MiB, each ROUNDS rounds. */
+static int async_limit(int rounds, int threads) {
+    if (threads < 1 || threads > 16)
+        return 2;
+    struct limit_args a[16];
+    pthread_t t[16];
+    for (int i = 0; i < threads; i++) {
+        a[i] = (struct limit_args){rounds, ((size_t)48 << 20) / threads, 0, 0};
+        pthread_create(&t[i], NULL, async_rounds, &a[i]);
+    }
+    int ok = 0, fail = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(t[i], NULL);
+        ok += a[i].ok;
+        fail += a[i].fail;
+    }
+    say("cudaMallocAsync of 48 MiB in %d: %d ok, %d failed", threads, ok, fail);
     return 0;
 }
 
@@ -248,7 +272,7 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "fresh_free_async"))
         return fresh_free(n, 1);
     if (!strcmp(s, "async_limit"))
-        return async_limit(n);
+        return async_limit(n, argc > 3 ? atoi(argv[3]) : 1);
     if (!strcmp(s, "probe"))
         return probe();
     if (!strcmp(s, "small_stack"))

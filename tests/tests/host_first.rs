@@ -4,7 +4,7 @@
 //! happened.
 
 use isolate_tests::{Output, Run, Trace};
-use isolate_trace::{EndReason, Record};
+use isolate_trace::{EndReason, NoteKind, Record};
 
 fn scenario(name: &str) -> Run {
     Run::program("host_first").arg(name)
@@ -34,6 +34,94 @@ fn complete(out: &Output) -> &Trace {
 
 fn violations(t: &Trace) -> usize {
     t.violations().len()
+}
+
+// ------------------------------------------------------------------- (2) a fresh thread's free
+
+/// A `cudaFree` that is its thread's first CUDA call: the runtime makes the device's primary
+/// context current on that thread before it frees; the library's own driver calls (the poison,
+/// the synchronize) must find that context too. Before the fix every such free returned 201 in
+/// isolate mode and the memory was never freed.
+#[test]
+fn a_free_that_is_a_threads_first_call_succeeds() {
+    for s in ["fresh_free", "fresh_free_async"] {
+        for out in against_plain(scenario(s).arg("64"), &["log", "isolate"]) {
+            let t = complete(&out);
+            let frees: Vec<_> = t
+                .events()
+                .into_iter()
+                .filter(|e| e.api.kind() == isolate_trace::Kind::Free)
+                .collect();
+            assert_eq!(frees.len(), 65, "{}: 64 frees and the last", out.describe);
+            assert!(frees.iter().all(|e| e.result == 0), "{}", out.describe);
+            assert_eq!(
+                violations(t),
+                0,
+                "{}: no stale write was made",
+                out.describe
+            );
+            assert!(
+                out.stdout.contains(": 0 of 64 failed"),
+                "{}:\n{}",
+                out.describe,
+                out.stdout
+            );
+        }
+    }
+}
+
+// ----------------------------------------------------- (3) stream-ordered allocations at the limit
+
+/// 48 MiB of a 64 MiB device, allocated and freed in stream order 200 times by one thread, and
+/// 400 times by 2 and by 4 threads sharing it: never short of memory without the library,
+/// and never in isolate mode (the retry waits for what was given back on the release stream,
+/// trims the pool, and waits for frees in progress on other threads). Before the fix: 1 ok,
+/// 199 failed with one thread.
+#[test]
+fn stream_ordered_allocations_near_the_limit_never_fail_in_isolate_mode() {
+    for (threads, total) in [("1", 200), ("2", 400), ("4", 400)] {
+        let rounds = (total / threads.parse::<i32>().unwrap()).to_string();
+        let run = scenario("async_limit")
+            .args([rounds.as_str(), threads])
+            .env("STANDIN_MEM_BYTES", "64M");
+        for out in against_plain(run, &["isolate"]) {
+            assert!(
+                out.stdout.contains(&format!("{total} ok, 0 failed")),
+                "{}:\n{}",
+                out.describe,
+                out.stdout
+            );
+            complete(&out);
+        }
+    }
+}
+
+// ------------------------------------------------------------- (9) a probe keeps the quarantine
+
+/// A `cudaMalloc(1 << 40)` no release could satisfy releases nothing: the freed 1 MiB stays in
+/// quarantine, so the write through its stale pointer is found. Before the fix the probe
+/// emptied the quarantine and the write went unreported.
+#[test]
+fn a_failed_oversized_allocation_leaves_the_quarantine_alone() {
+    let out = against_plain(scenario("probe"), &["isolate"]).remove(0);
+    let t = complete(&out);
+    assert_eq!(
+        violations(t),
+        1,
+        "{}: the stale write\n{}",
+        out.describe,
+        out.stderr
+    );
+    let early: Vec<_> = t
+        .records
+        .iter()
+        .filter(|r| matches!(r, Record::Note(n) if n.kind == NoteKind::OomRetry))
+        .collect();
+    assert!(
+        early.is_empty(),
+        "{}: nothing released: {early:?}",
+        out.describe
+    );
 }
 
 // ------------------------------------------------------------------------ (5) small stacks
@@ -160,5 +248,40 @@ fn a_library_loaded_where_another_was_gets_its_own_stacks() {
             .as_deref()
             .is_some_and(|p| p.ends_with("/libsamebase_b.so")),
         "{mod_b:?}"
+    );
+}
+
+// --------------------------------------------------- (11) a long quarantine trimmed in steps
+
+/// A 256 MiB quarantine of 768-byte blocks (~350,000) going over its budget: the trim to 80%
+/// (~70,000 entries) is spread over the frees that follow, 256 entries each, so no one free
+/// takes long. Before the fix one `cudaFree` took 1.2-1.4 s here (the whole trim); after,
+/// ~10-50 ms on the stand-in's debug build, loaded machine.
+#[test]
+fn no_free_waits_for_a_whole_trim() {
+    let run = scenario("trim")
+        .args(["360000", "768"])
+        .env("ISOLATE_QUARANTINE", "256MiB")
+        .env("ISOLATE_STACKS", "none")
+        .timeout(std::time::Duration::from_secs(120));
+    let out = against_plain(run, &["isolate"]).remove(0);
+    let t = complete(&out);
+    let longest: f64 = out
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("longest free: "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{}: no 'longest free' line:\n{}", out.describe, out.stderr));
+    let releases = t.end().expect("End").stats.quarantine_releases;
+    assert!(
+        releases > 60_000,
+        "{}: the trim ran: {releases} releases",
+        out.describe
+    );
+    assert!(
+        longest < 0.3,
+        "{}: the longest free took {longest} s",
+        out.describe
     );
 }

@@ -254,7 +254,7 @@ fn a_stale_write_is_reported_to_the_byte() {
 /// memory back: refilling memory after freeing it all succeeds call by call (each first attempt
 /// runs out, the oldest entry is released, the retry succeeds, the caller sees success and no
 /// sticky error), with one OomRetry note per retried call; asking for more than there is
-/// releases everything and still fails, with exactly the code of a plain run. Both layers.
+/// releases nothing and fails, with exactly the code of a plain run. Both layers.
 /// (`paths.rs`'s `oom_in_isolate_mode_releases_quarantine` runs `oom.c` the same way.)
 #[test]
 fn out_of_memory_releases_quarantine_and_retries() {
@@ -275,11 +275,11 @@ fn out_of_memory_releases_quarantine_and_retries() {
     let t = isolate_trace(&out);
     let retries = notes(t, NoteKind::OomRetry);
     let (n, m) = (n as u64, m as u64);
-    let mut want: Vec<(u64, u64)> = Vec::new(); // (size asked, bytes released)
-    want.extend((0..n).map(|_| (MIB, MIB)));
-    want.push(((n + 1) * MIB, n * MIB));
-    want.extend((0..m).map(|_| (MIB, MIB)));
-    want.push(((m + 1) * MIB, m * MIB));
+    // (size asked, bytes released): each 1 MiB allocation that ran out releases one entry,
+    // and asking for more than the device has releases nothing (issue 33, item 9: a memory
+    // probe must not empty the quarantine), so the runtime's last n MiB freed are still held
+    // when the driver fills the device (m retries), and its own m MiB when it fills it again.
+    let want: Vec<(u64, u64)> = vec![(MIB, MIB); (n + 2 * m) as usize];
     let got: Vec<(u64, u64)> = retries.iter().map(|r| (r.size, r.value)).collect();
     assert_eq!(got, want, "{retries:#?}");
     // Every retried allocation is one event, with what the caller got.
@@ -291,8 +291,8 @@ fn out_of_memory_releases_quarantine_and_retries() {
     assert_eq!(huge.len(), 2, "{huge:?}");
     assert!(huge.iter().all(|e| e.result == 2), "{huge:?}");
     let s = stats(t);
-    assert_eq!(s.quarantine_early_releases, 2 * (n + m), "{s:?}");
-    assert_eq!(s.quarantine_releases, 2 * (n + m), "{s:?}");
+    assert_eq!(s.quarantine_early_releases, n + 2 * m, "{s:?}");
+    assert_eq!(s.quarantine_releases, n + 2 * m, "{s:?}");
     assert_eq!(s.quarantine_peak_bytes, n.max(m) * MIB, "{s:?}");
     assert!(t.violations().is_empty());
 }
@@ -740,11 +740,11 @@ fn the_profile_note_counts_the_hooked_calls_by_kind() {
 /// `ISOLATE_REUSE=on`: checked allocations of the default pool are kept and handed to the
 /// next stream-ordered allocation of their size (the note counts both, and no range comes back
 /// while it is quarantined), and while an allocation runs out of memory nothing is kept and what
-/// is kept goes back to the driver first, so the program gets as many 1 MiB blocks of its 12 MiB
-/// as with reuse off (11; 9 when the kept memory was neither given back nor its keeping paused:
-/// tried). Off (the default), nothing is kept. (Either way isolate mode gets 11 where the
-/// stand-in alone gets 12: the library's own device memory, the verification module's result
-/// ring, takes part of the last megabyte; with 12.5 MiB both get 12.)
+/// is kept goes back to the driver first, so the program gets 11 of the 12 1 MiB blocks it gets
+/// with reuse off and without the library (9 when the kept memory was neither given back nor
+/// its keeping paused: tried; the one short is the last megabyte in pieces between blocks that
+/// were kept and served again). Off (the default), nothing is kept. (Before issue 33 both got
+/// 11: the retry did not wait for the frees it had queued on the release stream.)
 #[test]
 fn kept_checked_memory_is_served_again_and_given_back_when_memory_runs_out() {
     let mem = (12 * MIB).to_string();
@@ -781,8 +781,11 @@ fn kept_checked_memory_is_served_again_and_given_back_when_memory_runs_out() {
         let served = isolate_tests::number_after(&note, "freed,").unwrap();
         assert!(kept > 10 && served > 10 && served <= kept, "{note}");
     }
-    assert_eq!(got[0], got[1], "as many 1 MiB blocks with reuse as without");
-    assert!(got[0] >= 10, "{got:?}");
+    // Off: 12, as the stand-in alone (the retry waits for the frees given back on the release
+    // stream). On: 11; the kept 512 KiB blocks, served again, leave the last free megabyte in
+    // two pieces.
+    assert_eq!(got[0], 12, "as many 1 MiB blocks as without the library");
+    assert!(got[1] >= got[0] - 1, "{got:?}");
 }
 
 /// The pool's used-memory counters (PyTorch's `memory_allocated`/`max_memory_allocated` on its

@@ -284,6 +284,8 @@ reals! {
         MEMCPY_HTOD_ASYNC = cuMemcpyHtoDAsync_v2: fn(CUdeviceptr, *const c_void, usize, CUstream) -> CUresult;
         DEVICE_TOTAL_MEM = cuDeviceTotalMem_v2: fn(*mut usize, CUdevice) -> CUresult;
         MEM_GET_INFO = cuMemGetInfo_v2: fn(*mut usize, *mut usize) -> CUresult;
+        DEVICE_GET_DEFAULT_MEM_POOL = cuDeviceGetDefaultMemPool: fn(*mut *mut c_void, CUdevice) -> CUresult;
+        MEM_POOL_TRIM_TO = cuMemPoolTrimTo: fn(*mut c_void, usize) -> CUresult;
         MEM_GET_ALLOCATION_GRANULARITY = cuMemGetAllocationGranularity: fn(*mut usize, *const CUmemAllocationProp, i32) -> CUresult;
         MEMSET_D8 = cuMemsetD8_v2: fn(CUdeviceptr, u8, usize) -> CUresult;
         MEMSET_D8_ASYNC = cuMemsetD8Async: fn(CUdeviceptr, u8, usize, CUstream) -> CUresult;

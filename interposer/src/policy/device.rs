@@ -143,6 +143,14 @@ pub fn release(ctx: usize) -> Option<Release> {
     })
 }
 
+/// The release stream's side of context `ctx` where it was made already; nothing is made here.
+pub fn release_if_made(ctx: usize) -> Option<Release> {
+    let g = CACHE.lock();
+    g.iter()
+        .find(|(c, _)| *c == ctx)
+        .and_then(|(_, p)| p.release.flatten())
+}
+
 fn make_release(p: &mut Parts) -> Option<Release> {
     STREAM_CREATE.get()?;
     MEM_ALLOC_HOST.get()?;

@@ -634,6 +634,18 @@ pub fn free_all(ctx: usize, ptrs: &[u64], wait: bool) -> bool {
     true
 }
 
+/// Waits for everything queued on context `ctx`'s release stream, its frees included: memory
+/// given back there is free once this returns. False where the context has none (nothing is
+/// made for it here: this runs when memory has run out).
+pub fn drain(ctx: usize) -> bool {
+    let Some(r) = device::release_if_made(ctx) else {
+        return false;
+    };
+    // SAFETY: the release stream is ours and never destroyed.
+    let _ = unsafe { cu::stream_synchronize(r.stream) };
+    true
+}
+
 /// Whether the asynchronous release is on (`ISOLATE_TEST_RELEASE`, on by default).
 pub fn enabled() -> bool {
     config::get().async_release

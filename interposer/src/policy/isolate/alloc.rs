@@ -10,9 +10,13 @@
 
 use super::counters::{CAPTURED, POISON_BYTES, POISON_NS, POISONED};
 use super::exit::EXIT_GAVE_UP;
-use super::leave::{IN_FLIGHT, INFLIGHT, POLL_EVERY, SINCE_POLL, free_to_driver, reap};
+use super::leave::{
+    IN_FLIGHT, INFLIGHT, POLL_EVERY, SINCE_POLL, device_memory, free_to_driver, reap,
+};
 use super::poison::poison;
-use super::quarantine::{forget_range, quarantine, quarantine_index_only, release_oldest};
+use super::quarantine::{
+    Leaving, forget_range, quarantine, quarantine_index_only, release_oldest, wait_for_leaving,
+};
 use super::state::{Held, Live, current_ctx, freed, st, state};
 use crate::base::cu;
 use crate::base::cuda::*;
@@ -67,28 +71,18 @@ pub fn alloc(
         // Isolation must never cause an out-of-memory a normal run would not have had.
         // Meanwhile what releases free goes to the driver, not into the reuse cache.
         let _short = reuse::Short::start();
-        // First the batches already on their way out: their frees run on the release stream.
-        if !EXIT_GAVE_UP.load(Relaxed) && !INFLIGHT.lock().is_empty() {
-            reap(true);
-            r = attempt();
-        }
-        // Then the checked memory kept for reuse: back to the driver, waited for.
-        if r == CUDA_ERROR_OUT_OF_MEMORY {
-            let ctx = current_ctx();
-            let given_back = reuse::drain(ctx);
-            if !given_back.is_empty() {
-                free_to_driver(ctx, &given_back, true);
-                r = attempt();
-            }
-        }
+        // Another thread that freed meanwhile (a free takes longer under isolation than
+        // without) may have freed what this one needs: again while frees come in, 8 rounds at
+        // most.
         let mut released = 0u64;
-        while r == CUDA_ERROR_OUT_OF_MEMORY {
-            let n = release_oldest(proto.size.max(1));
-            if n == 0 {
+        for _ in 0..8 {
+            let frees = POISONED.load(Relaxed);
+            let (rr, n) = reclaim(proto.size, &mut attempt);
+            r = rr;
+            released += n;
+            if r != CUDA_ERROR_OUT_OF_MEMORY || POISONED.load(Relaxed) == frees {
                 break;
             }
-            released += n;
-            r = attempt();
         }
         if released > 0 {
             event::note(
@@ -144,11 +138,15 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         p.finish(r);
         return r;
     }
+    // From here until it is in quarantine the memory is in no place an allocation that runs
+    // out of memory on another thread looks: counted as leaving, which that one waits for.
+    let mut leaving = None;
     let (live, held) = if proto.ptr != 0 && quarantinable(proto.api) {
         profile::timed(Part::Live, || {
             let mut g = state();
             let s = st!(g);
             let live = s.live.remove(&proto.ptr);
+            leaving = live.map(|_| Leaving::start());
             (live, live.is_none() && s.index.contains_key(&proto.ptr))
         })
     } else {
@@ -166,6 +164,16 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         p.finish(r);
         return r;
     };
+    if !has_context(proto.api) {
+        // No context to poison in, not even the one the runtime would have made current: the
+        // real call answers (as without the library); memory it did not free is still live.
+        let r = call();
+        if r != CUDA_SUCCESS {
+            st!(state()).live.insert(proto.ptr, live);
+        }
+        p.finish(r);
+        return r;
+    }
     p.ev.size = live.size;
     let ordered = proto.api.stream_ordered();
     if live.pooled {
@@ -224,11 +232,121 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     POISON_BYTES.fetch_add(live.size, Relaxed);
     p.finish(r);
     profile::timed(Part::Quarantine, || quarantine(entry));
+    drop(leaving);
     if IN_FLIGHT.load(Relaxed) > 0 && SINCE_POLL.fetch_add(1, Relaxed).is_multiple_of(POLL_EVERY) {
         // Checked batches give their memory back soon, not only at the next release.
         profile::timed(Part::Reap, || reap(false));
     }
     r
+}
+
+/// One round of giving memory back for an allocation of `size` bytes that ran out of memory,
+/// trying it again (`attempt`) after each step that could help; returns its last result and
+/// the quarantined bytes released.
+fn reclaim(size: u64, attempt: &mut dyn FnMut() -> i32) -> (i32, u64) {
+    let mut r = CUDA_ERROR_OUT_OF_MEMORY;
+    // Entries another thread took out of quarantine are in no place looked at below
+    // until it hands them on: waited for (at most 1 s; the device bounds it).
+    wait_for_leaving(1_000_000_000);
+    // First the batches already on their way out: their frees run on the release stream.
+    // (Taking the queue's lock also waits for another thread giving a batch back.)
+    if !EXIT_GAVE_UP.load(Relaxed) && !INFLIGHT.lock().is_empty() {
+        reap(true);
+        r = attempt();
+    }
+    // Memory already given back on the release stream is free only once the device has
+    // run those frees (a batch read without waiting queues them there and goes on), and
+    // stream-ordered memory goes back to its pool, which holds it until trimmed.
+    if r == CUDA_ERROR_OUT_OF_MEMORY && !EXIT_GAVE_UP.load(Relaxed) {
+        if release::drain(current_ctx()) {
+            trim_default_pool();
+            r = attempt();
+        }
+    }
+    // Then the checked memory kept for reuse: back to the driver, waited for.
+    if r == CUDA_ERROR_OUT_OF_MEMORY {
+        let ctx = current_ctx();
+        let given_back = reuse::drain(ctx);
+        if !given_back.is_empty() {
+            free_to_driver(ctx, &given_back, true);
+            r = attempt();
+        }
+    }
+    // Then the quarantine, oldest first: only as much as could make the request succeed
+    // (the first time what the device lacks, then the request's size again while the
+    // free memory is in pieces), and nothing when no release could (a memory probe
+    // asking for more than the device has must not empty the quarantine).
+    let mut released = 0u64;
+    let mut need = match room_after_release(size) {
+        Some(short) => short.max(1),
+        None => 0,
+    };
+    while r == CUDA_ERROR_OUT_OF_MEMORY && need > 0 {
+        let n = release_oldest(need);
+        if n == 0 {
+            break;
+        }
+        released += n;
+        trim_default_pool();
+        r = attempt();
+        need = size.max(1);
+    }
+    (r, released)
+}
+
+/// What the device lacks for an allocation of `size` bytes (its free memory short of `size`,
+/// at least 1), or `None` when releasing the whole quarantine could not make it: more than
+/// the device's memory, or more than its free memory and every quarantined byte together.
+/// Where the driver cannot say, the whole request.
+fn room_after_release(size: u64) -> Option<u64> {
+    let Some((free, total)) = device_memory() else {
+        return Some(size);
+    };
+    let held = st!(state()).held;
+    if size > total || size > free.saturating_add(held) {
+        return None;
+    }
+    Some(size.saturating_sub(free).max(1))
+}
+
+/// Gives the device's default pool's unused memory back to the device (the memory released
+/// from quarantine stream-ordered went back there): a plain allocation, or one from another
+/// pool, can then have it. Only on an allocation that ran out of memory.
+fn trim_default_pool() {
+    let (Some(get_dev), Some(get_pool), Some(trim)) = (
+        CTX_GET_DEVICE.get(),
+        DEVICE_GET_DEFAULT_MEM_POOL.get(),
+        MEM_POOL_TRIM_TO.get(),
+    ) else {
+        return;
+    };
+    let mut dev: CUdevice = 0;
+    let mut pool: *mut c_void = std::ptr::null_mut();
+    if unsafe { get_dev(&mut dev) } == CUDA_SUCCESS
+        && unsafe { get_pool(&mut pool, dev) } == CUDA_SUCCESS
+        && !pool.is_null()
+    {
+        unsafe { trim(pool, 0) };
+    }
+}
+
+/// Whether the calling thread has a current context for the library's own driver calls (the
+/// synchronize, the poison, the quarantine entry's context). A runtime free that is its
+/// thread's first CUDA call finds none: the runtime makes the device's primary context current
+/// as it starts any call, so here that is done first, as the runtime does it (`cudaFree(NULL)`,
+/// which frees nothing). Without this, such a free returned 201 (invalid context) and freed
+/// nothing.
+fn has_context(api: Api) -> bool {
+    if current_ctx() != 0 {
+        return true;
+    }
+    if api.is_runtime()
+        && let Some(f) = real::FREE.get()
+    {
+        unsafe { f(std::ptr::null_mut()) };
+        return current_ctx() != 0;
+    }
+    false
 }
 
 /// Whether the poison of a stream-ordered free by `api` of `ptr` waits for the stream's next

@@ -175,15 +175,19 @@ pub(super) fn reap(wait: bool) {
             INFLIGHT.try_lock()
         };
         let Some(mut q) = q else { return };
-        take_done(&mut q, wait, usize::MAX)
+        let done = take_done(&mut q, wait, usize::MAX);
+        // Given back while the queue's lock is held: an allocation out of memory that takes
+        // the lock after this finds the memory on its way back (queued on the release stream,
+        // which it then waits for), never in neither place.
+        free_checked(&done, wait);
+        done
     };
-    settle(done, wait, wait.then_some(t0));
+    settle(done, wait.then_some(t0));
 }
 
-/// What follows reading checked batches: their memory given back (`wait_frees`: free before
-/// this returns), the wait since `waited_since` counted, their findings reported.
-pub(super) fn settle(done: Vec<Checked>, wait_frees: bool, waited_since: Option<u64>) {
-    free_checked(&done, wait_frees);
+/// What follows reading checked batches and giving their memory back: the wait since
+/// `waited_since` counted, their findings reported.
+pub(super) fn settle(done: Vec<Checked>, waited_since: Option<u64>) {
     if let Some(t0) = waited_since {
         WAIT_NS.fetch_add(now_ns().saturating_sub(t0), Relaxed);
     }
@@ -309,9 +313,11 @@ pub(super) fn reap_oldest(ctx: usize) -> bool {
         let Some(pos) = q.iter().position(|(l, _)| l.ctx() == ctx) else {
             return false;
         };
-        take_done(&mut q, true, pos)
+        let done = take_done(&mut q, true, pos);
+        free_checked(&done, false);
+        done
     };
-    settle(done, false, Some(t0));
+    settle(done, Some(t0));
     true
 }
 
