@@ -82,7 +82,9 @@ static STDERR_DEV: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::
 static STDERR_INO: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn fd_identity(fd: i32) -> Option<(u64, u64)> {
+    // SAFETY: `stat` is plain integers, for which all-zero bytes are a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes one `stat` through a pointer to a live local; a closed `fd` is EBADF.
     (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 

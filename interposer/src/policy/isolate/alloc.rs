@@ -257,11 +257,10 @@ fn reclaim(size: u64, attempt: &mut dyn FnMut() -> i32) -> (i32, u64) {
     // Memory already given back on the release stream is free only once the device has
     // run those frees (a batch read without waiting queues them there and goes on), and
     // stream-ordered memory goes back to its pool, which holds it until trimmed.
-    if r == CUDA_ERROR_OUT_OF_MEMORY && !EXIT_GAVE_UP.load(Relaxed) {
-        if release::drain(current_ctx()) {
-            trim_default_pool();
-            r = attempt();
-        }
+    if r == CUDA_ERROR_OUT_OF_MEMORY && !EXIT_GAVE_UP.load(Relaxed) && release::drain(current_ctx())
+    {
+        trim_default_pool();
+        r = attempt();
     }
     // Then the checked memory kept for reuse: back to the driver, waited for.
     if r == CUDA_ERROR_OUT_OF_MEMORY {
