@@ -321,10 +321,13 @@ fn trim_default_pool() {
     };
     let mut dev: CUdevice = 0;
     let mut pool: *mut c_void = std::ptr::null_mut();
-    if unsafe { get_dev(&mut dev) } == CUDA_SUCCESS
-        && unsafe { get_pool(&mut pool, dev) } == CUDA_SUCCESS
-        && !pool.is_null()
-    {
+    // SAFETY: cuCtxGetDevice writes one CUdevice through a pointer to a live local.
+    let got_dev = unsafe { get_dev(&mut dev) } == CUDA_SUCCESS;
+    // SAFETY: cuDeviceGetDefaultMemPool writes one handle through a pointer to a live local;
+    // `dev` is the current context's device.
+    if got_dev && unsafe { get_pool(&mut pool, dev) } == CUDA_SUCCESS && !pool.is_null() {
+        // SAFETY: `pool` is the device's default pool, which lives as long as the device;
+        // trimming releases only memory no allocation holds.
         unsafe { trim(pool, 0) };
     }
 }
@@ -342,6 +345,8 @@ fn has_context(api: Api) -> bool {
     if api.is_runtime()
         && let Some(f) = real::FREE.get()
     {
+        // SAFETY: the real runtime's cudaFree; a null pointer frees nothing (the runtime only
+        // makes the thread's context current, as at any call's start).
         unsafe { f(std::ptr::null_mut()) };
         return current_ctx() != 0;
     }
