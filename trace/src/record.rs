@@ -186,10 +186,13 @@ pub enum CostTopic {
     PoisonVerified = 7,
     /// Stream-ordered frees during graph capture that went unquarantined: `size` = how many.
     CaptureFrees = 8,
+    /// Events recorded without a call stack because their thread's stack had too little room
+    /// left for a capture: `size` = how many.
+    SmallStacks = 9,
 }
 
 impl CostTopic {
-    pub const ALL: [CostTopic; 8] = [
+    pub const ALL: [CostTopic; 9] = [
         CostTopic::Isolation,
         CostTopic::Stacks,
         CostTopic::Reuse,
@@ -198,6 +201,7 @@ impl CostTopic {
         CostTopic::LaunchCheck,
         CostTopic::PoisonVerified,
         CostTopic::CaptureFrees,
+        CostTopic::SmallStacks,
     ];
 
     /// The topic of a note: `None` unless it is a [`NoteKind::Cost`] note of a known topic.

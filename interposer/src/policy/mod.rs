@@ -158,6 +158,7 @@ pub fn at_exit() {
     let small = crate::record::stacks::small_stacks();
     if small > 0 {
         exit_note(
+            isolate_trace::CostTopic::SmallStacks,
             small,
             0,
             format!(
