@@ -254,6 +254,8 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev); /* the pre-11.0 export, same ABI */
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+/* Frees every live device allocation (their contents lost) and resets the primary context. */
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
 CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuCtxGetCurrent(CUcontext *pctx);
@@ -389,6 +391,11 @@ CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, c
 CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
                             size_t *paramSize);
 CUresult cuFuncGetName(const char **name, CUfunction hfunc);
+/* CUDA 12.4 / 12.3: the same for a CUkernel (a library's kernel, context-independent). */
+typedef struct CUfunc_st *CUkernel;
+CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset,
+                              size_t *paramSize);
+CUresult cuKernelGetName(const char **name, CUkernel hfunc);
 CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
                         unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
                         unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
@@ -437,6 +444,14 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
 typedef void (*standin_kernel_fn)(void **params);
 CUfunction standin_register_kernel(const char *name, standin_kernel_fn fn, unsigned nparams,
                                    const size_t *offsets, const size_t *sizes);
+/* As standin_register_kernel, as another kind of handle: `kind` 1, a library's kernel (a
+ * CUkernel, as the CUDA 12+ runtime launches its kernels through cuLaunchKernel): the
+ * cuFuncGet* queries fail on it (CUDA_ERROR_INVALID_HANDLE) and the cuKernelGet* ones answer;
+ * `kind` 2, a function whose parameter layout no query gives (a driver before 12.4): both
+ * param-info queries fail, cuFuncGetName answers. Kind 0 is standin_register_kernel's. */
+CUfunction standin_register_kernel_as(int kind, const char *name, standin_kernel_fn fn,
+                                      unsigned nparams, const size_t *offsets,
+                                      const size_t *sizes);
 /* How often cuFuncGetParamInfo has been called in this process (every call, failed ones too). */
 unsigned long standin_param_info_calls(void);
 /* How many kernels have run (not merely been enqueued) in this process. */
@@ -586,6 +601,7 @@ cudaError_t cudaMemsetAsync_ptsz(void *devPtr, int value, size_t count, cudaStre
 cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count,
                                  enum cudaMemcpyKind kind, cudaStream_t stream);
 cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaDeviceReset(void);
 cudaError_t cudaStreamCreate(cudaStream_t *pStream);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags);
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int flags, int priority);

@@ -223,6 +223,20 @@ static CUresult primary_release(CUdevice dev) {
 }
 
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return primary_release(dev); }
+
+/* cudaDeviceReset's call: the primary context's state and memory are gone (every live device
+ * allocation freed, what it held lost), its refcount 0, its fault cleared. */
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    NEED_INIT();
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    reset_device_memory();
+    pthread_mutex_lock(&g_lock);
+    g_primary[dev].refcount = 0;
+    atomic_store(&g_primary[dev].fault, 0);
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return primary_release(dev); }
 
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {

@@ -181,6 +181,8 @@ HIDDEN struct arena *arena_of(uintptr_t p);
 HIDDEN struct block *live_block_at(uintptr_t p, struct arena **ap);
 /* The 32-bit arena for the CUDA < 3.2 cuMemAlloc, made on first use (under g_lock). */
 HIDDEN int low_arena_ready(void);
+/* cuDevicePrimaryCtxReset's end of the device's memory (driver_memory.c). */
+HIDDEN void reset_device_memory(void);
 
 /* ================================================================ driver_stream.c */
 

@@ -19,6 +19,7 @@ struct CUfunc_st {
     unsigned nparams;
     size_t *offsets, *sizes;
     size_t bufsize;
+    int kind; /* standin_register_kernel_as: 0 function, 1 library kernel, 2 no layout */
     struct CUfunc_st *next;
 };
 
@@ -82,12 +83,19 @@ static int make_layout(struct CUfunc_st *f, unsigned nparams, const size_t *offs
 
 CUfunction standin_register_kernel(const char *name, standin_kernel_fn fn, unsigned nparams,
                                    const size_t *offsets, const size_t *sizes) {
-    if (!name || !fn)
+    return standin_register_kernel_as(0, name, fn, nparams, offsets, sizes);
+}
+
+CUfunction standin_register_kernel_as(int kind, const char *name, standin_kernel_fn fn,
+                                      unsigned nparams, const size_t *offsets,
+                                      const size_t *sizes) {
+    if (!name || !fn || kind < 0 || kind > 2)
         return NULL;
     struct CUfunc_st *f = calloc(1, sizeof *f);
     if (!f)
         return NULL;
     f->fn = fn;
+    f->kind = kind;
     f->name = strdup(name);
     if (!f->name || !make_layout(f, nparams, offsets, sizes)) {
         free(f->name);
@@ -331,7 +339,7 @@ CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOff
     atomic_fetch_add(&g_param_info_calls, 1);
     NEED_INIT();
     struct CUfunc_st *f = find_func(func);
-    if (!f)
+    if (!f || f->kind != 0)
         return CUDA_ERROR_INVALID_HANDLE;
     if (paramIndex >= f->nparams)
         return CUDA_ERROR_INVALID_VALUE;
@@ -347,7 +355,34 @@ CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
     if (!name)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUfunc_st *f = find_func(hfunc);
-    if (!f)
+    if (!f || f->kind == 1)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *name = f->name;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset,
+                              size_t *paramSize) {
+    atomic_fetch_add(&g_param_info_calls, 1);
+    NEED_INIT();
+    struct CUfunc_st *f = find_func(kernel);
+    if (!f || f->kind != 1)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (paramIndex >= f->nparams)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (paramOffset)
+        *paramOffset = f->offsets[paramIndex];
+    if (paramSize)
+        *paramSize = f->sizes[paramIndex];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuKernelGetName(const char **name, CUkernel hfunc) {
+    NEED_INIT();
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUfunc_st *f = find_func(hfunc);
+    if (!f || f->kind != 1)
         return CUDA_ERROR_INVALID_HANDLE;
     *name = f->name;
     return CUDA_SUCCESS;

@@ -7,6 +7,7 @@
 #include "driver_internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #define PITCH_ALIGN 512
 
@@ -248,6 +249,25 @@ static CUresult device_free(uintptr_t p) {
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) { return device_free((uintptr_t)dptr); }
+
+/* cuDevicePrimaryCtxReset: the context's memory is gone. Every live plain, async and pitched
+ * allocation is zeroed (what it held is lost) and given back, as a real driver tears the
+ * context's memory down; a stale copy from it afterwards fails. */
+void reset_device_memory(void) {
+    drain_all(0);
+    pthread_mutex_lock(&g_lock);
+    for (struct block *b = g_main.head, *next; b; b = next) {
+        next = b->next;
+        if (b->used && !b->pending_free &&
+            (b->kind == K_PLAIN || b->kind == K_ASYNC || b->kind == K_PITCH)) {
+            memset((void *)b->addr, 0, b->size);
+            if (b->pool)
+                pool_account(b->pool, -(long long)b->size);
+            arena_release(&g_main, b);
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+}
 CUresult cuMemFree(CUdeviceptr_v1 dptr) { return device_free((uintptr_t)dptr); }
 
 static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int use_pool,

@@ -30,6 +30,7 @@ static const struct proc g_procs[] = {
     {"cuDevicePrimaryCtxRelease", 11000, F(cuDevicePrimaryCtxRelease_v2), NULL},
     {"cuCtxCreate", 3020, F(cuCtxCreate_v2), NULL},
     {"cuCtxDestroy", 4000, F(cuCtxDestroy_v2), NULL},
+    {"cuDevicePrimaryCtxReset", 11000, F(cuDevicePrimaryCtxReset_v2), NULL},
     {"cuCtxGetCurrent", 4000, F(cuCtxGetCurrent), NULL},
     {"cuCtxSetCurrent", 4000, F(cuCtxSetCurrent), NULL},
     {"cuCtxGetDevice", 2000, F(cuCtxGetDevice), NULL},
@@ -115,6 +116,8 @@ static const struct proc g_procs[] = {
     {"cuModuleGetGlobal", 3020, F(cuModuleGetGlobal_v2), NULL},
     {"cuFuncGetParamInfo", 12040, F(cuFuncGetParamInfo), NULL},
     {"cuFuncGetName", 12030, F(cuFuncGetName), NULL},
+    {"cuKernelGetParamInfo", 12040, F(cuKernelGetParamInfo), NULL},
+    {"cuKernelGetName", 12030, F(cuKernelGetName), NULL},
     {"cuLaunchKernel", 4000, F(cuLaunchKernel), F(cuLaunchKernel_ptsz)},
     {"cuLaunchKernelEx", 11060, F(cuLaunchKernelEx), F(cuLaunchKernelEx_ptsz)},
     {"cuLaunchCooperativeKernel", 9000, F(cuLaunchCooperativeKernel),
@@ -128,6 +131,7 @@ static const struct proc g_procs[] = {
 
     /* stand-in only, so that a runtime can reach them without a dlsym */
     {"standin_register_kernel", 0, F(standin_register_kernel), NULL},
+    {"standin_register_kernel_as", 0, F(standin_register_kernel_as), NULL},
     {"standin_reregister_kernel", 0, F(standin_reregister_kernel), NULL},
     {"standin_param_info_calls", 0, F(standin_param_info_calls), NULL},
     {"standin_kernels_run", 0, F(standin_kernels_run), NULL},

@@ -28,6 +28,7 @@
     X(driverGetVersion, "cuDriverGetVersion", cuDriverGetVersion)                              \
     X(deviceGetCount, "cuDeviceGetCount", cuDeviceGetCount)                                    \
     X(primaryCtxRetain, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain)                  \
+    X(primaryCtxReset, "cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2)                  \
     X(ctxGetCurrent, "cuCtxGetCurrent", cuCtxGetCurrent)                                       \
     X(ctxSetCurrent, "cuCtxSetCurrent", cuCtxSetCurrent)                                       \
     X(ctxGetDevice, "cuCtxGetDevice", cuCtxGetDevice)                                          \
@@ -63,6 +64,7 @@
     X(eventDestroy, "cuEventDestroy", cuEventDestroy_v2)                                       \
     X(eventElapsedTime, "cuEventElapsedTime", cuEventElapsedTime_v2)                           \
     X(registerKernel, "standin_register_kernel", standin_register_kernel)                      \
+    X(registerKernelAs, "standin_register_kernel_as", standin_register_kernel_as)              \
     X(paramInfoCalls, "standin_param_info_calls", standin_param_info_calls)                    \
     X(kernelsRun, "standin_kernels_run", standin_kernels_run)                                  \
     X(touch, "standin_touch", standin_touch)                                                   \
@@ -294,6 +296,15 @@ cudaError_t cudaMemGetInfo(size_t *free_, size_t *total) {
 cudaError_t cudaDeviceSynchronize(void) {
     ENTER();
     return ret(D.ctxSynchronize());
+}
+
+/* The current device's primary context reset (its memory gone); the thread binds it again on
+ * its next call. */
+cudaError_t cudaDeviceReset(void) {
+    ENTER();
+    CUresult r = D.primaryCtxReset(t_device);
+    t_bound = 0;
+    return ret(r);
 }
 
 cudaError_t cudaRuntimeGetVersion(int *runtimeVersion) {
@@ -741,6 +752,13 @@ CUfunction standin_register_kernel(const char *name, standin_kernel_fn fn, unsig
                                    const size_t *offsets, const size_t *sizes) {
     pthread_once(&g_once, load);
     return g_resolved ? D.registerKernel(name, fn, nparams, offsets, sizes) : NULL;
+}
+
+CUfunction standin_register_kernel_as(int kind, const char *name, standin_kernel_fn fn,
+                                      unsigned nparams, const size_t *offsets,
+                                      const size_t *sizes) {
+    pthread_once(&g_once, load);
+    return g_resolved ? D.registerKernelAs(kind, name, fn, nparams, offsets, sizes) : NULL;
 }
 
 unsigned long standin_param_info_calls(void) {

@@ -463,6 +463,29 @@ pub unsafe fn func_get_name(func: CUfunction) -> Result<*const c_char> {
     Ok(p)
 }
 
+/// (offset, size) of parameter `index` of `kernel`, a CUkernel (a library's kernel, which the
+/// CUDA 12+ runtime launches in place of a CUfunction).
+/// # Safety
+/// `kernel` is a handle the program is launching now (the driver checks which kind it is).
+pub unsafe fn kernel_get_param_info(kernel: CUfunction, index: usize) -> Result<(usize, usize)> {
+    let f = get(&real::KERNEL_GET_PARAM_INFO)?;
+    let (mut off, mut size) = (0usize, 0usize);
+    // SAFETY: the out-parameters are locals; the caller vouches for the handle.
+    check(unsafe { f(kernel, index, &mut off, &mut size) })?;
+    Ok((off, size))
+}
+
+/// The name of `kernel`, a CUkernel (the driver's string, alive as long as its library).
+/// # Safety
+/// As [`kernel_get_param_info`].
+pub unsafe fn kernel_get_name(kernel: CUfunction) -> Result<*const c_char> {
+    let f = get(&real::KERNEL_GET_NAME)?;
+    let mut p: *const c_char = std::ptr::null();
+    // SAFETY: the out-parameter is a local; the caller vouches for the handle.
+    check(unsafe { f(&mut p, kernel) })?;
+    Ok(p)
+}
+
 // ---- the runtime
 
 /// Clears the runtime's last error (a failed attempt the program must not see), returning it.

@@ -300,6 +300,10 @@ reals! {
         MODULE_GET_GLOBAL = cuModuleGetGlobal_v2: fn(*mut CUdeviceptr, *mut usize, *mut c_void, *const c_char) -> CUresult;
         FUNC_GET_PARAM_INFO = cuFuncGetParamInfo: fn(CUfunction, usize, *mut usize, *mut usize) -> CUresult;
         FUNC_GET_NAME = cuFuncGetName: fn(*mut *const c_char, CUfunction) -> CUresult;
+        // A CUkernel (a library's kernel) is what the CUDA 12+ runtime hands cuLaunchKernel
+        // as its CUfunction; the cuFuncGet* queries do not answer for it, these do.
+        KERNEL_GET_PARAM_INFO = cuKernelGetParamInfo: fn(CUfunction, usize, *mut usize, *mut usize) -> CUresult;
+        KERNEL_GET_NAME = cuKernelGetName: fn(*mut *const c_char, CUfunction) -> CUresult;
     }
     Runtime {
         // Hooked: allocations and frees.

@@ -174,12 +174,13 @@ hooks! {
     cuModuleUnload(module: *mut c_void) = MODULE_UNLOAD [unloads];
     /// Handed out only when the launch check is on: kernels of the library are gone.
     cuLibraryUnload(library: *mut c_void) = LIBRARY_UNLOAD [unloads];
-    /// Handed out only when the launch check is on: the context's modules are gone.
-    cuCtxDestroy_v2(ctx: CUcontext) = CTX_DESTROY [unloads];
-    /// Handed out only when the launch check is on: the primary context's modules are gone.
-    cuDevicePrimaryCtxReset_v2(dev: CUdevice) = PRIMARY_CTX_RESET [unloads];
-    /// Handed out only when the launch check is on: the last release destroys the context.
-    cuDevicePrimaryCtxRelease_v2(dev: CUdevice) = PRIMARY_CTX_RELEASE [unloads];
+    /// The context's memory and modules are gone: its quarantine is checked first.
+    cuCtxDestroy_v2(ctx: CUcontext) = CTX_DESTROY [ctx_ends];
+    /// `cudaDeviceReset`'s call: the primary context's memory and modules are gone.
+    cuDevicePrimaryCtxReset_v2(dev: CUdevice) = PRIMARY_CTX_RESET [ctx_ends];
+    /// The last release destroys the context (the library cannot tell which release is the
+    /// last, so every one checks the quarantine first).
+    cuDevicePrimaryCtxRelease_v2(dev: CUdevice) = PRIMARY_CTX_RELEASE [ctx_ends];
 }
 
 /// Whether hook `h` is handed out now: the hooks of stream work other than launches

@@ -12,8 +12,12 @@
 //! - `[stream_work]`: other work on a stream: the deferred poisons are queued, then the call;
 //! - `[capture_start]`: a stream capture's start: as `[stream_work]`, and the streams' events
 //!   recorded after their poisons while nothing captures;
-//! - `[unloads]`: a call that can end kernels' lives (module and library unloads, context
-//!   destruction), passed through, then told to the launch check;
+//! - `[unloads]`: a call that can end kernels' lives (module and library unloads), passed
+//!   through, then told to the launch check;
+//! - `[ctx_ends]`: a call that ends a context and its memory (`cuCtxDestroy_v2`,
+//!   `cuDevicePrimaryCtxReset_v2`, `cuDevicePrimaryCtxRelease_v2`): isolation checks and frees
+//!   its quarantine first (and notes a fault nobody waited for), then the call, then the launch
+//!   check is told kernels are gone; always handed out;
 //! - `[stream_gone s]`: a stream's destruction, told to isolation first, then passed through;
 //! - `[pool_set]`: a device's memory pool set, passed through, then told to isolation;
 //! - `[resolver pfn]`: a resolver whose answer in `pfn` is swapped for our hook.
@@ -25,7 +29,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-/// The body of one hook; see the module comment for the eight forms.
+/// The body of one hook; see the module comment for the nine forms.
 macro_rules! body {
     ($real:ident, ($($a:ident),*), [$api:ident, $kind:expr, |$e:ident| $fill:expr $(, then |$e2:ident| $after:expr)?]) => {
         $crate::hooks::shape::run(
@@ -72,7 +76,10 @@ macro_rules! body {
         $crate::policy::stream_work();
         // SAFETY: the real function of this export, called with the caller's arguments as
         // they came: the caller's contract (the CUDA function's) is the real function's.
-        $crate::record::profile::real(|| unsafe { $real($($a),*) })
+        let r = $crate::record::profile::real(|| unsafe { $real($($a),*) });
+        // A synchronisation is where a kernel's fault comes back (`cudaDeviceSynchronize`).
+        $crate::policy::saw_code(HOOK_NAME, r);
+        r
     }};
     ($real:ident, ($($a:ident),*), [capture_start]) => {{
         let _span = $crate::record::profile::span($crate::record::profile::Class::StreamWork);
@@ -95,6 +102,16 @@ macro_rules! body {
         if r == 0 {
             $crate::policy::pool_set();
         }
+        r
+    }};
+    ($real:ident, ($($a:ident),*), [ctx_ends]) => {{
+        // Before the call: its memory is still there to check.
+        $crate::policy::context_ends(HOOK_NAME);
+        // SAFETY: the real function of this export, called with the caller's arguments as
+        // they came: the caller's contract (the CUDA function's) is the real function's.
+        let r = unsafe { $real($($a),*) };
+        // After the call: a launch that looks a layout up from now on sees kernels gone.
+        $crate::policy::kernels_unloaded();
         r
     }};
     ($real:ident, ($($a:ident),*), [unloads]) => {{
@@ -156,6 +173,8 @@ macro_rules! hooks {
             /// Same contract as the CUDA function of this name.
             #[unsafe(no_mangle)]
             pub unsafe extern "C" fn $name($($a: $t),*) -> $ret {
+                #[allow(dead_code)]
+                const HOOK_NAME: &str = stringify!($name);
                 let Some(real) = $crate::base::real::$real.get() else {
                     return $missing;
                 };

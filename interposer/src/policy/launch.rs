@@ -16,7 +16,6 @@
 use super::{isolate, sync};
 use crate::base::cu;
 use crate::base::cuda::*;
-use crate::base::real::*;
 use crate::base::sys::ForkLock;
 use crate::base::sys::{gettid, now_ns, warn};
 use crate::record::{event, stacks, writer};
@@ -28,21 +27,88 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 /// A kernel's parameters: (offset, size) of each, and its name.
 struct Layout {
     params: Vec<(u32, u32)>,
+    /// Whether a query gave the parameters: `cuFuncGetParamInfo`, or `cuKernelGetParamInfo` for
+    /// a CUkernel (`as_kernel`). When neither answers (a driver before 12.4, a handle of another
+    /// kind) the kernel's parameters are unknown: a `kernelParams` array cannot be read at all
+    /// (its length is the parameter count), and a word of a packed buffer is never evidence.
+    known: bool,
+    as_kernel: bool,
     name: String,
     /// The [`UNLOADS`] count at which the layout was last seen to fit its handle.
     fitted: AtomicU64,
 }
 
 static LAYOUTS: ForkLock<Option<HashMap<usize, &'static Layout>>> = ForkLock::new(None);
-static WARNED: ForkLock<Option<HashSet<(usize, u64)>>> = ForkLock::new(None);
+/// (kernel, allocation, evidence) already reported: a suspect of a kernel and allocation does
+/// not hide a later stale launch of the same two.
+static WARNED: ForkLock<Option<HashSet<(usize, u64, bool)>>> = ForkLock::new(None);
 /// Calls that may have ended kernels' lives (module and library unloads, context
 /// destruction), counted after each returned.
 static UNLOADS: AtomicU64 = AtomicU64::new(0);
+/// Launches whose kernel's parameter layout no query gave, with a `kernelParams` array: not
+/// checked (said in the exit note).
+static UNCHECKED: AtomicU64 = AtomicU64::new(0);
 
 /// A module or library was unloaded or a context destroyed: every cached layout is checked
 /// again at its kernel's next launch.
 pub fn kernels_unloaded() {
     UNLOADS.fetch_add(1, AcqRel);
+}
+
+/// Parameter `i` of `f`, by the query of its kind of handle.
+///
+/// # Safety
+/// `f` is the kernel the program is launching now: its module (or library) is loaded.
+unsafe fn param_info(f: CUfunction, i: usize, as_kernel: bool) -> cu::Result<(usize, usize)> {
+    if as_kernel {
+        // SAFETY: the caller's contract.
+        unsafe { cu::kernel_get_param_info(f, i) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { cu::func_get_param_info(f, i) }
+    }
+}
+
+/// Reads `f`'s parameters by one query: `None` when that query does not answer for `f` (any
+/// failure of parameter 0 but "no such parameter", which a kernel without parameters gives).
+///
+/// # Safety
+/// As [`param_info`].
+unsafe fn read_params(f: CUfunction, as_kernel: bool) -> Option<Vec<(u32, u32)>> {
+    let mut params = Vec::new();
+    for i in 0..4096 {
+        // SAFETY: the caller's contract.
+        match unsafe { param_info(f, i, as_kernel) } {
+            Ok((off, size)) => params.push((off as u32, size as u32)),
+            Err(cu::CuError::Code(CUDA_ERROR_INVALID_VALUE)) => break, // past the last one
+            Err(_) if i == 0 => return None,
+            Err(_) => break,
+        }
+    }
+    Some(params)
+}
+
+/// The kernel's name: `cuFuncGetName`, else `cuKernelGetName` (the CUDA 12+ runtime launches
+/// a library's CUkernel, for which only the second answers), else its handle.
+///
+/// # Safety
+/// As [`param_info`].
+unsafe fn kernel_name(f: CUfunction) -> String {
+    // SAFETY: the caller's contract.
+    let p = match unsafe { cu::func_get_name(f) } {
+        Ok(p) if !p.is_null() => p,
+        // SAFETY: the caller's contract.
+        _ => match unsafe { cu::kernel_get_name(f) } {
+            Ok(p) if !p.is_null() => p,
+            _ => return format!("(unnamed kernel {f:p})"),
+        },
+    };
+    // SAFETY: the driver's NUL-terminated name, alive as long as the module.
+    unsafe { CStr::from_ptr(p) }
+        .to_string_lossy()
+        .chars()
+        .take(4096)
+        .collect()
 }
 
 /// The layout of kernel `f`, cached by handle. A handle can be reused: a module unloaded and
@@ -54,7 +120,6 @@ pub fn kernels_unloaded() {
 /// parameter's place and size. That look costs two driver calls (~3 us on the H200, as much as
 /// the rest of the check); without unloads a launch makes none.
 fn layout(f: CUfunction) -> Option<&'static Layout> {
-    FUNC_GET_PARAM_INFO.get()?;
     // Read before looking: an unload counted after this makes the next launch look again.
     let unloads = UNLOADS.load(Acquire);
     let mut g = LAYOUTS.lock();
@@ -68,30 +133,23 @@ fn layout(f: CUfunction) -> Option<&'static Layout> {
             return Some(*l);
         }
     }
-    let mut params = Vec::new();
-    for i in 0..4096 {
-        // SAFETY: `f` is the kernel the program is launching now: its module is loaded.
-        let Ok((off, size)) = (unsafe { cu::func_get_param_info(f, i) }) else {
-            break;
-        };
-        params.push((off as u32, size as u32));
-    }
-    let mut name = String::from("?");
+    // SAFETY (both): `f` is the kernel the program is launching now: its module is loaded.
+    let (params, known, as_kernel) = match unsafe { read_params(f, false) } {
+        Some(p) => (p, true, false),
+        // SAFETY: as above.
+        None => match unsafe { read_params(f, true) } {
+            Some(p) => (p, true, true),
+            None => (Vec::new(), false, false),
+        },
+    };
     // SAFETY: as above.
-    if let Ok(p) = unsafe { cu::func_get_name(f) }
-        && !p.is_null()
-    {
-        // SAFETY: the driver's NUL-terminated name, alive as long as the module.
-        name = unsafe { CStr::from_ptr(p) }
-            .to_string_lossy()
-            .chars()
-            .take(4096)
-            .collect();
-    }
+    let name = unsafe { kernel_name(f) };
     // Leaked on purpose: kernels live as long as their module, layouts are small, and a hit
     // may still name a replaced one.
     let l: &'static Layout = Box::leak(Box::new(Layout {
         params,
+        known,
+        as_kernel,
         name,
         fitted: AtomicU64::new(unloads),
     }));
@@ -101,19 +159,37 @@ fn layout(f: CUfunction) -> Option<&'static Layout> {
 
 /// True when kernel `f` still has layout `l`'s parameter count and last parameter.
 fn still_fits(f: CUfunction, l: &Layout) -> bool {
+    if !l.known {
+        // SAFETY: `f` is the kernel the program is launching now: its module is loaded.
+        return unsafe { read_params(f, false).is_none() && read_params(f, true).is_none() };
+    }
     let n = l.params.len();
     // SAFETY: `f` is the kernel the program is launching now: its module is loaded.
-    if unsafe { cu::func_get_param_info(f, n) }.is_ok() {
+    if unsafe { param_info(f, n, l.as_kernel) }.is_ok() {
         return false; // more parameters than the layout has
     }
     match l.params.last() {
         None => true,
         Some(&(o, sz)) => {
             // SAFETY: as above.
-            let r = unsafe { cu::func_get_param_info(f, n - 1) };
+            let r = unsafe { param_info(f, n - 1, l.as_kernel) };
             r == Ok((o as usize, sz as usize))
         }
     }
+}
+
+/// Where a word of a launch's parameters sits, which decides what a freed pointer in it is.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Place {
+    /// A parameter of exactly 8 bytes at an 8-aligned offset, the whole of it: a pointer
+    /// parameter. A value into a freed allocation is evidence (a stale launch).
+    Whole,
+    /// An 8-byte word inside a wider parameter passed by value (a struct): a pointer or two
+    /// 32-bit integers side by side. Evidence only when it is exactly the allocation's start.
+    Inside,
+    /// No layout: a word of a packed buffer whose parameters no query gave. Evidence only when
+    /// it is exactly the allocation's start.
+    Unknown,
 }
 
 const CU_LAUNCH_PARAM_END: usize = 0;
@@ -165,16 +241,16 @@ const BATCH: usize = 64;
 struct Words {
     n: usize,
     words: [u64; BATCH],
-    at: [(u32, u32); BATCH],
+    at: [(u32, u32, Place); BATCH],
 }
 
 impl Words {
-    fn push(&mut self, word: u64, index: u32, offset: u32, out: &mut Found) {
+    fn push(&mut self, word: u64, index: u32, offset: u32, place: Place, out: &mut Found) {
         if word < isolate::LOW.load(Relaxed) || word >= isolate::HIGH.load(Relaxed) {
             return; // below or above everything ever freed: the common case, no lock
         }
         self.words[self.n] = word;
-        self.at[self.n] = (index, offset);
+        self.at[self.n] = (index, offset, place);
         self.n += 1;
         if self.n == BATCH {
             self.flush(out);
@@ -199,7 +275,7 @@ struct Found {
 }
 
 impl Found {
-    fn found(&mut self, (index, offset): (u32, u32), ptr: u64, e: isolate::Entry) {
+    fn found(&mut self, (index, offset, place): (u32, u32, Place), ptr: u64, e: isolate::Entry) {
         HITS.fetch_add(1, Relaxed);
         let mut h = Hit {
             api: self.api,
@@ -213,28 +289,28 @@ impl Found {
             device: event::current_device(),
             stack: 0,
         };
-        let first = WARNED
-            .lock()
-            .get_or_insert_with(HashSet::new)
-            .insert((h.kernel(), e.alloc_seq ^ e.ptr));
+        // The evidence rule (docs/isolation.md, "The launch check's evidence"). A pointer-sized
+        // parameter of its own is a pointer: a stale launch. A word inside a parameter passed
+        // by value that is wider than a pointer (a struct: CUTLASS's `Params`, PyTorch's
+        // `OffsetCalculator` with its integer dividers) may be a pointer or two 32-bit integers
+        // side by side: on the H200 stream-ordered pools hand out addresses such as
+        // 0x3_ffd1_d200, and PyTorch's dividers carry magic numbers (0xba2e8ba3: division by
+        // 11) next to a divisor (7: 0x7_ba2e_8ba3) and pairs like (5, 7) = 0x7_0000_0005 that
+        // land inside freed allocations (41 false stale launches a BERT run under bf16
+        // autocast). Such a word, and a word of a packed buffer whose layout is unknown, is
+        // taken for a pointer only when it is exactly the start of the freed allocation, what a
+        // framework hands a kernel as a tensor's data; anywhere else it is a stale *value*, a
+        // suspect: listed, never a finding. Alignment is not evidence: 0x3_8000_0000 is both a
+        // well-aligned address and the pair (0x8000_0000, 3).
+        let wide = ptr != e.ptr && place != Place::Whole;
+        let first = WARNED.lock().get_or_insert_with(HashSet::new).insert((
+            h.kernel(),
+            e.alloc_seq ^ e.ptr,
+            !wide && !e.guarded(),
+        ));
         if first || e.guarded() {
             h.stack = stacks::capture();
         }
-        // A word inside a parameter passed by value that is wider than a pointer (a struct:
-        // CUTLASS's `Params`, PyTorch's `TensorIterator` offsets) may be a pointer or two
-        // 32-bit integers side by side. On the H200, stream-ordered pools hand out addresses
-        // such as 0x3_ffd1_d200, and cuBLAS's CUTLASS kernels carry pairs like (0x1000, 4) =
-        // 0x4_0000_1000 that land inside freed allocations. Such a word is taken for a pointer
-        // (a stale launch) only when it is exactly the start of the freed allocation, what a
-        // framework hands a kernel as a tensor's data; anywhere else inside it, it is a stale
-        // *value*, listed but not a finding (as in guard mode without a fault). A
-        // pointer-sized parameter of its own is a pointer: a stale launch.
-        let wide = ptr != e.ptr
-            && self
-                .layout
-                .params
-                .get(index as usize)
-                .is_some_and(|&(_, size)| size > 8);
         if e.guarded() {
             if first {
                 h.submit(Record::StaleValue);
@@ -297,10 +373,14 @@ pub unsafe fn check(
     let mut words = Words {
         n: 0,
         words: [0; BATCH],
-        at: [(0, 0); BATCH],
+        at: [(0, 0, Place::Whole); BATCH],
     };
     if !params.is_null() {
         let layout = layout(f)?;
+        if !layout.known {
+            UNCHECKED.fetch_add(1, Relaxed);
+            return None; // the array's length is the parameter count, which nothing gave
+        }
         let mut out = Found {
             api,
             layout,
@@ -319,7 +399,12 @@ pub unsafe fn check(
                 // and `at + 8 <= size`.
                 let word =
                     unsafe { std::ptr::read_unaligned(value.add(at as usize) as *const u64) };
-                words.push(word, i as u32, off + at, &mut out);
+                let place = if size == 8 && off % 8 == 0 {
+                    Place::Whole
+                } else {
+                    Place::Inside
+                };
+                words.push(word, i as u32, off + at, place, &mut out);
                 at += 8;
             }
         }
@@ -362,12 +447,28 @@ pub unsafe fn check(
     while at + 8 <= size {
         // SAFETY: the packed buffer holds `size` bytes (its BUFFER_SIZE), `at + 8 <= size`.
         let word = unsafe { std::ptr::read_unaligned(buf.add(at) as *const u64) };
-        let index = layout
-            .params
-            .iter()
-            .rposition(|&(o, _)| o as usize <= at)
-            .unwrap_or(0);
-        words.push(word, index as u32, at as u32, &mut out);
+        // The parameter the word lies in; a word in padding or across two parameters is no
+        // value of one (skipped).
+        let (index, place) = if layout.known {
+            match layout
+                .params
+                .iter()
+                .position(|&(o, sz)| o as usize <= at && at + 8 <= (o + sz) as usize)
+            {
+                Some(i) => {
+                    let (o, sz) = layout.params[i];
+                    let whole = o as usize == at && sz == 8;
+                    (i as u32, if whole { Place::Whole } else { Place::Inside })
+                }
+                None => {
+                    at += 8;
+                    continue;
+                }
+            }
+        } else {
+            (0, Place::Unknown)
+        };
+        words.push(word, index, at as u32, place, &mut out);
         at += 8;
     }
     words.flush(&mut out);
@@ -401,7 +502,7 @@ pub fn launched(api: Api, guarded: Option<Guarded>, r: CUresult) {
         }
     }
     if r != CUDA_SUCCESS {
-        device_fault(api, r);
+        device_fault(api.name(), r);
     }
 }
 
@@ -414,7 +515,7 @@ fn forget_covered(s: &mut VecDeque<(u64, Hit)>) {
 
 /// A call the library saw returned `r`: if it is a device fault (the first), record it, name
 /// the suspects, and say so on stderr.
-pub fn device_fault(api: Api, r: i32) {
+pub fn device_fault(by: &str, r: i32) {
     let Some(what) = isolate_trace::device_fault_name(r as u64) else {
         return;
     };
@@ -426,10 +527,7 @@ pub fn device_fault(api: Api, r: i32) {
         forget_covered(&mut s);
         s.drain(..).map(|(_, h)| h).collect()
     };
-    let mut text = format!(
-        "DEVICE FAULT: CUDA error {r} ({what}) returned by {}",
-        api.name()
-    );
+    let mut text = format!("DEVICE FAULT: CUDA error {r} ({what}) returned by {by}");
     if suspects.is_empty() {
         text.push_str(if crate::base::config::get().guard {
             "; no launch since the last clean synchronisation got a pointer into freed guard \
@@ -473,14 +571,25 @@ pub fn after_fork_child() {
 /// The note written at exit with the launch-check counters.
 pub fn note_at_exit() {
     let checked = CHECKED.load(Relaxed);
-    let kernels = LAYOUTS.lock().as_ref().map_or(0, |m| m.len());
+    let (kernels, unknown) = LAYOUTS.lock().as_ref().map_or((0, 0), |m| {
+        (m.len(), m.values().filter(|l| !l.known).count())
+    });
+    let unchecked = UNCHECKED.load(Relaxed);
+    let mut text = format!(
+        "launch check: {checked} launches of {kernels} kernels checked, {} stale pointers",
+        HITS.load(Relaxed)
+    );
+    if unknown > 0 {
+        text.push_str(&format!(
+            "; {unknown} kernels had no parameter layout (cuFuncGetParamInfo and \
+             cuKernelGetParamInfo did not answer): {unchecked} of their launches could not be \
+             read, and a packed buffer's words were suspects only"
+        ));
+    }
     event::cost_note(
         isolate_trace::CostTopic::LaunchCheck,
         HITS.load(Relaxed),
         checked,
-        format!(
-            "launch check: {checked} launches of {kernels} kernels checked, {} stale pointers",
-            HITS.load(Relaxed)
-        ),
+        text,
     );
 }

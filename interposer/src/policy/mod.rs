@@ -276,6 +276,38 @@ pub fn launched(api: isolate_trace::Api, found: Option<launch::Guarded>, r: CUre
 #[inline]
 pub fn saw_result(api: isolate_trace::Api, r: i32) {
     if r >= 700 && isolate_trace::device_fault_name(r as u64).is_some() {
-        launch::device_fault(api, r);
+        launch::device_fault(api.name(), r);
     }
+}
+
+/// A call of stream work or a synchronisation (a hook that records no event) returned `r`:
+/// the first device fault is noted (every mode), as [`saw_result`] does for recorded calls.
+/// `cudaDeviceSynchronize` is such a call (`cuCtxSynchronize`), and it is where a faulting
+/// kernel's 700 usually comes back (guard mode).
+#[inline]
+pub fn saw_code(by: &str, r: CUresult) {
+    if r >= 700 && isolate_trace::device_fault_name(r as u64).is_some() {
+        let _ = std::panic::catch_unwind(|| launch::device_fault(by, r));
+    }
+}
+
+/// A context is about to end and take its memory with it (`cudaDeviceReset`'s
+/// `cuDevicePrimaryCtxReset_v2`, a primary context's last release, `cuCtxDestroy_v2`; never
+/// fails, never changes the call). In isolate mode the device is synchronised first (a fault
+/// of a kernel nobody waited for is noted: guard mode's faulting stale write), then every
+/// allocation in quarantine is checked and really freed while its memory is still there: after
+/// the call there is nothing left to check, and the exit check would read memory the driver
+/// took back. All contexts' quarantine goes, not only the ending one's: these calls are rare
+/// (a program's end, a test's reset), and a check too many costs only time.
+pub fn context_ends(by: &str) {
+    if !isolating() || crate::record::thread::nested() {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| {
+        let _inside = crate::record::thread::Inside::enter();
+        if let Err(crate::base::cu::CuError::Code(r)) = crate::base::cu::ctx_synchronize() {
+            saw_code(by, r);
+        }
+        isolate::before_context_ends();
+    });
 }

@@ -97,6 +97,25 @@ pub fn at_exit() {
     release_batch(&entries, Release::CheckOnly);
 }
 
+/// Before a context ends with its memory (`cudaDeviceReset`, `cuCtxDestroy`, a primary
+/// context's release): every allocation in quarantine is checked and really freed now, while
+/// the memory is there. After the call the memory is gone: the exit check would find nothing
+/// to read (or read what the driver put there since), so a stale write the program made before
+/// `cudaDeviceReset(); return 0;` was never found.
+pub fn before_context_ends() {
+    let _inside = Inside::enter();
+    reap(true);
+    let mut taken = Vec::new();
+    {
+        let mut g = state();
+        let s = st!(g);
+        while let Some(e) = s.pop_oldest() {
+            taken.push(e);
+        }
+    }
+    release_batch(&taken, Release::Now);
+}
+
 /// Checks every allocation in quarantine now (they stay there) and every batch on its way out;
 /// what it finds is recorded (and counted by the tally) like any stale write. For a test
 /// framework's "no stale write in this test" at the end of each test.

@@ -27,7 +27,7 @@ mod vmm;
 
 pub use alloc::{alloc, free, pool_peak_reset, pool_used};
 pub use counters::exit_notes;
-pub use exit::{at_exit, at_exit_bounded, verify_now};
+pub use exit::{at_exit, at_exit_bounded, before_context_ends, verify_now};
 pub use poison::{capture_start, flush_current};
 pub use pytorch::{Substrate, before_main, pytorch_substrate};
 pub use quarantine::{forget_range, lookup_each};
