@@ -19,7 +19,10 @@
 //! does not know looks the same. [`Kind::counts`] says it; [`Tally::counted`] applies it; nothing
 //! else decides.
 //!
-//! Not findings: stale values (guard mode: a freed pointer a kernel got but never used), memory
+//! Not findings: stale values, the launch check's *suspects* (a word of a kernel's parameters
+//! that points into freed memory without evidence the kernel was handed it: inside a struct
+//! passed by value and not the allocation's start, in a packed buffer with no layout, or into
+//! freed guard memory no fault followed; the summary lists them apart), memory
 //! held at exit that something explains (a caching allocator, a CUDA library, a process that
 //! died), lost allocations, and the graph's own anomalies about nodes (`overlap`, `true_alias`,
 //! `never_freed`, `stale_value`; see [`crate::graph::Anomaly::finding`]).

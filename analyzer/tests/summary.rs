@@ -501,7 +501,11 @@ fn guarded_stale_values_become_stale_launches_only_when_a_fault_names_them() {
         ),
         "{text}"
     );
-    assert!(text.contains("stale values: 1 pointer"), "{text}");
+    assert!(
+        text.contains("suspects: 1 kernel launch (stale values:"),
+        "{text}"
+    );
+    assert!(text.contains("  suspect: kernel "), "{text}");
 }
 
 /// The calls of a process that dlopen()ed the library late: first seven frees (and the like) of

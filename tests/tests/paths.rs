@@ -620,6 +620,10 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
         ("dlsym_next", &[]),
         ("launch", &[]),
         ("launch_reuse", &[]),
+        // tests/launch_rule.rs (isolate and guard mode are run there).
+        ("launch_rule", &[]),
+        ("textbook", &["4096"]),
+        ("textbook", &["4096", "noreset", "sync"]),
         ("stale_write", &[]),
         ("stream_order", &[]),
         ("oom", &[]),

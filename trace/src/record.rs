@@ -343,9 +343,13 @@ pub enum Record {
     Note(Note),
     Stats(Stats),
     End(End),
-    /// Guard mode: a kernel received a pointer into a freed allocation whose memory is unmapped.
-    /// Any access through it faults, so without a fault after it the value was not used (a
-    /// stale field the kernel ignores); followed by a fault ([`NoteKind::DeviceFault`]) it names
+    /// The launch check's *suspect*: a word of a kernel's parameters points into a freed
+    /// allocation without evidence that the kernel was handed it (never a finding). Either the
+    /// word lies inside a parameter passed by value wider than a pointer (a struct) and is not
+    /// the allocation's start, or the launch's packed buffer has no parameter layout and the word
+    /// is not the start (two 32-bit integers side by side read as such words), or (guard mode)
+    /// the allocation's memory is unmapped: any access through it faults, so without a fault
+    /// after it the value was not used; followed by a fault ([`NoteKind::DeviceFault`]) it names
     /// the kernel that is the likely culprit.
     StaleValue(StaleLaunch),
     /// Format version 2: a loaded object, a stack, a Python code object, a record's stack.

@@ -981,21 +981,28 @@ fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, Dev
         let _ = writeln!(o, "cost     {c}");
     }
     if t.stale_value_count > 0 {
+        // Suspects (docs/analyzer.md, "Suspects"): listed apart, never counted.
         let _ = writeln!(
             o,
-            "stale values: {}",
+            "suspects: {} (stale values: a kernel parameter word pointing into freed memory \
+             without evidence the kernel was handed it: a word inside a struct passed by value \
+             that is not the allocation's start, a packed buffer with no parameter layout, or \
+             freed guard memory no fault followed; not {})",
+            plural(t.stale_value_count, "kernel launch"),
             if t.stale_value_count == 1 {
-                "1 pointer into freed, unmapped guard memory passed to a kernel that never used \
-                 it (no fault followed; not an error)"
-                    .to_owned()
+                "an error"
             } else {
-                format!(
-                    "{} pointers into freed, unmapped guard memory passed to kernels that never \
-                     used them (no fault followed; not errors)",
-                    count(t.stale_value_count)
-                )
+                "errors"
             }
         );
+        for v in t.stale_values.iter().take(3) {
+            let _ = writeln!(
+                o,
+                "  suspect: kernel {} got {:#x} (parameter {}, byte {}), inside allocation {:#x} \
+                 ({} bytes)",
+                v.kernel, v.ptr, v.param_index, v.param_offset, v.alloc_ptr, v.alloc_size
+            );
+        }
     }
     if !t.complete {
         let _ = writeln!(o, "incomplete: no End record");
