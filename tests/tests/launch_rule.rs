@@ -117,6 +117,15 @@ fn a_stale_launch_needs_evidence_and_a_suspect_is_listed_apart() {
         kernels(&s["stale_values"]),
         ["k_divider", "k_nolayout", "k_packed"]
     );
+    // The launch's stack reaches the finding (and the allocation's and the free's).
+    for l in s["stale_launches"].as_array().unwrap() {
+        for k in ["launch_stack", "alloc_stack", "free_stack"] {
+            assert!(
+                l[k]["frames"].as_array().is_some_and(|f| !f.is_empty()),
+                "{k}: {l:#}"
+            );
+        }
+    }
 }
 
 /// The textbook program in isolate mode, with `cudaDeviceReset()` before `return 0`: the

@@ -69,23 +69,55 @@ unsafe fn param_info(f: CUfunction, i: usize, as_kernel: bool) -> cu::Result<(us
     }
 }
 
-/// Reads `f`'s parameters by one query: `None` when that query does not answer for `f` (any
-/// failure of parameter 0 but "no such parameter", which a kernel without parameters gives).
+/// What one query says of a kernel's parameters.
+enum Answer {
+    /// Its parameters (at least one).
+    Params(Vec<(u32, u32)>),
+    /// "No parameter 0" (`CUDA_ERROR_INVALID_VALUE`): no parameters, or (a driver that answers
+    /// so for a handle of the other kind) not this query's handle.
+    Empty,
+    /// Any other failure of parameter 0 (`CUDA_ERROR_INVALID_HANDLE`, a driver without the
+    /// function): the query does not answer for this handle.
+    Silent,
+}
+
+/// Reads `f`'s parameters by one query.
 ///
 /// # Safety
 /// As [`param_info`].
-unsafe fn read_params(f: CUfunction, as_kernel: bool) -> Option<Vec<(u32, u32)>> {
+unsafe fn read_params(f: CUfunction, as_kernel: bool) -> Answer {
     let mut params = Vec::new();
     for i in 0..4096 {
         // SAFETY: the caller's contract.
         match unsafe { param_info(f, i, as_kernel) } {
             Ok((off, size)) => params.push((off as u32, size as u32)),
-            Err(cu::CuError::Code(CUDA_ERROR_INVALID_VALUE)) => break, // past the last one
-            Err(_) if i == 0 => return None,
-            Err(_) => break,
+            Err(cu::CuError::Code(CUDA_ERROR_INVALID_VALUE)) if i == 0 => return Answer::Empty,
+            Err(_) if i == 0 => return Answer::Silent,
+            Err(_) => break, // past the last one
         }
     }
-    Some(params)
+    Answer::Params(params)
+}
+
+/// `f`'s layout: (parameters, known, as a CUkernel). `cuFuncGetParamInfo` first; when it gives
+/// no parameters, `cuKernelGetParamInfo` (a CUkernel, which the CUDA 12+ runtime launches in
+/// place of a CUfunction); no parameters from either with one saying "no parameter 0" is a
+/// kernel without parameters; no answer from either, an unknown layout.
+///
+/// # Safety
+/// As [`param_info`].
+unsafe fn read_layout(f: CUfunction) -> (Vec<(u32, u32)>, bool, bool) {
+    // SAFETY: the caller's contract.
+    let func = unsafe { read_params(f, false) };
+    if let Answer::Params(p) = func {
+        return (p, true, false);
+    }
+    // SAFETY: the caller's contract.
+    match unsafe { read_params(f, true) } {
+        Answer::Params(p) => (p, true, true),
+        Answer::Empty => (Vec::new(), true, false),
+        Answer::Silent => (Vec::new(), matches!(func, Answer::Empty), false),
+    }
 }
 
 /// The kernel's name: `cuFuncGetName`, else `cuKernelGetName` (the CUDA 12+ runtime launches
@@ -133,15 +165,8 @@ fn layout(f: CUfunction) -> Option<&'static Layout> {
             return Some(*l);
         }
     }
-    // SAFETY (both): `f` is the kernel the program is launching now: its module is loaded.
-    let (params, known, as_kernel) = match unsafe { read_params(f, false) } {
-        Some(p) => (p, true, false),
-        // SAFETY: as above.
-        None => match unsafe { read_params(f, true) } {
-            Some(p) => (p, true, true),
-            None => (Vec::new(), false, false),
-        },
-    };
+    // SAFETY: `f` is the kernel the program is launching now: its module is loaded.
+    let (params, known, as_kernel) = unsafe { read_layout(f) };
     // SAFETY: as above.
     let name = unsafe { kernel_name(f) };
     // Leaked on purpose: kernels live as long as their module, layouts are small, and a hit
@@ -161,7 +186,7 @@ fn layout(f: CUfunction) -> Option<&'static Layout> {
 fn still_fits(f: CUfunction, l: &Layout) -> bool {
     if !l.known {
         // SAFETY: `f` is the kernel the program is launching now: its module is loaded.
-        return unsafe { read_params(f, false).is_none() && read_params(f, true).is_none() };
+        return !unsafe { read_layout(f) }.1;
     }
     let n = l.params.len();
     // SAFETY: `f` is the kernel the program is launching now: its module is loaded.
