@@ -5,16 +5,18 @@
  *   k_divider      one 320-byte struct by value (PyTorch's OffsetCalculator): words inside A
  *                  at bytes 16 and 312 that are not its start (integer dividers, packed pairs)
  *                                                      -> a suspect (stale value), no finding
- *   k_struct_base  one 64-byte struct whose word at byte 24 is exactly A  -> a stale launch
- *   k_lib_ptr      a library kernel (CUkernel: only cuKernelGet* answer) with one pointer
- *                  parameter, A + 16                   -> a stale launch, named k_lib_ptr
+ *   k_struct_base  one 64-byte struct whose word at byte 24 is exactly A (PyTorch's unused
+ *                  CatArrInputTensorMetadata slots)    -> a suspect
+ *   k_lib_ptr      a library kernel (CUkernel: only cuKernelGet* answer) with one 8-byte
+ *                  parameter, A + 16 (PyTorch's StoreWithCast<1> reads so) -> a suspect
  *   k_packed       (pointer, 32-byte struct) through a packed buffer (CU_LAUNCH_PARAM_BUFFER_*):
- *                  A + 8 at byte 0 (the pointer) and A + 0x40 at byte 16 (inside the struct)
+ *                  exactly A at byte 0 (the pointer) and A + 0x40 at byte 16 (inside the struct)
  *                                                      -> a stale launch and a suspect
  *   k_nolayout     no layout from any query, a packed buffer: A + 8 at byte 0, exactly A at
- *                  byte 8                              -> a suspect and a stale launch
+ *                  byte 8                              -> a suspect (one a kernel and allocation)
  *   k_nolayout_p   no layout, a kernelParams array     -> not readable: counted, not checked
- *   k_ex           a library kernel by cuLaunchKernelEx, pointer A + 32   -> a stale launch
+ *   k_ex           a library kernel by cuLaunchKernelEx, pointer exactly A -> a stale launch,
+ *                  named k_ex
  *
  * The kernels do nothing: the same output with and without the library. */
 #include "common.h"
@@ -62,7 +64,7 @@ int main(void) {
     void *pl[] = {&lp};
     say("k_lib_ptr %d", launch(kl, 1, 1, 1, 1, 1, 1, 0, NULL, pl, NULL));
 
-    uint64_t packed[5] = {a + 8, 0, a + 0x40, 0, 0};
+    uint64_t packed[5] = {a, 0, a + 0x40, 0, 0};
     size_t packed_size = sizeof packed;
     void *xp[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, packed, CU_LAUNCH_PARAM_BUFFER_SIZE,
                   &packed_size, CU_LAUNCH_PARAM_END};
@@ -77,7 +79,7 @@ int main(void) {
     void *pnp[] = {&a};
     say("k_nolayout_p %d", launch(knp, 1, 1, 1, 1, 1, 1, 0, NULL, pnp, NULL));
 
-    uint64_t xptr = a + 32;
+    uint64_t xptr = a;
     void *px[] = {&xptr};
     CUlaunchConfig cfg;
     memset(&cfg, 0, sizeof cfg);

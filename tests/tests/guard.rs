@@ -648,8 +648,11 @@ fn without_a_clean_synchronisation_every_launch_since_is_a_suspect() {
 }
 
 /// Without guard mode the freed A stays mapped (poisoned, in quarantine): touching it does not
-/// fault, so the launch check reports both kernels as STALE LAUNCH at launch and no fault
-/// follows. In log mode launches are not checked: nothing is reported.
+/// fault, so the launch check decides at the launch, by its evidence rule: k_use's parameter of
+/// its own is exactly A's start, a STALE LAUNCH; k_ignore's A sits inside a struct it passes by
+/// value (a field the kernel ignores, as PyTorch's kernels leave earlier launches' buffers in
+/// unused slots), a suspect only. No fault follows. In log mode launches are not checked:
+/// nothing is reported.
 #[test]
 fn without_guard_both_launches_are_stale_pointers_at_once() {
     let plain = guard_run("stale").preload(false).run();
@@ -661,22 +664,23 @@ fn without_guard_both_launches_are_stale_pointers_at_once() {
     out.assert_trace_matches(t, None);
     let (a, _) = stale_events(t);
     let stale = stderr_lines(&out, "STALE LAUNCH");
-    assert_eq!(stale.len(), 2, "{}", out.stderr);
-    assert!(stale[0].contains("kernel k_ignore got") && stale[1].contains("kernel k_use got"));
+    assert_eq!(stale.len(), 1, "{}", out.stderr);
+    assert!(stale[0].contains("kernel k_use got"), "{}", out.stderr);
     assert!(
         stderr_lines(&out, "DEVICE FAULT").is_empty(),
         "{}",
         out.stderr
     );
-    assert!(t.stale_values().is_empty());
+    let values: Vec<String> = t.stale_values().into_iter().map(|l| l.kernel).collect();
+    assert_eq!(values, ["k_ignore"]);
     assert!(notes(t, NoteKind::DeviceFault).is_empty());
     let s = t.analyzer_summary();
-    assert_eq!(s["stale_launch_count"], 2, "{s:#}");
+    assert_eq!(s["stale_launch_count"], 1, "{s:#}");
     for l in s["stale_launches"].as_array().unwrap() {
         assert_eq!(l["fault"], Value::Null, "{s:#}");
         assert_eq!(l["alloc_ptr"], hex(a.ptr), "{s:#}");
     }
-    assert_eq!(s["stale_value_count"], 0);
+    assert_eq!(s["stale_value_count"], 1);
     assert_eq!(s["device_faults"].as_array().unwrap().len(), 0, "{s:#}");
 
     let log = guard_run("stale").run();

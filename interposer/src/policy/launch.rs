@@ -207,13 +207,15 @@ fn still_fits(f: CUfunction, l: &Layout) -> bool {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Place {
     /// A parameter of exactly 8 bytes at an 8-aligned offset, the whole of it: a pointer
-    /// parameter. A value into a freed allocation is evidence (a stale launch).
+    /// parameter, or an 8-byte struct of integers. Exactly the freed allocation's start is
+    /// evidence (a stale launch); anywhere else inside it, a suspect.
     Whole,
-    /// An 8-byte word inside a wider parameter passed by value (a struct): a pointer or two
-    /// 32-bit integers side by side. Evidence only when it is exactly the allocation's start.
+    /// An 8-byte word inside a wider parameter passed by value (a struct): a pointer, a stale
+    /// pointer left in a slot the kernel does not read, or two 32-bit integers side by side.
+    /// Never evidence: a suspect.
     Inside,
-    /// No layout: a word of a packed buffer whose parameters no query gave. Evidence only when
-    /// it is exactly the allocation's start.
+    /// No layout: a word of a packed buffer whose parameters no query gave. Never evidence: a
+    /// suspect.
     Unknown,
 }
 
@@ -314,20 +316,20 @@ impl Found {
             device: event::current_device(),
             stack: 0,
         };
-        // The evidence rule (docs/isolation.md, "The launch check's evidence"). A pointer-sized
-        // parameter of its own is a pointer: a stale launch. A word inside a parameter passed
-        // by value that is wider than a pointer (a struct: CUTLASS's `Params`, PyTorch's
-        // `OffsetCalculator` with its integer dividers) may be a pointer or two 32-bit integers
-        // side by side: on the H200 stream-ordered pools hand out addresses such as
-        // 0x3_ffd1_d200, and PyTorch's dividers carry magic numbers (0xba2e8ba3: division by
-        // 11) next to a divisor (7: 0x7_ba2e_8ba3) and pairs like (5, 7) = 0x7_0000_0005 that
-        // land inside freed allocations (41 false stale launches a BERT run under bf16
-        // autocast). Such a word, and a word of a packed buffer whose layout is unknown, is
-        // taken for a pointer only when it is exactly the start of the freed allocation, what a
-        // framework hands a kernel as a tensor's data; anywhere else it is a stale *value*, a
-        // suspect: listed, never a finding. Alignment is not evidence: 0x3_8000_0000 is both a
-        // well-aligned address and the pair (0x8000_0000, 3).
-        let wide = ptr != e.ptr && place != Place::Whole;
+        // The evidence rule (docs/isolation.md, "The launch check's evidence"): a stale launch
+        // only when a parameter of its own, exactly pointer-sized, holds exactly the start of
+        // the freed allocation (what a framework hands a kernel as a tensor's data). Measured on
+        // the H200, everything weaker fired on correct programs: a word inside a struct passed
+        // by value (PyTorch's `OffsetCalculator` dividers, 0x7_ba2e_8ba3; pairs such as
+        // (5, 7) = 0x7_0000_0005: 41 false stale launches a BERT run under bf16 autocast), even
+        // when it is exactly an allocation's start (unused slots of `CatArrInputTensorMetadata`
+        // and `ReduceOp` that keep an earlier launch's buffer: 93 a GPT-2 run, 1 in a DataLoader
+        // run), and a whole 8-byte parameter inside an allocation but not at its start
+        // (`StoreWithCast<1>`: dtype 6 and element size 4 around padding read 0x4_0ea2_7d06:
+        // 2 a BERT run). Those are stale *values*, suspects: listed, never a finding.
+        // Alignment is not evidence either: 0x3_8000_0000 is both a well-aligned address and
+        // the pair (0x8000_0000, 3).
+        let wide = ptr != e.ptr || place != Place::Whole;
         let first = WARNED.lock().get_or_insert_with(HashSet::new).insert((
             h.kernel(),
             e.alloc_seq ^ e.ptr,
