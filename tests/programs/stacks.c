@@ -7,6 +7,9 @@
  *   stacks stale       allocate in stacks_make_buffer, free in stacks_release_buffer, then a
  *                      stale write through the freed pointer (as stale_write.c)
  *   stacks sites N     N allocations (and frees), in turn from three call sites
+ *   stacks late N      as stale (allocated in stacks_make_buffer, freed in
+ *                      stacks_release_buffer, then the stale write), then N allocations and
+ *                      frees from the three sites: the write is found at exit, long after
  *   stacks deep D      one allocation D calls deep (stacks_recurse), for the depth limit
  *   stacks bench N D   N allocations and frees D calls deep (isolate-bench: cost per stack)
  */
@@ -58,6 +61,17 @@ NOINLINE void stacks_sites(long n) {
     }
 }
 
+/* The stale write first, then `n` allocations and frees: found at exit, after all of them. */
+static int late(long n) {
+    void *a = stacks_make_buffer(SIZE);
+    stacks_release_buffer(a);
+    int rc = cudaMemset((char *)a + 4096, 0x11, 16);
+    say("cudaMemset through a %d", rc);
+    stacks_sites(n);
+    say("late %ld done", n);
+    return 0;
+}
+
 NOINLINE int stacks_recurse(int d) {
     if (d <= 1) {
         void *p = NULL;
@@ -97,12 +111,14 @@ int main(int argc, char **argv) {
         say("sites %ld done", n);
         return 0;
     }
+    if (!strcmp(what, "late"))
+        return late(argc > 2 ? atol(argv[2]) : 70000);
     if (!strcmp(what, "deep")) {
         int d = argc > 2 ? atoi(argv[2]) : 10;
         return stacks_recurse(d) != 0;
     }
     if (!strcmp(what, "bench") && argc > 3)
         return stacks_bench(atoi(argv[3]), atol(argv[2]));
-    fprintf(stderr, "usage: stacks stale | sites N | deep D | bench N D\n");
+    fprintf(stderr, "usage: stacks stale | sites N | late N | deep D | bench N D\n");
     return 2;
 }

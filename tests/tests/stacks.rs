@@ -550,6 +550,7 @@ fn a_stale_launch_has_the_launching_threads_stack() {
         2,
         "one StackOf per stale launch, none for clean launches"
     );
+    let by_seq = events_by_seq(t);
     for l in &launches {
         let id = of[&l.seq];
         let words = s.render(id, &mut syms);
@@ -558,5 +559,85 @@ fn a_stale_launch_has_the_launching_threads_stack() {
             words.iter().take(3).any(|w| w == "stale" || w == "main"),
             "{words:?}"
         );
+        // Format 3: the record carries the allocation's and the free's own stack ids.
+        let (a, f) = (&by_seq[&l.alloc_seq], &by_seq[&l.free_seq]);
+        assert_ne!((a.stack, f.stack), (0, 0), "{l:?}");
+        assert_eq!((l.alloc_stack, l.free_stack), (a.stack, f.stack), "{l:?}");
     }
+}
+
+/// The events by sequence number.
+fn events_by_seq(t: &Trace) -> HashMap<u64, Event> {
+    t.events().into_iter().map(|e| (e.seq, e)).collect()
+}
+
+/// Trace format 3: a stale write's `Violation` carries the stack ids of the allocation and of
+/// the free, the ids of those two events' own stacks. Here it is found at exit after 70,000
+/// later allocations and frees, when the analyzer's slots of recent frees (65,536, by
+/// allocation number) no longer hold the freed allocation: the summary still names both call
+/// sites, from the ids alone. With the ids 0 (what the library wrote before), it named neither.
+#[test]
+fn a_stale_write_found_after_65536_later_allocations_still_names_both_sites() {
+    let n = 70_000;
+    let out = Run::program("stacks")
+        .args(["late", &n.to_string()])
+        .env("ISOLATE_MODE", "isolate")
+        .timeout(std::time::Duration::from_secs(300))
+        .run();
+    out.assert_success();
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    let vs = t.violations();
+    assert_eq!(vs.len(), 1, "the stale write is found: {}", out.stderr);
+    let v = &vs[0];
+    let by_seq = events_by_seq(t);
+    let (a, f) = (&by_seq[&v.alloc_seq], &by_seq[&v.free_seq]);
+    assert_eq!((a.api, f.api), (Api::CudaMalloc, Api::CudaFree));
+    assert!(a.stack != 0 && f.stack != 0, "{a:?} {f:?}");
+    assert_ne!(a.stack, f.stack);
+    assert_eq!((v.alloc_stack, v.free_stack), (a.stack, f.stack), "{v:?}");
+    // Found long after: more than 65,536 allocations were made and freed between the free and
+    // the record, so the analyzer's slot for this allocation was taken by a later one.
+    let at = t
+        .records
+        .iter()
+        .position(|r| matches!(r, Record::Violation(_)))
+        .unwrap();
+    let freed_since = t.records[..at]
+        .iter()
+        .filter(|r| matches!(r, Record::Event(e) if e.api == Api::CudaFree && e.seq > v.free_seq))
+        .count();
+    assert!(
+        freed_since > 65_536,
+        "{freed_since} frees before the finding"
+    );
+    // The analyzer names where the memory was allocated and freed (the program's functions,
+    // through its symbol table).
+    let s = t.analyzer_summary();
+    let pv = &s["poison_violations"][0];
+    for (field, id, func) in [
+        ("alloc_stack", a.stack, "stacks_make_buffer"),
+        ("free_stack", f.stack, "stacks_release_buffer"),
+    ] {
+        assert_eq!(pv[field]["id"].as_u64(), Some(id as u64), "{field}: {pv:#}");
+        let site = pv[field]["site"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {field}: {pv:#}"));
+        assert!(site.contains(func), "{field}: {site}");
+    }
+}
+
+/// `ISOLATE_STACKS=none`: the `Violation` carries no stack ids (0, "no stack").
+#[test]
+fn stacks_none_leaves_the_violations_stack_ids_0() {
+    let out = Run::program("stacks")
+        .arg("stale")
+        .env("ISOLATE_MODE", "isolate")
+        .env("ISOLATE_STACKS", "none")
+        .run();
+    out.assert_success();
+    let t = out.only_trace();
+    let vs = t.violations();
+    assert_eq!(vs.len(), 1, "the stale write is found: {}", out.stderr);
+    assert_eq!((vs[0].alloc_stack, vs[0].free_stack), (0, 0));
 }

@@ -376,9 +376,8 @@ impl Hit {
             alloc_seq: self.e.alloc_seq,
             free_seq: self.e.free_seq,
             free_ts_ns: self.e.free_ts,
-            // As in `isolate::report`: not carried by the entry yet.
-            alloc_stack: 0,
-            free_stack: 0,
+            alloc_stack: self.e.alloc_stack,
+            free_stack: self.e.free_stack,
         }
     }
 }

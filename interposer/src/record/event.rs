@@ -45,6 +45,8 @@ pub fn current_device() -> i32 {
 pub struct Pending {
     pub ev: Event,
     t0: u64,
+    /// [`Pending::stack`] was called: `ev.stack` holds the capture.
+    captured: bool,
 }
 
 impl Pending {
@@ -68,7 +70,23 @@ impl Pending {
                 ..Event::default()
             },
             t0: now_ns(),
+            captured: false,
         }
+    }
+
+    /// The calling thread's stack id ([`stacks::capture`]), captured now, once: the event
+    /// carries the same id when it is finished. For a policy that keeps the id with what it
+    /// tracks (isolation: a live allocation, a quarantine entry). 0 is "no stack". The
+    /// capture's time is left out of the event's duration, as when `finish` captures.
+    #[inline]
+    pub fn stack(&mut self) -> u32 {
+        if !self.captured {
+            let c0 = now_ns();
+            self.ev.stack = stacks::capture();
+            self.t0 = self.t0.saturating_add(now_ns().saturating_sub(c0));
+            self.captured = true;
+        }
+        self.ev.stack
     }
 
     /// Stamps the result and timing and hands the event to the writer.
@@ -88,8 +106,11 @@ impl Pending {
         if config::get().test_panic {
             panic!("isolate: forced internal error (ISOLATE_TEST_PANIC=1)");
         }
-        // On the calling thread, after the real call: its definition is queued before this.
-        self.ev.stack = stacks::capture();
+        // On the calling thread, after the real call (or taken earlier by `stack`, on this
+        // thread too): its definition is queued before this.
+        if !self.captured {
+            self.ev.stack = stacks::capture();
+        }
         super::profile::timed(super::profile::Part::Submit, || {
             writer::submit(Record::Event(self.ev))
         });

@@ -120,6 +120,8 @@ pub fn alloc(
             seq: p.ev.seq,
             pooled: proto.api.from_pool(),
             default_pool: proto.api.source() == Source::DefaultPool,
+            // Taken now rather than in `finish` (once either way): the event has the same id.
+            stack: p.stack(),
         };
         profile::timed(Part::Live, || st!(state()).live.insert(p.ev.ptr, live));
     }
@@ -181,9 +183,10 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     }
     if guard::owns(proto.ptr) {
         let r = guard::free(proto.ptr, ordered.then_some(proto.stream as CUstream));
+        let entry = freed(&proto, live, seq, p.stack(), Held::Guarded);
         p.finish(r);
         // The range stays reserved and unmapped for good: listed so launches into it are named.
-        quarantine_index_only(freed(&proto, live, seq, Held::Guarded));
+        quarantine_index_only(entry);
         return r;
     }
     if ordered && capturing(proto.stream as CUstream) {
@@ -195,8 +198,10 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         CAPTURED.fetch_add(1, Relaxed);
         return r;
     }
+    // Taken before the poison's clock starts (`finish` writes the same id in the event).
+    let free_stack = p.stack();
     let t0 = now_ns();
-    let mut entry = freed(&proto, live, seq, Held::Allocation);
+    let mut entry = freed(&proto, live, seq, free_stack, Held::Allocation);
     // Deferred to the stream's next work: one launch poisons a run of frees (release::defer).
     let deferred = if ordered && defers(proto.api, proto.ptr) {
         profile::timed(Part::Poison, || {

@@ -23,6 +23,9 @@ pub(super) struct Live {
     /// From the device's default pool (`cudaMallocAsync`, `cuMemAllocAsync`): what
     /// [`reuse`] may keep once checked.
     pub(super) default_pool: bool,
+    /// The allocation event's stack id (0: no stack): what a finding about this memory names
+    /// as where it was allocated. Free of cost in memory: it fills the struct's padding.
+    pub(super) stack: u32,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -45,6 +48,11 @@ pub struct Entry {
     pub free_seq: u64,
     pub free_ts: u64,
     pub free_api: Api,
+    /// The stack ids of the allocation's event and of the free's (0: no stack, as with
+    /// `ISOLATE_STACKS=none`, and for a mapping's allocation): written in the `Violation` and
+    /// stale-launch records, so the analyzer needs not find the two events.
+    pub alloc_stack: u32,
+    pub free_stack: u32,
     pub(super) device: i32,
     pub(super) ctx: usize,
     /// Event recorded on the freeing stream after the poison, for stream-ordered frees
@@ -115,8 +123,8 @@ macro_rules! st {
 pub(super) use st;
 
 /// The quarantine entry of the allocation `live` (a mapping: no allocation event) that the
-/// free `proto` (event `seq`) gave back.
-pub(super) fn freed(proto: &Event, live: Live, seq: u64, held: Held) -> Entry {
+/// free `proto` (event `seq`, stack `free_stack`) gave back.
+pub(super) fn freed(proto: &Event, live: Live, seq: u64, free_stack: u32, held: Held) -> Entry {
     Entry {
         ptr: proto.ptr,
         size: live.size,
@@ -124,6 +132,8 @@ pub(super) fn freed(proto: &Event, live: Live, seq: u64, held: Held) -> Entry {
         free_seq: seq,
         free_ts: now_ns(),
         free_api: proto.api,
+        alloc_stack: live.stack,
+        free_stack,
         device: event::current_device(),
         ctx: current_ctx(),
         event: 0,
@@ -138,4 +148,18 @@ pub(super) fn current_ctx() -> usize {
     profile::timed(Part::Context, || {
         cu::ctx_get_current().unwrap_or(std::ptr::null_mut()) as usize
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What each tracked allocation and each held one costs: the stack ids fill `Live`'s
+    /// padding (24 bytes, as without them) and add 8 bytes to an `Entry` (80 before), which
+    /// the queue and the index each hold.
+    #[test]
+    fn the_stack_ids_cost_live_nothing_and_an_entry_8_bytes() {
+        assert_eq!(std::mem::size_of::<Live>(), 24);
+        assert_eq!(std::mem::size_of::<Entry>(), 88);
+    }
 }

@@ -32,10 +32,8 @@ pub(super) fn report(e: &Entry, first: u64, changed: u64) {
         free_seq: e.free_seq,
         free_ts_ns: e.free_ts,
         free_api: e.free_api,
-        // Format 3 has room for the stacks; the entry does not carry them yet (the analyzer
-        // finds them by the sequence numbers, as before).
-        alloc_stack: 0,
-        free_stack: 0,
+        alloc_stack: e.alloc_stack,
+        free_stack: e.free_stack,
     };
     warn(&format!(
         "STALE WRITE: {changed} {} of freed allocation 0x{:x} ({} bytes, freed by {} at event {}) changed \

@@ -75,14 +75,16 @@ pub(super) fn unmap(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         p.finish(r);
         return r;
     }
+    let free_stack = p.stack();
     p.finish(CUDA_SUCCESS);
     let mapping = Live {
         size: proto.size,
         seq: u64::MAX,
         pooled: false,
         default_pool: false,
+        stack: 0,
     };
-    quarantine(freed(&proto, mapping, seq, Held::Mapping));
+    quarantine(freed(&proto, mapping, seq, free_stack, Held::Mapping));
     CUDA_SUCCESS
 }
 
