@@ -29,6 +29,8 @@
 #include "common.h"
 
 extern char **environ;
+/* glibc 2.34+ has it; its headers declared it only later */
+extern int execveat(int dirfd, const char *path, char *const argv[], char *const envp[], int flags);
 
 static int label_no;
 
