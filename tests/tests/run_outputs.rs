@@ -499,3 +499,40 @@ fn python_lib_prints_a_path_that_ld_preload_keeps_whole() {
         );
     }
 }
+
+/// What the analyzer writes from a trace (`report`, `graph -o`, `export -o`: the program's argv,
+/// paths and addresses) is private, as the trace is (issue 33, item 11): mode 0600 whatever the
+/// umask. They were 0644, readable by every user, while the trace they came from was 0600.
+#[test]
+fn outputs_derived_from_a_trace_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempdir();
+    let o = isolate(
+        d.path(),
+        &["run", "--trace", "t-%p.trace", "--", &prog("rt_basic")],
+    );
+    assert_eq!(o.code(), Some(0), "{}", o.describe());
+    let written = o.line("trace written: ");
+    let trace = written.split_once(" (pid ").expect("path (pid N)").0;
+    let mode = |name: &str| {
+        std::fs::metadata(d.path().join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode(trace), 0o600, "the trace itself");
+    for (args, out) in [
+        (vec!["report", "-o", "r.html", trace], "r.html"),
+        (vec!["graph", "-o", "g.json", trace], "g.json"),
+        (vec!["graph", "-o", "g.dot", trace], "g.dot"),
+        (
+            vec!["export", "--format", "chrome-trace", "-o", "c.json", trace],
+            "c.json",
+        ),
+    ] {
+        let r = isolate(d.path(), &args);
+        assert_eq!(r.code(), Some(0), "{args:?}: {}", r.describe());
+        assert_eq!(mode(out), 0o600, "{args:?}: {out} is mode {:o}", mode(out));
+    }
+}
