@@ -536,3 +536,81 @@ fn outputs_derived_from_a_trace_are_private() {
         assert_eq!(mode(out), 0o600, "{args:?}: {out} is mode {:o}", mode(out));
     }
 }
+
+/// `isolate run --trace` with 12 `%p` in a directory holding a long numeric file name (issue 33,
+/// item 11): the command starts and the run names its trace. Matching the existing names against
+/// the pattern took time exponential in the count of `%p` (every split of the digits tried):
+/// `isolate` never got to start the command (killed by this test's watchdog after 60 s).
+#[test]
+fn many_numbers_in_the_pattern_and_a_long_numeric_name_still_run() {
+    let plain = run_in(tempdir().path(), &program_path("rt_basic"), &[]);
+    assert_eq!(plain.code(), Some(0), "{}", plain.describe());
+    let d = tempdir();
+    std::fs::write(d.path().join("1".repeat(40) + "x"), b"").unwrap();
+    let pattern = "%p".repeat(12);
+    let o = isolate(
+        d.path(),
+        &["run", "--trace", &pattern, "--", &prog("rt_basic")],
+    );
+    assert_eq!(o.code(), Some(0), "{}", o.describe());
+    assert_eq!(o.stdout, plain.stdout, "{}", o.describe());
+    let written = o.line("trace written: ");
+    let (path, pid) = written.split_once(" (pid ").expect("path (pid N)");
+    assert_eq!(path, pid.trim_end_matches(')').repeat(12), "{written}");
+}
+
+/// A host name like `../../x` (issue 33, item 11; set in a UTS namespace of the test's own) does
+/// not take the trace out of its directory: `%h` is one path component (`.._.._x`), for the
+/// library that writes the trace and for `isolate run` that names it. The library wrote
+/// `a/b/../../x-PID.trace`, outside `a/b`, and the run named no trace. Skipped where no UTS
+/// namespace can be made (not root), unless `CI` is set.
+#[test]
+fn a_host_name_with_slashes_stays_in_the_trace_directory() {
+    const SET_HOST: &str = "import os, socket, sys; socket.sethostname(sys.argv[1]); \
+                            os.execv(sys.argv[2], sys.argv[2:])";
+    let in_namespace = |dir: &Path, cmd: &[&str]| {
+        let mut args = vec!["-u", "python3", "-c", SET_HOST, "../../x"];
+        args.extend_from_slice(cmd);
+        run_in_with(dir, Command::new("unshare"), &args)
+    };
+    let plain = in_namespace(tempdir().path(), &[&prog("rt_basic")]);
+    if plain.code() != Some(0) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no UTS namespace: {}",
+            plain.describe()
+        );
+        eprintln!(
+            "no UTS namespace (not root?): skipped\n{}",
+            plain.describe()
+        );
+        return;
+    }
+    let d = tempdir();
+    std::fs::create_dir_all(d.path().join("a/b")).unwrap();
+    let isolate_bin = analyzer_path().to_string_lossy().into_owned();
+    let o = in_namespace(
+        d.path(),
+        &[
+            &isolate_bin,
+            "run",
+            "--trace",
+            "a/b/%h-%p.trace",
+            "--",
+            &prog("rt_basic"),
+        ],
+    );
+    assert_eq!(o.code(), Some(0), "{}", o.describe());
+    assert_eq!(o.stdout, plain.stdout);
+    let outside: Vec<_> = std::fs::read_dir(d.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "a")
+        .collect();
+    assert!(outside.is_empty(), "written outside a/b: {outside:?}");
+    let written = o.line("trace written: ");
+    let path = written.split_once(" (pid ").expect("path (pid N)").0;
+    assert!(path.starts_with("a/b/.._.._x-"), "{written}");
+    assert!(d.path().join(path).is_file(), "{path}");
+}

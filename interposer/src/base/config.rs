@@ -558,7 +558,8 @@ pub fn expand(pattern: &str, pid: u32, rank: Option<u32>, host: &str) -> String 
         match it.next() {
             Some('p') => out.push_str(&pid.to_string()),
             Some('r') => out.push_str(&rank.map_or("0".to_string(), |r| r.to_string())),
-            Some('h') => out.push_str(host),
+            // One path component, never `..` (a host name is whatever root set it to).
+            Some('h') => out.push_str(&isolate_trace::host_in_path(host)),
             Some('%') => out.push('%'),
             Some(other) => {
                 out.push('%');
@@ -746,5 +747,8 @@ mod tests {
             "t-12-r3-node-%.trace"
         );
         assert_eq!(expand("t-%r", 1, None, "x"), "t-0");
+        // A host name is one path component: never outside the pattern's directory.
+        assert_eq!(expand("d/%h.trace", 1, None, "../../x"), "d/.._.._x.trace");
+        assert_eq!(expand("d/%h/t", 1, None, ".."), "d/__/t");
     }
 }
