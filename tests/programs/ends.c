@@ -7,6 +7,9 @@
  *                        program's `after`), sigterm (raise(SIGTERM)), abort (abort()), wait
  *                        ("ready", then waits for a signal: the test sends SIGTERM, as `timeout`
  *                        does), exit (return from main: the baseline)
+ *   stuck END            a stream-ordered free, then the device hangs (the stand-in's
+ *                        standin_device_stuck: nothing finishes any more), then END: sigterm or
+ *                        exec, as above (the quarantine check waits for the device: bounded)
  *   exec-fail            3 pairs, an execv of a missing program (it fails: ENOENT), 3 pairs, the
  *                        same again, and exit: the program goes on after each failed exec
  *   WAY N                N pairs, then leaves by WAY: fexecve, execveat, sys-execve
@@ -75,6 +78,29 @@ static int stale(const char *end) {
         for (;;)
             pause();
     }
+    return 0;
+}
+
+static int stuck(const char *end) {
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
+    void (*hang)(void) = drv ? (void (*)(void))dlsym(drv, "standin_device_stuck") : NULL;
+    say("stand-in stuck switch %d", hang != NULL);
+    if (!hang)
+        return 1;
+    cudaStream_t s = NULL;
+    void *a = NULL;
+    say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    say("cudaMallocAsync %d", cudaMallocAsync(&a, 1 << 20, s));
+    say("cudaFreeAsync %d", cudaFreeAsync(a, s));
+    hang();
+    say("end %s", end);
+    if (!strcmp(end, "exec")) {
+        execv("/proc/self/exe", after_args);
+        perror("execv");
+        return 1;
+    }
+    if (!strcmp(end, "sigterm"))
+        raise(SIGTERM);
     return 0;
 }
 
@@ -147,6 +173,8 @@ int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "stale") && argc > 2)
         return stale(argv[2]);
+    if (!strcmp(mode, "stuck") && argc > 2)
+        return stuck(argv[2]);
     if (!strcmp(mode, "exec-fail"))
         return exec_fail();
     if (!strcmp(mode, "exit-join"))

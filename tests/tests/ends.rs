@@ -141,6 +141,34 @@ fn a_stale_write_before_a_sigterm_from_outside_is_reported() {
     }
 }
 
+/// With a device that never finishes, the check before a SIGTERM kills or an exec replaces the
+/// process gives up after its limit (0.5 s here; 5 s for a signal and 30 s for an exec by
+/// default), says so once, and the process ends as it would, its trace complete.
+#[test]
+fn the_check_at_other_ends_is_bounded_by_its_limit() {
+    for (end, reason) in [
+        ("sigterm", EndReason::Signal(libc::SIGTERM)),
+        ("exec", EndReason::Exec),
+    ] {
+        let run = ends(["stuck", end]).timeout(Duration::from_secs(30));
+        let plain = run.clone().preload(false).run();
+        has_line(&plain, "stand-in stuck switch 1");
+        let out = run
+            .env("ISOLATE_MODE", "isolate")
+            .env("ISOLATE_TEST_EXIT_CHECK_MS", "500")
+            .run();
+        out.assert_same_as(&plain);
+        assert!(
+            out.elapsed < Duration::from_secs(5),
+            "{end}: {:?}",
+            out.elapsed
+        );
+        let said = "the quarantine check did not finish within 0.5 s";
+        assert_eq!(out.stderr.matches(said).count(), 1, "{end}: {}", out.stderr);
+        out.only_trace().assert_complete(reason);
+    }
+}
+
 #[test]
 fn a_failed_exec_leaves_the_trace_going() {
     let (plain, traced) = runs(&ends(["exec-fail"]));
