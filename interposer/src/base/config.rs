@@ -251,10 +251,10 @@ fn die(msg: &str) -> ! {
     // `exit_group` takes one integer, touches no memory of ours and does not return.
     unsafe {
         libc::write(2, line.as_ptr().cast(), line.len());
-        // Not `_exit`: that name is our own hook, which would close a trace first.
-        libc::syscall(libc::SYS_exit_group, 2);
     }
-    unreachable!()
+    // Not `_exit` nor `syscall()`: those names are our own hooks, which would close a trace
+    // first (and read these settings again, from inside their own initialisation: a hang).
+    crate::base::sys::exit_group_now(2)
 }
 
 /// A setting with exactly two values, spelled once: read by [`TwoWay::read`], written into the

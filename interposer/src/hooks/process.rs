@@ -4,7 +4,7 @@
 //! hears that too). `quick_exit` needs no export: process life registers an `at_quick_exit`
 //! handler before `main`.
 //!
-//! Layer: hooks. Uses process life and the base.
+//! Layer: hooks. Uses process life, recording (the inside-a-hook flag) and the base.
 
 use crate::base::real::{EXECV, EXECVE, EXECVEAT, EXECVP, EXECVPE, EXIT, EXIT2, EXIT3, FEXECVE};
 use crate::life;
@@ -23,11 +23,7 @@ macro_rules! exit_hook {
             match $real.get() {
                 // SAFETY: the real exit function, with the caller's status.
                 Some(f) => unsafe { f(status) },
-                // SAFETY: exit_group has no preconditions and does not return.
-                None => unsafe {
-                    libc::syscall(libc::SYS_exit_group, status);
-                    std::process::abort()
-                },
+                None => crate::base::sys::exit_group_now(status),
             }
         }
     };
@@ -161,8 +157,7 @@ extern "C" fn raw_way_out(
 ) -> c_long {
     if nr == libc::SYS_exit_group {
         life::before_underscore_exit();
-        unsafe { raw_syscall(nr, a, b, c, d, e) };
-        unreachable_exit(a)
+        crate::base::sys::exit_group_now(a as i32)
     }
     life::before_exec();
     let r = unsafe { raw_syscall(nr, a, b, c, d, e) };
@@ -173,13 +168,6 @@ extern "C" fn raw_way_out(
     };
     life::exec_failed();
     r
-}
-
-/// `exit_group` does not return; if it ever did, the process ends anyway.
-fn unreachable_exit(status: c_long) -> ! {
-    loop {
-        unsafe { raw_syscall(libc::SYS_exit_group, status, 0, 0, 0, 0) };
-    }
 }
 
 // The variadic forms (`execl`, `execlp`, `execle`): glibc implements them without going through
