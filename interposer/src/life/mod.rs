@@ -53,6 +53,8 @@ unsafe fn init() {
     // process with glibc's internal `_exit`, which no export sees: registered before `main`,
     // this handler runs after every handler of the program (their calls are recorded) and
     // closes the trace.
+    // SAFETY: the handler is a plain `extern "C" fn()` of this library, which stays loaded (a
+    // preload is never unloaded); a null DSO handle only means "not unregistered by dlclose".
     unsafe { __cxa_at_quick_exit(at_quick_exit_handler, std::ptr::null_mut()) };
     GLIBC_SERIALISES_EXIT.store(glibc_serialises_exit(), Release);
 }
@@ -70,10 +72,12 @@ extern "C" fn at_quick_exit_handler() {
 /// True when the glibc the program runs on (asked at run time: `gnu_get_libc_version`) makes a
 /// second thread that calls `exit` while another is in it wait for good, as 2.41 and later do.
 fn glibc_serialises_exit() -> bool {
+    // SAFETY: gnu_get_libc_version takes nothing and returns a static string.
     let v = unsafe { gnu_get_libc_version() };
     if v.is_null() {
         return true;
     }
+    // SAFETY: a non-null, NUL-terminated static string (above), never freed.
     let v = unsafe { std::ffi::CStr::from_ptr(v) }.to_string_lossy();
     let mut parts = v.split('.').map(|p| {
         p.bytes().take_while(u8::is_ascii_digit).fold(0u32, |n, d| {
@@ -268,9 +272,11 @@ pub fn exec_failed() {
     if !owns_state() {
         return;
     }
+    // SAFETY: __errno_location returns this thread's errno, valid for the thread's life.
     let errno = unsafe { *libc::__errno_location() };
     let _inside = thread::Inside::enter();
     writer::resume_after_exec();
+    // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
 }
 

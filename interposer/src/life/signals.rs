@@ -233,6 +233,7 @@ pub fn start_checker() {
     if config::get().mode != config::Mode::Isolate {
         return;
     }
+    // SAFETY: getpid takes nothing, touches no memory and cannot fail.
     let me = unsafe { libc::getpid() } as u32;
     let was = CHECKER_PID.load(Acquire);
     if was == me
@@ -245,8 +246,12 @@ pub fn start_checker() {
     CHECK_ASKED.store(0, Release);
     CHECK_DONE.store(0, Release);
     // Every signal blocked, so that no signal handler runs on it (as on the writer).
+    // SAFETY: sigset_t is a plain bit array, for which all zeroes is a valid (empty) value.
     let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
     let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: both sets are valid locals for the calls' duration; this thread's mask is set back
+    // below.
     unsafe {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
@@ -254,6 +259,7 @@ pub fn start_checker() {
     let spawned = std::thread::Builder::new()
         .name("isolate-check".into())
         .spawn(checker_main);
+    // SAFETY: `old` is the mask read above, a valid local; the old-set pointer may be null.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     if spawned.is_err() {
         CHECKER_PID.store(0, Release); // no checker: the ends other than exit check nothing
@@ -267,6 +273,8 @@ fn checker_main() {
         let done = CHECK_DONE.load(Acquire);
         let asked = CHECK_ASKED.load(Acquire);
         if asked == done {
+            // SAFETY: FUTEX_WAIT on a static atomic word (valid for the process's life), with no
+            // timeout; it only reads the word and sleeps while it holds `asked`.
             unsafe {
                 libc::syscall(
                     libc::SYS_futex,
@@ -289,7 +297,9 @@ fn checker_main() {
 /// the library's threads, inside a hook (its locks may be held by this thread), in a process
 /// without a checker (nothing quarantined, log mode) or in a `vfork` child.
 pub fn check_quarantine(limit_ns: u64) {
-    if CHECKER_PID.load(Acquire) != unsafe { libc::getpid() } as u32 || thread::nested() {
+    // SAFETY: getpid takes nothing, touches no memory and cannot fail.
+    let me = unsafe { libc::getpid() } as u32;
+    if CHECKER_PID.load(Acquire) != me || thread::nested() {
         return;
     }
     let limit_ns = match config::get().test_exit_check_ms {
@@ -297,6 +307,7 @@ pub fn check_quarantine(limit_ns: u64) {
         ms => ms * 1_000_000,
     };
     let asked = CHECK_ASKED.fetch_add(1, AcqRel).wrapping_add(1);
+    // SAFETY: FUTEX_WAKE on a static atomic word: wakes the checker, touches no memory.
     unsafe {
         libc::syscall(
             libc::SYS_futex,

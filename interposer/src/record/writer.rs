@@ -483,9 +483,11 @@ impl Out {
             return;
         }
         // The descriptor's offset goes back too (the file is not opened for appending).
-        if unsafe { libc::ftruncate(self.fd, len as libc::off_t) } == 0
-            && unsafe { libc::lseek(self.fd, len as libc::off_t, libc::SEEK_SET) } >= 0
-        {
+        // SAFETY: `self.fd` is the trace file's descriptor (checked by still_ours just above);
+        // ftruncate and lseek take it and integers only.
+        let cut = unsafe { libc::ftruncate(self.fd, len as libc::off_t) } == 0;
+        // SAFETY: as above.
+        if cut && unsafe { libc::lseek(self.fd, len as libc::off_t, libc::SEEK_SET) } >= 0 {
             self.written = len;
         } else {
             self.failed = true;
