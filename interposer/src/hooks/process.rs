@@ -4,7 +4,7 @@
 //! hears that too). `quick_exit` needs no export: process life registers an `at_quick_exit`
 //! handler before `main`.
 //!
-//! Layer: hooks. Uses process life, recording (the inside-a-hook flag) and the base.
+//! Layer: hooks. Uses process life and the base.
 
 use crate::base::real::{EXECV, EXECVE, EXECVEAT, EXECVP, EXECVPE, EXIT, EXIT2, EXIT3, FEXECVE};
 use crate::life;
@@ -121,13 +121,19 @@ pub unsafe extern "C" fn syscall() -> c_long {
 
 /// A system call's `-errno` as glibc's `syscall` returns it: `-1`, `errno` set.
 extern "C" fn syscall_failed(r: c_long) -> c_long {
+    // SAFETY: errno is this thread's.
     unsafe { *libc::__errno_location() = (-r) as c_int };
     -1
 }
 
 /// The raw system call, with no libc in between.
+///
+/// # Safety
+/// The system call's own contract (the caller's, passed on unchanged).
 unsafe fn raw_syscall(nr: c_long, a: c_long, b: c_long, c: c_long, d: c_long, e: c_long) -> c_long {
     let r: c_long;
+    // SAFETY: the arguments are the caller's, in the kernel's registers; rcx and r11, which the
+    // `syscall` instruction overwrites, are declared clobbered; no stack is used.
     unsafe {
         core::arch::asm!(
             "syscall",
@@ -160,6 +166,7 @@ extern "C" fn raw_way_out(
         crate::base::sys::exit_group_now(a as i32)
     }
     life::before_exec();
+    // SAFETY: the caller's execve/execveat, as glibc's `syscall` would make it.
     let r = unsafe { raw_syscall(nr, a, b, c, d, e) };
     let r = if (-4095..0).contains(&r) {
         syscall_failed(r)
