@@ -248,7 +248,6 @@ fn die(msg: &str) -> ! {
     let line = format!("isolate: {msg}\n");
     // SAFETY: `line` is a live String: the pointer and length describe its bytes for the whole
     // call, and `write` only reads them (fd 2 closed or full just makes it fail, ignored here).
-    // `exit_group` takes one integer, touches no memory of ours and does not return.
     unsafe {
         libc::write(2, line.as_ptr().cast(), line.len());
     }
