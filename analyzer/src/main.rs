@@ -310,9 +310,17 @@ fn printable(s: &str) -> String {
     o
 }
 
+/// An output file (`-o`: report, graph, export). Made mode 0600, as the trace it comes from is:
+/// it holds the trace's argv, paths and addresses. A file already there keeps its own mode.
 fn out_file(path: &Path) -> Result<std::io::BufWriter<std::fs::File>> {
-    let f =
-        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
     Ok(std::io::BufWriter::with_capacity(1 << 16, f))
 }
 

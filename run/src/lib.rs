@@ -149,6 +149,99 @@ pub fn preload_value(lib: &Path, existing: Option<&OsStr>) -> OsString {
     v
 }
 
+/// The bytes the loader splits `LD_PRELOAD` on (ld.so(8): spaces and colons; glibc's `rtld`
+/// takes tabs and newlines as spaces too). A library whose path holds one cannot be named there:
+/// the loader would look for the pieces, preload nothing, and the command would run unrecorded.
+const PRELOAD_SPLITS: &[u8] = b" :\t\n";
+
+/// True when `path` can stand in `LD_PRELOAD` as one item.
+pub fn preloadable(path: &Path) -> bool {
+    !path.as_os_str().is_empty()
+        && !path
+            .as_os_str()
+            .as_encoded_bytes()
+            .iter()
+            .any(|b| PRELOAD_SPLITS.contains(b))
+}
+
+/// A private directory (mode 0700, made with `mkdtemp`) holding one link to the library, for a
+/// library whose own path `LD_PRELOAD` would split; removed when dropped (after the command).
+#[derive(Debug)]
+pub struct PreloadLink {
+    dir: PathBuf,
+    link: PathBuf,
+}
+
+impl PreloadLink {
+    /// The link: what `LD_PRELOAD` names.
+    pub fn path(&self) -> &Path {
+        &self.link
+    }
+}
+
+impl Drop for PreloadLink {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.link);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// A path for the library that `LD_PRELOAD` takes as one item: the library's own when it can
+/// (None), else a link to it in a private temporary directory (`$TMPDIR` when that path is safe,
+/// else `/tmp`). An error, never a silent run without the library, when neither can be had.
+pub fn preload_link(lib: &Path) -> Result<Option<PreloadLink>, Error> {
+    if preloadable(lib) {
+        return Ok(None);
+    }
+    let target = std::fs::canonicalize(lib)
+        .map_err(|e| Error::invalid(format!("cannot find {}: {e}", lib.display())))?;
+    let mut bases: Vec<PathBuf> = Vec::new();
+    if let Some(t) = std::env::var_os("TMPDIR").map(PathBuf::from)
+        && t.is_absolute()
+    {
+        bases.push(t);
+    }
+    bases.push(PathBuf::from("/tmp"));
+    let mut tried = Vec::new();
+    for base in bases {
+        let template = base.join("isolate-lib-XXXXXX");
+        if !preloadable(&template) {
+            tried.push(format!("{}: its path would be split too", base.display()));
+            continue;
+        }
+        let mut bytes = template.into_os_string().into_encoded_bytes();
+        bytes.push(0);
+        // SAFETY: a NUL-terminated template ending in XXXXXX, written in place.
+        let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
+        if made.is_null() {
+            tried.push(format!(
+                "{}: {}",
+                base.display(),
+                std::io::Error::last_os_error()
+            ));
+            continue;
+        }
+        bytes.pop();
+        // SAFETY: the bytes came from an OsString and mkdtemp replaced ASCII with ASCII.
+        let dir = PathBuf::from(unsafe { OsString::from_encoded_bytes_unchecked(bytes) });
+        let link = dir.join(LIBRARY);
+        match std::os::unix::fs::symlink(&target, &link) {
+            Ok(()) => return Ok(Some(PreloadLink { dir, link })),
+            Err(e) => {
+                let _ = std::fs::remove_dir(&dir);
+                tried.push(format!("{}: {e}", link.display()));
+            }
+        }
+    }
+    Err(Error::invalid(format!(
+        "{} cannot be preloaded: LD_PRELOAD splits paths at spaces and colons, and no link to it \
+         could be made in a private temporary directory ({}); install it under a path without \
+         spaces or colons",
+        lib.display(),
+        tried.join("; ")
+    )))
+}
+
 /// The exit status a shell would report: the command's, or 128+N when signal N killed it.
 pub fn exit_code(status: ExitStatus) -> i32 {
     match (status.code(), status.signal()) {
@@ -234,18 +327,18 @@ pub fn run(opts: &RunOptions) -> Result<Finished, Error> {
     }
     let mut cmd = Command::new(prog);
     cmd.args(args);
+    // Kept until the command has ended (its descendants started later are not the run's).
+    let link = preload_link(&opts.library)?;
+    let preload = link.as_ref().map_or(opts.library.as_path(), |l| l.path());
     let existing = std::env::var_os("LD_PRELOAD");
-    cmd.env(
-        "LD_PRELOAD",
-        preload_value(&opts.library, existing.as_deref()),
-    );
+    cmd.env("LD_PRELOAD", preload_value(preload, existing.as_deref()));
     if let Some(m) = &opts.mode {
         cmd.env("ISOLATE_MODE", m);
     }
     // NVTX ranges (torch.cuda.nvtx.range, emit_nvtx(), NCCL's) become regions: the library is
     // also the NVTX injection, unless the user named another tool (Nsight Systems sets its own).
     if opts.effective_mode() != "off" && std::env::var_os("NVTX_INJECTION64_PATH").is_none() {
-        cmd.env("NVTX_INJECTION64_PATH", &opts.library);
+        cmd.env("NVTX_INJECTION64_PATH", preload);
     }
     if let Some(t) = &opts.trace {
         cmd.env("ISOLATE_TRACE", t);

@@ -53,7 +53,8 @@ fn pieces(component: &str, host: &str) -> Vec<Piece> {
                 }
                 out.push(Piece::Number);
             }
-            Some('h') => text.push_str(host),
+            // As the library expands it: one path component, never `..`.
+            Some('h') => text.push_str(&isolate_trace::host_in_path(host)),
             Some('%') => text.push('%'),
             Some(o) => {
                 text.push('%');
@@ -76,17 +77,41 @@ fn literal(p: &[Piece]) -> Option<String> {
     }
 }
 
+/// Does the whole of `s` match the pieces? In time linear in `s` for each piece: the set of
+/// offsets of `s` the pieces so far can end at is carried from piece to piece (a number extends
+/// every offset over the digits that follow it). Trying each split of a run of digits between
+/// the numbers in turn, as this did, took time exponential in their count: a pattern of 12 `%p`
+/// and one long numeric file name in the directory kept `isolate run` from ever starting the
+/// command.
 fn matches(p: &[Piece], s: &str) -> bool {
-    match p.split_first() {
-        None => s.is_empty(),
-        Some((Piece::Text(t), rest)) => {
-            s.strip_prefix(t.as_str()).is_some_and(|r| matches(rest, r))
+    let b = s.as_bytes();
+    let n = b.len();
+    let mut at = vec![false; n + 1];
+    at[0] = true;
+    for piece in p {
+        let mut next = vec![false; n + 1];
+        match piece {
+            Piece::Text(t) => {
+                let t = t.as_bytes();
+                for i in (0..=n).filter(|&i| at[i]) {
+                    if b[i..].starts_with(t) {
+                        next[i + t.len()] = true;
+                    }
+                }
+            }
+            Piece::Number => {
+                // next[j]: s[j-1] is a digit, and a number may start at j-1 or go on through it.
+                for j in 1..=n {
+                    next[j] = b[j - 1].is_ascii_digit() && (at[j - 1] || next[j - 1]);
+                }
+            }
         }
-        Some((Piece::Number, rest)) => {
-            let digits = s.bytes().take_while(u8::is_ascii_digit).count();
-            (1..=digits).any(|k| matches(rest, &s[k..]))
+        at = next;
+        if !at.contains(&true) {
+            return false;
         }
     }
+    at[n]
 }
 
 /// A trace file name made by the pattern component `p`: the name itself, or with the `.N`
@@ -373,6 +398,25 @@ mod tests {
     use std::os::unix::process::ExitStatusExt;
 
     #[test]
+    fn twelve_numbers_against_a_long_run_of_digits_take_no_time() {
+        // Exponential before: C(79, 11) splits tried for a name that can never match.
+        let p = pieces(&"%p".repeat(12), "h");
+        let name = "1".repeat(80) + "x";
+        let t = std::time::Instant::now();
+        assert!(!file_matches(&p, &name));
+        assert!(file_matches(&p, &"1".repeat(80)));
+        assert!(
+            !file_matches(&p, &"1".repeat(11)),
+            "each number is one digit at least"
+        );
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(1),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    #[test]
     fn trace_names_match_their_pattern() {
         let p = pieces("rank%r-%h-%p.trace", "gpu7");
         assert!(file_matches(&p, "rank0-gpu7-4312.trace"));
@@ -386,6 +430,11 @@ mod tests {
         let p = pieces("%p%p.t", "h");
         assert!(file_matches(&p, "12.t"));
         assert!(!file_matches(&p, "1.t"));
+        // A host name that would leave the directory is the library's one component.
+        assert!(file_matches(&pieces("%h-%p", "../x"), ".._x-5"));
+        let p = pieces("a%pb%p", "h");
+        assert!(file_matches(&p, "a1b2") && file_matches(&p, "a12b345"));
+        assert!(!file_matches(&p, "a1b") && !file_matches(&p, "ab2") && !file_matches(&p, "a1c2"));
         let p = pieces("100%%-%p", "h");
         assert!(file_matches(&p, "100%-7") && !file_matches(&p, "100%%-7"));
         assert_eq!(

@@ -655,6 +655,8 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
         ("hostile", &["masks"]),
         // tests/host_first.rs (its scenarios are run there, each against a plain run).
         ("host_first", &["probe"]),
+        // tests/ends.rs (its other ends are run there).
+        ("ends", &["stale", "exit"]),
         // tests/nvtx.rs (without NVTX_INJECTION64_PATH it loads nothing; the injection is run
         // there) and tests/frameworks.rs (log mode sets nothing).
         ("nvtx", &[]),

@@ -54,7 +54,11 @@ impl Out {
 /// Runs `prog ARGS` in `dir` with a clean environment (no `ISOLATE_*`, no `LD_*` but the
 /// stand-in libraries' path), under a watchdog.
 fn run_in(dir: &Path, prog: &Path, args: &[&str]) -> Out {
-    let mut cmd = Command::new(prog);
+    run_in_with(dir, Command::new(prog), args)
+}
+
+/// [`run_in`] with a command already made (its own variables set).
+fn run_in_with(dir: &Path, mut cmd: Command, args: &[&str]) -> Out {
     cmd.args(args).current_dir(dir);
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy();
@@ -378,4 +382,235 @@ fn mode_off_says_so() {
             .all(|e| !e.file_name().to_string_lossy().ends_with(".trace")),
         "no trace"
     );
+}
+
+/// `isolate` and `libisolate.so` installed in a directory whose path has a space, a colon or a
+/// tab, which `LD_PRELOAD` splits on (issue 33, item 6): the run still preloads the library
+/// (through a link in a private temporary directory, removed afterwards), finds the stale write
+/// and exits with `--error-exitcode`. Without the library the program sees the stale write land
+/// (`b changed 1 bytes 16`); the library that named its own path in `LD_PRELOAD` preloaded
+/// nothing, and the run exited 0.
+#[test]
+fn installed_under_a_path_with_a_space_or_a_colon() {
+    let plain = run_in(tempdir().path(), &program_path("stale_write"), &[]);
+    assert_eq!(plain.code(), Some(0), "{}", plain.describe());
+    assert!(
+        plain.stdout.contains("b changed 1 bytes 16 first 4096"),
+        "{}",
+        plain.describe()
+    );
+    for name in ["my tools", "tools:v2", "tab\there"] {
+        let d = tempdir();
+        let bin = d.path().join(name);
+        std::fs::create_dir(&bin).unwrap();
+        let place = |from: &Path, to: &Path| {
+            if std::fs::hard_link(from, to).is_err() {
+                std::fs::copy(from, to).unwrap();
+            }
+        };
+        let isolate_bin = bin.join("isolate");
+        place(&analyzer_path(), &isolate_bin);
+        place(
+            &analyzer_path().with_file_name("libisolate.so"),
+            &bin.join("libisolate.so"),
+        );
+        let tmp = d.path().join("tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        let mut cmd = Command::new(&isolate_bin);
+        cmd.env("TMPDIR", &tmp);
+        let o = run_in_with(
+            d.path(),
+            cmd,
+            &[
+                "run",
+                "--mode",
+                "isolate",
+                "--error-exitcode",
+                "9",
+                "--",
+                &prog("stale_write"),
+            ],
+        );
+        assert_eq!(o.code(), Some(9), "{name:?}: {}", o.describe());
+        assert!(
+            o.stdout.contains("b changed 0 bytes 0 first 0"),
+            "{name:?}: isolation kept the freed memory: {}",
+            o.describe()
+        );
+        assert_eq!(
+            std::fs::read_dir(&tmp).unwrap().count(),
+            0,
+            "{name:?}: the link's directory is removed after the run"
+        );
+    }
+}
+
+/// `python -m cuda_isolate --lib` for a library under a path with a space or a colon (issue 33,
+/// item 6): it prints a path that `LD_PRELOAD` keeps whole (a link in a private directory), so
+/// `LD_PRELOAD=$(python -m cuda_isolate --lib) prog` preloads the library: isolate mode holds
+/// the freed memory back (`b changed 0 bytes`). It printed the path itself, which the loader
+/// split: nothing preloaded, the stale write landed (`b changed 1 bytes 16`).
+#[test]
+fn python_lib_prints_a_path_that_ld_preload_keeps_whole() {
+    let has_python = Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_python {
+        assert!(std::env::var_os("CI").is_none(), "python3 not found");
+        eprintln!("python3 not found: skipped");
+        return;
+    }
+    for name in ["my env", "env:v2"] {
+        let d = tempdir();
+        let dir = d.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        let lib = dir.join("libisolate.so");
+        if std::fs::hard_link(analyzer_path().with_file_name("libisolate.so"), &lib).is_err() {
+            std::fs::copy(analyzer_path().with_file_name("libisolate.so"), &lib).unwrap();
+        }
+        let runtime = d.path().join("run");
+        std::fs::create_dir(&runtime).unwrap();
+        let out = Command::new("python3")
+            .args(["-m", "cuda_isolate", "--lib"])
+            .env(
+                "PYTHONPATH",
+                isolate_tests::workspace_root().join("python/src"),
+            )
+            .env("CUDA_ISOLATE_LIB", &lib)
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let printed = String::from_utf8(out.stdout).unwrap();
+        let printed = printed.trim_end_matches('\n');
+        // run_in_with clears LD_*: the preload goes in through env(1).
+        let mut env = Command::new("env");
+        env.env("ISOLATE_MODE", "isolate")
+            .env("ISOLATE_TRACE", d.path().join("t-%p.trace"));
+        let preload = format!("LD_PRELOAD={printed}");
+        let o = run_in_with(d.path(), env, &[&preload, &prog("stale_write")]);
+        assert_eq!(o.code(), Some(0), "{name:?}: {}", o.describe());
+        assert!(
+            o.stdout.contains("b changed 0 bytes 0 first 0"),
+            "{name:?}: printed {printed:?}: the library was not preloaded: {}",
+            o.describe()
+        );
+    }
+}
+
+/// What the analyzer writes from a trace (`report`, `graph -o`, `export -o`: the program's argv,
+/// paths and addresses) is private, as the trace is (issue 33, item 11): mode 0600 whatever the
+/// umask. They were 0644, readable by every user, while the trace they came from was 0600.
+#[test]
+fn outputs_derived_from_a_trace_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempdir();
+    let o = isolate(
+        d.path(),
+        &["run", "--trace", "t-%p.trace", "--", &prog("rt_basic")],
+    );
+    assert_eq!(o.code(), Some(0), "{}", o.describe());
+    let written = o.line("trace written: ");
+    let trace = written.split_once(" (pid ").expect("path (pid N)").0;
+    let mode = |name: &str| {
+        std::fs::metadata(d.path().join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode(trace), 0o600, "the trace itself");
+    for (args, out) in [
+        (vec!["report", "-o", "r.html", trace], "r.html"),
+        (vec!["graph", "-o", "g.json", trace], "g.json"),
+        (vec!["graph", "-o", "g.dot", trace], "g.dot"),
+        (
+            vec!["export", "--format", "chrome-trace", "-o", "c.json", trace],
+            "c.json",
+        ),
+    ] {
+        let r = isolate(d.path(), &args);
+        assert_eq!(r.code(), Some(0), "{args:?}: {}", r.describe());
+        assert_eq!(mode(out), 0o600, "{args:?}: {out} is mode {:o}", mode(out));
+    }
+}
+
+/// `isolate run --trace` with 12 `%p` in a directory holding a long numeric file name (issue 33,
+/// item 11): the command starts and the run names its trace. Matching the existing names against
+/// the pattern took time exponential in the count of `%p` (every split of the digits tried):
+/// `isolate` never got to start the command (killed by this test's watchdog after 60 s).
+#[test]
+fn many_numbers_in_the_pattern_and_a_long_numeric_name_still_run() {
+    let plain = run_in(tempdir().path(), &program_path("rt_basic"), &[]);
+    assert_eq!(plain.code(), Some(0), "{}", plain.describe());
+    let d = tempdir();
+    std::fs::write(d.path().join("1".repeat(40) + "x"), b"").unwrap();
+    let pattern = "%p".repeat(12);
+    let o = isolate(
+        d.path(),
+        &["run", "--trace", &pattern, "--", &prog("rt_basic")],
+    );
+    assert_eq!(o.code(), Some(0), "{}", o.describe());
+    assert_eq!(o.stdout, plain.stdout, "{}", o.describe());
+    let written = o.line("trace written: ");
+    let (path, pid) = written.split_once(" (pid ").expect("path (pid N)");
+    assert_eq!(path, pid.trim_end_matches(')').repeat(12), "{written}");
+}
+
+/// A host name like `../../x` (issue 33, item 11; set in a UTS namespace of the test's own) does
+/// not take the trace out of its directory: `%h` is one path component (`.._.._x`), for the
+/// library that writes the trace and for `isolate run` that names it. The library wrote
+/// `a/b/../../x-PID.trace`, outside `a/b`, and the run named no trace. Skipped where no UTS
+/// namespace can be made (not root), unless `CI` is set.
+#[test]
+fn a_host_name_with_slashes_stays_in_the_trace_directory() {
+    const SET_HOST: &str = "import os, socket, sys; socket.sethostname(sys.argv[1]); \
+                            os.execv(sys.argv[2], sys.argv[2:])";
+    let in_namespace = |dir: &Path, cmd: &[&str]| {
+        let mut args = vec!["-u", "python3", "-c", SET_HOST, "../../x"];
+        args.extend_from_slice(cmd);
+        run_in_with(dir, Command::new("unshare"), &args)
+    };
+    let plain = in_namespace(tempdir().path(), &[&prog("rt_basic")]);
+    if plain.code() != Some(0) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no UTS namespace: {}",
+            plain.describe()
+        );
+        eprintln!(
+            "no UTS namespace (not root?): skipped\n{}",
+            plain.describe()
+        );
+        return;
+    }
+    let d = tempdir();
+    std::fs::create_dir_all(d.path().join("a/b")).unwrap();
+    let isolate_bin = analyzer_path().to_string_lossy().into_owned();
+    let o = in_namespace(
+        d.path(),
+        &[
+            &isolate_bin,
+            "run",
+            "--trace",
+            "a/b/%h-%p.trace",
+            "--",
+            &prog("rt_basic"),
+        ],
+    );
+    assert_eq!(o.code(), Some(0), "{}", o.describe());
+    assert_eq!(o.stdout, plain.stdout);
+    let outside: Vec<_> = std::fs::read_dir(d.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "a")
+        .collect();
+    assert!(outside.is_empty(), "written outside a/b: {outside:?}");
+    let written = o.line("trace written: ");
+    let path = written.split_once(" (pid ").expect("path (pid N)").0;
+    assert!(path.starts_with("a/b/.._.._x-"), "{written}");
+    assert!(d.path().join(path).is_file(), "{path}");
 }

@@ -35,6 +35,37 @@ pub use record::*;
 pub use settings::{Owner, SETTINGS, Setting, parse_size, setting};
 pub use wire::Encoder;
 
+/// The host name as it goes into a trace's file name (`%h` of `ISOLATE_TRACE`, expanded by the
+/// library and matched by `isolate run`, both with this): one path component, never `.` or
+/// `..`. Bytes other than ASCII letters, digits, `-`, `.` and `_` become `_` (a name set to
+/// `../../x` would otherwise put the trace outside its directory); a name of dots only becomes
+/// underscores. Every host name RFC 1123 allows is unchanged.
+///
+/// ```
+/// use isolate_trace::host_in_path;
+/// assert_eq!(host_in_path("gpu-7.cluster"), "gpu-7.cluster");
+/// assert_eq!(host_in_path("../../x"), ".._.._x");
+/// assert_eq!(host_in_path(".."), "__");
+/// assert_eq!(host_in_path(""), "_");
+/// ```
+pub fn host_in_path(host: &str) -> String {
+    let s: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.bytes().all(|b| b == b'.') {
+        "_".repeat(s.len().max(1))
+    } else {
+        s
+    }
+}
+
 /// The first eight bytes of every trace.
 pub const MAGIC: [u8; 8] = *b"ISOTRACE";
 /// The format version this crate writes and the newest it reads (every older one too).

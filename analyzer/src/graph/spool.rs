@@ -86,26 +86,16 @@ impl Write for Spool {
     }
 }
 
-/// A temporary file that is gone from the directory as soon as it is open.
+/// A temporary file that is gone from the directory as soon as it is open (`tempfile`:
+/// `O_TMPFILE` where the file system has it, else a random name made with `O_EXCL` and unlinked
+/// at once), mode 0600 (`O_TMPFILE` makes it 0666 less the umask: set again). Its bytes come from a trace (the program's argv, its
+/// addresses): no other user may read them, or keep the spool from starting by making the files
+/// a predictable name would have (`.isolate-spool-PID-N` in `/tmp` did both).
 fn temp_file() -> std::io::Result<std::fs::File> {
-    let dir = std::env::temp_dir();
-    for i in 0..100u32 {
-        let p = dir.join(format!(".isolate-spool-{}-{i}", std::process::id()));
-        match std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&p)
-        {
-            Ok(f) => {
-                let _ = std::fs::remove_file(&p);
-                return Ok(f);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(std::io::Error::other("no temporary file name was free"))
+    use std::os::unix::fs::PermissionsExt;
+    let f = tempfile::tempfile()?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok(f)
 }
 
 #[cfg(test)]
@@ -132,5 +122,26 @@ mod tests {
         let mut got = Vec::new();
         s.reader().unwrap().read_to_end(&mut got).unwrap();
         assert_eq!(got, b"again");
+    }
+
+    /// Another user making the names the spool once took (`.isolate-spool-PID-0` to `-99` in
+    /// the temporary directory) neither stops it nor gets its bytes; its file is private.
+    #[test]
+    fn squatted_names_do_not_stop_the_spool_and_its_file_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir();
+        let squat: Vec<_> = (0..100u32)
+            .map(|i| dir.join(format!(".isolate-spool-{}-{i}", std::process::id())))
+            .collect();
+        for p in &squat {
+            let _ = std::fs::write(p, b"");
+        }
+        let f = temp_file();
+        for p in &squat {
+            let _ = std::fs::remove_file(p);
+        }
+        let f = f.expect("a temporary file despite the squatted names");
+        let mode = f.metadata().unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the spool file is private: {mode:o}");
     }
 }

@@ -248,13 +248,12 @@ fn die(msg: &str) -> ! {
     let line = format!("isolate: {msg}\n");
     // SAFETY: `line` is a live String: the pointer and length describe its bytes for the whole
     // call, and `write` only reads them (fd 2 closed or full just makes it fail, ignored here).
-    // `exit_group` takes one integer, touches no memory of ours and does not return.
     unsafe {
         libc::write(2, line.as_ptr().cast(), line.len());
-        // Not `_exit`: that name is our own hook, which would close a trace first.
-        libc::syscall(libc::SYS_exit_group, 2);
     }
-    unreachable!()
+    // Not `_exit` nor `syscall()`: those names are our own hooks, which would close a trace
+    // first (and read these settings again, from inside their own initialisation: a hang).
+    crate::base::sys::exit_group_now(2)
 }
 
 /// A setting with exactly two values, spelled once: read by [`TwoWay::read`], written into the
@@ -558,7 +557,8 @@ pub fn expand(pattern: &str, pid: u32, rank: Option<u32>, host: &str) -> String 
         match it.next() {
             Some('p') => out.push_str(&pid.to_string()),
             Some('r') => out.push_str(&rank.map_or("0".to_string(), |r| r.to_string())),
-            Some('h') => out.push_str(host),
+            // One path component, never `..` (a host name is whatever root set it to).
+            Some('h') => out.push_str(&isolate_trace::host_in_path(host)),
             Some('%') => out.push('%'),
             Some(other) => {
                 out.push('%');
@@ -746,5 +746,8 @@ mod tests {
             "t-12-r3-node-%.trace"
         );
         assert_eq!(expand("t-%r", 1, None, "x"), "t-0");
+        // A host name is one path component: never outside the pattern's directory.
+        assert_eq!(expand("d/%h.trace", 1, None, "../../x"), "d/.._.._x.trace");
+        assert_eq!(expand("d/%h/t", 1, None, ".."), "d/__/t");
     }
 }

@@ -347,5 +347,7 @@ reals! {
         EXECVPE = execvpe: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
         EXECV = execv: fn(*const c_char, *const *const c_char) -> c_int;
         EXECVP = execvp: fn(*const c_char, *const *const c_char) -> c_int;
+        FEXECVE = fexecve: fn(c_int, *const *const c_char, *const *const c_char) -> c_int;
+        EXECVEAT = execveat: fn(c_int, *const c_char, *const *const c_char, *const *const c_char, c_int) -> c_int;
     }
 }

@@ -61,6 +61,26 @@ pub fn forget_tid() {
     let _ = TID.try_with(|c| c.set(0));
 }
 
+/// Ends the process now with `status`: the `exit_group` system call itself, made here. Not
+/// `_exit` nor `syscall()`: those names are the library's own exports (`hooks/process.rs`), which
+/// close the trace first.
+pub fn exit_group_now(status: i32) -> ! {
+    loop {
+        // SAFETY: exit_group takes one integer and touches no memory of this process; rcx and r11,
+        // which the `syscall` instruction overwrites, are declared clobbered.
+        unsafe {
+            std::arch::asm!(
+                "syscall",
+                inlateout("rax") libc::SYS_exit_group => _,
+                in("rdi") status as libc::c_long,
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack),
+            )
+        };
+    }
+}
+
 /// One line on stderr, prefixed, written with a single `write(2)` — only while descriptor 2
 /// is still the file the process started with. A program that closes stderr and opens a file
 /// of its own gets that file at 2 (the lowest free number): the line is then left out rather

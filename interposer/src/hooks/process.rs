@@ -1,11 +1,14 @@
-//! The process-life exports: `exit`, `_exit`, `_Exit` and the `exec` family. Each tells process
-//! life first, then calls libc's.
+//! The process-life exports: `exit`, `_exit`, `_Exit`, the `exec` family (`fexecve` and
+//! `execveat` included) and `syscall` (for the raw `execve`, `execveat` and `exit_group`). Each
+//! tells process life first, then calls libc's (an `exec` that returns failed: process life
+//! hears that too). `quick_exit` needs no export: process life registers an `at_quick_exit`
+//! handler before `main`.
 //!
 //! Layer: hooks. Uses process life and the base.
 
-use crate::base::real::{EXECV, EXECVE, EXECVP, EXECVPE, EXIT, EXIT2, EXIT3};
+use crate::base::real::{EXECV, EXECVE, EXECVEAT, EXECVP, EXECVPE, EXIT, EXIT2, EXIT3, FEXECVE};
 use crate::life;
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, c_long};
 
 /// An exit function: tells process life first (`$before`), then calls libc's.
 macro_rules! exit_hook {
@@ -20,11 +23,7 @@ macro_rules! exit_hook {
             match $real.get() {
                 // SAFETY: the real exit function, with the caller's status.
                 Some(f) => unsafe { f(status) },
-                // SAFETY: exit_group has no preconditions and does not return.
-                None => unsafe {
-                    libc::syscall(libc::SYS_exit_group, status);
-                    std::process::abort()
-                },
+                None => crate::base::sys::exit_group_now(status),
             }
         }
     };
@@ -46,14 +45,15 @@ exit_hook!(
 
 macro_rules! exec_hook {
     ($name:ident, $real:ident, ($($a:ident: $t:ty),*)) => {
-        /// Closes the trace (with an end record saying `exec`) before the process is replaced.
+        /// Closes the trace (with an end record saying `exec`) before the process is replaced;
+        /// when the exec fails (it returns), the trace goes on.
         ///
         /// # Safety
         /// Same contract as the libc function of this name.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
             life::before_exec();
-            match $real.get() {
+            let r = match $real.get() {
                 // SAFETY: the real exec function, with the caller's own arguments.
                 Some(f) => unsafe { f($($a),*) },
                 None => {
@@ -61,7 +61,9 @@ macro_rules! exec_hook {
                     unsafe { *libc::__errno_location() = libc::ENOSYS };
                     -1
                 }
-            }
+            };
+            life::exec_failed();
+            r
         }
     };
 }
@@ -70,6 +72,110 @@ exec_hook!(execve, EXECVE, (path: *const c_char, argv: *const *const c_char, env
 exec_hook!(execvpe, EXECVPE, (file: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
 exec_hook!(execv, EXECV, (path: *const c_char, argv: *const *const c_char));
 exec_hook!(execvp, EXECVP, (file: *const c_char, argv: *const *const c_char));
+exec_hook!(fexecve, FEXECVE, (fd: c_int, argv: *const *const c_char, envp: *const *const c_char));
+exec_hook!(execveat, EXECVEAT, (dirfd: c_int, path: *const c_char, argv: *const *const c_char, envp: *const *const c_char, flags: c_int));
+
+// `syscall()`: the raw `execve`, `execveat` and `exit_group` go through process life first (as
+// their libc functions do); every other number is the system call itself, made here as glibc's
+// `syscall` makes it (the same registers, the same `-1`/`errno` on failure), so that no lookup of
+// libc's is needed on any path (Rust's own futex waits come through here). A program that makes
+// the system call with its own `syscall` instruction (Go's runtime, static binaries, io_uring)
+// is not seen: its trace loses what was not yet written (at most the writer's 50 ms) and has no
+// end record, and isolate mode checks nothing.
+
+/// `syscall(number, ...)`: see above.
+///
+/// # Safety
+/// Same contract as glibc's `syscall`.
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn syscall() -> c_long {
+    core::arch::naked_asm!(
+        "cmp rdi, {execve}",
+        "je {way_out}",
+        "cmp rdi, {execveat}",
+        "je {way_out}",
+        "cmp rdi, {exit_group}",
+        "je {way_out}",
+        "mov rax, rdi",
+        "mov rdi, rsi",
+        "mov rsi, rdx",
+        "mov rdx, rcx",
+        "mov r10, r8",
+        "mov r8, r9",
+        "mov r9, [rsp + 8]",
+        "syscall",
+        "cmp rax, -4095",
+        "jae 2f",
+        "ret",
+        "2:",
+        "mov rdi, rax",
+        "jmp {failed}",
+        execve = const libc::SYS_execve,
+        execveat = const libc::SYS_execveat,
+        exit_group = const libc::SYS_exit_group,
+        way_out = sym raw_way_out,
+        failed = sym syscall_failed,
+    )
+}
+
+/// A system call's `-errno` as glibc's `syscall` returns it: `-1`, `errno` set.
+extern "C" fn syscall_failed(r: c_long) -> c_long {
+    // SAFETY: errno is this thread's.
+    unsafe { *libc::__errno_location() = (-r) as c_int };
+    -1
+}
+
+/// The raw system call, with no libc in between.
+///
+/// # Safety
+/// The system call's own contract (the caller's, passed on unchanged).
+unsafe fn raw_syscall(nr: c_long, a: c_long, b: c_long, c: c_long, d: c_long, e: c_long) -> c_long {
+    let r: c_long;
+    // SAFETY: the arguments are the caller's, in the kernel's registers; rcx and r11, which the
+    // `syscall` instruction overwrites, are declared clobbered; no stack is used.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") nr => r,
+            in("rdi") a,
+            in("rsi") b,
+            in("rdx") c,
+            in("r10") d,
+            in("r8") e,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        )
+    };
+    r
+}
+
+/// `syscall(SYS_execve | SYS_execveat | SYS_exit_group, ...)`: as `execve`, `execveat` and
+/// `_exit` (their sixth argument is not used).
+extern "C" fn raw_way_out(
+    nr: c_long,
+    a: c_long,
+    b: c_long,
+    c: c_long,
+    d: c_long,
+    e: c_long,
+) -> c_long {
+    if nr == libc::SYS_exit_group {
+        life::before_underscore_exit();
+        crate::base::sys::exit_group_now(a as i32)
+    }
+    life::before_exec();
+    // SAFETY: the caller's execve/execveat, as glibc's `syscall` would make it.
+    let r = unsafe { raw_syscall(nr, a, b, c, d, e) };
+    let r = if (-4095..0).contains(&r) {
+        syscall_failed(r)
+    } else {
+        r
+    };
+    life::exec_failed();
+    r
+}
 
 // The variadic forms (`execl`, `execlp`, `execle`): glibc implements them without going through
 // the PLT, so hooking the vector forms alone would miss them, and Rust cannot define variadic

@@ -12,17 +12,22 @@
 //!   end record first, and the signal is raised again with its default action, whatever its
 //!   `si_code` (a terminal's Ctrl-C is sent by the kernel, `SI_KERNEL`), so the process dies of
 //!   it as it would have;
-//! - several threads dying at once: the first writes the end, the others wait for it.
+//! - several threads dying at once: the first writes the end, the others wait for it;
+//! - in isolate mode, before the end is written, the quarantine is checked (what `exit` would
+//!   check), so that a stale write made before a SIGTERM, an `abort()` or a kill from `timeout`
+//!   is reported: by [`check_quarantine`], on a thread started with the trace, waited for at most
+//!   [`DYING_CHECK_LIMIT_NS`]; not when the signal came inside one of the library's hooks (its
+//!   locks may be held by the very thread the signal stopped).
 //!
 //! A program that installs its own action after ours replaces ours: its signals are its own.
 //!
-//! Layer: process life. Uses recording and the base.
+//! Layer: process life. Uses the policies, recording and the base.
 
-use crate::base::sys;
-use crate::record::writer;
+use crate::base::{config, sys};
+use crate::record::{thread, writer};
 use isolate_trace::EndReason;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering::*};
 use std::time::Duration;
 
 /// Signals that end a process by default.
@@ -125,6 +130,7 @@ extern "C" fn on_signal(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
     } else {
         if sig == libc::SIGABRT {
             // `abort()` raises again with the default action if the handler returns.
+            check_quarantine(DYING_CHECK_LIMIT_NS);
             writer::flush(None, Duration::from_secs(2));
         }
         let f = prev.sa_sigaction;
@@ -144,6 +150,7 @@ extern "C" fn on_signal(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
             }
         }
         if comes_back_to_kill(sig, info) {
+            check_quarantine(DYING_CHECK_LIMIT_NS);
             writer::flush(Some(EndReason::Signal(sig)), Duration::from_secs(2));
         }
     }
@@ -155,6 +162,7 @@ extern "C" fn on_signal(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
 /// with the default action. It is blocked while this handler runs, so it is delivered, and
 /// kills, as the handler returns (a fault's instruction is never run again).
 fn dies(sig: i32) {
+    check_quarantine(DYING_CHECK_LIMIT_NS);
     writer::flush(Some(EndReason::Signal(sig)), Duration::from_secs(2));
     // SAFETY: `act` and `set` are live locals (all-zero is valid for both C structs); sigaction,
     // sigemptyset, sigaddset, pthread_sigmask only read and write them. tgkill names this process
@@ -203,5 +211,119 @@ fn comes_back_to_kill(sig: i32, info: *mut libc::siginfo_t) -> bool {
         );
         // A fault the kernel raised (si_code > 0) comes back when the instruction runs again.
         fault && !info.is_null() && (*info).si_code > 0
+    }
+}
+
+/// The longest a dying process waits for the quarantine check (isolate mode) before its trace is
+/// ended: a CI job's time limit sends SIGTERM and then, some seconds later, SIGKILL.
+pub const DYING_CHECK_LIMIT_NS: u64 = 5_000_000_000;
+
+/// The checker: a thread of the library, started with the trace in isolate mode, that checks the
+/// quarantine when asked ([`check_quarantine`]). It exists beforehand because the ends that need it
+/// come in a signal handler, where no thread can be started (`pthread_create` allocates, and the
+/// signal may have stopped its thread inside `malloc`). `CHECKER_PID`: the process it belongs to
+/// (a fork child starts its own); `CHECK_ASKED` (a futex word) and `CHECK_DONE`: requests by
+/// number.
+static CHECKER_PID: AtomicU32 = AtomicU32::new(0);
+static CHECK_ASKED: AtomicU32 = AtomicU32::new(0);
+static CHECK_DONE: AtomicU32 = AtomicU32::new(0);
+
+/// Starts the checker for this process (isolate mode; once per process).
+pub fn start_checker() {
+    if config::get().mode != config::Mode::Isolate {
+        return;
+    }
+    // SAFETY: getpid takes nothing, touches no memory and cannot fail.
+    let me = unsafe { libc::getpid() } as u32;
+    let was = CHECKER_PID.load(Acquire);
+    if was == me
+        || CHECKER_PID
+            .compare_exchange(was, me, AcqRel, Acquire)
+            .is_err()
+    {
+        return;
+    }
+    CHECK_ASKED.store(0, Release);
+    CHECK_DONE.store(0, Release);
+    // Every signal blocked, so that no signal handler runs on it (as on the writer).
+    // SAFETY: sigset_t is a plain bit array, for which all zeroes is a valid (empty) value.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: both sets are valid locals for the calls' duration; this thread's mask is set back
+    // below.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+    }
+    let spawned = std::thread::Builder::new()
+        .name("isolate-check".into())
+        .spawn(checker_main);
+    // SAFETY: `old` is the mask read above, a valid local; the old-set pointer may be null.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    if spawned.is_err() {
+        CHECKER_PID.store(0, Release); // no checker: the ends other than exit check nothing
+    }
+}
+
+fn checker_main() {
+    // What it calls is the library's own doing, never recorded as the program's.
+    let _inside = thread::Inside::enter();
+    loop {
+        let done = CHECK_DONE.load(Acquire);
+        let asked = CHECK_ASKED.load(Acquire);
+        if asked == done {
+            // SAFETY: FUTEX_WAIT on a static atomic word (valid for the process's life), with no
+            // timeout; it only reads the word and sleeps while it holds `asked`.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    CHECK_ASKED.as_ptr(),
+                    libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                    asked,
+                    std::ptr::null::<libc::timespec>(),
+                )
+            };
+            continue;
+        }
+        crate::policy::verify_now();
+        CHECK_DONE.store(asked, Release);
+    }
+}
+
+/// Isolate mode: checks the quarantine now (its allocations stay there: the process may go on),
+/// on the checker thread, waiting at most `limit_ns`; what it finds is recorded and said on stderr
+/// like any stale write. Async-signal-safe (atomics, `futex`, `nanosleep`). Does nothing on one of
+/// the library's threads, inside a hook (its locks may be held by this thread), in a process
+/// without a checker (nothing quarantined, log mode) or in a `vfork` child.
+pub fn check_quarantine(limit_ns: u64) {
+    // SAFETY: getpid takes nothing, touches no memory and cannot fail.
+    let me = unsafe { libc::getpid() } as u32;
+    if CHECKER_PID.load(Acquire) != me || thread::nested() {
+        return;
+    }
+    let limit_ns = match config::get().test_exit_check_ms {
+        0 => limit_ns,
+        ms => ms * 1_000_000,
+    };
+    let asked = CHECK_ASKED.fetch_add(1, AcqRel).wrapping_add(1);
+    // SAFETY: FUTEX_WAKE on a static atomic word: wakes the checker, touches no memory.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            CHECK_ASKED.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        )
+    };
+    let deadline = sys::now_ns() + limit_ns;
+    if !sys::wait_until(deadline, || {
+        CHECK_DONE.load(Acquire).wrapping_sub(asked) < u32::MAX / 2
+    }) {
+        sys::warn(&format!(
+            "the quarantine check did not finish within {:.1} s (waiting for the device, or for \
+             a lock the interrupted thread holds?): the process goes on without its results",
+            limit_ns as f64 / 1e9
+        ));
     }
 }

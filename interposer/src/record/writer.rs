@@ -23,6 +23,9 @@ const STARTING: u8 = 1;
 const RUNNING: u8 = 2;
 /// Closed at exit, or recording impossible (mode off, trace file could not be created).
 const CLOSED: u8 = 3;
+/// Ended for an `exec` that may still fail: hooks wait (the process is about to be replaced,
+/// or the trace goes on, [`resume_after_exec`]).
+const EXECING: u8 = 4;
 
 /// The writer thread's stack: std's default for its threads.
 const WRITER_STACK: usize = 2 << 20;
@@ -59,6 +62,10 @@ static WRITER_TID: AtomicU32 = AtomicU32::new(0);
 /// Set by the writer once its file is open and its descriptor moved up (or it could not be
 /// opened): the thread that started the trace waits for it (see `start`).
 static OPENED: AtomicBool = AtomicBool::new(false);
+/// Set when an `exec` failed: the writer takes its end record back and the trace goes on.
+static RESUME: AtomicBool = AtomicBool::new(false);
+/// Set by the writer once it took the end back (after [`RESUME`]).
+static RESUMED: AtomicBool = AtomicBool::new(false);
 
 const QUEUE: usize = 4096;
 
@@ -91,7 +98,8 @@ pub fn started() -> bool {
 /// True while events are being accepted (or would be, on first use).
 #[inline]
 pub fn active() -> bool {
-    STATE.load(Relaxed) < CLOSED
+    let s = STATE.load(Relaxed);
+    s < CLOSED || s == EXECING
 }
 
 /// Hands a record to the writer, starting it on first use. Never blocks on a lock; waits only
@@ -102,9 +110,11 @@ pub fn submit(rec: Record) {
         if s == UNINIT {
             start();
         }
+        // While an exec is under way, a hook on another thread waits: the exec either replaces
+        // the process (the thread with it) or fails, and the trace goes on with this event.
         while {
             s = STATE.load(Acquire);
-            s == STARTING
+            s == STARTING || s == EXECING
         } {
             std::hint::spin_loop();
             std::thread::yield_now();
@@ -254,7 +264,13 @@ pub fn flush(end: Option<EndReason>, timeout: Duration) -> bool {
         Some(EndReason::Exec) => (2, 0),
         Some(EndReason::Signal(s)) => (3, s),
     };
-    if end.is_some() {
+    if end == Some(EndReason::Exec) {
+        // Hooks wait from here until the exec is done with (see `submit`); those already
+        // accepted are still written.
+        RESUME.store(false, Release);
+        RESUMED.store(false, Release);
+        STATE.store(EXECING, Release);
+    } else if end.is_some() {
         // No new events after this; those already accepted are still written.
         STATE.store(CLOSED, Release);
     }
@@ -263,6 +279,28 @@ pub fn flush(end: Option<EndReason>, timeout: Duration) -> bool {
     FLUSH_TARGET.store(ACCEPTED.load(Acquire), Release);
     let generation = FLUSH_GEN.fetch_add(1, AcqRel) + 1;
     wait_until(deadline, || FLUSH_DONE.load(Acquire) >= generation)
+}
+
+/// After an `exec` that failed (the process goes on): the end record written for it is taken
+/// back (the file cut back to where it was before it) and the trace goes on, the events of
+/// other threads that waited meanwhile included. Waits (at most 2 s) for the writer to do it.
+pub fn resume_after_exec() {
+    if OWNER_PID.load(Acquire) != std::process::id() || STATE.load(Acquire) != EXECING {
+        return;
+    }
+    let deadline = now_ns() + 2_000_000_000;
+    // The end must be written before it can be taken back.
+    wait_until(deadline, || ENDED.load(Acquire));
+    RESUME.store(true, Release);
+    if !wait_until(deadline, || RESUMED.load(Acquire)) {
+        // The writer is gone or stuck: recording stops rather than hooks waiting for good.
+        STATE.store(CLOSED, Release);
+    }
+}
+
+/// True once the writer has written the trace's end record.
+pub fn ended() -> bool {
+    ENDED.load(Acquire)
 }
 
 /// Waits until the writer has written the end record (at most until `deadline`).
@@ -285,10 +323,13 @@ pub fn after_fork_child() {
     OWNER_PID.store(0, Release);
     WRITER_TID.store(0, Release);
     OPENED.store(false, Release);
+    RESUME.store(false, Release);
+    RESUMED.store(false, Release);
     ENDING.store(false, Release);
     ENDED.store(false, Release);
     let was = STATE.load(Acquire);
-    // A process that had recording switched off keeps it off.
+    // A process that had recording switched off keeps it off (a fork from a thread while
+    // another one was in exec starts over too).
     if was != CLOSED || config::get().mode != Mode::Off {
         STATE.store(UNINIT, Release);
     }
@@ -434,6 +475,31 @@ fn open_high(path: &std::ffi::CStr, flags: i32) -> std::io::Result<(i32, (u64, u
 }
 
 impl Out {
+    /// Cuts the file back to `len` bytes (what was written before an exec's end record).
+    fn take_back(&mut self, len: u64) {
+        self.buf.clear();
+        if self.failed || !self.still_ours() {
+            self.failed = true;
+            return;
+        }
+        // The descriptor's offset goes back too (the file is not opened for appending).
+        // SAFETY: `self.fd` is the trace file's descriptor (checked by still_ours just above);
+        // ftruncate and lseek take it and integers only.
+        let cut = unsafe { libc::ftruncate(self.fd, len as libc::off_t) } == 0;
+        // SAFETY: as above.
+        if cut && unsafe { libc::lseek(self.fd, len as libc::off_t, libc::SEEK_SET) } >= 0 {
+            self.written = len;
+        } else {
+            self.failed = true;
+            warn(&format!(
+                "trace {}: cannot take back the end record of an exec that failed: {}; the \
+                 trace ends there (the program goes on unchanged)",
+                self.path,
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+
     fn close(&mut self) {
         if !self.failed && identity(self.fd) == Some(self.id) {
             // SAFETY: only while `self.fd` is still the trace file (its device and inode are the
@@ -666,6 +732,11 @@ fn writer_main(rx: Receiver<Record>) {
                 2 => Some(EndReason::Exec),
                 _ => Some(EndReason::Signal(FLUSH_SIGNAL.load(Acquire))),
             };
+            // Where the file stood before an exec's end record: cut back to it if the exec fails.
+            if end == Some(EndReason::Exec) {
+                out.write_out();
+            }
+            let before_end = out.written;
             if let Some(reason) = end {
                 enc.encode(
                     &Record::End(End {
@@ -678,6 +749,21 @@ fn writer_main(rx: Receiver<Record>) {
             }
             out.write_out();
             last_write = now_ns();
+            if end == Some(EndReason::Exec) {
+                // The file stays open (close-on-exec): the exec may fail and the trace go on.
+                ENDED.store(true, Release);
+                FLUSH_DONE.store(generation, Release);
+                if !wait_for_resume() {
+                    drain_forever(rx);
+                    return;
+                }
+                out.take_back(before_end);
+                ENDING.store(false, Release);
+                ENDED.store(false, Release);
+                RESUMED.store(true, Release);
+                STATE.store(RUNNING, Release);
+                continue;
+            }
             if end.is_some() {
                 out.close();
                 ENDED.store(true, Release);
@@ -688,6 +774,21 @@ fn writer_main(rx: Receiver<Record>) {
                 return;
             }
         }
+    }
+}
+
+/// After an exec's end record: waits until the exec failed ([`resume_after_exec`]); a
+/// successful exec ends this thread with the process image. False when the trace was closed
+/// meanwhile (recording given up).
+fn wait_for_resume() -> bool {
+    loop {
+        if RESUME.load(Acquire) {
+            return true;
+        }
+        if STATE.load(Acquire) == CLOSED {
+            return false;
+        }
+        nap(200_000);
     }
 }
 
