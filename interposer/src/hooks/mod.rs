@@ -160,12 +160,45 @@ macro_rules! body_api {
     };
 }
 
-/// Declares hooks and their table: see the module comment.
+/// The real function a row calls: the one the row declares itself (in its file's `reals`), or
+/// the one it names in [`crate::base::real`] (`= NAME`).
+macro_rules! real_of {
+    ($name:ident) => {
+        self::reals::$name
+    };
+    ($name:ident = $real:ident) => {
+        $crate::base::real::$real
+    };
+}
+
+/// A row's own real function, declared from its signature (none when it names one in
+/// [`crate::base::real`]).
+macro_rules! own_real {
+    ($lib:ident, $name:ident($($t:ty),*) -> $ret:ty) => {
+        #[doc = concat!("The real `", stringify!($name), "`, looked up by that export name.")]
+        pub static $name: $crate::base::real::Real<unsafe extern "C" fn($($t),*) -> $ret> =
+            $crate::base::real::Real::export(
+                concat!(stringify!($name), "\0").as_bytes(),
+                $crate::base::real::Lib::$lib,
+            );
+    };
+    ($lib:ident, $name:ident($($t:ty),*) -> $ret:ty = $real:ident) => {};
+}
+
+/// Declares hooks, the real functions they stand for, and their table: see the module comment.
 macro_rules! hooks {
     (
-        $(#[$tdoc:meta])* static $table:ident: $ret:ty = missing $missing:expr;
-        $( $(#[$doc:meta])* $name:ident($($a:ident: $t:ty),* $(,)?) = $real:ident $body:tt; )*
+        $(#[$tdoc:meta])* static $table:ident: $ret:ty = missing $missing:expr, in $lib:ident;
+        $( $(#[$doc:meta])* $name:ident($($a:ident: $t:ty),* $(,)?) $(= $real:ident)? [$($body:tt)*]; )*
     ) => {
+        /// The real functions of this file's rows that name none in [`crate::base::real`], each
+        /// declared from its row's signature and looked up by the row's export name.
+        #[allow(non_upper_case_globals, unused_imports)]
+        pub mod reals {
+            use super::*;
+            $( own_real!($lib, $name($($t),*) -> $ret $(= $real)?); )*
+        }
+
         $(
             $(#[$doc])*
             ///
@@ -175,23 +208,23 @@ macro_rules! hooks {
             pub unsafe extern "C" fn $name($($a: $t),*) -> $ret {
                 #[allow(dead_code)]
                 const HOOK_NAME: &str = stringify!($name);
-                let Some(real) = $crate::base::real::$real.get() else {
+                let Some(real) = real_of!($name $(= $real)?).get() else {
                     return $missing;
                 };
-                body!(real, ($($a),*), $body)
+                body!(real, ($($a),*), [$($body)*])
             }
         )*
 
         $(#[$tdoc])*
         pub static $table: &[$crate::hooks::shape::Hooked] = &[
             $( $crate::hooks::shape::Hooked {
-                name: $crate::base::real::$real.name,
+                name: real_of!($name $(= $real)?).name,
                 export: stringify!($name),
                 hook: $name as *const std::ffi::c_void,
-                store: |p| $crate::base::real::$real.store(p),
-                adopt: |p| $crate::base::real::$real.adopt(p),
-                launch: launch_check_body!($body),
-                api: body_api!($body),
+                store: |p| real_of!($name $(= $real)?).store(p),
+                adopt: |p| real_of!($name $(= $real)?).adopt(p),
+                launch: launch_check_body!([$($body)*]),
+                api: body_api!([$($body)*]),
             }, )*
         ];
     };
