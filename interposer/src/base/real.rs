@@ -1,6 +1,8 @@
-//! Every real function the library calls — the runtime's and the driver's it hooks, the ones
-//! the policies call themselves, and libc's it wraps — declared once each, by export name and
-//! C signature, and resolved on first use.
+//! [`Real`]: a real function, by export name, resolved on first use; and every real function the
+//! layers below the hooks call (`cu.rs`, the recorder, the policies), declared once each by
+//! export name and C signature. A real function only its hook calls is declared by the hook's
+//! own row instead (`hooks!`, in `hooks/`), from the row's signature; the rows of the ones
+//! declared here name them (`= NAME`).
 //!
 //! Layer: base. Uses [`super::cuda`] and [`super::resolve`] only.
 
@@ -134,24 +136,23 @@ impl<F: Copy> Real<F> {
 macro_rules! reals {
     ($( $lib:ident { $( $stat:ident = $export:ident: fn($($t:ty),* $(,)?) $(-> $ret:ty)?; )* } )*) => {
         $($(
-            pub static $stat: Real<unsafe extern "C" fn($($t),*) $(-> $ret)?> = Real::new(
-                // SAFETY: the literal ends in its only NUL.
-                unsafe { CStr::from_bytes_with_nul_unchecked(concat!(stringify!($export), "\0").as_bytes()) },
-                Lib::$lib,
-            );
+            pub static $stat: Real<unsafe extern "C" fn($($t),*) $(-> $ret)?> =
+                Real::export(concat!(stringify!($export), "\0").as_bytes(), Lib::$lib);
         )*)*
     };
 }
 
 reals! {
     Driver {
-        // The driver's resolver.
-        // Hooked: allocations and frees.
+        // Hooked, and called by the policies too (their hooks' rows name them: `= NAME`).
+        // The frees `double_free` answers itself (policy/isolate/alloc.rs); mem_free
+        // (isolate/leave.rs); mem_free_async (release.rs).
         MEM_FREE = cuMemFree_v2: fn(CUdeviceptr) -> CUresult;
         MEM_FREE_ASYNC = cuMemFreeAsync: fn(CUdeviceptr, CUstream) -> CUresult;
         MEM_FREE_ASYNC_PTSZ = cuMemFreeAsync_ptsz: fn(CUdeviceptr, CUstream) -> CUresult;
+        // mem_alloc_host: device.rs's result buffers.
         MEM_ALLOC_HOST = cuMemAllocHost_v2: fn(*mut *mut c_void, usize) -> CUresult;
-        // Hooked: virtual memory.
+        // Virtual memory: guard.rs's guarded allocations (mem_unmap also isolate/leave.rs).
         MEM_ADDRESS_RESERVE = cuMemAddressReserve: fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, u64) -> CUresult;
         MEM_ADDRESS_FREE = cuMemAddressFree: fn(CUdeviceptr, usize) -> CUresult;
         MEM_CREATE = cuMemCreate: fn(*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, u64) -> CUresult;
@@ -159,39 +160,35 @@ reals! {
         MEM_MAP = cuMemMap: fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64) -> CUresult;
         MEM_UNMAP = cuMemUnmap: fn(CUdeviceptr, usize) -> CUresult;
         MEM_SET_ACCESS = cuMemSetAccess: fn(CUdeviceptr, usize, *const CUmemAccessDesc, usize) -> CUresult;
-        // Hooked: memory another process shares.
-        // Hooked: graphs.
-        // Hooked when the launch check is on.
+        // launch_kernel: the verification and release kernels (isolate/verify.rs, release.rs,
+        // device.rs).
         LAUNCH_KERNEL = cuLaunchKernel: fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult;
-        // Hooked when the launch check is on: what ends kernels' lives (their handles may be
-        // reused), so the check's cached parameter layouts are looked at again.
-        // Hooked: a stream's end (isolate mode stops recording on it).
-        // Hooked: a device's memory pool set (isolate mode stops serving kept memory).
-        // Hooked while poisons are deferred (hooks/stream.rs): the program's stream work, which
-        // the deferred poisons must precede. The ones the policies also call are further down.
-        // Called by the recorder and the policies themselves.
+        // Stream work (hooks/stream.rs) the policies make themselves: waits (guard.rs,
+        // isolate/poison.rs, release.rs), copies (release.rs, isolate/verify.rs), poisons
+        // (isolate/poison.rs, isolate/leave.rs, release.rs), events (release.rs).
+        CTX_SYNCHRONIZE = cuCtxSynchronize: fn() -> CUresult;
+        STREAM_SYNCHRONIZE = cuStreamSynchronize: fn(CUstream) -> CUresult;
+        MEMCPY_DTOH_ASYNC = cuMemcpyDtoHAsync_v2: fn(*mut c_void, CUdeviceptr, usize, CUstream) -> CUresult;
+        MEMCPY_HTOD_ASYNC = cuMemcpyHtoDAsync_v2: fn(CUdeviceptr, *const c_void, usize, CUstream) -> CUresult;
+        MEMCPY_DTOH = cuMemcpyDtoH_v2: fn(*mut c_void, CUdeviceptr, usize) -> CUresult;
+        MEMCPY_HTOD = cuMemcpyHtoD_v2: fn(CUdeviceptr, *const c_void, usize) -> CUresult;
+        MEMSET_D8 = cuMemsetD8_v2: fn(CUdeviceptr, u8, usize) -> CUresult;
+        MEMSET_D8_ASYNC = cuMemsetD8Async: fn(CUdeviceptr, u8, usize, CUstream) -> CUresult;
+        EVENT_RECORD = cuEventRecord: fn(*mut c_void, CUstream) -> CUresult;
+        // Not hooked: called by the recorder and the policies only.
         CTX_GET_DEVICE = cuCtxGetDevice: fn(*mut CUdevice) -> CUresult;
         CTX_GET_CURRENT = cuCtxGetCurrent: fn(*mut CUcontext) -> CUresult;
         CTX_SET_CURRENT = cuCtxSetCurrent: fn(CUcontext) -> CUresult;
-        CTX_SYNCHRONIZE = cuCtxSynchronize: fn() -> CUresult;
-        STREAM_SYNCHRONIZE = cuStreamSynchronize: fn(CUstream) -> CUresult;
         STREAM_CREATE = cuStreamCreate: fn(*mut CUstream, c_uint) -> CUresult;
         STREAM_IS_CAPTURING = cuStreamIsCapturing: fn(CUstream, *mut c_int) -> CUresult;
         STREAM_WAIT_EVENT = cuStreamWaitEvent: fn(CUstream, *mut c_void, c_uint) -> CUresult;
         EVENT_QUERY = cuEventQuery: fn(*mut c_void) -> CUresult;
-        MEMCPY_DTOH_ASYNC = cuMemcpyDtoHAsync_v2: fn(*mut c_void, CUdeviceptr, usize, CUstream) -> CUresult;
-        MEMCPY_HTOD_ASYNC = cuMemcpyHtoDAsync_v2: fn(CUdeviceptr, *const c_void, usize, CUstream) -> CUresult;
         DEVICE_TOTAL_MEM = cuDeviceTotalMem_v2: fn(*mut usize, CUdevice) -> CUresult;
         MEM_GET_INFO = cuMemGetInfo_v2: fn(*mut usize, *mut usize) -> CUresult;
         DEVICE_GET_DEFAULT_MEM_POOL = cuDeviceGetDefaultMemPool: fn(*mut *mut c_void, CUdevice) -> CUresult;
         MEM_POOL_TRIM_TO = cuMemPoolTrimTo: fn(*mut c_void, usize) -> CUresult;
         MEM_GET_ALLOCATION_GRANULARITY = cuMemGetAllocationGranularity: fn(*mut usize, *const CUmemAllocationProp, i32) -> CUresult;
-        MEMSET_D8 = cuMemsetD8_v2: fn(CUdeviceptr, u8, usize) -> CUresult;
-        MEMSET_D8_ASYNC = cuMemsetD8Async: fn(CUdeviceptr, u8, usize, CUstream) -> CUresult;
-        MEMCPY_DTOH = cuMemcpyDtoH_v2: fn(*mut c_void, CUdeviceptr, usize) -> CUresult;
-        MEMCPY_HTOD = cuMemcpyHtoD_v2: fn(CUdeviceptr, *const c_void, usize) -> CUresult;
         EVENT_CREATE = cuEventCreate: fn(*mut *mut c_void, u32) -> CUresult;
-        EVENT_RECORD = cuEventRecord: fn(*mut c_void, CUstream) -> CUresult;
         EVENT_SYNCHRONIZE = cuEventSynchronize: fn(*mut c_void) -> CUresult;
         EVENT_DESTROY = cuEventDestroy_v2: fn(*mut c_void) -> CUresult;
         MODULE_LOAD_DATA = cuModuleLoadData: fn(*mut *mut c_void, *const c_void) -> CUresult;
@@ -205,27 +202,12 @@ reals! {
         KERNEL_GET_NAME = cuKernelGetName: fn(*mut *const c_char, CUfunction) -> CUresult;
     }
     Runtime {
-        // Hooked: allocations and frees.
+        // Hooked, and called by the policies too: the frees `double_free` answers itself
+        // (policy/isolate/alloc.rs; `cudaFree` also guard.rs).
         FREE = cudaFree: fn(*mut c_void) -> cudaError_t;
         FREE_ASYNC = cudaFreeAsync: fn(*mut c_void, CUstream) -> cudaError_t;
         FREE_ASYNC_PTSZ = cudaFreeAsync_ptsz: fn(*mut c_void, CUstream) -> cudaError_t;
-        // The runtime's resolvers.
-        // Hooked: memory another process shares.
-        // Called by the policies.
+        // Not hooked: called by the policies only.
         GET_LAST_ERROR = cudaGetLastError: fn() -> cudaError_t;
-        // Wrapped: pool statistics (hooks/pool.rs).
-        MEM_POOL_GET_ATTRIBUTE_RT = cudaMemPoolGetAttribute: fn(CUmemoryPool, c_int, *mut c_void) -> cudaError_t;
-        MEM_POOL_SET_ATTRIBUTE_RT = cudaMemPoolSetAttribute: fn(CUmemoryPool, c_int, *mut c_void) -> cudaError_t;
-    }
-    Libc {
-        // Wrapped: the ways out of a process.
-        EXIT = _exit: fn(c_int) -> !;
-        EXIT2 = _Exit: fn(c_int) -> !;
-        // exit(3): serialised between threads, see life::before_exit.
-        EXIT3 = exit: fn(c_int) -> !;
-        EXECVE = execve: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
-        EXECVPE = execvpe: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
-        EXECV = execv: fn(*const c_char, *const *const c_char) -> c_int;
-        EXECVP = execvp: fn(*const c_char, *const *const c_char) -> c_int;
     }
 }

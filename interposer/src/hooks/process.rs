@@ -3,21 +3,24 @@
 //!
 //! Layer: hooks. Uses process life and the base.
 
-use crate::base::real::{EXECV, EXECVE, EXECVP, EXECVPE, EXIT, EXIT2, EXIT3};
+use crate::base::real::{Lib, Real};
 use crate::life;
 use std::ffi::{c_char, c_int};
 
 /// An exit function: tells process life first (`$before`), then calls libc's.
 macro_rules! exit_hook {
-    ($(#[$doc:meta])* $name:ident, $real:ident, $before:path) => {
+    ($(#[$doc:meta])* $name:ident, $before:path) => {
         $(#[$doc])*
         ///
         /// # Safety
         /// Same contract as the libc function of this name.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(status: c_int) -> ! {
+            /// libc's function of this name.
+            static REAL: Real<unsafe extern "C" fn(c_int) -> !> =
+                Real::export(concat!(stringify!($name), "\0").as_bytes(), Lib::Libc);
             $before();
-            match $real.get() {
+            match REAL.get() {
                 // SAFETY: the real exit function, with the caller's status.
                 Some(f) => unsafe { f(status) },
                 // SAFETY: exit_group has no preconditions and does not return.
@@ -33,27 +36,30 @@ macro_rules! exit_hook {
 exit_hook!(
     /// `exit`: one thread at a time (glibc before 2.41 lets several run it at once, and the
     /// first done `_exit`s under the one still writing the trace; see [`life::before_exit`]).
-    exit, EXIT3, life::before_exit
+    exit, life::before_exit
 );
 exit_hook!(
     /// `_exit`: no destructors will run, so the trace is closed here first.
-    _exit, EXIT, life::before_underscore_exit
+    _exit, life::before_underscore_exit
 );
 exit_hook!(
     /// `_Exit`, same as `_exit`.
-    _Exit, EXIT2, life::before_underscore_exit
+    _Exit, life::before_underscore_exit
 );
 
 macro_rules! exec_hook {
-    ($name:ident, $real:ident, ($($a:ident: $t:ty),*)) => {
+    ($name:ident, ($($a:ident: $t:ty),*)) => {
         /// Closes the trace (with an end record saying `exec`) before the process is replaced.
         ///
         /// # Safety
         /// Same contract as the libc function of this name.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
+            /// libc's function of this name.
+            static REAL: Real<unsafe extern "C" fn($($t),*) -> c_int> =
+                Real::export(concat!(stringify!($name), "\0").as_bytes(), Lib::Libc);
             life::before_exec();
-            match $real.get() {
+            match REAL.get() {
                 // SAFETY: the real exec function, with the caller's own arguments.
                 Some(f) => unsafe { f($($a),*) },
                 None => {
@@ -66,10 +72,10 @@ macro_rules! exec_hook {
     };
 }
 
-exec_hook!(execve, EXECVE, (path: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
-exec_hook!(execvpe, EXECVPE, (file: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
-exec_hook!(execv, EXECV, (path: *const c_char, argv: *const *const c_char));
-exec_hook!(execvp, EXECVP, (file: *const c_char, argv: *const *const c_char));
+exec_hook!(execve, (path: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
+exec_hook!(execvpe, (file: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
+exec_hook!(execv, (path: *const c_char, argv: *const *const c_char));
+exec_hook!(execvp, (file: *const c_char, argv: *const *const c_char));
 
 // The variadic forms (`execl`, `execlp`, `execle`): glibc implements them without going through
 // the PLT, so hooking the vector forms alone would miss them, and Rust cannot define variadic
