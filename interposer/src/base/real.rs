@@ -1,6 +1,8 @@
-//! Every real function the library calls — the runtime's and the driver's it hooks, the ones
-//! the policies call themselves, and libc's it wraps — declared once each, by export name and
-//! C signature, and resolved on first use.
+//! [`Real`]: a real function, by export name, resolved on first use; and every real function the
+//! layers below the hooks call (`cu.rs`, the recorder, the policies), declared once each by
+//! export name and C signature. A real function only its hook calls is declared by the hook's
+//! own row instead (`hooks!`, in `hooks/`), from the row's signature; the rows of the ones
+//! declared here name them (`= NAME`).
 //!
 //! Layer: base. Uses [`super::cuda`] and [`super::resolve`] only.
 
@@ -41,6 +43,15 @@ impl<F: Copy> Real<F> {
             lib,
             ptr: AtomicUsize::new(0),
             _f: PhantomData,
+        }
+    }
+
+    /// [`Real::new`] for an export name given with its NUL (`b"cuFoo\0"`), checked when the
+    /// static is built: a name without its one NUL at the end does not compile.
+    pub const fn export(name_with_nul: &'static [u8], lib: Lib) -> Self {
+        match CStr::from_bytes_with_nul(name_with_nul) {
+            Ok(name) => Self::new(name, lib),
+            Err(_) => panic!("an export name ends in its only NUL"),
         }
     }
 
@@ -125,37 +136,23 @@ impl<F: Copy> Real<F> {
 macro_rules! reals {
     ($( $lib:ident { $( $stat:ident = $export:ident: fn($($t:ty),* $(,)?) $(-> $ret:ty)?; )* } )*) => {
         $($(
-            pub static $stat: Real<unsafe extern "C" fn($($t),*) $(-> $ret)?> = Real::new(
-                // SAFETY: the literal ends in its only NUL.
-                unsafe { CStr::from_bytes_with_nul_unchecked(concat!(stringify!($export), "\0").as_bytes()) },
-                Lib::$lib,
-            );
+            pub static $stat: Real<unsafe extern "C" fn($($t),*) $(-> $ret)?> =
+                Real::export(concat!(stringify!($export), "\0").as_bytes(), Lib::$lib);
         )*)*
     };
 }
 
 reals! {
     Driver {
-        // The driver's resolver.
-        GET_PROC_ADDRESS_V2 = cuGetProcAddress_v2: fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
-        GET_PROC_ADDRESS = cuGetProcAddress: fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
-        // Hooked: allocations and frees.
-        MEM_ALLOC = cuMemAlloc_v2: fn(*mut CUdeviceptr, usize) -> CUresult;
+        // Hooked, and called by the policies too (their hooks' rows name them: `= NAME`).
+        // The frees `double_free` answers itself (policy/isolate/alloc.rs); mem_free
+        // (isolate/leave.rs); mem_free_async (release.rs).
         MEM_FREE = cuMemFree_v2: fn(CUdeviceptr) -> CUresult;
-        MEM_ALLOC_ASYNC = cuMemAllocAsync: fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
-        MEM_ALLOC_ASYNC_PTSZ = cuMemAllocAsync_ptsz: fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
         MEM_FREE_ASYNC = cuMemFreeAsync: fn(CUdeviceptr, CUstream) -> CUresult;
         MEM_FREE_ASYNC_PTSZ = cuMemFreeAsync_ptsz: fn(CUdeviceptr, CUstream) -> CUresult;
-        MEM_ALLOC_FROM_POOL_ASYNC = cuMemAllocFromPoolAsync: fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
-        MEM_ALLOC_FROM_POOL_ASYNC_PTSZ = cuMemAllocFromPoolAsync_ptsz: fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
-        MEM_ALLOC_MANAGED = cuMemAllocManaged: fn(*mut CUdeviceptr, usize, c_uint) -> CUresult;
-        MEM_ALLOC_PITCH = cuMemAllocPitch_v2: fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
+        // mem_alloc_host: device.rs's result buffers.
         MEM_ALLOC_HOST = cuMemAllocHost_v2: fn(*mut *mut c_void, usize) -> CUresult;
-        MEM_HOST_ALLOC = cuMemHostAlloc: fn(*mut *mut c_void, usize, c_uint) -> CUresult;
-        MEM_FREE_HOST = cuMemFreeHost: fn(*mut c_void) -> CUresult;
-        MEM_HOST_REGISTER = cuMemHostRegister_v2: fn(*mut c_void, usize, c_uint) -> CUresult;
-        MEM_HOST_UNREGISTER = cuMemHostUnregister: fn(*mut c_void) -> CUresult;
-        // Hooked: virtual memory.
+        // Virtual memory: guard.rs's guarded allocations (mem_unmap also isolate/leave.rs).
         MEM_ADDRESS_RESERVE = cuMemAddressReserve: fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, u64) -> CUresult;
         MEM_ADDRESS_FREE = cuMemAddressFree: fn(CUdeviceptr, usize) -> CUresult;
         MEM_CREATE = cuMemCreate: fn(*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, u64) -> CUresult;
@@ -163,136 +160,35 @@ reals! {
         MEM_MAP = cuMemMap: fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64) -> CUresult;
         MEM_UNMAP = cuMemUnmap: fn(CUdeviceptr, usize) -> CUresult;
         MEM_SET_ACCESS = cuMemSetAccess: fn(CUdeviceptr, usize, *const CUmemAccessDesc, usize) -> CUresult;
-        // Hooked: memory another process shares.
-        IPC_OPEN_MEM_HANDLE = cuIpcOpenMemHandle_v2: fn(*mut CUdeviceptr, CUipcMemHandle, c_uint) -> CUresult;
-        IPC_CLOSE_MEM_HANDLE = cuIpcCloseMemHandle: fn(CUdeviceptr) -> CUresult;
-        // Hooked: graphs.
-        GRAPH_ADD_MEM_ALLOC_NODE = cuGraphAddMemAllocNode: fn(*mut CUgraphNode, CUgraph, *const CUgraphNode, usize, *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
-        GRAPH_ADD_MEM_FREE_NODE = cuGraphAddMemFreeNode: fn(*mut CUgraphNode, CUgraph, *const CUgraphNode, usize, CUdeviceptr) -> CUresult;
-        // Hooked when the launch check is on.
+        // launch_kernel: the verification and release kernels (isolate/verify.rs, release.rs,
+        // device.rs).
         LAUNCH_KERNEL = cuLaunchKernel: fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult;
-        LAUNCH_KERNEL_PTSZ = cuLaunchKernel_ptsz: fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult;
-        LAUNCH_KERNEL_EX = cuLaunchKernelEx: fn(*const CUlaunchConfig, CUfunction, *mut *mut c_void, *mut *mut c_void) -> CUresult;
-        LAUNCH_KERNEL_EX_PTSZ = cuLaunchKernelEx_ptsz: fn(*const CUlaunchConfig, CUfunction, *mut *mut c_void, *mut *mut c_void) -> CUresult;
-        LAUNCH_COOPERATIVE_KERNEL = cuLaunchCooperativeKernel: fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void) -> CUresult;
-        LAUNCH_COOPERATIVE_KERNEL_PTSZ = cuLaunchCooperativeKernel_ptsz: fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void) -> CUresult;
-        // Hooked when the launch check is on: what ends kernels' lives (their handles may be
-        // reused), so the check's cached parameter layouts are looked at again.
-        MODULE_UNLOAD = cuModuleUnload: fn(*mut c_void) -> CUresult;
-        LIBRARY_UNLOAD = cuLibraryUnload: fn(*mut c_void) -> CUresult;
-        CTX_DESTROY = cuCtxDestroy_v2: fn(CUcontext) -> CUresult;
-        PRIMARY_CTX_RESET = cuDevicePrimaryCtxReset_v2: fn(CUdevice) -> CUresult;
-        PRIMARY_CTX_RELEASE = cuDevicePrimaryCtxRelease_v2: fn(CUdevice) -> CUresult;
-        // Hooked: a stream's end (isolate mode stops recording on it).
-        STREAM_DESTROY = cuStreamDestroy_v2: fn(CUstream) -> CUresult;
-        STREAM_DESTROY_V1 = cuStreamDestroy: fn(CUstream) -> CUresult;
-        // Hooked: a device's memory pool set (isolate mode stops serving kept memory).
-        DEVICE_SET_MEM_POOL = cuDeviceSetMemPool: fn(CUdevice, CUmemoryPool) -> CUresult;
-        // Hooked while poisons are deferred (hooks/stream.rs): the program's stream work, which
-        // the deferred poisons must precede. The ones the policies also call are further down.
-        STREAM_SYNCHRONIZE_PTSZ = cuStreamSynchronize_ptsz: fn(CUstream) -> CUresult;
-        STREAM_QUERY = cuStreamQuery: fn(CUstream) -> CUresult;
-        STREAM_QUERY_PTSZ = cuStreamQuery_ptsz: fn(CUstream) -> CUresult;
-        MEMCPY_ASYNC = cuMemcpyAsync: fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult;
-        MEMCPY_ASYNC_PTSZ = cuMemcpyAsync_ptsz: fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult;
-        MEMCPY_PEER_ASYNC = cuMemcpyPeerAsync: fn(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, usize, CUstream) -> CUresult;
-        MEMCPY_PEER_ASYNC_PTSZ = cuMemcpyPeerAsync_ptsz: fn(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, usize, CUstream) -> CUresult;
-        MEMCPY_HTOD_ASYNC_PTSZ = cuMemcpyHtoDAsync_v2_ptsz: fn(CUdeviceptr, *const c_void, usize, CUstream) -> CUresult;
-        MEMCPY_DTOH_ASYNC_PTSZ = cuMemcpyDtoHAsync_v2_ptsz: fn(*mut c_void, CUdeviceptr, usize, CUstream) -> CUresult;
-        MEMCPY_DTOD_ASYNC = cuMemcpyDtoDAsync_v2: fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult;
-        MEMCPY_DTOD_ASYNC_PTSZ = cuMemcpyDtoDAsync_v2_ptsz: fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult;
-        MEMCPY_2D_ASYNC = cuMemcpy2DAsync_v2: fn(*const c_void, CUstream) -> CUresult;
-        MEMCPY_2D_ASYNC_PTSZ = cuMemcpy2DAsync_v2_ptsz: fn(*const c_void, CUstream) -> CUresult;
-        MEMCPY_3D_ASYNC = cuMemcpy3DAsync_v2: fn(*const c_void, CUstream) -> CUresult;
-        MEMCPY_3D_ASYNC_PTSZ = cuMemcpy3DAsync_v2_ptsz: fn(*const c_void, CUstream) -> CUresult;
-        MEMCPY_3D_PEER_ASYNC = cuMemcpy3DPeerAsync: fn(*const c_void, CUstream) -> CUresult;
-        MEMCPY_3D_PEER_ASYNC_PTSZ = cuMemcpy3DPeerAsync_ptsz: fn(*const c_void, CUstream) -> CUresult;
-        MEMSET_D8_ASYNC_PTSZ = cuMemsetD8Async_ptsz: fn(CUdeviceptr, u8, usize, CUstream) -> CUresult;
-        MEMSET_D16_ASYNC = cuMemsetD16Async: fn(CUdeviceptr, u16, usize, CUstream) -> CUresult;
-        MEMSET_D16_ASYNC_PTSZ = cuMemsetD16Async_ptsz: fn(CUdeviceptr, u16, usize, CUstream) -> CUresult;
-        MEMSET_D32_ASYNC = cuMemsetD32Async: fn(CUdeviceptr, u32, usize, CUstream) -> CUresult;
-        MEMSET_D32_ASYNC_PTSZ = cuMemsetD32Async_ptsz: fn(CUdeviceptr, u32, usize, CUstream) -> CUresult;
-        MEMSET_D2D8_ASYNC = cuMemsetD2D8Async: fn(CUdeviceptr, usize, u8, usize, usize, CUstream) -> CUresult;
-        MEMSET_D2D8_ASYNC_PTSZ = cuMemsetD2D8Async_ptsz: fn(CUdeviceptr, usize, u8, usize, usize, CUstream) -> CUresult;
-        MEMSET_D2D16_ASYNC = cuMemsetD2D16Async: fn(CUdeviceptr, usize, u16, usize, usize, CUstream) -> CUresult;
-        MEMSET_D2D16_ASYNC_PTSZ = cuMemsetD2D16Async_ptsz: fn(CUdeviceptr, usize, u16, usize, usize, CUstream) -> CUresult;
-        MEMSET_D2D32_ASYNC = cuMemsetD2D32Async: fn(CUdeviceptr, usize, u32, usize, usize, CUstream) -> CUresult;
-        MEMSET_D2D32_ASYNC_PTSZ = cuMemsetD2D32Async_ptsz: fn(CUdeviceptr, usize, u32, usize, usize, CUstream) -> CUresult;
-        EVENT_RECORD_PTSZ = cuEventRecord_ptsz: fn(*mut c_void, CUstream) -> CUresult;
-        EVENT_RECORD_WITH_FLAGS = cuEventRecordWithFlags: fn(*mut c_void, CUstream, c_uint) -> CUresult;
-        EVENT_RECORD_WITH_FLAGS_PTSZ = cuEventRecordWithFlags_ptsz: fn(*mut c_void, CUstream, c_uint) -> CUresult;
-        GRAPH_LAUNCH = cuGraphLaunch: fn(*mut c_void, CUstream) -> CUresult;
-        GRAPH_LAUNCH_PTSZ = cuGraphLaunch_ptsz: fn(*mut c_void, CUstream) -> CUresult;
-        LAUNCH_HOST_FUNC = cuLaunchHostFunc: fn(CUstream, *mut c_void, *mut c_void) -> CUresult;
-        LAUNCH_HOST_FUNC_PTSZ = cuLaunchHostFunc_ptsz: fn(CUstream, *mut c_void, *mut c_void) -> CUresult;
-        STREAM_ADD_CALLBACK = cuStreamAddCallback: fn(CUstream, *mut c_void, *mut c_void, c_uint) -> CUresult;
-        STREAM_ADD_CALLBACK_PTSZ = cuStreamAddCallback_ptsz: fn(CUstream, *mut c_void, *mut c_void, c_uint) -> CUresult;
-        STREAM_WAIT_VALUE32 = cuStreamWaitValue32_v2: fn(CUstream, CUdeviceptr, u32, c_uint) -> CUresult;
-        STREAM_WAIT_VALUE32_PTSZ = cuStreamWaitValue32_v2_ptsz: fn(CUstream, CUdeviceptr, u32, c_uint) -> CUresult;
-        STREAM_WAIT_VALUE64 = cuStreamWaitValue64_v2: fn(CUstream, CUdeviceptr, u64, c_uint) -> CUresult;
-        STREAM_WAIT_VALUE64_PTSZ = cuStreamWaitValue64_v2_ptsz: fn(CUstream, CUdeviceptr, u64, c_uint) -> CUresult;
-        STREAM_WRITE_VALUE32 = cuStreamWriteValue32_v2: fn(CUstream, CUdeviceptr, u32, c_uint) -> CUresult;
-        STREAM_WRITE_VALUE32_PTSZ = cuStreamWriteValue32_v2_ptsz: fn(CUstream, CUdeviceptr, u32, c_uint) -> CUresult;
-        STREAM_WRITE_VALUE64 = cuStreamWriteValue64_v2: fn(CUstream, CUdeviceptr, u64, c_uint) -> CUresult;
-        STREAM_WRITE_VALUE64_PTSZ = cuStreamWriteValue64_v2_ptsz: fn(CUstream, CUdeviceptr, u64, c_uint) -> CUresult;
-        STREAM_BATCH_MEM_OP = cuStreamBatchMemOp_v2: fn(CUstream, c_uint, *mut c_void, c_uint) -> CUresult;
-        STREAM_BATCH_MEM_OP_PTSZ = cuStreamBatchMemOp_v2_ptsz: fn(CUstream, c_uint, *mut c_void, c_uint) -> CUresult;
-        STREAM_BEGIN_CAPTURE = cuStreamBeginCapture_v2: fn(CUstream, c_int) -> CUresult;
-        STREAM_BEGIN_CAPTURE_PTSZ = cuStreamBeginCapture_v2_ptsz: fn(CUstream, c_int) -> CUresult;
-        STREAM_BEGIN_CAPTURE_LEGACY = cuStreamBeginCapture: fn(CUstream) -> CUresult;
-        STREAM_BEGIN_CAPTURE_LEGACY_PTSZ = cuStreamBeginCapture_ptsz: fn(CUstream) -> CUresult;
-        STREAM_BEGIN_CAPTURE_TO_GRAPH = cuStreamBeginCaptureToGraph: fn(CUstream, *mut c_void, *const c_void, *const c_void, usize, c_int) -> CUresult;
-        STREAM_BEGIN_CAPTURE_TO_GRAPH_PTSZ = cuStreamBeginCaptureToGraph_ptsz: fn(CUstream, *mut c_void, *const c_void, *const c_void, usize, c_int) -> CUresult;
-        MEMCPY = cuMemcpy: fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult;
-        MEMCPY_PTDS = cuMemcpy_ptds: fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult;
-        MEMCPY_PEER = cuMemcpyPeer: fn(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, usize) -> CUresult;
-        MEMCPY_PEER_PTDS = cuMemcpyPeer_ptds: fn(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, usize) -> CUresult;
-        MEMCPY_HTOD_PTDS = cuMemcpyHtoD_v2_ptds: fn(CUdeviceptr, *const c_void, usize) -> CUresult;
-        MEMCPY_DTOH_PTDS = cuMemcpyDtoH_v2_ptds: fn(*mut c_void, CUdeviceptr, usize) -> CUresult;
-        MEMCPY_DTOD = cuMemcpyDtoD_v2: fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult;
-        MEMCPY_DTOD_PTDS = cuMemcpyDtoD_v2_ptds: fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult;
-        MEMCPY_2D = cuMemcpy2D_v2: fn(*const c_void) -> CUresult;
-        MEMCPY_2D_PTDS = cuMemcpy2D_v2_ptds: fn(*const c_void) -> CUresult;
-        MEMCPY_2D_UNALIGNED = cuMemcpy2DUnaligned_v2: fn(*const c_void) -> CUresult;
-        MEMCPY_2D_UNALIGNED_PTDS = cuMemcpy2DUnaligned_v2_ptds: fn(*const c_void) -> CUresult;
-        MEMCPY_3D = cuMemcpy3D_v2: fn(*const c_void) -> CUresult;
-        MEMCPY_3D_PTDS = cuMemcpy3D_v2_ptds: fn(*const c_void) -> CUresult;
-        MEMCPY_3D_PEER = cuMemcpy3DPeer: fn(*const c_void) -> CUresult;
-        MEMCPY_3D_PEER_PTDS = cuMemcpy3DPeer_ptds: fn(*const c_void) -> CUresult;
-        MEMSET_D8_PTDS = cuMemsetD8_v2_ptds: fn(CUdeviceptr, u8, usize) -> CUresult;
-        MEMSET_D16 = cuMemsetD16_v2: fn(CUdeviceptr, u16, usize) -> CUresult;
-        MEMSET_D16_PTDS = cuMemsetD16_v2_ptds: fn(CUdeviceptr, u16, usize) -> CUresult;
-        MEMSET_D32 = cuMemsetD32_v2: fn(CUdeviceptr, u32, usize) -> CUresult;
-        MEMSET_D32_PTDS = cuMemsetD32_v2_ptds: fn(CUdeviceptr, u32, usize) -> CUresult;
-        MEMSET_D2D8 = cuMemsetD2D8_v2: fn(CUdeviceptr, usize, u8, usize, usize) -> CUresult;
-        MEMSET_D2D8_PTDS = cuMemsetD2D8_v2_ptds: fn(CUdeviceptr, usize, u8, usize, usize) -> CUresult;
-        MEMSET_D2D16 = cuMemsetD2D16_v2: fn(CUdeviceptr, usize, u16, usize, usize) -> CUresult;
-        MEMSET_D2D16_PTDS = cuMemsetD2D16_v2_ptds: fn(CUdeviceptr, usize, u16, usize, usize) -> CUresult;
-        MEMSET_D2D32 = cuMemsetD2D32_v2: fn(CUdeviceptr, usize, u32, usize, usize) -> CUresult;
-        MEMSET_D2D32_PTDS = cuMemsetD2D32_v2_ptds: fn(CUdeviceptr, usize, u32, usize, usize) -> CUresult;
-        // Called by the recorder and the policies themselves.
+        // Stream work (hooks/stream.rs) the policies make themselves: waits (guard.rs,
+        // isolate/poison.rs, release.rs), copies (release.rs, isolate/verify.rs), poisons
+        // (isolate/poison.rs, isolate/leave.rs, release.rs), events (release.rs).
+        CTX_SYNCHRONIZE = cuCtxSynchronize: fn() -> CUresult;
+        STREAM_SYNCHRONIZE = cuStreamSynchronize: fn(CUstream) -> CUresult;
+        MEMCPY_DTOH_ASYNC = cuMemcpyDtoHAsync_v2: fn(*mut c_void, CUdeviceptr, usize, CUstream) -> CUresult;
+        MEMCPY_HTOD_ASYNC = cuMemcpyHtoDAsync_v2: fn(CUdeviceptr, *const c_void, usize, CUstream) -> CUresult;
+        MEMCPY_DTOH = cuMemcpyDtoH_v2: fn(*mut c_void, CUdeviceptr, usize) -> CUresult;
+        MEMCPY_HTOD = cuMemcpyHtoD_v2: fn(CUdeviceptr, *const c_void, usize) -> CUresult;
+        MEMSET_D8 = cuMemsetD8_v2: fn(CUdeviceptr, u8, usize) -> CUresult;
+        MEMSET_D8_ASYNC = cuMemsetD8Async: fn(CUdeviceptr, u8, usize, CUstream) -> CUresult;
+        EVENT_RECORD = cuEventRecord: fn(*mut c_void, CUstream) -> CUresult;
+        // Not hooked: called by the recorder and the policies only.
         CTX_GET_DEVICE = cuCtxGetDevice: fn(*mut CUdevice) -> CUresult;
         CTX_GET_CURRENT = cuCtxGetCurrent: fn(*mut CUcontext) -> CUresult;
         CTX_SET_CURRENT = cuCtxSetCurrent: fn(CUcontext) -> CUresult;
-        CTX_SYNCHRONIZE = cuCtxSynchronize: fn() -> CUresult;
-        STREAM_SYNCHRONIZE = cuStreamSynchronize: fn(CUstream) -> CUresult;
         STREAM_CREATE = cuStreamCreate: fn(*mut CUstream, c_uint) -> CUresult;
         STREAM_IS_CAPTURING = cuStreamIsCapturing: fn(CUstream, *mut c_int) -> CUresult;
         STREAM_WAIT_EVENT = cuStreamWaitEvent: fn(CUstream, *mut c_void, c_uint) -> CUresult;
         EVENT_QUERY = cuEventQuery: fn(*mut c_void) -> CUresult;
-        MEMCPY_DTOH_ASYNC = cuMemcpyDtoHAsync_v2: fn(*mut c_void, CUdeviceptr, usize, CUstream) -> CUresult;
-        MEMCPY_HTOD_ASYNC = cuMemcpyHtoDAsync_v2: fn(CUdeviceptr, *const c_void, usize, CUstream) -> CUresult;
         DEVICE_TOTAL_MEM = cuDeviceTotalMem_v2: fn(*mut usize, CUdevice) -> CUresult;
         MEM_GET_INFO = cuMemGetInfo_v2: fn(*mut usize, *mut usize) -> CUresult;
         DEVICE_GET_DEFAULT_MEM_POOL = cuDeviceGetDefaultMemPool: fn(*mut *mut c_void, CUdevice) -> CUresult;
         MEM_POOL_TRIM_TO = cuMemPoolTrimTo: fn(*mut c_void, usize) -> CUresult;
         MEM_GET_ALLOCATION_GRANULARITY = cuMemGetAllocationGranularity: fn(*mut usize, *const CUmemAllocationProp, i32) -> CUresult;
-        MEMSET_D8 = cuMemsetD8_v2: fn(CUdeviceptr, u8, usize) -> CUresult;
-        MEMSET_D8_ASYNC = cuMemsetD8Async: fn(CUdeviceptr, u8, usize, CUstream) -> CUresult;
-        MEMCPY_DTOH = cuMemcpyDtoH_v2: fn(*mut c_void, CUdeviceptr, usize) -> CUresult;
-        MEMCPY_HTOD = cuMemcpyHtoD_v2: fn(CUdeviceptr, *const c_void, usize) -> CUresult;
         EVENT_CREATE = cuEventCreate: fn(*mut *mut c_void, u32) -> CUresult;
-        EVENT_RECORD = cuEventRecord: fn(*mut c_void, CUstream) -> CUresult;
         EVENT_SYNCHRONIZE = cuEventSynchronize: fn(*mut c_void) -> CUresult;
         EVENT_DESTROY = cuEventDestroy_v2: fn(*mut c_void) -> CUresult;
         MODULE_LOAD_DATA = cuModuleLoadData: fn(*mut *mut c_void, *const c_void) -> CUresult;
@@ -306,48 +202,12 @@ reals! {
         KERNEL_GET_NAME = cuKernelGetName: fn(*mut *const c_char, CUfunction) -> CUresult;
     }
     Runtime {
-        // Hooked: allocations and frees.
-        MALLOC = cudaMalloc: fn(*mut *mut c_void, usize) -> cudaError_t;
+        // Hooked, and called by the policies too: the frees `double_free` answers itself
+        // (policy/isolate/alloc.rs; `cudaFree` also guard.rs).
         FREE = cudaFree: fn(*mut c_void) -> cudaError_t;
-        MALLOC_ASYNC = cudaMallocAsync: fn(*mut *mut c_void, usize, CUstream) -> cudaError_t;
-        MALLOC_ASYNC_PTSZ = cudaMallocAsync_ptsz: fn(*mut *mut c_void, usize, CUstream) -> cudaError_t;
         FREE_ASYNC = cudaFreeAsync: fn(*mut c_void, CUstream) -> cudaError_t;
         FREE_ASYNC_PTSZ = cudaFreeAsync_ptsz: fn(*mut c_void, CUstream) -> cudaError_t;
-        MALLOC_FROM_POOL_ASYNC = cudaMallocFromPoolAsync: fn(*mut *mut c_void, usize, CUmemoryPool, CUstream) -> cudaError_t;
-        MALLOC_FROM_POOL_ASYNC_PTSZ = cudaMallocFromPoolAsync_ptsz: fn(*mut *mut c_void, usize, CUmemoryPool, CUstream) -> cudaError_t;
-        MALLOC_MANAGED = cudaMallocManaged: fn(*mut *mut c_void, usize, c_uint) -> cudaError_t;
-        MALLOC_PITCH = cudaMallocPitch: fn(*mut *mut c_void, *mut usize, usize, usize) -> cudaError_t;
-        MALLOC_3D = cudaMalloc3D: fn(*mut cudaPitchedPtr, cudaExtent) -> cudaError_t;
-        MALLOC_HOST = cudaMallocHost: fn(*mut *mut c_void, usize) -> cudaError_t;
-        HOST_ALLOC = cudaHostAlloc: fn(*mut *mut c_void, usize, c_uint) -> cudaError_t;
-        FREE_HOST = cudaFreeHost: fn(*mut c_void) -> cudaError_t;
-        HOST_REGISTER = cudaHostRegister: fn(*mut c_void, usize, c_uint) -> cudaError_t;
-        HOST_UNREGISTER = cudaHostUnregister: fn(*mut c_void) -> cudaError_t;
-        // The runtime's resolvers.
-        GET_DRIVER_ENTRY_POINT = cudaGetDriverEntryPoint: fn(*const c_char, *mut *mut c_void, u64, *mut c_int) -> cudaError_t;
-        GET_DRIVER_ENTRY_POINT_PTSZ = cudaGetDriverEntryPoint_ptsz: fn(*const c_char, *mut *mut c_void, u64, *mut c_int) -> cudaError_t;
-        GET_DRIVER_ENTRY_POINT_BY_VERSION = cudaGetDriverEntryPointByVersion: fn(*const c_char, *mut *mut c_void, c_uint, u64, *mut c_int) -> cudaError_t;
-        GET_DRIVER_ENTRY_POINT_BY_VERSION_PTSZ = cudaGetDriverEntryPointByVersion_ptsz: fn(*const c_char, *mut *mut c_void, c_uint, u64, *mut c_int) -> cudaError_t;
-        // Hooked: memory another process shares.
-        IPC_OPEN_MEM_HANDLE_RT = cudaIpcOpenMemHandle: fn(*mut *mut c_void, CUipcMemHandle, c_uint) -> cudaError_t;
-        IPC_CLOSE_MEM_HANDLE_RT = cudaIpcCloseMemHandle: fn(*mut c_void) -> cudaError_t;
-        // Called by the policies.
+        // Not hooked: called by the policies only.
         GET_LAST_ERROR = cudaGetLastError: fn() -> cudaError_t;
-        // Wrapped: pool statistics (hooks/pool.rs).
-        MEM_POOL_GET_ATTRIBUTE_RT = cudaMemPoolGetAttribute: fn(CUmemoryPool, c_int, *mut c_void) -> cudaError_t;
-        MEM_POOL_SET_ATTRIBUTE_RT = cudaMemPoolSetAttribute: fn(CUmemoryPool, c_int, *mut c_void) -> cudaError_t;
-    }
-    Libc {
-        // Wrapped: the ways out of a process.
-        EXIT = _exit: fn(c_int) -> !;
-        EXIT2 = _Exit: fn(c_int) -> !;
-        // exit(3): serialised between threads, see life::before_exit.
-        EXIT3 = exit: fn(c_int) -> !;
-        EXECVE = execve: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
-        EXECVPE = execvpe: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
-        EXECV = execv: fn(*const c_char, *const *const c_char) -> c_int;
-        EXECVP = execvp: fn(*const c_char, *const *const c_char) -> c_int;
-        FEXECVE = fexecve: fn(c_int, *const *const c_char, *const *const c_char) -> c_int;
-        EXECVEAT = execveat: fn(c_int, *const c_char, *const *const c_char, *const *const c_char, c_int) -> c_int;
     }
 }

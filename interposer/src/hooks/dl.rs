@@ -5,7 +5,6 @@
 
 use super::driver::{cuGetProcAddress, cuGetProcAddress_v2};
 use super::runtime::RUNTIME_HOOKED;
-use crate::base::real::{GET_PROC_ADDRESS, GET_PROC_ADDRESS_V2};
 use crate::base::resolve::{self, REAL_DLSYM};
 use std::ffi::{CStr, c_char, c_void};
 
@@ -64,11 +63,11 @@ extern "C" fn dlsym_intercept(handle: *mut c_void, symbol: *const c_char) -> *mu
         let (ours, real): (*mut c_void, &dyn Fn(*mut c_void)) = if name.to_bytes().ends_with(b"_v2")
         {
             (cuGetProcAddress_v2 as *mut c_void, &|p| {
-                GET_PROC_ADDRESS_V2.store(p)
+                super::driver::reals::cuGetProcAddress_v2.store(p)
             })
         } else {
             (cuGetProcAddress as *mut c_void, &|p| {
-                GET_PROC_ADDRESS.store(p)
+                super::driver::reals::cuGetProcAddress.store(p)
             })
         };
         if special {

@@ -13,32 +13,32 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 hooks! {
     /// Every driver export we hand out a hook for, by the export's exact name.
-    static HOOKED: CUresult = missing CUDA_ERROR_NOT_FOUND;
+    static HOOKED: CUresult = missing CUDA_ERROR_NOT_FOUND, in Driver;
 
     /// Resolves through the real `cuGetProcAddress_v2`, then hands back our hook for exports we
     /// hook (decided by the exact export the driver returned) and the real pointer for the rest.
     cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64, status: *mut c_int)
-        = GET_PROC_ADDRESS_V2 [resolver pfn];
+        [resolver pfn];
     /// The pre-12.0 resolver ABI (no status out-parameter).
     cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64)
-        = GET_PROC_ADDRESS [resolver pfn];
+        [resolver pfn];
 
-    cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) = MEM_ALLOC
+    cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize)
         [CuMemAlloc, Alloc(Out::Device(dptr)), |e| e.size = size as u64];
-    cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) = MEM_ALLOC_ASYNC
+    cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream)
         [CuMemAllocAsync, Alloc(Out::Device(dptr)), |e| (e.size, e.stream) = (size as u64, stream as u64)];
-    cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) = MEM_ALLOC_ASYNC_PTSZ
+    cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream)
         [CuMemAllocAsyncPtsz, Alloc(Out::Device(dptr)), |e| (e.size, e.stream) = (size as u64, stream as u64)];
     cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream)
-        = MEM_ALLOC_FROM_POOL_ASYNC [CuMemAllocFromPoolAsync, Alloc(Out::Device(dptr)),
+        [CuMemAllocFromPoolAsync, Alloc(Out::Device(dptr)),
         |e| (e.size, e.handle, e.stream) = (size as u64, pool as u64, stream as u64)];
     cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream)
-        = MEM_ALLOC_FROM_POOL_ASYNC_PTSZ [CuMemAllocFromPoolAsyncPtsz, Alloc(Out::Device(dptr)),
+        [CuMemAllocFromPoolAsyncPtsz, Alloc(Out::Device(dptr)),
         |e| (e.size, e.handle, e.stream) = (size as u64, pool as u64, stream as u64)];
-    cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) = MEM_ALLOC_MANAGED
+    cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint)
         [CuMemAllocManaged, Alloc(Out::Device(dptr)), |e| (e.size, e.flags) = (size as u64, flags as u64)];
     cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint)
-        = MEM_ALLOC_PITCH [CuMemAllocPitch, Alloc(Out::Device(dptr)),
+        [CuMemAllocPitch, Alloc(Out::Device(dptr)),
         |e| (e.size, e.flags) = ((width as u64).saturating_mul(height as u64), elem as u64),
         then |e| if e.result == 0 && !pitch.is_null() {
             // SAFETY: the real call succeeded, so it wrote the caller's non-null out-parameter.
@@ -54,12 +54,12 @@ hooks! {
 
     cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) = MEM_ALLOC_HOST
         [CuMemAllocHost, Alloc(Out::Host(pp)), |e| e.size = size as u64];
-    cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) = MEM_HOST_ALLOC
+    cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint)
         [CuMemHostAlloc, Alloc(Out::Host(pp)), |e| (e.size, e.flags) = (size as u64, flags as u64)];
-    cuMemFreeHost(p: *mut c_void) = MEM_FREE_HOST [CuMemFreeHost, Free, |e| e.ptr = p as u64];
-    cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uint) = MEM_HOST_REGISTER
+    cuMemFreeHost(p: *mut c_void) [CuMemFreeHost, Free, |e| e.ptr = p as u64];
+    cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uint)
         [CuMemHostRegister, Returns, |e| (e.ptr, e.size, e.flags) = (p as u64, size as u64, flags as u64)];
-    cuMemHostUnregister(p: *mut c_void) = MEM_HOST_UNREGISTER
+    cuMemHostUnregister(p: *mut c_void)
         [CuMemHostUnregister, Releases, |e| e.ptr = p as u64];
 
     cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: u64)
@@ -115,12 +115,12 @@ hooks! {
             }
         }];
 
-    cuIpcOpenMemHandle_v2(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) = IPC_OPEN_MEM_HANDLE
+    cuIpcOpenMemHandle_v2(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint)
         [CuIpcOpenMemHandle, Alloc(Out::Device(dptr)), |e| e.flags = flags as u64];
-    cuIpcCloseMemHandle(dptr: CUdeviceptr) = IPC_CLOSE_MEM_HANDLE [CuIpcCloseMemHandle, Free, |e| e.ptr = dptr];
+    cuIpcCloseMemHandle(dptr: CUdeviceptr) [CuIpcCloseMemHandle, Free, |e| e.ptr = dptr];
 
     cuGraphAddMemAllocNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, ndeps: usize,
-        params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) = GRAPH_ADD_MEM_ALLOC_NODE [CuGraphAddMemAllocNode, Returns,
+        params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) [CuGraphAddMemAllocNode, Returns,
         |e| {
             e.handle = graph as u64;
             if !params.is_null() {
@@ -134,7 +134,7 @@ hooks! {
             e.ptr = unsafe { (*params).dptr };
         }];
     cuGraphAddMemFreeNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, ndeps: usize,
-        dptr: CUdeviceptr) = GRAPH_ADD_MEM_FREE_NODE
+        dptr: CUdeviceptr)
         [CuGraphAddMemFreeNode, Releases, |e| (e.handle, e.ptr) = (graph as u64, dptr)];
 
     /// Handed out only when the launch check is on; checks the parameters, then launches.
@@ -144,43 +144,43 @@ hooks! {
     /// Handed out only when the launch check is on; checks the parameters, then launches.
     cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
         shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
-        = LAUNCH_KERNEL_PTSZ [launch CuLaunchKernelPtsz, f, params, extra];
+        [launch CuLaunchKernelPtsz, f, params, extra];
     /// Handed out only when the launch check is on; checks the parameters, then launches.
     cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void)
-        = LAUNCH_KERNEL_EX [launch CuLaunchKernelEx, f, params, extra];
+        [launch CuLaunchKernelEx, f, params, extra];
     /// Handed out only when the launch check is on; checks the parameters, then launches.
     cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void)
-        = LAUNCH_KERNEL_EX_PTSZ [launch CuLaunchKernelExPtsz, f, params, extra];
+        [launch CuLaunchKernelExPtsz, f, params, extra];
     /// Handed out only when the launch check is on; checks the parameters, then launches.
     cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
         shmem: c_uint, stream: CUstream, params: *mut *mut c_void)
-        = LAUNCH_COOPERATIVE_KERNEL [launch CuLaunchCooperativeKernel, f, params, std::ptr::null_mut()];
+        [launch CuLaunchCooperativeKernel, f, params, std::ptr::null_mut()];
     /// Handed out only when the launch check is on; checks the parameters, then launches.
     cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
         shmem: c_uint, stream: CUstream, params: *mut *mut c_void)
-        = LAUNCH_COOPERATIVE_KERNEL_PTSZ [launch CuLaunchCooperativeKernelPtsz, f, params, std::ptr::null_mut()];
+        [launch CuLaunchCooperativeKernelPtsz, f, params, std::ptr::null_mut()];
 
     /// A device's memory pool set: stream-ordered allocations may come from another pool now,
     /// so isolate mode serves none from memory it kept (`ISOLATE_REUSE`).
-    cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) = DEVICE_SET_MEM_POOL [pool_set];
+    cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) [pool_set];
 
     /// The stream's end: isolate mode records its freeing streams' events again before a check,
     /// and must not do that on a destroyed handle.
-    cuStreamDestroy_v2(stream: CUstream) = STREAM_DESTROY [stream_gone stream];
+    cuStreamDestroy_v2(stream: CUstream) [stream_gone stream];
     /// The same, by its first name.
-    cuStreamDestroy(stream: CUstream) = STREAM_DESTROY_V1 [stream_gone stream];
+    cuStreamDestroy(stream: CUstream) [stream_gone stream];
 
     /// Handed out only when the launch check is on: kernels of the module are gone.
-    cuModuleUnload(module: *mut c_void) = MODULE_UNLOAD [unloads];
+    cuModuleUnload(module: *mut c_void) [unloads];
     /// Handed out only when the launch check is on: kernels of the library are gone.
-    cuLibraryUnload(library: *mut c_void) = LIBRARY_UNLOAD [unloads];
+    cuLibraryUnload(library: *mut c_void) [unloads];
     /// The context's memory and modules are gone: its quarantine is checked first.
-    cuCtxDestroy_v2(ctx: CUcontext) = CTX_DESTROY [ctx_ends];
+    cuCtxDestroy_v2(ctx: CUcontext) [ctx_ends];
     /// `cudaDeviceReset`'s call: the primary context's memory and modules are gone.
-    cuDevicePrimaryCtxReset_v2(dev: CUdevice) = PRIMARY_CTX_RESET [ctx_ends];
+    cuDevicePrimaryCtxReset_v2(dev: CUdevice) [ctx_ends];
     /// The last release destroys the context (the library cannot tell which release is the
     /// last, so every one checks the quarantine first).
-    cuDevicePrimaryCtxRelease_v2(dev: CUdevice) = PRIMARY_CTX_RELEASE [ctx_ends];
+    cuDevicePrimaryCtxRelease_v2(dev: CUdevice) [ctx_ends];
 }
 
 /// Whether hook `h` is handed out now: the hooks of stream work other than launches

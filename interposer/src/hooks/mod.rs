@@ -2,8 +2,16 @@
 //! call the policy (which calls the real function), return exactly what the real function
 //! returned. Nothing here decides anything; the policies do.
 //!
-//! One [`hooks!`] line declares a hook: the export (its name and C parameters), the real
-//! function it stands for (declared in [`crate::base::real`]), and its body in brackets —
+//! One [`hooks!`] row is the one place an entry point is declared: the export (its name and
+//! C parameters) and its body in brackets. From it the macro writes the real function the hook
+//! stands for (a [`crate::base::real::Real`] in the file's `reals` module, named as the export,
+//! with the row's signature, looked up by the export name in the library the table's header
+//! names: `in Driver` or `in Runtime`), the exported function, and the row of the file's table.
+//! A row whose real function a lower layer also calls (`base/cu.rs`, the recorder, a policy)
+//! cannot declare it here, since those layers may not use the hooks: that real function is
+//! declared in [`crate::base::real`] and the row names it, `= NAME`, before its body (the
+//! compiler checks the row's signature against it, as the hook calls it with its own
+//! arguments). The body is one of —
 //! - `[Api, kind, |e| fill]` (optionally `, then |e| after`): a recorded call; `kind` is a
 //!   [`crate::policy::Call`], `fill` puts the arguments in the event, `after` what only the
 //!   result tells;
@@ -22,8 +30,9 @@
 //! - `[pool_set]`: a device's memory pool set, passed through, then told to isolation;
 //! - `[resolver pfn]`: a resolver whose answer in `pfn` is swapped for our hook.
 //!
-//! The line also adds the hook to its table, by which the resolvers and `dlsym` hand hooks out.
-//! What the bodies share is in [`shape`].
+//! The table is what the resolvers and `dlsym` hand hooks out by. What the bodies share is in
+//! [`shape`]. `pool.rs` and `process.rs` write their hooks by hand (no table: nothing hands them
+//! out by name) and declare their real functions next to them the same way.
 //!
 //! Layer: hooks, the top. Uses every layer below (policies, process life, recording, base).
 
@@ -160,12 +169,45 @@ macro_rules! body_api {
     };
 }
 
-/// Declares hooks and their table: see the module comment.
+/// The real function a row calls: the one the row declares itself (in its file's `reals`), or
+/// the one it names in [`crate::base::real`] (`= NAME`).
+macro_rules! real_of {
+    ($name:ident) => {
+        self::reals::$name
+    };
+    ($name:ident = $real:ident) => {
+        $crate::base::real::$real
+    };
+}
+
+/// A row's own real function, declared from its signature (none when it names one in
+/// [`crate::base::real`]).
+macro_rules! own_real {
+    ($lib:ident, $name:ident($($t:ty),*) -> $ret:ty) => {
+        #[doc = concat!("The real `", stringify!($name), "`, looked up by that export name.")]
+        pub static $name: $crate::base::real::Real<unsafe extern "C" fn($($t),*) -> $ret> =
+            $crate::base::real::Real::export(
+                concat!(stringify!($name), "\0").as_bytes(),
+                $crate::base::real::Lib::$lib,
+            );
+    };
+    ($lib:ident, $name:ident($($t:ty),*) -> $ret:ty = $real:ident) => {};
+}
+
+/// Declares hooks, the real functions they stand for, and their table: see the module comment.
 macro_rules! hooks {
     (
-        $(#[$tdoc:meta])* static $table:ident: $ret:ty = missing $missing:expr;
-        $( $(#[$doc:meta])* $name:ident($($a:ident: $t:ty),* $(,)?) = $real:ident $body:tt; )*
+        $(#[$tdoc:meta])* static $table:ident: $ret:ty = missing $missing:expr, in $lib:ident;
+        $( $(#[$doc:meta])* $name:ident($($a:ident: $t:ty),* $(,)?) $(= $real:ident)? [$($body:tt)*]; )*
     ) => {
+        /// The real functions of this file's rows that name none in [`crate::base::real`], each
+        /// declared from its row's signature and looked up by the row's export name.
+        #[allow(non_upper_case_globals, unused_imports)]
+        pub mod reals {
+            use super::*;
+            $( own_real!($lib, $name($($t),*) -> $ret $(= $real)?); )*
+        }
+
         $(
             $(#[$doc])*
             ///
@@ -175,23 +217,23 @@ macro_rules! hooks {
             pub unsafe extern "C" fn $name($($a: $t),*) -> $ret {
                 #[allow(dead_code)]
                 const HOOK_NAME: &str = stringify!($name);
-                let Some(real) = $crate::base::real::$real.get() else {
+                let Some(real) = real_of!($name $(= $real)?).get() else {
                     return $missing;
                 };
-                body!(real, ($($a),*), $body)
+                body!(real, ($($a),*), [$($body)*])
             }
         )*
 
         $(#[$tdoc])*
         pub static $table: &[$crate::hooks::shape::Hooked] = &[
             $( $crate::hooks::shape::Hooked {
-                name: $crate::base::real::$real.name,
+                name: real_of!($name $(= $real)?).name,
                 export: stringify!($name),
                 hook: $name as *const std::ffi::c_void,
-                store: |p| $crate::base::real::$real.store(p),
-                adopt: |p| $crate::base::real::$real.adopt(p),
-                launch: launch_check_body!($body),
-                api: body_api!($body),
+                store: |p| real_of!($name $(= $real)?).store(p),
+                adopt: |p| real_of!($name $(= $real)?).adopt(p),
+                launch: launch_check_body!([$($body)*]),
+                api: body_api!([$($body)*]),
             }, )*
         ];
     };
@@ -220,6 +262,63 @@ mod tests {
             .chain(super::runtime::RUNTIME_HOOKED)
         {
             assert_eq!(h.name.to_str().unwrap(), h.export);
+        }
+    }
+
+    /// `base/real.rs` declares only the real functions a layer below the hooks calls: one that
+    /// only its hook calls is declared by the hook's row (a line there would be a second place
+    /// to keep the entry point's signature).
+    #[test]
+    fn base_declares_only_the_real_functions_lower_layers_call() {
+        fn read_all(dir: &std::path::Path, out: &mut String) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    read_all(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs")
+                    && !path.ends_with("base/real.rs")
+                {
+                    let src = std::fs::read_to_string(&path).unwrap();
+                    for line in src.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                        out.push_str(line);
+                        out.push('\n');
+                    }
+                }
+            }
+        }
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut below = String::new();
+        for layer in ["base", "record", "policy", "life"] {
+            read_all(&src.join(layer), &mut below);
+        }
+        let real = std::fs::read_to_string(src.join("base/real.rs")).unwrap();
+        let declared: Vec<&str> = real
+            .lines()
+            .filter_map(|l| l.trim().split_once(" = ").map(|(name, _)| name))
+            .filter(|n| {
+                !n.is_empty()
+                    && n.bytes()
+                        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            })
+            .collect();
+        assert!(declared.len() > 20, "{declared:?}");
+        let word = |text: &str, w: &str| {
+            text.match_indices(w).any(|(i, _)| {
+                let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+                let before = text
+                    .as_bytes()
+                    .get(i.wrapping_sub(1))
+                    .copied()
+                    .is_some_and(ident);
+                let after = text.as_bytes().get(i + w.len()).copied().is_some_and(ident);
+                !before && !after
+            })
+        };
+        for name in declared {
+            assert!(
+                word(&below, name),
+                "base/real.rs declares {name}, which no layer below the hooks calls: declare it in its hook's row"
+            );
         }
     }
 

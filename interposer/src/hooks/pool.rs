@@ -13,7 +13,7 @@
 #![allow(non_snake_case)]
 
 use crate::base::cuda::*;
-use crate::base::real::{MEM_POOL_GET_ATTRIBUTE_RT, MEM_POOL_SET_ATTRIBUTE_RT};
+use crate::base::real::{Lib, Real};
 use crate::policy;
 use std::ffi::{c_int, c_void};
 
@@ -21,6 +21,14 @@ use std::ffi::{c_int, c_void};
 /// `CU_MEMPOOL_ATTR_USED_MEM_*` have the same numbers).
 const USED_MEM_CURRENT: c_int = 7;
 const USED_MEM_HIGH: c_int = 8;
+
+/// The runtime's pool attribute functions (no policy calls them: declared here, by the hooks
+/// that stand for them).
+type PoolAttributeFn = unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> cudaError_t;
+static MEM_POOL_GET_ATTRIBUTE_RT: Real<PoolAttributeFn> =
+    Real::export(b"cudaMemPoolGetAttribute\0", Lib::Runtime);
+static MEM_POOL_SET_ATTRIBUTE_RT: Real<PoolAttributeFn> =
+    Real::export(b"cudaMemPoolSetAttribute\0", Lib::Runtime);
 
 /// # Safety
 /// As `cudaMemPoolGetAttribute`: `value` points at the attribute's type (a `cuuint64_t` for the

@@ -6,21 +6,24 @@
 //!
 //! Layer: hooks. Uses process life and the base.
 
-use crate::base::real::{EXECV, EXECVE, EXECVEAT, EXECVP, EXECVPE, EXIT, EXIT2, EXIT3, FEXECVE};
+use crate::base::real::{Lib, Real};
 use crate::life;
 use std::ffi::{c_char, c_int, c_long};
 
 /// An exit function: tells process life first (`$before`), then calls libc's.
 macro_rules! exit_hook {
-    ($(#[$doc:meta])* $name:ident, $real:ident, $before:path) => {
+    ($(#[$doc:meta])* $name:ident, $before:path) => {
         $(#[$doc])*
         ///
         /// # Safety
         /// Same contract as the libc function of this name.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(status: c_int) -> ! {
+            /// libc's function of this name.
+            static REAL: Real<unsafe extern "C" fn(c_int) -> !> =
+                Real::export(concat!(stringify!($name), "\0").as_bytes(), Lib::Libc);
             $before();
-            match $real.get() {
+            match REAL.get() {
                 // SAFETY: the real exit function, with the caller's status.
                 Some(f) => unsafe { f(status) },
                 None => crate::base::sys::exit_group_now(status),
@@ -32,19 +35,19 @@ macro_rules! exit_hook {
 exit_hook!(
     /// `exit`: one thread at a time (glibc before 2.41 lets several run it at once, and the
     /// first done `_exit`s under the one still writing the trace; see [`life::before_exit`]).
-    exit, EXIT3, life::before_exit
+    exit, life::before_exit
 );
 exit_hook!(
     /// `_exit`: no destructors will run, so the trace is closed here first.
-    _exit, EXIT, life::before_underscore_exit
+    _exit, life::before_underscore_exit
 );
 exit_hook!(
     /// `_Exit`, same as `_exit`.
-    _Exit, EXIT2, life::before_underscore_exit
+    _Exit, life::before_underscore_exit
 );
 
 macro_rules! exec_hook {
-    ($name:ident, $real:ident, ($($a:ident: $t:ty),*)) => {
+    ($name:ident, ($($a:ident: $t:ty),*)) => {
         /// Closes the trace (with an end record saying `exec`) before the process is replaced;
         /// when the exec fails (it returns), the trace goes on.
         ///
@@ -52,8 +55,11 @@ macro_rules! exec_hook {
         /// Same contract as the libc function of this name.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
+            /// libc's function of this name.
+            static REAL: Real<unsafe extern "C" fn($($t),*) -> c_int> =
+                Real::export(concat!(stringify!($name), "\0").as_bytes(), Lib::Libc);
             life::before_exec();
-            let r = match $real.get() {
+            let r = match REAL.get() {
                 // SAFETY: the real exec function, with the caller's own arguments.
                 Some(f) => unsafe { f($($a),*) },
                 None => {
@@ -68,12 +74,12 @@ macro_rules! exec_hook {
     };
 }
 
-exec_hook!(execve, EXECVE, (path: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
-exec_hook!(execvpe, EXECVPE, (file: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
-exec_hook!(execv, EXECV, (path: *const c_char, argv: *const *const c_char));
-exec_hook!(execvp, EXECVP, (file: *const c_char, argv: *const *const c_char));
-exec_hook!(fexecve, FEXECVE, (fd: c_int, argv: *const *const c_char, envp: *const *const c_char));
-exec_hook!(execveat, EXECVEAT, (dirfd: c_int, path: *const c_char, argv: *const *const c_char, envp: *const *const c_char, flags: c_int));
+exec_hook!(execve, (path: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
+exec_hook!(execvpe, (file: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
+exec_hook!(execv, (path: *const c_char, argv: *const *const c_char));
+exec_hook!(execvp, (file: *const c_char, argv: *const *const c_char));
+exec_hook!(fexecve, (fd: c_int, argv: *const *const c_char, envp: *const *const c_char));
+exec_hook!(execveat, (dirfd: c_int, path: *const c_char, argv: *const *const c_char, envp: *const *const c_char, flags: c_int));
 
 // `syscall()`: the raw `execve`, `execveat` and `exit_group` go through process life first (as
 // their libc functions do); every other number is the system call itself, made here as glibc's

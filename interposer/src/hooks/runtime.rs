@@ -15,23 +15,23 @@ hooks! {
     /// Every runtime export we hook, by its exact name: handed out by the `dlsym` override for
     /// a lookup in a runtime's handle (ctypes, cffi, JIT runtimes) when the handle's function
     /// is the one the hook calls.
-    static RUNTIME_HOOKED: cudaError_t = missing CUDA_ERROR_SYMBOL_NOT_FOUND_RT;
+    static RUNTIME_HOOKED: cudaError_t = missing CUDA_ERROR_SYMBOL_NOT_FOUND_RT, in Runtime;
 
-    cudaMalloc(p: *mut *mut c_void, size: usize) = MALLOC
+    cudaMalloc(p: *mut *mut c_void, size: usize)
         [CudaMalloc, Alloc(Out::DevicePtr(p)), |e| e.size = size as u64];
-    cudaMallocAsync(p: *mut *mut c_void, size: usize, stream: CUstream) = MALLOC_ASYNC
+    cudaMallocAsync(p: *mut *mut c_void, size: usize, stream: CUstream)
         [CudaMallocAsync, Alloc(Out::DevicePtr(p)), |e| (e.size, e.stream) = (size as u64, stream as u64)];
-    cudaMallocAsync_ptsz(p: *mut *mut c_void, size: usize, stream: CUstream) = MALLOC_ASYNC_PTSZ
+    cudaMallocAsync_ptsz(p: *mut *mut c_void, size: usize, stream: CUstream)
         [CudaMallocAsyncPtsz, Alloc(Out::DevicePtr(p)), |e| (e.size, e.stream) = (size as u64, stream as u64)];
     cudaMallocFromPoolAsync(p: *mut *mut c_void, size: usize, pool: CUmemoryPool, stream: CUstream)
-        = MALLOC_FROM_POOL_ASYNC [CudaMallocFromPoolAsync, Alloc(Out::DevicePtr(p)),
+        [CudaMallocFromPoolAsync, Alloc(Out::DevicePtr(p)),
         |e| (e.size, e.handle, e.stream) = (size as u64, pool as u64, stream as u64)];
     cudaMallocFromPoolAsync_ptsz(p: *mut *mut c_void, size: usize, pool: CUmemoryPool, stream: CUstream)
-        = MALLOC_FROM_POOL_ASYNC_PTSZ [CudaMallocFromPoolAsyncPtsz, Alloc(Out::DevicePtr(p)),
+        [CudaMallocFromPoolAsyncPtsz, Alloc(Out::DevicePtr(p)),
         |e| (e.size, e.handle, e.stream) = (size as u64, pool as u64, stream as u64)];
-    cudaMallocManaged(p: *mut *mut c_void, size: usize, flags: c_uint) = MALLOC_MANAGED
+    cudaMallocManaged(p: *mut *mut c_void, size: usize, flags: c_uint)
         [CudaMallocManaged, Alloc(Out::DevicePtr(p)), |e| (e.size, e.flags) = (size as u64, flags as u64)];
-    cudaMallocPitch(p: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) = MALLOC_PITCH
+    cudaMallocPitch(p: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize)
         [CudaMallocPitch, Alloc(Out::DevicePtr(p)),
         |e| e.size = (width as u64).saturating_mul(height as u64),
         then |e| if e.result == 0 && !pitch.is_null() {
@@ -39,7 +39,7 @@ hooks! {
             e.pitch = unsafe { *pitch } as u64;
             e.size = e.pitch.saturating_mul(height as u64);
         }];
-    cudaMalloc3D(pp: *mut cudaPitchedPtr, extent: cudaExtent) = MALLOC_3D
+    cudaMalloc3D(pp: *mut cudaPitchedPtr, extent: cudaExtent)
         [CudaMalloc3D, Alloc(Out::Pitched(pp)),
         |e| e.size = (extent.width as u64)
             .saturating_mul(extent.height as u64)
@@ -52,9 +52,9 @@ hooks! {
                 .saturating_mul(extent.height as u64)
                 .saturating_mul(extent.depth as u64);
         }];
-    cudaMallocHost(p: *mut *mut c_void, size: usize) = MALLOC_HOST
+    cudaMallocHost(p: *mut *mut c_void, size: usize)
         [CudaMallocHost, Alloc(Out::Host(p)), |e| e.size = size as u64];
-    cudaHostAlloc(p: *mut *mut c_void, size: usize, flags: c_uint) = HOST_ALLOC
+    cudaHostAlloc(p: *mut *mut c_void, size: usize, flags: c_uint)
         [CudaHostAlloc, Alloc(Out::Host(p)), |e| (e.size, e.flags) = (size as u64, flags as u64)];
 
     cudaFree(p: *mut c_void) = FREE [CudaFree, Free, |e| e.ptr = p as u64];
@@ -62,28 +62,28 @@ hooks! {
         [CudaFreeAsync, Free, |e| (e.ptr, e.stream) = (p as u64, stream as u64)];
     cudaFreeAsync_ptsz(p: *mut c_void, stream: CUstream) = FREE_ASYNC_PTSZ
         [CudaFreeAsyncPtsz, Free, |e| (e.ptr, e.stream) = (p as u64, stream as u64)];
-    cudaFreeHost(p: *mut c_void) = FREE_HOST [CudaFreeHost, Free, |e| e.ptr = p as u64];
-    cudaHostRegister(p: *mut c_void, size: usize, flags: c_uint) = HOST_REGISTER
+    cudaFreeHost(p: *mut c_void) [CudaFreeHost, Free, |e| e.ptr = p as u64];
+    cudaHostRegister(p: *mut c_void, size: usize, flags: c_uint)
         [CudaHostRegister, Returns, |e| (e.ptr, e.size, e.flags) = (p as u64, size as u64, flags as u64)];
-    cudaHostUnregister(p: *mut c_void) = HOST_UNREGISTER
+    cudaHostUnregister(p: *mut c_void)
         [CudaHostUnregister, Releases, |e| e.ptr = p as u64];
 
-    cudaIpcOpenMemHandle(p: *mut *mut c_void, handle: CUipcMemHandle, flags: c_uint) = IPC_OPEN_MEM_HANDLE_RT
+    cudaIpcOpenMemHandle(p: *mut *mut c_void, handle: CUipcMemHandle, flags: c_uint)
         [CudaIpcOpenMemHandle, Alloc(Out::DevicePtr(p)), |e| e.flags = flags as u64];
-    cudaIpcCloseMemHandle(p: *mut c_void) = IPC_CLOSE_MEM_HANDLE_RT [CudaIpcCloseMemHandle, Free, |e| e.ptr = p as u64];
+    cudaIpcCloseMemHandle(p: *mut c_void) [CudaIpcCloseMemHandle, Free, |e| e.ptr = p as u64];
 
     /// Hands back our hook in place of the driver entry point the runtime found, decided by
     /// the exact export it found. When the runtime resolved through our `cuGetProcAddress`
     /// already, the pointer is our hook, and is passed on as it is.
     cudaGetDriverEntryPoint(symbol: *const c_char, pfn: *mut *mut c_void, flags: u64, status: *mut c_int)
-        = GET_DRIVER_ENTRY_POINT [resolver pfn];
+        [resolver pfn];
     /// As `cudaGetDriverEntryPoint`.
     cudaGetDriverEntryPoint_ptsz(symbol: *const c_char, pfn: *mut *mut c_void, flags: u64, status: *mut c_int)
-        = GET_DRIVER_ENTRY_POINT_PTSZ [resolver pfn];
+        [resolver pfn];
     /// As `cudaGetDriverEntryPoint`.
     cudaGetDriverEntryPointByVersion(symbol: *const c_char, pfn: *mut *mut c_void, version: c_uint, flags: u64,
-        status: *mut c_int) = GET_DRIVER_ENTRY_POINT_BY_VERSION [resolver pfn];
+        status: *mut c_int) [resolver pfn];
     /// As `cudaGetDriverEntryPoint`.
     cudaGetDriverEntryPointByVersion_ptsz(symbol: *const c_char, pfn: *mut *mut c_void, version: c_uint, flags: u64,
-        status: *mut c_int) = GET_DRIVER_ENTRY_POINT_BY_VERSION_PTSZ [resolver pfn];
+        status: *mut c_int) [resolver pfn];
 }
