@@ -211,7 +211,7 @@ pub fn anomaly_of(k: Kind) -> Option<&'static str> {
         Kind::StaleWrite => Some("poison_violation"),
         Kind::StaleLaunch => Some("stale_launch"),
         Kind::InvalidFree | Kind::DoubleFree => Some("invalid_free"),
-        Kind::DeviceFault | Kind::PossibleLeak => None,
+        Kind::DeviceFault | Kind::Leak => None,
     }
 }
 
