@@ -247,16 +247,12 @@ impl<'a> Finding<'a> {
 }
 
 /// Where in the code a call was, from its stack: the innermost Python frame when the stack has
-/// one (`train.py:39 in main`), else its first shown frame (`make_buffer (prog.c:14)`).
-/// **The one helper** that names a finding's code in every output (summary, report, graph,
-/// `check`, `who`, exports, the pytest plugin through the summary's JSON `place` fields).
+/// one (`train.py:39 in main`), else its first shown frame (`make_buffer (prog.c:14)`), by
+/// [`ShownStack::place_of`]. **The one helper** that names a finding's code in every output
+/// (summary, report, graph, `check`, `who`, exports; the pytest plugin reads the same from the
+/// summary's JSON, each stack's `place`).
 pub fn place(s: Option<&ShownStack>) -> Option<String> {
-    let s = s?;
-    let f = s
-        .visible()
-        .find(|f| f.kind == "python")
-        .or_else(|| s.visible().find(|f| f.kind != "gap"))?;
-    Some(f.label())
+    s?.place.clone()
 }
 
 /// [`place`] of stack `id` of `table` (symbolised here), for outputs that hold stack ids.
