@@ -42,9 +42,10 @@ pub const MIN_JUDGED: usize = 4;
 /// Steps needed for a judgement.
 pub const MIN_STEPS: usize = WARM_UP + MIN_JUDGED + LAST_LEFT_OUT;
 
-/// Region names followed as step candidates, and steps kept per candidate.
+/// Region names followed as step candidates, and steps kept per candidate (a longer run is
+/// judged on its first steps: what they kept is still held at exit).
 const NAMES_CAP: usize = 16;
-const STEPS_CAP: usize = 1 << 20;
+const STEPS_CAP: usize = 1 << 16;
 /// Loop heads followed.
 const LOOPS_CAP: usize = 64;
 /// Python stacks whose frames are kept for finding loops.
@@ -201,6 +202,7 @@ impl Growth {
         // Sites: stacks with the same shown frames are one; no stack: the call and size.
         let mut key_of: FxHashMap<u32, String> = FxHashMap::default();
         let mut sites: Vec<(String, Vec<usize>, u64, u64, Node)> = Vec::new();
+        let mut index: FxHashMap<String, usize> = FxHashMap::default();
         for node in still.iter().filter(|n| n.category.is_device_memory()) {
             let Some(k) = step_of(node.ts_ns).filter(|k| judged.contains(k)) else {
                 continue;
@@ -215,7 +217,7 @@ impl Growth {
                     })
                     .clone()
             };
-            match sites.iter_mut().find(|s| s.0 == key) {
+            match index.get(&key).map(|&i| &mut sites[i]) {
                 Some(s) => {
                     s.1.push(k);
                     s.2 += 1;
@@ -224,7 +226,10 @@ impl Growth {
                         s.4 = *node;
                     }
                 }
-                None => sites.push((key, vec![k], 1, node.size, *node)),
+                None => {
+                    index.insert(key.clone(), sites.len());
+                    sites.push((key, vec![k], 1, node.size, *node));
+                }
             }
         }
         let mut out: Vec<Grown> = sites
