@@ -53,7 +53,8 @@ struct Exporter<'a, W: Write> {
     last_counter: Option<(u64, u64, u64, u64)>,
     error: Option<std::io::Error>,
     /// The trace's stacks, and (allocation event, its stack, its free's stack) of recent frees
-    /// in slot `allocation event % FREED_SLOTS`: where in the code a finding's calls were.
+    /// in slot `allocation event % FREED_SLOTS` (for traces before format 3, whose stale-write
+    /// and stale-launch records carry no stack ids): where in the code a finding's calls were.
     stacks: crate::stacks::StackTable,
     freed: Vec<(u64, u32, u32)>,
 }
@@ -182,8 +183,12 @@ impl<W: Write> Exporter<'_, W> {
         args
     }
 
-    /// The stacks of the allocation of event `alloc_seq` and of its free, when remembered.
-    fn freed_stacks(&self, alloc_seq: u64) -> (u32, u32) {
+    /// The stacks of the allocation of event `alloc_seq` and of its free: those the record
+    /// carries (trace format 3), else those remembered from the free (older traces).
+    fn freed_stacks(&self, alloc_seq: u64, carried: (u32, u32)) -> (u32, u32) {
+        if carried != (0, 0) {
+            return carried;
+        }
         self.freed
             .get((alloc_seq % FREED_SLOTS as u64) as usize)
             .filter(|f| f.0 == alloc_seq)
@@ -316,7 +321,7 @@ impl<W: Write> Observer for Exporter<'_, W> {
         }
         match rec {
             Record::Violation(v) => {
-                let (a, f) = self.freed_stacks(v.alloc_seq);
+                let (a, f) = self.freed_stacks(v.alloc_seq, (v.alloc_stack, v.free_stack));
                 let args = self.with_places(
                     json!({"size":v.size,"first_offset":v.first_offset,
                            "changed_bytes":v.changed_bytes,"alloc_seq":v.alloc_seq,
@@ -331,7 +336,7 @@ impl<W: Write> Observer for Exporter<'_, W> {
                 )
             }
             Record::StaleLaunch(s) => {
-                let (a, f) = self.freed_stacks(s.alloc_seq);
+                let (a, f) = self.freed_stacks(s.alloc_seq, (s.alloc_stack, s.free_stack));
                 let args = self.with_places(
                     json!({"ptr":hex(s.ptr),"param_index":s.param_index,"alloc_seq":s.alloc_seq,
                            "free_seq":s.free_seq}),

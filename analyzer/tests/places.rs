@@ -50,6 +50,8 @@ fn trace(dir: &std::path::Path) -> std::path::PathBuf {
         alloc_size: 4096,
         free_seq: fa,
         free_ts_ns: t.ts,
+        alloc_stack: 1,
+        free_stack: 2,
     }));
     t.call(Api::CuLaunchKernel, 0, 0);
     t.record(Record::Violation(Violation {
@@ -64,6 +66,8 @@ fn trace(dir: &std::path::Path) -> std::path::PathBuf {
         free_seq: fa,
         free_ts_ns: t.ts,
         free_api: Api::CudaFree,
+        alloc_stack: 1,
+        free_stack: 2,
     }));
     t.call_from(Api::CudaMalloc, B, 8192, 1);
     t.call_from(Api::CudaFree, B, 0, 2);
