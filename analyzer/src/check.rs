@@ -155,6 +155,8 @@ pub fn check(base: &Profile, new: &Profile, t: &Thresholds) -> Vec<String> {
         }
         if !parts.is_empty() {
             r.push(format!("violations found: {}", parts.join(", ")));
+            // Where in the code (the calls of the first ones, when the trace has stacks).
+            r.extend(new.finding_code.iter().map(|c| format!("  {c}")));
         }
     }
     if t.no_failures {

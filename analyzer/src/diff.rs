@@ -82,6 +82,10 @@ pub struct Profile {
     /// The findings by kind ([`crate::finding`]), as `check --no-violations` counts them.
     #[serde(skip)]
     pub findings: crate::finding::Tally,
+    /// The first findings that count, each with where in the code its calls were (`stale
+    /// write: allocated at t.py:3 in f; freed at t.py:4 in f`), for `check --no-violations`.
+    #[serde(skip)]
+    pub finding_code: Vec<String>,
     pub leak_count: u64,
     pub leaks: Vec<Leak>,
     pub truncated: Option<u64>,
@@ -91,6 +95,9 @@ pub struct Profile {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sites: Vec<SiteFigures>,
 }
+
+/// Findings named with their code in a profile.
+pub const FINDING_CODE_SHOWN: usize = 5;
 
 /// Sites kept in a profile.
 pub const SITE_CAP: usize = 10_000;
@@ -233,6 +240,15 @@ pub fn profile(path: &Path, progress: &mut dyn Progress) -> Result<Profile, Erro
     sites.truncate(SITE_CAP);
     builder.finish()?;
     let s = summ.into_summary(&info);
+    let finding_code: Vec<String> = crate::finding::findings(&s)
+        .iter()
+        .filter(|f| f.kind().counts())
+        .filter_map(|f| {
+            let p = f.places();
+            (!p.is_empty()).then(|| format!("{}: {}", f.kind().word(), p.join("; ")))
+        })
+        .take(FINDING_CODE_SHOWN)
+        .collect();
     let t = &s.totals;
     let mut by_api: BTreeMap<String, ApiProfile> = BTreeMap::new();
     for (api, n) in &t.calls {
@@ -283,6 +299,7 @@ pub fn profile(path: &Path, progress: &mut dyn Progress) -> Result<Profile, Erro
         true_aliases: counts.anomalies.get("true_alias").copied().unwrap_or(0),
         overlaps: counts.anomalies.get("overlap").copied().unwrap_or(0),
         findings: crate::finding::Tally::of(t),
+        finding_code,
         leak_count: leaks.count,
         leaks: leaks.leaks,
         truncated: t.truncated,

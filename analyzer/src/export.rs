@@ -52,7 +52,15 @@ struct Exporter<'a, W: Write> {
     last_ts: u64,
     last_counter: Option<(u64, u64, u64, u64)>,
     error: Option<std::io::Error>,
+    /// The trace's stacks, and (allocation event, its stack, its free's stack) of recent frees
+    /// in slot `allocation event % FREED_SLOTS` (for traces before format 3, whose stale-write
+    /// and stale-launch records carry no stack ids): where in the code a finding's calls were.
+    stacks: crate::stacks::StackTable,
+    freed: Vec<(u64, u32, u32)>,
 }
+
+/// Frees whose stacks are remembered for naming stale writes' calls.
+const FREED_SLOTS: usize = 65_536;
 
 impl<W: Write> Exporter<'_, W> {
     fn put(&mut self, v: &serde_json::Value) {
@@ -159,7 +167,44 @@ impl<W: Write> Exporter<'_, W> {
         );
     }
 
+    /// `args` with `allocated_at`, `freed_at`, `launched_at`, … added: where in the code
+    /// (the stacks' [`crate::finding::place`]), for those known.
+    fn with_places(&self, mut args: serde_json::Value, at: &[(&str, u32)]) -> serde_json::Value {
+        if !self.stacks.has_stacks() {
+            return args;
+        }
+        for &(key, id) in at {
+            if id != 0
+                && let Some(p) = crate::finding::place_of(&self.stacks, id)
+            {
+                args[key] = serde_json::Value::String(p);
+            }
+        }
+        args
+    }
+
+    /// The stacks of the allocation of event `alloc_seq` and of its free: those the record
+    /// carries (trace format 3), else those remembered from the free (older traces).
+    fn freed_stacks(&self, alloc_seq: u64, carried: (u32, u32)) -> (u32, u32) {
+        if carried != (0, 0) {
+            return carried;
+        }
+        self.freed
+            .get((alloc_seq % FREED_SLOTS as u64) as usize)
+            .filter(|f| f.0 == alloc_seq)
+            .map_or((0, 0), |f| (f.1, f.2))
+    }
+
     fn close(&mut self, n: &Node, end_ts: u64, end: Option<&Ended>) {
+        if let Some(e) = end
+            && e.how == EndHow::Freed
+            && self.stacks.has_stacks()
+        {
+            if self.freed.is_empty() {
+                self.freed = vec![(u64::MAX, 0, 0); FREED_SLOTS];
+            }
+            self.freed[(n.seq % FREED_SLOTS as u64) as usize] = (n.seq, n.stack, e.stack);
+        }
         let Some((track, lane)) = self.live.remove(&n.id) else {
             return;
         };
@@ -191,7 +236,7 @@ impl<W: Write> Exporter<'_, W> {
 /// trace); one would be named like the others.
 fn instant_name(k: Kind, what: &str) -> String {
     match k {
-        Kind::StaleWrite | Kind::StaleLaunch | Kind::DeviceFault | Kind::PossibleLeak => {
+        Kind::StaleWrite | Kind::StaleLaunch | Kind::DeviceFault | Kind::Leak => {
             format!("{} {what}", k.word())
         }
         Kind::InvalidFree | Kind::DoubleFree => format!("invalid {what}"),
@@ -259,26 +304,55 @@ impl<W: Write> Observer for Exporter<'_, W> {
                 },
                 &format!("{} {}", inv.kind.name(), hex(ev.ptr)),
             ),
-            json!({"seq":ev.seq,"api":ev.api.name()}),
+            self.with_places(
+                json!({"seq":ev.seq,"api":ev.api.name()}),
+                &[
+                    ("freed_at", ev.stack),
+                    ("first_freed_at", inv.previous.map_or(0, |(_, f)| f.stack)),
+                    ("allocated_at", inv.previous.map_or(0, |(n, _)| n.stack)),
+                ],
+            ),
         );
     }
 
     fn other(&mut self, rec: &Record, _live: &Live) {
+        if self.stacks.record(rec) {
+            return;
+        }
         match rec {
-            Record::Violation(v) => self.instant(
-                v.ts_ns,
-                0,
-                instant_name(Kind::StaleWrite, &hex(v.ptr)),
-                json!({"size":v.size,"first_offset":v.first_offset,"changed_bytes":v.changed_bytes,
-                       "alloc_seq":v.alloc_seq,"free_seq":v.free_seq}),
-            ),
-            Record::StaleLaunch(s) => self.instant(
-                s.ts_ns,
-                s.tid,
-                instant_name(Kind::StaleLaunch, &s.kernel),
-                json!({"ptr":hex(s.ptr),"param_index":s.param_index,"alloc_seq":s.alloc_seq,
-                       "free_seq":s.free_seq}),
-            ),
+            Record::Violation(v) => {
+                let (a, f) = self.freed_stacks(v.alloc_seq, (v.alloc_stack, v.free_stack));
+                let args = self.with_places(
+                    json!({"size":v.size,"first_offset":v.first_offset,
+                           "changed_bytes":v.changed_bytes,"alloc_seq":v.alloc_seq,
+                           "free_seq":v.free_seq}),
+                    &[("allocated_at", a), ("freed_at", f)],
+                );
+                self.instant(
+                    v.ts_ns,
+                    0,
+                    instant_name(Kind::StaleWrite, &hex(v.ptr)),
+                    args,
+                )
+            }
+            Record::StaleLaunch(s) => {
+                let (a, f) = self.freed_stacks(s.alloc_seq, (s.alloc_stack, s.free_stack));
+                let args = self.with_places(
+                    json!({"ptr":hex(s.ptr),"param_index":s.param_index,"alloc_seq":s.alloc_seq,
+                           "free_seq":s.free_seq}),
+                    &[
+                        ("launched_at", self.stacks.stack_of(s.seq)),
+                        ("allocated_at", a),
+                        ("freed_at", f),
+                    ],
+                );
+                self.instant(
+                    s.ts_ns,
+                    s.tid,
+                    instant_name(Kind::StaleLaunch, &s.kernel),
+                    args,
+                )
+            }
             Record::StaleValue(s) => self.instant(
                 s.ts_ns,
                 s.tid,
@@ -340,6 +414,8 @@ pub fn chrome_trace<P: AsRef<Path>, W: Write>(
             last_ts: 0,
             last_counter: None,
             error: None,
+            stacks: Default::default(),
+            freed: Vec::new(),
         };
         infos.push(analyze(p.as_ref(), progress, &mut ex)?);
         if let Some(e) = ex.error.take() {

@@ -4,8 +4,8 @@
 //! --no-violations` fail.
 //!
 //! A finding is filled **once**, from the trace, by the summary ([`crate::summary::Summarizer`]
-//! turns each Violation, StaleLaunch, invalid free, device-fault note and unexplained allocation
-//! held at exit into its record, with the calls it is about and their stack ids); a
+//! turns each Violation, StaleLaunch, invalid free and device-fault note into its record, and
+//! [`crate::growth`] each site whose memory grows step by step, with the calls it is about and their stack ids); a
 //! [`Finding`] is one of those records seen as what it is. The records are also the summary's
 //! JSON form, so their fields are frozen; this module adds the kinds, the counting and the rule.
 //!
@@ -13,18 +13,19 @@
 //!
 //! A finding **counts** (makes `--error-exitcode` and `check --no-violations` fail, and is
 //! what the summary's `FINDINGS:` headline adds up) when it is certainly a bug of the program:
-//! a stale write, a stale launch, an invalid free, a double free, a device fault. A possible
-//! leak (memory held at exit that nothing explains) is shown with the findings but never
-//! counted: holding memory until exit is often deliberate, and a caching allocator the analyzer
-//! does not know looks the same. [`Kind::counts`] says it; [`Tally::counted`] applies it; nothing
-//! else decides.
+//! a stale write, a stale launch, an invalid free, a double free, a device fault. A leak (a site
+//! whose live memory grows at every step, see [`crate::growth`]) is shown with the findings but
+//! not counted: a program may keep per-step results on the device on purpose (predictions
+//! gathered for an evaluation), which looks the same. [`Kind::counts`] says it;
+//! [`Tally::counted`] applies it; nothing else decides.
 //!
 //! Not findings: stale values, the launch check's *suspects* (a word of a kernel's parameters
 //! that points into freed memory without evidence the kernel was handed it: inside a struct
 //! passed by value and not the allocation's start, in a packed buffer with no layout, or into
-//! freed guard memory no fault followed; the summary lists them apart), memory
-//! held at exit that something explains (a caching allocator, a CUDA library, a process that
-//! died), lost allocations, and the graph's own anomalies about nodes (`overlap`, `true_alias`,
+//! freed guard memory no fault followed; the summary lists them apart), memory held at exit
+//! (whether something explains it or not: a script's model and optimizer state live until
+//! exit; the summary says what holds it, as information), lost allocations, and the graph's
+//! own anomalies about nodes (`overlap`, `true_alias`,
 //! `never_freed`, `stale_value`; see [`crate::graph::Anomaly::finding`]).
 //!
 //! # Adding a kind
@@ -42,12 +43,13 @@
 //! assert_eq!(f.counted(), 4);
 //! assert_eq!(f.describe_counted(), "1 stale write, 2 invalid frees, 1 double free");
 //! assert_eq!(Tally::default().describe_counted(), "no stale writes, stale launches, invalid or double frees or device faults");
-//! assert!(!Kind::PossibleLeak.counts());
+//! assert!(!Kind::Leak.counts());
 //! ```
 
+use crate::stacks::ShownStack;
 use crate::summary::{
-    DeviceFault, FaultedCall, HeldAllocation, InvalidFree, PoisonViolation, StaleLaunchEntry,
-    Totals, TraceSummary,
+    DeviceFault, FaultedCall, InvalidFree, LeakEntry, PoisonViolation, StaleLaunchEntry, Totals,
+    TraceSummary,
 };
 use crate::words;
 
@@ -64,8 +66,9 @@ pub enum Kind {
     DoubleFree,
     /// The device faulted (a device-fault note, or a call that returned a fault code).
     DeviceFault,
-    /// Device memory held at exit that nothing explains.
-    PossibleLeak,
+    /// Device memory growing step by step: a site that kept memory from every step
+    /// ([`crate::growth`]).
+    Leak,
 }
 
 impl Kind {
@@ -76,7 +79,7 @@ impl Kind {
         Kind::InvalidFree,
         Kind::DoubleFree,
         Kind::DeviceFault,
-        Kind::PossibleLeak,
+        Kind::Leak,
     ];
 
     /// Its name in text, from [`crate::words`]: `stale write`.
@@ -87,7 +90,7 @@ impl Kind {
             Kind::InvalidFree => words::INVALID_FREE,
             Kind::DoubleFree => words::DOUBLE_FREE,
             Kind::DeviceFault => words::DEVICE_FAULT,
-            Kind::PossibleLeak => words::LEAK,
+            Kind::Leak => words::LEAK,
         }
     }
 
@@ -99,7 +102,7 @@ impl Kind {
             Kind::InvalidFree => "invalid_free",
             Kind::DoubleFree => "double_free",
             Kind::DeviceFault => "device_fault",
-            Kind::PossibleLeak => "possible_leak",
+            Kind::Leak => "leak",
         }
     }
 
@@ -112,7 +115,7 @@ impl Kind {
             | Kind::InvalidFree
             | Kind::DoubleFree
             | Kind::DeviceFault => true,
-            Kind::PossibleLeak => false,
+            Kind::Leak => false,
         }
     }
 
@@ -138,7 +141,7 @@ pub enum Finding<'a> {
     InvalidFree(&'a InvalidFree),
     DoubleFree(&'a InvalidFree),
     DeviceFault(Fault<'a>),
-    PossibleLeak(&'a HeldAllocation),
+    Leak(&'a LeakEntry),
 }
 
 /// Which call a [`Site`] is.
@@ -171,7 +174,7 @@ impl<'a> Finding<'a> {
             Finding::InvalidFree(_) => Kind::InvalidFree,
             Finding::DoubleFree(_) => Kind::DoubleFree,
             Finding::DeviceFault(_) => Kind::DeviceFault,
-            Finding::PossibleLeak(_) => Kind::PossibleLeak,
+            Finding::Leak(_) => Kind::Leak,
         }
     }
 
@@ -236,16 +239,59 @@ impl<'a> Finding<'a> {
             Finding::DeviceFault(Fault::Returned(c)) => {
                 vec![site(Role::Call, c.seq, Some(&c.api), None)]
             }
-            Finding::PossibleLeak(l) => {
+            Finding::Leak(l) => {
                 vec![site(Role::Allocated, l.seq, Some(&l.api), l.stack_id)]
             }
         }
     }
 }
 
+/// Where in the code a call was, from its stack: the innermost Python frame when the stack has
+/// one (`train.py:39 in main`), else its first shown frame (`make_buffer (prog.c:14)`), by
+/// [`ShownStack::place_of`]. **The one helper** that names a finding's code in every output
+/// (summary, report, graph, `check`, `who`, exports; the pytest plugin reads the same from the
+/// summary's JSON, each stack's `place`).
+pub fn place(s: Option<&ShownStack>) -> Option<String> {
+    s?.place.clone()
+}
+
+/// [`place`] of stack `id` of `table` (symbolised here), for outputs that hold stack ids.
+pub fn place_of(table: &crate::stacks::StackTable, id: u32) -> Option<String> {
+    place(crate::stacks::shown(table, id).as_ref())
+}
+
+impl Finding<'_> {
+    /// The calls it is about, where in the code (`allocated at train.py:39 in main`), as
+    /// [`place`] names them; empty without stacks.
+    pub fn places(&self) -> Vec<String> {
+        let at = |what: &str, s: &Option<ShownStack>| {
+            place(s.as_ref()).map(|p| format!("{what} at {p}"))
+        };
+        let v = match self {
+            Finding::StaleWrite(v) => {
+                vec![at("allocated", &v.alloc_stack), at("freed", &v.free_stack)]
+            }
+            Finding::StaleLaunch(s) => vec![
+                at("launched", &s.launch_stack),
+                at("allocated", &s.alloc_stack),
+                at("freed", &s.free_stack),
+            ],
+            Finding::InvalidFree(f) => vec![at("freed", &f.stack), at("allocated", &f.alloc_stack)],
+            Finding::DoubleFree(f) => vec![
+                at("freed again", &f.stack),
+                at("first freed", &f.first_free_stack),
+                at("allocated", &f.alloc_stack),
+            ],
+            Finding::DeviceFault(_) => Vec::new(),
+            Finding::Leak(l) => vec![at("allocated", &l.alloc_stack)],
+        };
+        v.into_iter().flatten().collect()
+    }
+}
+
 /// The findings of one trace that the summary lists, in the order outputs list them: stale
 /// writes, stale launches, device faults, invalid and double frees (in the order they
-/// happened), possible leaks. At most [`LIST_CAP`](crate::summary::LIST_CAP) of each list;
+/// happened), leaks. At most [`LIST_CAP`](crate::summary::LIST_CAP) of each list;
 /// [`Tally`] has the full counts.
 pub fn findings(t: &TraceSummary) -> Vec<Finding<'_>> {
     let x = &t.totals;
@@ -266,7 +312,7 @@ pub fn findings(t: &TraceSummary) -> Vec<Finding<'_>> {
         );
     }
     v.extend(x.invalid_frees.iter().map(Finding::of_free));
-    v.extend(x.possible_leaks.iter().map(Finding::PossibleLeak));
+    v.extend(x.leaks.iter().map(Finding::Leak));
     v
 }
 
@@ -274,8 +320,8 @@ pub fn findings(t: &TraceSummary) -> Vec<Finding<'_>> {
 const NONE_COUNTED: &str =
     "no stale writes, stale launches, invalid or double frees or device faults";
 
-/// How many findings of each kind (of one trace, or several added up), and the bytes of the
-/// possible leaks.
+/// How many findings of each kind (of one trace, or several added up), and the bytes a step
+/// the leaks grow by.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tally {
     n: [u64; Kind::ALL.len()],
@@ -293,10 +339,10 @@ impl Tally {
                 Kind::InvalidFree => t.invalid_free_count.saturating_sub(t.double_free_count),
                 Kind::DoubleFree => t.double_free_count,
                 Kind::DeviceFault => t.device_fault_count,
-                Kind::PossibleLeak => t.held_at_exit.possible_leak.count,
+                Kind::Leak => t.leak_count,
             };
         }
-        f.leak_bytes = t.held_at_exit.possible_leak.bytes;
+        f.leak_bytes = t.leak_bytes_per_step;
         f
     }
 
@@ -328,7 +374,7 @@ impl Tally {
     }
 
     /// `1 stale write, 2 double frees` (each kind found, in [`Kind::ALL`]'s order) of the kinds
-    /// `which` keeps; a possible leak with its bytes.
+    /// `which` keeps; leaks with the bytes a step they grow by.
     pub fn kinds(&self, which: impl Fn(Kind) -> bool) -> String {
         let mut parts = Vec::new();
         for k in Kind::ALL.into_iter().filter(|k| which(*k)) {
@@ -337,8 +383,8 @@ impl Tally {
                 continue;
             }
             parts.push(match k {
-                Kind::PossibleLeak => format!(
-                    "{} ({})",
+                Kind::Leak => format!(
+                    "{} (growing {} a step)",
                     words::plural(n, k.word()),
                     words::size(self.leak_bytes)
                 ),
@@ -404,13 +450,8 @@ mod tests {
         let t = Totals {
             stale_launch_count: 2,
             device_fault_count: 1,
-            held_at_exit: crate::summary::HeldAtExit {
-                possible_leak: crate::summary::CountBytes {
-                    count: 3,
-                    bytes: 4096,
-                },
-                ..Default::default()
-            },
+            leak_count: 3,
+            leak_bytes_per_step: 4096,
             ..Totals::default()
         };
         let mut f = Tally::of(&t);
@@ -418,6 +459,6 @@ mod tests {
         f.add(&Tally::of(&t));
         assert_eq!((f.counted(), f.total(), f.leak_bytes), (6, 12, 8192));
         assert_eq!(f.describe_counted(), "4 stale launches, 2 device faults");
-        assert_eq!(f.kinds(|k| !k.counts()), "6 possible leaks (8.0 KiB)");
+        assert_eq!(f.kinds(|k| !k.counts()), "6 leaks (growing 8.0 KiB a step)");
     }
 }

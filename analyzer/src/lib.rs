@@ -38,6 +38,7 @@ mod error;
 pub mod export;
 pub mod finding;
 pub mod graph;
+pub mod growth;
 pub mod order;
 pub mod regions;
 pub mod report;

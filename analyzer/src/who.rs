@@ -92,7 +92,7 @@ fn incident_kind(k: Kind) -> &'static str {
         Kind::StaleWrite => "poison_violation",
         Kind::StaleLaunch => "stale_launch",
         Kind::InvalidFree | Kind::DoubleFree => "invalid_free",
-        Kind::DeviceFault | Kind::PossibleLeak => k.key(),
+        Kind::DeviceFault | Kind::Leak => k.key(),
     }
 }
 

@@ -34,8 +34,11 @@ pub const HELD_AT_EXIT: &str = "held at exit";
 pub const HELD_BY_CACHE: &str = "held at exit by a caching allocator (normal)";
 /// Address space still reserved at exit (`cuMemAddressReserve`): no memory behind it by itself.
 pub const RESERVED_AT_EXIT: &str = "address space reserved at exit";
-/// Memory held at exit that nothing explains: not a caching allocator's. Only this is a leak.
-pub const LEAK: &str = "possible leak";
+/// Memory that grows step by step: a site that keeps memory from every step (see
+/// [`crate::growth`]). Memory merely held at exit is not a leak.
+pub const LEAK: &str = "leak";
+/// Memory held at exit that nothing else explains: the program's own (its model, its state).
+pub const HELD_BY_PROGRAM: &str = "held by the program (information, not a finding)";
 
 /// The upper-case form used as a heading for a finding: `stale write` → `STALE WRITE`.
 pub fn heading(word: &str) -> String {

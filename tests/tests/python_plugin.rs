@@ -94,6 +94,7 @@ fn pytest_cases(
     }
     cmd.env("LD_LIBRARY_PATH", standin_dir())
         .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("CUDA_ISOLATE_ANALYZER", analyzer_path())
         .env("ISOLATE_TRACE", dir.join("isolate-%p.trace"));
     if preload {
         cmd.env("LD_PRELOAD", &py.lib);
@@ -183,7 +184,15 @@ fn markers_pass_and_fail_under_the_preload_and_regions_reach_the_trace() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (text, ok) = pytest(&py, dir.path(), true, &[]);
+    // isolate_no_findings needs a mode that sees stale writes (log mode fails it, below).
+    let (text, ok) = pytest_cases(
+        &py,
+        dir.path(),
+        "test_plugin_cases.py",
+        true,
+        &[("ISOLATE_MODE", "isolate")],
+        &[],
+    );
     assert!(!ok, "three cases fail:\n{text}");
     assert!(text.contains("isolate_* markers are checked"), "{text}");
     assert_outcomes_by_name(&text);
@@ -260,6 +269,41 @@ fn without_the_library_everything_runs_and_the_header_says_markers_are_not_check
     );
 }
 
+/// Log mode cannot see stale writes (no poison, no quarantine): a test marked
+/// isolate_no_findings fails there, saying so, instead of passing unchecked.
+#[test]
+fn isolate_no_findings_fails_loudly_in_log_mode() {
+    let Some(py) = python_with_pytest() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (text, ok) = pytest_cases(
+        &py,
+        dir.path(),
+        "test_plugin_cases.py",
+        true,
+        &[("ISOLATE_MODE", "log")],
+        &["-k", "test_pass_clean or test_pass_api"],
+    );
+    assert!(!ok, "the marked case fails:\n{text}");
+    let got = outcomes(&text);
+    assert_eq!(
+        got,
+        [
+            ("test_pass_api".to_string(), "PASSED"),
+            ("test_pass_clean".to_string(), "FAILED")
+        ],
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "isolate_no_findings: libisolate.so runs in log mode, which cannot see stale writes \
+             or stale launches (no poison, no quarantine): this test was NOT checked"
+        ),
+        "{text}"
+    );
+}
+
 /// The isolate_no_findings marker checks the quarantine at the end of each test
 /// (`isolate_check_now`): the stale write of one test fails that test, with the finding; the
 /// tests before and after it pass (python/tests/test_check_now_cases.py, isolate mode).
@@ -297,4 +341,22 @@ fn a_stale_write_fails_the_test_that_made_it_at_its_end() {
     );
     // Found by the check at the end of the test: said on stderr before the next test ran.
     assert!(text.contains("STALE WRITE"), "{text}");
+    // The failure names the trace and where in the code the allocation and the free were
+    // (the innermost Python frames: standin_runtime.py's malloc, the test's cudaFree).
+    let trace = the_trace(dir.path());
+    assert!(
+        text.contains(&format!(
+            "(see the trace: isolate summary {})",
+            trace.display()
+        )),
+        "{text}"
+    );
+    for want in [
+        "\n  allocated at ",
+        "python/tests/standin_runtime.py:19 in malloc\n",
+        "\n  freed at ",
+        "python/tests/test_check_now_cases.py:22 in test_fail_stale_write\n",
+    ] {
+        assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
 }

@@ -48,6 +48,9 @@ pub struct Brief {
     pub free_seq: Option<u64>,
     pub free_api: Option<&'static str>,
     pub lost: bool,
+    /// The stack ids of the calls that made and ended it (0: none), in its trace's `stacks`.
+    pub stack: u32,
+    pub free_stack: u32,
 }
 
 impl Brief {
@@ -63,6 +66,8 @@ impl Brief {
             free_seq: n.free_seq,
             free_api: n.free_api,
             lost: n.lost,
+            stack: n.stack,
+            free_stack: n.free_stack,
         }
     }
 
@@ -114,6 +119,9 @@ struct Held {
     trace: u32,
     category: u8,
     lost: bool,
+    /// Stack ids of the calls that made and ended it (0: none).
+    stack: u32,
+    free_stack: u32,
 }
 
 /// The categories, numbered for [`Held`].
@@ -143,6 +151,8 @@ impl Held {
                 .position(|c| *c == n.category)
                 .unwrap_or(CATEGORIES.len()) as u8,
             lost: n.lost,
+            stack: n.stack,
+            free_stack: n.free_stack,
         }
     }
 
@@ -161,6 +171,8 @@ impl Held {
             free_seq: (self.free_seq != u64::MAX).then_some(self.free_seq),
             free_api: (!self.free_api.is_empty()).then_some(self.free_api),
             lost: self.lost,
+            stack: self.stack,
+            free_stack: self.free_stack,
         }
     }
 }

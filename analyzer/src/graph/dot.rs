@@ -177,18 +177,19 @@ fn victim_of(a: &Anomaly) -> Option<(u64, &'static str)> {
     let k = a.finding()?;
     match k {
         Kind::StaleWrite | Kind::StaleLaunch => a.nodes().first().map(|n| (*n, k.word())),
-        Kind::InvalidFree | Kind::DoubleFree | Kind::DeviceFault | Kind::PossibleLeak => None,
+        Kind::InvalidFree | Kind::DoubleFree | Kind::DeviceFault | Kind::Leak => None,
     }
 }
 
-/// A node's declaration; `victim` names the findings that hit it.
-fn node_stmt(n: &GraphNode, victim: Option<&str>) -> String {
+/// A node's declaration; `victim` names the findings that hit it, `code` where in the code it
+/// was made and ended (nodes a finding names).
+fn node_stmt(n: &GraphNode, victim: Option<&str>, code: Option<&str>) -> String {
     let life = match (n.free_seq, n.lost) {
         (_, true) => format!("seq {}..lost", n.alloc_seq),
         (Some(f), _) => format!("seq {}..{}", n.alloc_seq, f),
         (None, _) => format!("seq {}..(live at end)", n.alloc_seq),
     };
-    let label = format!(
+    let mut label = format!(
         "#{} {}\\n{} {}\\n{}\\ndev {} tid {}",
         n.id,
         escape_dot(n.api),
@@ -198,6 +199,12 @@ fn node_stmt(n: &GraphNode, victim: Option<&str>) -> String {
         n.device,
         n.tid
     );
+    if let Some(c) = code {
+        for part in c.split("; ") {
+            label.push_str("\\n");
+            label.push_str(&escape_dot(part));
+        }
+    }
     let style = match (n.category, n.free_seq) {
         _ if victim.is_some() => format!(", {}", victim_attrs(victim.unwrap_or_default())),
         ("handle", _) => ", style=filled, fillcolor=\"#dde8ff\"".to_owned(),
@@ -272,7 +279,7 @@ fn title(traces: &[GraphTrace]) -> String {
 impl<W: Write> GraphSink for DotSink<W> {
     fn node(&mut self, n: &GraphNode) -> std::io::Result<()> {
         self.start()?;
-        self.out.write_all(node_stmt(n, None).as_bytes())
+        self.out.write_all(node_stmt(n, None, None).as_bytes())
     }
 
     fn edge(&mut self, e: &Edge) -> std::io::Result<()> {
@@ -371,10 +378,21 @@ fn write_whole(out: &mut impl Write, w: &Whole, traces: &[GraphTrace]) -> std::i
             }
         }
     }
+    // The nodes findings name show where in the code they were made and ended.
+    let named: std::collections::BTreeSet<u64> = w
+        .anomalies
+        .iter()
+        .filter(|a| a.finding().is_some())
+        .flat_map(|a| a.nodes())
+        .collect();
     out.write_all(HEAD.as_bytes())?;
     for n in &w.nodes {
         let what = victims.get(&n.id).map(|v| v.join(" and a "));
-        out.write_all(node_stmt(n, what.as_deref()).as_bytes())?;
+        let code = named
+            .contains(&n.id)
+            .then(|| super::node_code(traces.get(n.trace), n.stack, n.free_stack))
+            .flatten();
+        out.write_all(node_stmt(n, what.as_deref(), code.as_deref()).as_bytes())?;
     }
     for e in &w.edges {
         out.write_all(edge_stmt(e).as_bytes())?;
@@ -393,17 +411,25 @@ fn write_whole(out: &mut impl Write, w: &Whole, traces: &[GraphTrace]) -> std::i
 const COLUMNS: usize = 4;
 
 /// A node of the collapsed picture, from what the digest knows of it.
-fn brief_stmt(id: u64, b: Option<&Brief>, attrs: &str) -> String {
+fn brief_stmt(id: u64, b: Option<&Brief>, attrs: &str, code: Option<&str>) -> String {
     let label = match b {
-        Some(b) => dot_lines(&[
-            format!("#{} {}", b.id, b.api),
-            format!("{} {}", hex(b.ptr), human_bytes(b.size)),
-            match (b.free_seq, b.lost) {
-                (_, true) => format!("seq {}..lost", b.alloc_seq),
-                (Some(f), _) => format!("seq {}..{}", b.alloc_seq, f),
-                (None, _) => format!("seq {}..(live at end)", b.alloc_seq),
-            },
-        ]),
+        Some(b) => {
+            let mut lines = vec![
+                format!("#{} {}", b.id, b.api),
+                format!("{} {}", hex(b.ptr), human_bytes(b.size)),
+                match (b.free_seq, b.lost) {
+                    (_, true) => format!("seq {}..lost", b.alloc_seq),
+                    (Some(f), _) => format!("seq {}..{}", b.alloc_seq, f),
+                    (None, _) => format!("seq {}..(live at end)", b.alloc_seq),
+                },
+            ];
+            lines.extend(
+                code.into_iter()
+                    .flat_map(|c| c.split("; "))
+                    .map(str::to_owned),
+            );
+            dot_lines(&lines)
+        }
         None => format!("#{id}"),
     };
     format!("  n{id} [label=\"{label}\"{attrs}];\n")
@@ -464,7 +490,10 @@ fn write_collapsed(out: &mut impl Write, d: &Digest) -> std::io::Result<()> {
                 Some(what) if i == 0 => format!(", {}", victim_attrs(what)),
                 _ => String::new(),
             };
-            out.write_all(brief_stmt(*id, b.as_ref(), &attrs).as_bytes())?;
+            let code = b
+                .as_ref()
+                .and_then(|b| super::node_code(d.traces.get(b.trace), b.stack, b.free_stack));
+            out.write_all(brief_stmt(*id, b.as_ref(), &attrs, code.as_deref()).as_bytes())?;
             for (ci, c) in d.chains.iter().enumerate() {
                 if c.sample.iter().any(|s| s.0 == *id) || c.last.0 == *id {
                     writeln!(out, "  c{ci} -> n{id} [label=\"in chain\", style=dashed];")?;

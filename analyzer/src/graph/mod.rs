@@ -211,7 +211,7 @@ pub fn anomaly_of(k: Kind) -> Option<&'static str> {
         Kind::StaleWrite => Some("poison_violation"),
         Kind::StaleLaunch => Some("stale_launch"),
         Kind::InvalidFree | Kind::DoubleFree => Some("invalid_free"),
-        Kind::DeviceFault | Kind::PossibleLeak => None,
+        Kind::DeviceFault | Kind::Leak => None,
     }
 }
 
@@ -316,4 +316,17 @@ pub fn graph<P: AsRef<Path>>(
     let mut g = Graph::default();
     build(paths, filter, &mut g, progress)?;
     Ok(g)
+}
+
+/// `allocated at …; freed at …` of a node from its trace's stacks ([`crate::finding::place`]).
+pub(crate) fn node_code(t: Option<&GraphTrace>, stack: u32, free_stack: u32) -> Option<String> {
+    let stacks = &t?.stacks;
+    let at = |what: &str, id: u32| {
+        crate::finding::place(stacks.get(&id)).map(|p| format!("{what} at {p}"))
+    };
+    let v: Vec<String> = [at("allocated", stack), at("freed", free_stack)]
+        .into_iter()
+        .flatten()
+        .collect();
+    (!v.is_empty()).then(|| v.join("; "))
 }

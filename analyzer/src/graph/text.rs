@@ -55,6 +55,12 @@ fn node_ref(n: &(u64, Option<Brief>)) -> String {
     }
 }
 
+/// `allocated at train.py:39 in main; freed at train.py:40 in main` for a node, from its
+/// trace's stacks ([`crate::finding::place`]); `None` without stacks.
+fn code_of(d: &Digest, b: &Brief) -> Option<String> {
+    super::node_code(d.traces.get(b.trace), b.stack, b.free_stack)
+}
+
 fn next_line(f: &Hit) -> Option<String> {
     let v = f.victim()?;
     if f.next.is_empty() {
@@ -182,6 +188,9 @@ fn findings(d: &Digest, o: &mut String) {
                     format!("#{} (above)", node.0)
                 };
                 let _ = writeln!(o, "  {:<12} {what}", format!("{}:", role(&f.anomaly, i)));
+                if let Some(code) = node.1.as_ref().and_then(|b| code_of(d, b)) {
+                    let _ = writeln!(o, "  {:<12} {code}", "");
+                }
             }
             if f.nodes.is_empty() {
                 let _ = writeln!(o, "  (no allocation the trace saw held that address)");

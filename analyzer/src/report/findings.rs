@@ -10,7 +10,7 @@
 use super::timeline::{Seen, Timeline};
 use crate::finding::{self, Finding, Kind};
 use crate::graph::Anomaly;
-use crate::summary::{HeldAllocation, InvalidFree, StaleLaunchEntry, TraceSummary};
+use crate::summary::{InvalidFree, LeakEntry, StaleLaunchEntry, TraceSummary};
 use crate::util::{hex, human_ns};
 use crate::words::{
     self, DEVICE_FAULT, DOUBLE_FREE, INVALID_FREE, LEAK, STALE_LAUNCH, STALE_WRITE, call_result,
@@ -102,6 +102,25 @@ struct Victim<'a> {
     /// `(changed bytes, first offset, found at)`.
     writes: Vec<(u64, u64, u64)>,
     launches: Vec<&'a StaleLaunchEntry>,
+    /// Where in the code its calls were ([`Finding::places`]), each once.
+    places: Vec<String>,
+}
+
+/// ` Code: allocated at train.py:39 in main; freed at …` (nothing without stacks).
+fn code_text(places: &[String]) -> String {
+    if places.is_empty() {
+        String::new()
+    } else {
+        format!(" Code: {}.", places.join("; "))
+    }
+}
+
+fn add_places(to: &mut Vec<String>, f: &Finding) {
+    for p in f.places() {
+        if !to.contains(&p) {
+            to.push(p);
+        }
+    }
 }
 
 pub(super) fn verdict(
@@ -170,8 +189,8 @@ pub(super) fn verdict(
     // allocation they used, invalid and double frees and possible leaks in order. A device
     // fault is said once, below, from the first the run saw.
     let mut victims: BTreeMap<u64, Victim> = BTreeMap::new();
-    let mut frees: Vec<&InvalidFree> = Vec::new();
-    let mut leaks: Vec<&HeldAllocation> = Vec::new();
+    let mut frees: Vec<(&InvalidFree, Vec<String>)> = Vec::new();
+    let mut leaks: Vec<&LeakEntry> = Vec::new();
     for f in finding::findings(s) {
         match f {
             Finding::StaleWrite(v) => {
@@ -185,7 +204,9 @@ pub(super) fn verdict(
                     free_api: None,
                     writes: Vec::new(),
                     launches: Vec::new(),
+                    places: Vec::new(),
                 });
+                add_places(&mut e.places, &f);
                 e.free_api = Some(&v.free_api);
                 e.alloc_api = e.alloc_api.or(v.alloc_api.as_deref());
                 e.writes.push((v.changed_bytes, v.first_offset, v.ts_ns));
@@ -201,14 +222,16 @@ pub(super) fn verdict(
                     free_api: None,
                     writes: Vec::new(),
                     launches: Vec::new(),
+                    places: Vec::new(),
                 });
+                add_places(&mut e.places, &f);
                 e.alloc_api = e.alloc_api.or(l.alloc_api.as_deref());
                 e.free_api = e.free_api.or(l.free_api.as_deref());
                 e.launches.push(l);
             }
             Finding::DeviceFault(_) => {}
-            Finding::InvalidFree(f) | Finding::DoubleFree(f) => frees.push(f),
-            Finding::PossibleLeak(l) => leaks.push(l),
+            Finding::InvalidFree(i) | Finding::DoubleFree(i) => frees.push((i, f.places())),
+            Finding::Leak(l) => leaks.push(l),
         }
     }
     let mut victims: Vec<Victim> = victims.into_values().collect();
@@ -286,6 +309,7 @@ pub(super) fn verdict(
                 human_ns(found.saturating_sub(v.freed_ns))
             ));
         }
+        text.push_str(&code_text(&v.places));
         findings.push(Entry {
             kind,
             title,
@@ -322,7 +346,7 @@ pub(super) fn verdict(
     }
 
     // Invalid and double frees.
-    for f in frees {
+    for (f, places) in frees {
         let what = f.what();
         let refused = match f.result {
             0 => String::new(),
@@ -362,7 +386,7 @@ pub(super) fn verdict(
         findings.push(Entry {
             kind,
             title,
-            text,
+            text: text + &code_text(&places),
             t_ns: Some(rel(f.ts_ns)),
         });
     }
@@ -391,40 +415,30 @@ pub(super) fn verdict(
         }
     }
 
-    // Possible leaks.
-    if !leaks.is_empty() {
-        let held = &t.held_at_exit.possible_leak;
-        let mut text: Vec<String> = leaks
-            .iter()
-            .take(LEAKS_NAMED)
-            .map(|l| {
-                format!(
-                    "{} allocated by {} ({}, {}) at {}",
-                    size(l.size),
-                    l.api,
-                    event(l.seq),
-                    at(rel(l.ts_ns)),
-                    hex(l.ptr)
-                )
-            })
-            .collect();
-        let rest = held.count.saturating_sub(LEAKS_NAMED as u64);
-        if rest > 0 && leaks.len() > LEAKS_NAMED {
-            text.push(format!("{} more", plural(rest, "allocation")));
-        }
+    // Leaks: memory growing step by step.
+    for l in leaks.iter().take(LEAKS_NAMED) {
+        let places = Finding::Leak(l).places();
         findings.push(Entry {
-            kind: Kind::PossibleLeak.key(),
+            kind: Kind::Leak.key(),
             title: format!(
-                "{}: {} ({}) still held at exit that nothing explains",
+                "{}: {} more device memory kept at every step",
                 capital(LEAK),
-                plural(held.count.max(leaks.len() as u64), "allocation"),
-                size(held.bytes)
+                size(l.bytes_per_step)
             ),
             text: format!(
-                "{}. Not a caching allocator's segment, not a CUDA library's memory.",
-                text.join("; ")
+                "In each of {} of {} ({} in all) an allocation made in the step was still held \
+                 at exit: {} ({}) in all, the first by {} ({}) {}.{}",
+                plural(l.steps_judged, "step"),
+                l.steps,
+                plural(l.step_count, "step"),
+                plural(l.count, "allocation"),
+                size(l.bytes),
+                l.api,
+                event(l.seq),
+                at(rel(l.ts_ns)),
+                code_text(&places)
             ),
-            t_ns: leaks.first().map(|l| rel(l.ts_ns)),
+            t_ns: Some(rel(l.ts_ns)),
         });
     }
 
@@ -468,7 +482,8 @@ pub(super) fn verdict(
     if s.header.mode == "log" {
         notes.push(format!(
             "Recorded in log mode: freed memory is handed straight back to the program and not \
-             checked, so a {STALE_WRITE} cannot be seen. Run with --mode isolate to look for them."
+             checked (no poison, no quarantine), so a {STALE_WRITE} or {STALE_LAUNCH} cannot be \
+             seen. Run with --mode isolate to look for them."
         ));
     }
     let h = &t.held_at_exit;
@@ -478,7 +493,10 @@ pub(super) fn verdict(
             (&h.caching_allocator, "by a caching allocator (normal)"),
             (&h.library, "by CUDA libraries (normal)"),
             (&h.process_died, "by a process that died: not judged"),
-            (&h.possible_leak, LEAK),
+            (
+                &h.possible_leak,
+                "by the program (its model, its state: information)",
+            ),
         ] {
             if cb.count > 0 {
                 parts.push(format!(

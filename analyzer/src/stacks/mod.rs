@@ -259,6 +259,10 @@ pub struct ShownStack {
     pub id: u32,
     /// The allocation site's name: the first frame that is not hidden.
     pub site: String,
+    /// Where in the code the call was ([`ShownStack::place_of`]: the innermost Python frame,
+    /// else the first shown one): what every output names a finding's code with. Null when
+    /// no frame says.
+    pub place: Option<String>,
     /// Every frame, innermost first (inlined frames expanded).
     pub frames: Vec<SymFrame>,
     /// How many of `frames` are hidden.
@@ -272,6 +276,18 @@ pub struct ShownStack {
 }
 
 impl ShownStack {
+    /// Where in the code a call with these frames was: the innermost shown Python frame when
+    /// there is one (`train.py:39 in main`), else the first shown frame (`make_buffer
+    /// (prog.c:14)`). **The one rule** that names a finding's code; [`ShownStack::place`]
+    /// holds it, [`crate::finding::place`] reads it.
+    pub fn place_of(frames: &[SymFrame]) -> Option<String> {
+        let shown = || frames.iter().filter(|f| !f.hidden);
+        shown()
+            .find(|f| f.kind == "python")
+            .or_else(|| shown().find(|f| f.kind != "gap"))
+            .map(|f| f.label())
+    }
+
     /// The frames the text shows.
     pub fn visible(&self) -> impl Iterator<Item = &SymFrame> {
         self.frames.iter().filter(|f| !f.hidden)
@@ -460,6 +476,7 @@ mod tests {
     /// Stack 1 of `frames`, its hidden ones counted as the symboliser counts them.
     fn stack(frames: Vec<SymFrame>) -> ShownStack {
         ShownStack {
+            place: None,
             id: 1,
             site: String::new(),
             hidden: frames.iter().filter(|f| f.hidden).count(),

@@ -109,6 +109,7 @@ impl Symbolizer {
             return ShownStack {
                 id,
                 site: format!("stack {id} (not defined in the trace)"),
+                place: None,
                 frames: Vec::new(),
                 hidden: 0,
                 truncated: false,
@@ -170,6 +171,7 @@ impl Symbolizer {
         ShownStack {
             id,
             site,
+            place: ShownStack::place_of(&out),
             frames: out,
             hidden,
             truncated,

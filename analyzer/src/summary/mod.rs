@@ -98,6 +98,9 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
         t.live_at_end.add(x.live_at_end);
         t.held_at_exit.add(&x.held_at_exit);
         t.possible_leaks.extend(x.possible_leaks.iter().cloned());
+        add(&mut t.leak_count, x.leak_count);
+        add(&mut t.leak_bytes_per_step, x.leak_bytes_per_step);
+        t.leaks.extend(x.leaks.iter().cloned());
         merge_sites(&mut t.sites_at_end, &x.sites_at_end);
         merge_sites(&mut t.sites_at_peak, &x.sites_at_peak);
         if t.no_stacks.is_none() {
@@ -185,6 +188,7 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
     t.peak_is_sum_of_processes = traces.len() > 1;
     t.invalid_frees.truncate(LIST_CAP);
     t.possible_leaks.truncate(LIST_CAP);
+    t.leaks.truncate(LIST_CAP);
     t.poison_violations.truncate(LIST_CAP);
     t.stale_launches.truncate(LIST_CAP);
     t.stale_values.truncate(LIST_CAP);

@@ -31,6 +31,11 @@ pub struct Summarizer {
     remember_frees: bool,
     held: HeldAtExit,
     leaks: Vec<HeldAllocation>,
+    /// Steps and loops, for leaks as growth.
+    growth: crate::growth::Growth,
+    grown: Vec<LeakEntry>,
+    grown_count: u64,
+    grown_bytes_per_step: u64,
     events: u64,
     first_ts: Option<u64>,
     last_ts: u64,
@@ -178,6 +183,10 @@ impl Summarizer {
             remember_frees: true,
             held: HeldAtExit::default(),
             leaks: Vec::new(),
+            growth: Default::default(),
+            grown: Vec::new(),
+            grown_count: 0,
+            grown_bytes_per_step: 0,
             events: 0,
             first_ts: None,
             last_ts: 0,
@@ -326,6 +335,9 @@ impl Summarizer {
             },
             held_at_exit: self.held,
             possible_leaks: self.leaks,
+            leak_count: self.grown_count,
+            leak_bytes_per_step: self.grown_bytes_per_step,
+            leaks: self.grown,
             sites_at_end,
             sites_at_peak,
             no_stacks,
@@ -410,6 +422,9 @@ impl Observer for Summarizer {
         c.peak_live_bytes = c.peak_live_bytes.max(live.bytes(n.category));
         if n.category.is_device_memory() {
             if self.stacks.has_stacks() {
+                if n.stack != 0 {
+                    self.growth.allocated(&self.stacks, n.stack, n.tid, n.ts_ns);
+                }
                 let e = self.site_live.entry(n.stack).or_default();
                 e.0 += 1;
                 e.1 = e.1.saturating_add(n.size);
@@ -619,6 +634,7 @@ impl Observer for Summarizer {
             self.region_closed(c);
         }
         self.classify_held(still);
+        self.judge_growth(still);
         if self.stacks.has_stacks() {
             if self.peak_dirty {
                 self.snapshot_peak();
@@ -807,6 +823,9 @@ impl Summarizer {
         for l in &mut self.leaks {
             l.alloc_stack = show(l.stack_id);
         }
+        for l in &mut self.grown {
+            l.alloc_stack = show(l.stack_id);
+        }
         let trace = self.trace;
         // Stacks that differ only in hidden frames are one site.
         let sites = |v: &[(u32, u64, u64)]| -> Vec<SiteEntry> {
@@ -835,6 +854,36 @@ impl Summarizer {
             out
         };
         (sites(&self.site_end), sites(&self.site_peak))
+    }
+
+    /// The leaks: sites whose memory grew step by step ([`crate::growth`]).
+    fn judge_growth(&mut self, still: &[Node]) {
+        for g in self.growth.judge(&self.stacks, still) {
+            self.grown_count += 1;
+            self.grown_bytes_per_step =
+                self.grown_bytes_per_step.saturating_add(g.bytes_per_step());
+            if self.grown.len() < LIST_CAP {
+                let n = &g.first;
+                self.grown.push(LeakEntry {
+                    trace: self.trace,
+                    pid: self.pid,
+                    steps: g.steps.clone(),
+                    step_count: g.step_count,
+                    steps_judged: g.judged,
+                    bytes_per_step: g.bytes_per_step(),
+                    count: g.count,
+                    bytes: g.bytes,
+                    seq: n.seq,
+                    ts_ns: n.ts_ns,
+                    tid: n.tid,
+                    device: n.device,
+                    api: n.api.name().into(),
+                    size: n.size,
+                    alloc_stack: None,
+                    stack_id: stack_id(n.stack),
+                });
+            }
+        }
     }
 
     /// Tells the device memory still live at the end apart (see [`HeldAtExit`]).
@@ -955,6 +1004,9 @@ impl Summarizer {
 
     fn region_closed(&mut self, c: Closed) {
         self.region_count += 1;
+        if c.depth == 1 {
+            self.growth.region(&c.name, c.from_ns, c.to_ns);
+        }
         let i = match self.region_index.get(&c.name) {
             Some(&i) => i,
             None if self.region_stats.len() < LIST_CAP => {

@@ -5,15 +5,15 @@
 //! Every name comes from [`crate::words`].
 
 use super::{
-    CategoryStats, DEVICE_MEMORY, DeviceFault, DeviceStats, FaultedCall, HeldAllocation,
-    HeldAtExit, InvalidFree, PoisonViolation, StaleLaunchEntry, Summary, Totals, TraceSummary,
+    CategoryStats, DEVICE_MEMORY, DeviceFault, DeviceStats, FaultedCall, HeldAtExit, InvalidFree,
+    LeakEntry, PoisonViolation, StaleLaunchEntry, Summary, Totals, TraceSummary,
 };
 use crate::finding::{self, Fault, Finding, Kind, Tally};
 use crate::track::Category;
 use crate::util::{hex, human_ns};
 use crate::words::{
-    self, DEVICE_FAULT, DOUBLE_FREE, HELD_AT_EXIT, HELD_BY_CACHE, INVALID_FREE, LEAK, STALE_LAUNCH,
-    STALE_WRITE, call_result, count, cuda_error, event, heading, plural, size,
+    self, DEVICE_FAULT, DOUBLE_FREE, HELD_AT_EXIT, HELD_BY_CACHE, HELD_BY_PROGRAM, INVALID_FREE,
+    LEAK, STALE_LAUNCH, STALE_WRITE, call_result, count, cuda_error, event, heading, plural, size,
 };
 use isolate_trace::Api;
 use std::collections::BTreeMap;
@@ -67,7 +67,11 @@ fn trace_text(o: &mut String, t: &TraceSummary) {
         );
     }
     let f = findings(t);
-    let _ = writeln!(o, "{}", findings_headline(&f.tally, None));
+    let _ = writeln!(
+        o,
+        "{}",
+        findings_headline(&f.tally, None, blind_mode(&h.mode))
+    );
     for (i, line) in f.lines.iter().enumerate() {
         let _ = writeln!(o, "  {line}");
         for d in f.details.get(i).into_iter().flatten() {
@@ -163,10 +167,11 @@ fn overview(o: &mut String, s: &Summary) {
         .iter()
         .filter(|f| f.tally.total() > f.tally.counted())
         .count();
+    let blind = s.traces.iter().find_map(|t| blind_mode(&t.header.mode));
     let _ = writeln!(
         o,
         "{}",
-        findings_headline(&all, Some((with, with_others, n)))
+        findings_headline(&all, Some((with, with_others, n)), blind)
     );
     let mut shown = 0usize;
     let mut left = 0usize;
@@ -347,8 +352,9 @@ fn or_list(w: &[&str]) -> String {
 /// (the rule of [`crate::finding`]), `findings: none …` otherwise; findings that do not count
 /// (possible leaks) are said after, as not counted.
 /// `of`: for several traces, how many processes have findings that count, how many have others,
-/// and how many there are.
-fn findings_headline(f: &Tally, of: Option<(usize, usize, usize)>) -> String {
+/// and how many there are. `blind`: the mode of a trace that could not see stale writes and
+/// launches (log, off): a headline without findings says so instead of sounding clean.
+fn findings_headline(f: &Tally, of: Option<(usize, usize, usize)>, blind: Option<&str>) -> String {
     let words = |counted: bool| -> Vec<&str> {
         Kind::ALL
             .iter()
@@ -357,6 +363,18 @@ fn findings_headline(f: &Tally, of: Option<(usize, usize, usize)>) -> String {
             .collect()
     };
     if f.total() == 0 {
+        if let Some(mode) = blind {
+            let seen: Vec<&str> = Kind::ALL
+                .iter()
+                .filter(|k| !matches!(k, Kind::StaleWrite | Kind::StaleLaunch))
+                .map(|k| k.word())
+                .collect();
+            return format!(
+                "findings: none of those {mode} mode can see (no {}); {}",
+                or_list(&seen),
+                blind_caveat(mode)
+            );
+        }
         let all: Vec<&str> = Kind::ALL.iter().map(|k| k.word()).collect();
         return format!("findings: none (no {})", or_list(&all));
     }
@@ -368,8 +386,11 @@ fn findings_headline(f: &Tally, of: Option<(usize, usize, usize)>) -> String {
         others.push_str(&within(with, n));
     }
     if f.counted() == 0 {
+        let caveat = blind
+            .map(|m| format!("; {}", blind_caveat(m)))
+            .unwrap_or_default();
         return format!(
-            "findings: none counted as errors (no {}); {others}",
+            "findings: none counted as errors (no {}); {others}{caveat}",
             or_list(&words(true))
         );
     }
@@ -383,6 +404,21 @@ fn findings_headline(f: &Tally, of: Option<(usize, usize, usize)>) -> String {
     s
 }
 
+/// The mode when it is one that cannot see stale writes or stale launches (`log`, `off`).
+fn blind_mode(mode: &str) -> Option<&str> {
+    matches!(mode, "log" | "off").then_some(mode)
+}
+
+/// What a mode without poison or quarantine cannot see.
+fn blind_caveat(mode: &str) -> String {
+    format!(
+        "{mode} mode cannot see {} or {} (no poison, no quarantine: a write through a freed \
+         pointer goes unnoticed); run in isolate mode (ISOLATE_MODE=isolate) to check for them",
+        words::plural_of(STALE_WRITE),
+        words::plural_of(STALE_LAUNCH)
+    )
+}
+
 /// Where the text lists findings of kind `k`: the list's place among the lists, its name for
 /// its `… and N more` line, and how many it has in all (invalid and double frees share a list,
 /// in the order they happened).
@@ -392,7 +428,7 @@ fn list_of(k: Kind, x: &Totals) -> (u8, &'static str, u64) {
         Kind::StaleLaunch => (1, STALE_LAUNCH, x.stale_launch_count),
         Kind::DeviceFault => (2, DEVICE_FAULT, x.device_fault_count),
         Kind::InvalidFree | Kind::DoubleFree => (3, "invalid or double free", x.invalid_free_count),
-        Kind::PossibleLeak => (4, LEAK, x.held_at_exit.possible_leak.count),
+        Kind::Leak => (4, LEAK, x.leak_count),
     }
 }
 
@@ -447,7 +483,7 @@ fn finding_lines(f: &Finding) -> (String, Vec<String>) {
             d.extend(stack_lines("allocated at", i.alloc_stack.as_ref()));
             (invalid_free_line(i), d)
         }
-        Finding::PossibleLeak(l) => (
+        Finding::Leak(l) => (
             leak_line(l),
             stack_lines("allocated at", l.alloc_stack.as_ref()),
         ),
@@ -502,6 +538,7 @@ fn stack_problems(t: &Totals) -> Vec<String> {
             .iter()
             .filter_map(|l| l.alloc_stack.as_ref()),
     );
+    all.extend(t.leaks.iter().filter_map(|l| l.alloc_stack.as_ref()));
     all.extend(
         t.sites_at_end
             .iter()
@@ -671,20 +708,46 @@ fn invalid_free_line(f: &InvalidFree) -> String {
     }
 }
 
-fn leak_line(l: &HeldAllocation) -> String {
-    let what = if l.category == "handle" {
-        format!("handle {}", hex(l.handle))
-    } else {
-        hex(l.ptr)
-    };
+fn leak_line(l: &LeakEntry) -> String {
     format!(
-        "{}: {} allocated by {} ({}, tid {}) at {what}, still held at exit: not a caching \
-         allocator's",
+        "{}: {} a step kept by {}, in each of {} of {} ({} in all, still held at exit; \
+         the first by {}, {})",
         heading(LEAK),
-        size(l.size),
+        size(l.bytes_per_step),
+        crate::finding::place(l.alloc_stack.as_ref()).unwrap_or_else(|| format!(
+            "{} of {}",
+            l.api,
+            plural(l.size, "byte")
+        )),
+        plural(l.steps_judged, "step"),
+        l.steps,
+        size(l.bytes),
         l.api,
-        event(l.seq),
-        l.tid
+        event(l.seq)
+    )
+}
+
+/// `allocated at train.py:39 in main, model.py:12 in build` (the sites of the first
+/// allocations held by the program), or nothing without stacks.
+fn held_sites(t: Option<&TraceSummary>) -> String {
+    let Some(t) = t else { return String::new() };
+    let mut sites: Vec<String> = Vec::new();
+    for l in &t.totals.possible_leaks {
+        if let Some(p) = crate::finding::place(l.alloc_stack.as_ref())
+            && !sites.contains(&p)
+        {
+            sites.push(p);
+        }
+    }
+    if sites.is_empty() {
+        return String::new();
+    }
+    let more = sites.len() > 3;
+    sites.truncate(3);
+    format!(
+        ", allocated at {}{}",
+        sites.join(", "),
+        if more { ", …" } else { "" }
     )
 }
 
@@ -695,13 +758,11 @@ fn held_text(o: &mut String, h: &HeldAtExit, t: Option<&TraceSummary>) {
     } else {
         let verdict = if h.possible_leak.count > 0 {
             format!(
-                "; {} of it not explained ({LEAK})",
+                "; {} of it held by the program",
                 size(h.possible_leak.bytes)
             )
-        } else if h.process_died.count > 0 {
-            String::new()
         } else {
-            ": none of it looks like a leak".into()
+            String::new()
         };
         let _ = writeln!(
             o,
@@ -762,9 +823,9 @@ fn held_text(o: &mut String, h: &HeldAtExit, t: Option<&TraceSummary>) {
         if h.possible_leak.count > 0 {
             let _ = writeln!(
                 o,
-                "  {}: {LEAK}: nothing explains {} (listed under findings)",
+                "  {}: {HELD_BY_PROGRAM}{}",
                 share(&h.possible_leak),
-                them(h.possible_leak.count)
+                held_sites(t)
             );
         }
     }
@@ -777,10 +838,6 @@ fn held_text(o: &mut String, h: &HeldAtExit, t: Option<&TraceSummary>) {
             plural(h.address_space.count, "range")
         );
     }
-}
-
-fn them(n: u64) -> &'static str {
-    if n == 1 { "it" } else { "them" }
 }
 
 fn died_how(t: &TraceSummary) -> String {

@@ -312,7 +312,8 @@ pub struct HeldAtExit {
     pub framework_workspaces: CountBytes,
     /// The rest, when the process did not exit (killed by a signal, no End record): not judged.
     pub process_died: CountBytes,
-    /// The rest, when the process exited: memory nothing explains, listed in `possible_leaks`.
+    /// The rest, when the process exited: memory nothing explains, held by the program (its
+    /// model, its optimizer state, …), listed in `possible_leaks`. Information, not a finding.
     pub possible_leak: CountBytes,
     /// Address space still reserved (`cuMemAddressReserve` ranges): not memory.
     pub address_space: CountBytes,
@@ -332,7 +333,9 @@ impl HeldAtExit {
     }
 }
 
-/// One allocation still held at exit that nothing explains (a possible leak).
+/// One allocation still held at exit that nothing explains (a cache, a library): information,
+/// not a finding (a program's model and optimizer state live until exit). The JSON keeps the
+/// name `possible_leaks`; leaks are growth ([`LeakEntry`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct HeldAllocation {
     pub trace: usize,
@@ -352,6 +355,37 @@ pub struct HeldAllocation {
     pub handle: u64,
     pub size: u64,
     /// Trace format 2: the stack of the call that made it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alloc_stack: Option<ShownStack>,
+    #[serde(skip)]
+    pub(crate) stack_id: Option<u32>,
+}
+
+/// A leak: an allocation site that kept device memory live at exit from every judged step
+/// (see [`crate::growth`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LeakEntry {
+    pub trace: usize,
+    /// The process (the trace header's pid).
+    pub pid: u32,
+    /// What the steps are: `region "step"`, `iterations of the loop at train.py:12 in <module>`.
+    pub steps: String,
+    /// Steps in all, and those judged (warm-up and the last steps left out).
+    pub step_count: u64,
+    pub steps_judged: u64,
+    /// Bytes the site kept a judged step, on average.
+    pub bytes_per_step: u64,
+    /// Its allocations made in judged steps and live at exit, and their bytes.
+    pub count: u64,
+    pub bytes: u64,
+    /// The first of them: its event, time, thread, call and size.
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub tid: u32,
+    pub device: i32,
+    pub api: String,
+    pub size: u64,
+    /// Trace format 2: the site's stack (absent without stacks).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alloc_stack: Option<ShownStack>,
     #[serde(skip)]
@@ -437,10 +471,16 @@ pub struct Totals {
     /// lost (`allocations = frees + lost device memory + live_at_end.count`).
     pub live_at_end: CountBytes,
     /// `live_at_end` told apart: what a caching allocator or a library holds (normal), what a
-    /// process that died held, and possible leaks; and address space still reserved.
+    /// process that died held, and what nothing explains (held by the program: information);
+    /// and address space still reserved.
     pub held_at_exit: HeldAtExit,
     /// The first [`LIST_CAP`](super::LIST_CAP) allocations of `held_at_exit.possible_leak`.
     pub possible_leaks: Vec<HeldAllocation>,
+    /// Leaks (memory growing step by step, [`crate::growth`]): sites in all, the bytes they
+    /// grow by a step together, and the first [`LIST_CAP`](super::LIST_CAP), largest first.
+    pub leak_count: u64,
+    pub leak_bytes_per_step: u64,
+    pub leaks: Vec<LeakEntry>,
     /// Trace format 2: device memory held at exit by allocation site, largest first (at most
     /// [`SITES_SHOWN`](super::SITES_SHOWN); several traces: sites of the same name added up).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -454,7 +494,7 @@ pub struct Totals {
     pub no_stacks: Option<String>,
     /// Findings, all kinds together: stale writes, stale launches, invalid frees (double frees
     /// included), device faults (a trace whose calls returned a fault code without a
-    /// device-fault note counts one) and possible leaks (allocations).
+    /// device-fault note counts one) and leaks (sites whose memory grows step by step).
     pub findings: u64,
     pub invalid_free_count: u64,
     /// Of those, frees of something already freed (double frees).

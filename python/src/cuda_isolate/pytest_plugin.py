@@ -6,7 +6,12 @@ libisolate.so is loaded (``pytest --isolate``, ``isolate run -- pytest``, or ``L
 - ``@pytest.mark.isolate_no_findings``: fail if a stale write, a stale launch or an invalid free
   (double frees included) was found while the test ran (the quarantine is checked at the end of
   the test, ``isolate_check_now``, so a stale write the test made is found then); the failure
-  names them as the analyzer does (``1 stale write``);
+  names them as the analyzer does (``1 stale write``), the trace's path and, when the analyzer
+  ``isolate`` is found (``CUDA_ISOLATE_ANALYZER``, else on ``PATH``), where in the code their
+  calls were (``allocated at test_x.py:12 in test_x``). Log mode cannot see stale writes or
+  stale launches (no poison, no quarantine): a marked test run in log mode **fails**, saying
+  so, instead of passing unchecked; ``pytest --isolate`` runs in isolate mode unless
+  ``--isolate-mode`` or ``ISOLATE_MODE`` says otherwise;
 - ``@pytest.mark.isolate_limit_peak("2 GiB")``: fail if device memory held at once during the
   test went above the limit;
 - ``@pytest.mark.isolate_limit_leak("100 MiB")``: fail if the test left more than that much more
@@ -16,8 +21,13 @@ Without the library the tests run as usual and the markers are not checked; the 
 says so.
 """
 
+import json
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -39,7 +49,8 @@ def pytest_addoption(parser):
         "--isolate-mode",
         default=None,
         choices=["log", "isolate"],
-        help="with --isolate: ISOLATE_MODE for the run (default: as the environment says, else log)",
+        help="with --isolate: ISOLATE_MODE for the run (default: as the environment says, else "
+        "isolate, so that isolate_no_findings can see stale writes)",
     )
 
 
@@ -80,9 +91,7 @@ def _reexec(config):
     env["LD_PRELOAD"] = lib + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
     # NVTX ranges become regions too (as under `isolate run`), unless another tool is named.
     env.setdefault("NVTX_INJECTION64_PATH", lib)
-    mode = config.getoption("isolate_mode")
-    if mode:
-        env["ISOLATE_MODE"] = mode
+    env["ISOLATE_MODE"] = config.getoption("isolate_mode") or env.get("ISOLATE_MODE") or "isolate"
     capman = config.pluginmanager.getplugin("capturemanager")
     if capman is not None:
         capman.stop_global_capturing()
@@ -108,13 +117,90 @@ def pytest_report_header(config):
 # (analyzer/src/words.rs, analyzer/src/finding.rs). All of them count, as they do for
 # `isolate summary --error-exitcode` (invalid frees include double frees here: the library's
 # counter does not tell them apart). Device faults are findings too but not among the counters:
-# the trace has them (`isolate summary`). Possible leaks do not count, as for the analyzer;
+# the trace has them (`isolate summary`). Leaks (growth) do not count, as for the analyzer;
 # `isolate_limit_leak` limits memory a test leaves held.
 _KINDS = (
     ("stale_writes", "stale write", "stale writes"),
     ("stale_launches", "stale launch", "stale launches"),
     ("invalid_frees", "invalid free", "invalid frees"),
 )
+
+
+# Modes that cannot see stale writes or stale launches (no poison, no quarantine).
+_BLIND = ("log", "off")
+
+
+def _mode():
+    """The library's mode, as the environment it started with says (its default: log)."""
+    return (os.environ.get("ISOLATE_MODE") or "log").strip().lower()
+
+
+def _trace_path(config):
+    """This process's trace, as the library names it from ``ISOLATE_TRACE`` (``%p`` the pid,
+    ``%r`` the rank, ``%h`` the host, ``%%`` a ``%``; default ``isolate-%p.trace``)."""
+    pat = os.environ.get("ISOLATE_TRACE") or "isolate-%p.trace"
+    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
+    out, i = [], 0
+    while i < len(pat):
+        c = pat[i]
+        if c == "%" and i + 1 < len(pat):
+            n = pat[i + 1]
+            rep = {"p": str(os.getpid()), "r": rank, "h": socket.gethostname(), "%": "%"}.get(n)
+            if rep is not None:
+                out.append(rep)
+                i += 2
+                continue
+        out.append(c)
+        i += 1
+    return os.path.join(str(config.invocation_params.dir), "".join(out))
+
+
+def _analyzer():
+    return os.environ.get("CUDA_ISOLATE_ANALYZER") or shutil.which("isolate")
+
+
+# (counter, the summary JSON's list of them, its stacks as (what, key)).
+_PLACES = (
+    ("stale_writes", "poison_violations", (("allocated", "alloc_stack"), ("freed", "free_stack"))),
+    (
+        "stale_launches",
+        "stale_launches",
+        (("launched", "launch_stack"), ("allocated", "alloc_stack"), ("freed", "free_stack")),
+    ),
+    ("invalid_frees", "invalid_frees", (("freed", "stack"), ("first freed", "first_free_stack"), ("allocated", "alloc_stack"))),
+)
+
+
+def _code(trace, before, after):
+    """Where in the code the findings made between two readings were (``allocated at
+    t.py:3 in f``), each once, read with ``isolate summary --json`` from the trace as written so
+    far (the analyzer names each stack's ``place``); an empty list when the analyzer is not found
+    or the trace does not have them yet."""
+    tool = _analyzer()
+    if not tool or not os.path.isfile(trace):
+        return []
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            out = subprocess.run(
+                [tool, "summary", "--json", trace], capture_output=True, timeout=60, check=False
+            )
+            s = json.loads(out.stdout.decode("utf-8", "replace"))
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return []
+        # The records may still be on their way to the file: wait a little for them.
+        have = all(len(s.get(lst, [])) >= min(after[k], 1000) for k, lst, _ in _PLACES)
+        if have or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    places = []
+    for k, lst, stacks in _PLACES:
+        for f in s.get(lst, [])[before[k] : after[k]]:
+            for what, key in stacks:
+                p = (f.get(key) or {}).get("place")
+                if p and "%s at %s" % (what, p) not in places:
+                    places.append("%s at %s" % (what, p))
+    return places
 
 
 def _findings(c):
@@ -156,6 +242,14 @@ def pytest_runtest_call(item):
     no_findings = item.get_closest_marker("isolate_no_findings") is not None
     with api.region(item.nodeid):
         result = yield
+    if no_findings and _mode() in _BLIND:
+        pytest.fail(
+            "isolate_no_findings: libisolate.so runs in %s mode, which cannot see stale writes or "
+            "stale launches (no poison, no quarantine): this test was NOT checked. Run it in "
+            "isolate mode: `pytest --isolate` (isolate mode unless --isolate-mode says "
+            "otherwise) or ISOLATE_MODE=isolate" % _mode(),
+            pytrace=False,
+        )
     checked = None
     if no_findings:
         # The quarantine checked now, so that a stale write made during this test fails this
@@ -168,9 +262,18 @@ def pytest_runtest_call(item):
     if checked is not None and checked > after["stale_writes"]:
         after["stale_writes"] = checked
     if no_findings and _findings(after) > _findings(before):
+        trace = _trace_path(item.config)
+        code = _code(trace, before, after)
         problems.append(
             "isolate_no_findings: new findings during the test: %s (see the trace: isolate "
-            "summary)" % _describe(before, after)
+            "summary %s)%s"
+            % (
+                _describe(before, after),
+                trace,
+                "".join("\n  " + p for p in code)
+                if code
+                else "\n  (where in the code: `isolate summary %s`)" % trace,
+            )
         )
     if peak_limit is not None:
         peak = after.get("window_peak_device_bytes", after["peak_device_bytes"])
