@@ -91,7 +91,7 @@ int main(void) {
 
     cudaStream_t s = NULL;
     say("cudaStreamCreate %d", cudaStreamCreate(&s));
-    CUdeviceptr freed = U64(A) + 64, live = U64(B);
+    CUdeviceptr freed = U64(A), live = U64(B);
     unsigned long long n = 0x123456789abcull;
     void *params[] = {&freed, &live, &n};
 

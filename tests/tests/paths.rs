@@ -288,32 +288,32 @@ fn launches_in_isolate_mode_report_the_freed_pointer_once_per_kernel() {
         let s = &s[0];
         assert!(apis.contains(&s.api), "{kernel}: {s:?}");
         assert_eq!((s.param_index, s.param_offset), (0, 0), "{s:?}");
-        assert_eq!(s.ptr, a.ptr + 64);
+        assert_eq!(s.ptr, a.ptr);
         assert_eq!((s.alloc_ptr, s.alloc_size), (a.ptr, a.size));
     }
-    let s1 = by_kernel("ks_p1");
-    assert_eq!(s1.len(), 1, "{stale:#?}");
-    assert_eq!(
-        (s1[0].param_index, s1[0].param_offset, s1[0].ptr),
-        (1, 16, a.ptr)
-    );
+    // ks_p1's struct holds exactly A: inside a by-value struct even an allocation's start is
+    // only a suspect (PyTorch's kernels leave earlier launches' freed buffers in slots they do
+    // not read: docs/isolation.md, "The launch check's evidence").
+    assert!(by_kernel("ks_p1").is_empty(), "{stale:#?}");
     // ks_p2's struct holds A + 4096: inside a by-value struct, a word that is not exactly an
     // allocation's start may as well be two 32-bit integers (cuBLAS's CUTLASS pairs read as
     // such addresses on an H200): a stale value, recorded, not a stale launch.
     assert!(by_kernel("ks_p2").is_empty(), "{stale:#?}");
-    let values: Vec<_> = t
-        .stale_values()
-        .into_iter()
-        .filter(|v| v.kernel == "ks_p2")
-        .collect();
-    assert_eq!(values.len(), 1, "{values:#?}");
-    assert_eq!(
-        (values[0].param_index, values[0].param_offset, values[0].ptr),
-        (1, 32, a.ptr + 4096)
-    );
+    for (kernel, offset, ptr) in [("ks_p1", 16, a.ptr), ("ks_p2", 32, a.ptr + 4096)] {
+        let values: Vec<_> = t
+            .stale_values()
+            .into_iter()
+            .filter(|v| v.kernel == kernel)
+            .collect();
+        assert_eq!(values.len(), 1, "{values:#?}");
+        assert_eq!(
+            (values[0].param_index, values[0].param_offset, values[0].ptr),
+            (1, offset, ptr)
+        );
+    }
     assert_eq!(
         stale.len(),
-        6,
+        5,
         "the live pointer and the integer are no reports"
     );
     // Every launch comes after the free of A, so every one is checked. A kernel's layout is
@@ -324,7 +324,7 @@ fn launches_in_isolate_mode_report_the_freed_pointer_once_per_kernel() {
     assert_eq!(calls, 5 * (3 + 1) + 2 * (2 + 1), "{calls} layout queries");
     assert_eq!(
         out.stderr.matches("STALE LAUNCH").count(),
-        6,
+        5,
         "{}",
         out.stderr
     );
@@ -345,7 +345,7 @@ fn launch_check_survives_a_reused_kernel_handle() {
         .run();
     out.assert_success();
     out.assert_same_as(&plain);
-    has_line(&out, "reuse_one runs 3 saw B+8 1 saw A+128 1");
+    has_line(&out, "reuse_one runs 3 saw B 1 saw A 1");
     let t = out.only_trace();
     t.assert_complete(EndReason::Exit);
     out.assert_trace_matches(t, None);
@@ -374,9 +374,9 @@ fn launch_check_survives_a_reused_kernel_handle() {
     assert_eq!(
         got,
         [
-            ("reuse_four", 2, 16, a.ptr + 64, a.ptr),
-            ("reuse_one", 0, 0, b.ptr + 8, b.ptr),
-            ("reuse_one", 0, 0, a.ptr + 128, a.ptr),
+            ("reuse_four", 2, 16, a.ptr, a.ptr),
+            ("reuse_one", 0, 0, b.ptr, b.ptr),
+            ("reuse_one", 0, 0, a.ptr, a.ptr),
         ],
         "{stale:#?}"
     );

@@ -101,11 +101,15 @@ static STDERR_STATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::
 static STDERR_DEV: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static STDERR_INO: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-fn fd_identity(fd: i32) -> Option<(u64, u64)> {
+fn fd_stat(fd: i32) -> Option<libc::stat> {
     // SAFETY: `stat` is plain integers, for which all-zero bytes are a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat writes one `stat` through a pointer to a live local; a closed `fd` is EBADF.
-    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st)
+}
+
+fn fd_identity(fd: i32) -> Option<(u64, u64)> {
+    fd_stat(fd).map(|st| (st.st_dev, st.st_ino))
 }
 
 /// Runs as the library loads (before `main`; again in an exec'd image): notes what stderr is.
@@ -123,13 +127,19 @@ unsafe fn remember_stderr() {
     }
 }
 
-/// Whether descriptor 2 is the file it was at load (true before that was looked at).
+/// Whether descriptor 2 is the file it was at load (true before that was looked at), or a
+/// capture's anonymous file put there since (a regular file with no name: what pytest's
+/// `capfd` and fd-level capture `dup2` onto descriptor 2). A file the program opened itself into
+/// a closed descriptor 2 has a name, and never gets our lines.
 fn stderr_is_the_first() -> bool {
     use std::sync::atomic::Ordering::*;
     match STDERR_STATE.load(Acquire) {
         0 => true,
         1 => false,
-        _ => fd_identity(2) == Some((STDERR_DEV.load(Relaxed), STDERR_INO.load(Relaxed))),
+        _ => fd_stat(2).is_some_and(|st| {
+            (st.st_dev, st.st_ino) == (STDERR_DEV.load(Relaxed), STDERR_INO.load(Relaxed))
+                || (st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_nlink == 0)
+        }),
     }
 }
 
