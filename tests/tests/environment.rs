@@ -159,6 +159,46 @@ fn setenv_while_the_trace_starts() {
     );
 }
 
+/// Issue 33.4, deterministically: with a second preload watching `getenv`, no call reads one
+/// of the library's variables (the trace header's `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, or an
+/// `ISOLATE_*`) on a thread other than the main one while the program's thread calls `setenv`:
+/// the library read them all in its constructor. The race itself crashed 1 in 2,000 runs, too
+/// rarely for a CI test to see; the writer thread's `getenv("WORLD_SIZE")` of the library as it
+/// was shows here in every run.
+#[test]
+fn the_library_reads_no_variable_off_the_main_thread() {
+    let watch = isolate_tests::standin_bin().join("libgetenvwatch.so");
+    let plain = Run::program("setenv_race")
+        .preload(false)
+        .also_preload(&watch)
+        .run();
+    assert_eq!(plain.code(), Some(0), "{}", plain.stderr);
+    for mode in ["log", "isolate"] {
+        let out = Run::program("setenv_race")
+            .env("ISOLATE_MODE", mode)
+            .also_preload(&watch)
+            .run();
+        assert_eq!(out.code(), Some(0), "{mode}: {}", out.stderr);
+        assert_eq!(out.stdout, plain.stdout, "{mode}");
+        assert_eq!(out.traces.len(), 1, "{mode}: {}", out.stderr);
+        let line = out
+            .stderr
+            .lines()
+            .find(|l| l.starts_with("getenv off the main thread:"))
+            .unwrap_or_else(|| panic!("{mode}: the watch did not report: {}", out.stderr));
+        let names = line
+            .split_once('[')
+            .map_or("", |(_, r)| r.trim_end_matches(']'));
+        for name in names.split_whitespace() {
+            assert!(
+                !(name.starts_with("ISOLATE_")
+                    || ["RANK", "LOCAL_RANK", "WORLD_SIZE"].contains(&name)),
+                "{mode}: the library's variable {name} read off the main thread: {line}"
+            );
+        }
+    }
+}
+
 /// Issue 29.2: the analyzer's variables (`ISOLATE_SYSROOT`, which the user guide gives to the
 /// analyzer) and the test tools' are not the library's: a program runs as without the library
 /// (it stopped with exit 2, "ISOLATE_SYSROOT is not a setting").
