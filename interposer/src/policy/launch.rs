@@ -203,22 +203,6 @@ fn still_fits(f: CUfunction, l: &Layout) -> bool {
     }
 }
 
-/// Where a word of a launch's parameters sits, which decides what a freed pointer in it is.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Place {
-    /// A parameter of exactly 8 bytes at an 8-aligned offset, the whole of it: a pointer
-    /// parameter, or an 8-byte struct of integers. Exactly the freed allocation's start is
-    /// evidence (a stale launch); anywhere else inside it, a suspect.
-    Whole,
-    /// An 8-byte word inside a wider parameter passed by value (a struct): a pointer, a stale
-    /// pointer left in a slot the kernel does not read, or two 32-bit integers side by side.
-    /// Never evidence: a suspect.
-    Inside,
-    /// No layout: a word of a packed buffer whose parameters no query gave. Never evidence: a
-    /// suspect.
-    Unknown,
-}
-
 const CU_LAUNCH_PARAM_END: usize = 0;
 const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
 const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
@@ -268,16 +252,22 @@ const BATCH: usize = 64;
 struct Words {
     n: usize,
     words: [u64; BATCH],
-    at: [(u32, u32, Place); BATCH],
+    /// Each word's parameter, its offset, and whether it is the whole of a parameter of exactly
+    /// 8 bytes at an 8-aligned offset (a pointer parameter, or an 8-byte struct of integers):
+    /// only there is exactly the freed allocation's start evidence (a stale launch). A word
+    /// inside a wider parameter passed by value (a struct: a pointer, a stale pointer in a slot
+    /// the kernel does not read, or two 32-bit integers side by side) or in a packed buffer
+    /// whose layout no query gave is never evidence: a suspect.
+    at: [(u32, u32, bool); BATCH],
 }
 
 impl Words {
-    fn push(&mut self, word: u64, index: u32, offset: u32, place: Place, out: &mut Found) {
+    fn push(&mut self, word: u64, index: u32, offset: u32, whole: bool, out: &mut Found) {
         if word < isolate::LOW.load(Relaxed) || word >= isolate::HIGH.load(Relaxed) {
             return; // below or above everything ever freed: the common case, no lock
         }
         self.words[self.n] = word;
-        self.at[self.n] = (index, offset, place);
+        self.at[self.n] = (index, offset, whole);
         self.n += 1;
         if self.n == BATCH {
             self.flush(out);
@@ -302,7 +292,7 @@ struct Found {
 }
 
 impl Found {
-    fn found(&mut self, (index, offset, place): (u32, u32, Place), ptr: u64, e: isolate::Entry) {
+    fn found(&mut self, (index, offset, whole): (u32, u32, bool), ptr: u64, e: isolate::Entry) {
         HITS.fetch_add(1, Relaxed);
         let mut h = Hit {
             api: self.api,
@@ -329,7 +319,7 @@ impl Found {
         // 2 a BERT run). Those are stale *values*, suspects: listed, never a finding.
         // Alignment is not evidence either: 0x3_8000_0000 is both a well-aligned address and
         // the pair (0x8000_0000, 3).
-        let wide = ptr != e.ptr || place != Place::Whole;
+        let wide = ptr != e.ptr || !whole;
         let first = WARNED.lock().get_or_insert_with(HashSet::new).insert((
             h.kernel(),
             e.alloc_seq ^ e.ptr,
@@ -399,7 +389,7 @@ pub unsafe fn check(
     let mut words = Words {
         n: 0,
         words: [0; BATCH],
-        at: [(0, 0, Place::Whole); BATCH],
+        at: [(0, 0, true); BATCH],
     };
     if !params.is_null() {
         let layout = layout(f)?;
@@ -425,12 +415,9 @@ pub unsafe fn check(
                 // and `at + 8 <= size`.
                 let word =
                     unsafe { std::ptr::read_unaligned(value.add(at as usize) as *const u64) };
-                let place = if size == 8 && off % 8 == 0 {
-                    Place::Whole
-                } else {
-                    Place::Inside
-                };
-                words.push(word, i as u32, off + at, place, &mut out);
+                // The whole parameter only when it is exactly 8 bytes at an 8-aligned offset.
+                let whole = size == 8 && off % 8 == 0;
+                words.push(word, i as u32, off + at, whole, &mut out);
                 at += 8;
             }
         }
@@ -475,7 +462,7 @@ pub unsafe fn check(
         let word = unsafe { std::ptr::read_unaligned(buf.add(at) as *const u64) };
         // The parameter the word lies in; a word in padding or across two parameters is no
         // value of one (skipped).
-        let (index, place) = if layout.known {
+        let (index, whole) = if layout.known {
             match layout
                 .params
                 .iter()
@@ -483,8 +470,7 @@ pub unsafe fn check(
             {
                 Some(i) => {
                     let (o, sz) = layout.params[i];
-                    let whole = o as usize == at && sz == 8;
-                    (i as u32, if whole { Place::Whole } else { Place::Inside })
+                    (i as u32, o as usize == at && sz == 8)
                 }
                 None => {
                     at += 8;
@@ -492,9 +478,9 @@ pub unsafe fn check(
                 }
             }
         } else {
-            (0, Place::Unknown)
+            (0, false) // no layout: never a whole parameter, so never evidence
         };
-        words.push(word, index, at as u32, place, &mut out);
+        words.push(word, index, at as u32, whole, &mut out);
         at += 8;
     }
     words.flush(&mut out);
