@@ -334,12 +334,15 @@ CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
     return CUDA_SUCCESS;
 }
 
-CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
-                            size_t *paramSize) {
+/* One parameter's place and size, for a handle of the given kind (0 a module's function, 1 a
+ * library's kernel; a kind-2 function has no layout): cuFuncGetParamInfo and
+ * cuKernelGetParamInfo. */
+static CUresult param_info(void *handle, int kind, size_t paramIndex, size_t *paramOffset,
+                           size_t *paramSize) {
     atomic_fetch_add(&g_param_info_calls, 1);
     NEED_INIT();
-    struct CUfunc_st *f = find_func(func);
-    if (!f || f->kind != 0)
+    struct CUfunc_st *f = find_func(handle);
+    if (!f || f->kind != kind)
         return CUDA_ERROR_INVALID_HANDLE;
     if (paramIndex >= f->nparams)
         return CUDA_ERROR_INVALID_VALUE;
@@ -348,6 +351,11 @@ CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOff
     if (paramSize)
         *paramSize = f->sizes[paramIndex];
     return CUDA_SUCCESS;
+}
+
+CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
+                            size_t *paramSize) {
+    return param_info(func, 0, paramIndex, paramOffset, paramSize);
 }
 
 CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
@@ -363,18 +371,7 @@ CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
 
 CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset,
                               size_t *paramSize) {
-    atomic_fetch_add(&g_param_info_calls, 1);
-    NEED_INIT();
-    struct CUfunc_st *f = find_func(kernel);
-    if (!f || f->kind != 1)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (paramIndex >= f->nparams)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (paramOffset)
-        *paramOffset = f->offsets[paramIndex];
-    if (paramSize)
-        *paramSize = f->sizes[paramIndex];
-    return CUDA_SUCCESS;
+    return param_info(kernel, 1, paramIndex, paramOffset, paramSize);
 }
 
 CUresult cuKernelGetName(const char **name, CUkernel hfunc) {
