@@ -72,6 +72,33 @@ impl Grown {
     }
 }
 
+/// The steps of one run, as [`Growth`] recognises them: what the leak finding judges, and what
+/// the report draws as regions when the program named none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Steps {
+    /// `region "step"`, `iterations of the loop at train.py:12 in <module>`.
+    pub what: String,
+    /// True when they are a loop's iterations, recognised from the call stacks (no region name
+    /// closed at least [`MIN_STEPS`] times).
+    pub from_stacks: bool,
+    /// `(from, to)` of each step, trace clock, in time order. A loop's first iteration starts
+    /// at the first allocation on the line that begins its iterations, its last one ends at
+    /// the last allocation seen inside the loop.
+    pub spans: Vec<(u64, u64)>,
+}
+
+/// A loop seen in the call stacks.
+struct Loop {
+    /// (depth, code, line) of the line that begins an iteration.
+    head: (usize, u32, u32),
+    /// When its iterations after the first began.
+    starts: Vec<u64>,
+    /// The last line an iteration went back from (the loop's lines are `head.2..=tail`).
+    tail: u32,
+    /// The last allocation seen inside it.
+    last_ns: u64,
+}
+
 /// Follows the steps of one trace.
 #[derive(Default)]
 pub struct Growth {
@@ -81,8 +108,11 @@ pub struct Growth {
     py: FxHashMap<u32, Box<[(u32, u32)]>>,
     /// Thread → the stack of its last allocation that had Python frames.
     prev: FxHashMap<u32, u32>,
-    /// (depth, code, line) of a loop head → when its iterations after the first began.
-    loops: Vec<((usize, u32, u32), Vec<u64>)>,
+    /// The loops, at most [`LOOPS_CAP`].
+    loops: Vec<Loop>,
+    /// (depth, code, line) of a Python frame → the first allocation made through it: where a
+    /// loop's first iteration began.
+    first_at: FxHashMap<(usize, u32, u32), u64>,
 }
 
 impl Growth {
@@ -126,6 +156,12 @@ impl Growth {
                         .collect()
                 })
                 .unwrap_or_default();
+            // A frame seen for the first time is in a stack seen for the first time.
+            for (d, &(code, line)) in frames.iter().enumerate() {
+                if self.first_at.len() < PY_CAP {
+                    self.first_at.entry((d, code, line)).or_insert(ts);
+                }
+            }
             self.py.insert(stack, frames);
         }
         let Some(b) = self.py.get(&stack).filter(|b| !b.is_empty()) else {
@@ -143,20 +179,39 @@ impl Growth {
             && a[d].0 == b[d].0
             && b[d].1 < a[d].1
         {
-            let key = (d, b[d].0, b[d].1);
-            match self.loops.iter().position(|l| l.0 == key) {
-                Some(i) if self.loops[i].1.len() < STEPS_CAP => self.loops[i].1.push(ts),
-                Some(_) => {}
-                None if self.loops.len() < LOOPS_CAP => self.loops.push((key, vec![ts])),
+            let head = (d, b[d].0, b[d].1);
+            match self.loops.iter().position(|l| l.head == head) {
+                Some(i) => {
+                    let l = &mut self.loops[i];
+                    if l.starts.len() < STEPS_CAP {
+                        l.starts.push(ts);
+                    }
+                    l.tail = l.tail.max(a[d].1);
+                }
+                None if self.loops.len() < LOOPS_CAP => self.loops.push(Loop {
+                    head,
+                    starts: vec![ts],
+                    tail: a[d].1,
+                    last_ns: ts,
+                }),
                 None => {}
+            }
+        }
+        for l in &mut self.loops {
+            let (d, code, line) = l.head;
+            if b.get(d)
+                .is_some_and(|f| f.0 == code && (line..=l.tail).contains(&f.1))
+            {
+                l.last_ns = l.last_ns.max(ts);
             }
         }
         self.prev.insert(tid, stack);
     }
 
     /// The steps: from regions when a name closed at least [`MIN_STEPS`] times, else from
-    /// the outermost loop; `None` when there are not enough.
-    fn steps(&self, table: &StackTable) -> Option<(String, Vec<(u64, u64)>)> {
+    /// the outermost loop; `None` when there are not enough. **The one recogniser** of steps:
+    /// the leak finding judges these, the report draws them.
+    pub fn steps(&self, table: &StackTable) -> Option<Steps> {
         if let Some((name, v)) = self
             .regions
             .iter()
@@ -165,32 +220,54 @@ impl Growth {
         {
             let mut v = v.clone();
             v.sort_unstable();
-            return Some((format!("region \"{name}\""), v));
+            return Some(Steps {
+                what: format!("region \"{name}\""),
+                from_stacks: false,
+                spans: v,
+            });
         }
         // Iterations after the first begin at the back edges: MIN_STEPS - 1 of them at least.
-        let ((_, code, line), starts) = self
+        let l = self
             .loops
             .iter()
-            .filter(|l| l.1.len() + 1 >= MIN_STEPS)
-            .min_by(|a, b| a.0.0.cmp(&b.0.0).then(b.1.len().cmp(&a.1.len())))?;
-        let mut v = Vec::with_capacity(starts.len() + 1);
-        let mut from = 0;
-        for &s in starts {
-            v.push((from, s.saturating_sub(1)));
+            .filter(|l| l.starts.len() + 1 >= MIN_STEPS)
+            .min_by(|a, b| {
+                a.head
+                    .0
+                    .cmp(&b.head.0)
+                    .then(b.starts.len().cmp(&a.starts.len()))
+            })?;
+        let (_, code, line) = l.head;
+        let mut v = Vec::with_capacity(l.starts.len() + 1);
+        let mut from = self
+            .first_at
+            .get(&l.head)
+            .copied()
+            .unwrap_or(0)
+            .min(l.starts[0]);
+        for &s in &l.starts {
+            v.push((from, s.saturating_sub(1).max(from)));
             from = s;
         }
-        v.push((from, u64::MAX));
-        let at = match table.code(*code) {
+        v.push((from, l.last_ns.max(from)));
+        let at = match table.code(code) {
             Some(c) => format!("{}:{line} in {}", c.file, c.name),
             None => format!("line {line}"),
         };
-        Some((format!("iterations of the loop at {at}"), v))
+        Some(Steps {
+            what: format!("iterations of the loop at {at}"),
+            from_stacks: true,
+            spans: v,
+        })
     }
 
     /// The sites that leak, by the rule of the module docs: `still` is the device memory live
     /// at exit. Largest first.
     pub fn judge(&self, table: &StackTable, still: &[Node]) -> Vec<Grown> {
-        let Some((what, steps)) = self.steps(table) else {
+        let Some(Steps {
+            what, spans: steps, ..
+        }) = self.steps(table)
+        else {
             return Vec::new();
         };
         let n = steps.len();

@@ -191,6 +191,11 @@ impl Collect {
         out
     }
 
+    /// The stacks it read.
+    pub(crate) fn table(&self) -> &StackTable {
+        &self.table
+    }
+
     pub(crate) fn has_stacks(&self) -> bool {
         self.table.has_stacks()
     }

@@ -44,6 +44,10 @@ pub struct Entry {
     /// `device_fault`, `possible_leak`), or `true_alias`.
     pub kind: &'static str,
     pub title: String,
+    /// Where in the code its calls were, first thing under the title: `allocated at
+    /// train.py:39 in main`, `freed at …`, `launched at …` ([`Finding::places`], the
+    /// [`finding::place`] rule); empty without stacks.
+    pub places: Vec<String>,
     pub text: String,
     /// Where the timeline shows it (from the trace's first event).
     pub t_ns: Option<u64>,
@@ -104,15 +108,6 @@ struct Victim<'a> {
     launches: Vec<&'a StaleLaunchEntry>,
     /// Where in the code its calls were ([`Finding::places`]), each once.
     places: Vec<String>,
-}
-
-/// ` Code: allocated at train.py:39 in main; freed at …` (nothing without stacks).
-fn code_text(places: &[String]) -> String {
-    if places.is_empty() {
-        String::new()
-    } else {
-        format!(" Code: {}.", places.join("; "))
-    }
 }
 
 fn add_places(to: &mut Vec<String>, f: &Finding) {
@@ -309,10 +304,10 @@ pub(super) fn verdict(
                 human_ns(found.saturating_sub(v.freed_ns))
             ));
         }
-        text.push_str(&code_text(&v.places));
         findings.push(Entry {
             kind,
             title,
+            places: v.places.clone(),
             text,
             t_ns: Some(rel(v.freed_ns)),
         });
@@ -337,6 +332,7 @@ pub(super) fn verdict(
         findings.push(Entry {
             kind: Kind::DeviceFault.key(),
             title: format!("{}: a kernel faulted", capital(DEVICE_FAULT)),
+            places: Vec::new(),
             text: format!(
                 "{what}: a kernel launched before it faulted ({}).",
                 words::device_fault(code_u)
@@ -386,7 +382,8 @@ pub(super) fn verdict(
         findings.push(Entry {
             kind,
             title,
-            text: text + &code_text(&places),
+            places,
+            text,
             t_ns: Some(rel(f.ts_ns)),
         });
     }
@@ -402,6 +399,7 @@ pub(super) fn verdict(
             findings.push(Entry {
                 kind: "true_alias",
                 title: "Two addresses for one memory".into(),
+                places: Vec::new(),
                 text: format!(
                     "Mappings #{} and #{} of the physical memory {} are live at once over the same \
                      {}: a write through one changes what the other reads.",
@@ -427,7 +425,7 @@ pub(super) fn verdict(
             ),
             text: format!(
                 "In each of {} of {} ({} in all) an allocation made in the step was still held \
-                 at exit: {} ({}) in all, the first by {} ({}) {}.{}",
+                 at exit: {} ({}) in all, the first by {} ({}) {}.",
                 plural(l.steps_judged, "step"),
                 l.steps,
                 plural(l.step_count, "step"),
@@ -436,8 +434,8 @@ pub(super) fn verdict(
                 l.api,
                 event(l.seq),
                 at(rel(l.ts_ns)),
-                code_text(&places)
             ),
+            places,
             t_ns: Some(rel(l.ts_ns)),
         });
     }

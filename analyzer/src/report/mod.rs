@@ -21,10 +21,12 @@
 
 mod chains;
 mod findings;
+mod sites;
 mod timeline;
 
 pub use chains::{Chain, ChainNode};
 pub use findings::{AnomalyRow, Badge, Entry, Verdict};
+pub use sites::{SITES_LISTED, SiteRow, SiteView, TREE_NODES, Tree};
 pub use timeline::{Band, FirstView, Marker, Region, Timeline};
 
 use crate::Error;
@@ -74,6 +76,19 @@ struct TracePage {
     stacks: BTreeMap<u32, Vec<String>>,
     /// Why the trace has no stacks, when it has none.
     no_stacks: Option<String>,
+    /// The steps drawn on the timeline when the program named none (no regions): a loop's
+    /// iterations, recognised from the call stacks by [`crate::growth`].
+    steps: Option<StepsShown>,
+    /// The allocation sites (traces with stacks).
+    sites: Option<SiteView>,
+}
+
+/// Steps found without regions, as the page says them.
+#[derive(Serialize)]
+struct StepsShown {
+    /// `iterations of the loop at train.py:12 in <module>`.
+    what: String,
+    count: usize,
 }
 
 /// Frames a clicked allocation's stack shows.
@@ -97,13 +112,14 @@ fn one(
             TimelineObs::new(),
             (
                 GraphBuilder::new(&mut sink, Filter::default()),
-                crate::stacks::StackTable::new(),
+                crate::sites::Collect::default(),
             ),
         ),
     );
     let info = analyze(path, progress, &mut obs)?;
-    let (summ, (tl, (builder, table))) = obs;
+    let (summ, (tl, (builder, collect))) = obs;
     builder.finish()?;
+    let steps = summ.steps();
     let mut summary = summ.into_summary(&info);
     summary.totals.invalid_frees.truncate(200);
     summary.totals.poison_violations.truncate(200);
@@ -128,7 +144,17 @@ fn one(
         .filter(|a| !matches!(a, Anomaly::NeverFreed { .. }))
         .cloned()
         .collect();
-    let (timeline, seen) = tl.into_timeline();
+    let (mut timeline, seen) = tl.into_timeline();
+    let steps = steps
+        .filter(|s| s.from_stacks && timeline.regions.is_empty())
+        .map(|s| {
+            steps_as_regions(&mut timeline, &s.spans);
+            StepsShown {
+                what: s.what,
+                count: s.spans.len(),
+            }
+        });
+    let table = collect.table();
     let mut stacks = BTreeMap::new();
     for b in &timeline.bands {
         for id in [b.stack, b.free_stack] {
@@ -140,6 +166,7 @@ fn one(
             }
         }
     }
+    let sites = sites::view(collect.named());
     let no_stacks = summary.totals.no_stacks.clone();
     let verdict = findings::verdict(&summary, &timeline, &seen, &anomalies);
     let errors = findings::error_names(&summary);
@@ -156,9 +183,36 @@ fn one(
             leak_count,
             stacks,
             no_stacks,
+            steps,
+            sites,
         },
         info,
     ))
+}
+
+/// Draws `spans` (steps, trace clock) as the timeline's regions: `step 1`, `step 2`, … with the
+/// most device memory the timeline saw live in each.
+fn steps_as_regions(tl: &mut Timeline, spans: &[(u64, u64)]) {
+    let rel = |ts: u64| ts.saturating_sub(tl.start_ns).min(tl.span_ns);
+    let mut regions = Vec::with_capacity(spans.len().min(MARKERS));
+    for (k, &(from, to)) in spans.iter().enumerate().take(MARKERS) {
+        let (a, b) = (rel(from), rel(to));
+        let w = tl.bucket_ns.max(1);
+        let lo = tl
+            .at
+            .partition_point(|&at| at.saturating_add(1).saturating_mul(w) <= a);
+        let hi = tl.at.partition_point(|&at| at.saturating_mul(w) <= b);
+        let peak = tl.device[lo..hi.max(lo)].iter().copied().max().unwrap_or(0);
+        regions.push(Region {
+            from_ns: a,
+            to_ns: b.max(a),
+            label: format!("step {}", k + 1),
+            depth: 1,
+            peak_live_bytes: peak,
+        });
+    }
+    tl.region_count = spans.len() as u64;
+    tl.regions = regions;
 }
 
 /// A rendered report.

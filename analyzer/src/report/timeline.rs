@@ -408,12 +408,15 @@ impl TimelineObs {
             })
             .collect();
         markers.sort_by_key(|m| m.t_ns);
-        let last_serious = markers
+        let serious = markers
             .iter()
             .filter(|m| !matches!(m.kind, "failure" | "oom_retry" | "mark"))
-            .map(|m| m.t_ns)
-            .max();
-        let first_view = first_view(&self.buckets, w, span_ns, last_serious);
+            .map(|m| m.t_ns);
+        let serious = serious
+            .clone()
+            .min()
+            .and_then(|lo| Some((lo, serious.max()?)));
+        let first_view = first_view(&self.buckets, w, span_ns, serious);
         let mut regions: Vec<Region> = self
             .regions
             .into_iter()
@@ -450,14 +453,29 @@ impl TimelineObs {
     }
 }
 
-/// The quiet start worth skipping, if any: the longest pause in memory activity (the time
-/// before the first allocation counts as one), when it takes at least a third of the run, at
-/// most 2% of the allocations and frees (or 16) come before it, and at least 16 and four times
-/// as many after it. `(where activity starts, changes before, the pause)`.
-fn quiet_start(buckets: &[Bucket], w: u64, span_ns: u64) -> Option<(u64, u64, u64)> {
+/// What leaving out one allocation or free costs, against leaving out the whole run: a stretch
+/// is left out of the first view when its share of the run's time is more than this many times
+/// its share of the allocations and frees (it is at least ten times sparser than the run).
+const SPARSE: f64 = 10.0;
+
+/// Where the quiet start ends, if there is one worth skipping: of the moments where activity
+/// resumes (a bucket's start), the one that leaves out the most time for the fewest
+/// allocations and frees (time share minus [`SPARSE`] × share of changes), when it leaves out
+/// at least a third of the run and 1 ms, at most 2% of the allocations and frees (or 16), with
+/// at least 16 and four times as many after it, and no finding before it (`first_serious`).
+/// Start-up need not be one pause: weights copied one by one while a data set loads are left
+/// out as well. `(where the view starts, changes before, the pause just before it)`.
+fn quiet_start(
+    buckets: &[Bucket],
+    w: u64,
+    span_ns: u64,
+    first_serious: Option<u64>,
+) -> Option<(u64, u64, u64)> {
     let total: u64 = buckets.iter().map(|b| b.changes).sum();
     let allowed = (total / 50).max(16);
-    let mut best: Option<(u64, u64, u64)> = None; // (pause, until, changes before)
+    let span = span_ns.max(1) as f64;
+    let share = |changes: u64| changes as f64 / total.max(1) as f64;
+    let mut best: Option<(f64, u64, u64, u64)> = None; // (score, until, changes before, pause)
     let mut before = 0u64;
     let mut end_prev = 0u64;
     for b in buckets {
@@ -465,18 +483,23 @@ fn quiet_start(buckets: &[Bucket], w: u64, span_ns: u64) -> Option<(u64, u64, u6
             break;
         }
         let start = b.at.saturating_mul(w);
-        let pause = start.saturating_sub(end_prev);
-        if best.is_none_or(|(p, _, _)| pause > p) {
-            best = Some((pause, start, before));
+        if first_serious.is_some_and(|t| start > t) {
+            break;
+        }
+        if b.changes > 0 {
+            let score = start as f64 / span - SPARSE * share(before);
+            if best.is_none_or(|(s, ..)| score > s) {
+                best = Some((score, start, before, start.saturating_sub(end_prev)));
+            }
         }
         before += b.changes;
         end_prev = start.saturating_add(w);
     }
-    let (pause, until, changes) = best?;
+    let (score, until, changes, pause) = best?;
     let after = total - changes;
-    if pause < 1_000_000
-        || pause.saturating_mul(3) < span_ns
-        || until == 0
+    if score <= 0.0
+        || until < 1_000_000
+        || until.saturating_mul(3) < span_ns
         || after < 16
         || after < changes.saturating_mul(4)
     {
@@ -485,40 +508,71 @@ fn quiet_start(buckets: &[Bucket], w: u64, span_ns: u64) -> Option<(u64, u64, u6
     Some((until, changes, pause))
 }
 
-/// Where the first view starts and ends: past a quiet start, and short of a quiet end (from
-/// the last allocation or free to the end of the run, when that is a third of what is left and
-/// no finding or crash is marked in it).
+/// Where the quiet end begins, if there is one worth leaving out (tear-down, a wait for the
+/// exit, frees at exit after a long pause): the end of a bucket, chosen as [`quiet_start`]
+/// chooses, when what follows is at least a third of the time from `from` and 1 ms, with at
+/// most 2% of the allocations and frees (or 16) and no finding or crash marked in it.
+/// `(where the view ends, changes after)`.
+fn quiet_end(
+    buckets: &[Bucket],
+    w: u64,
+    span_ns: u64,
+    from: u64,
+    last_serious: Option<u64>,
+) -> Option<(u64, u64)> {
+    let total: u64 = buckets.iter().map(|b| b.changes).sum();
+    let allowed = (total / 50).max(16);
+    let span = span_ns.max(1) as f64;
+    let mut best: Option<(f64, u64, u64)> = None; // (score, cut, changes after)
+    let mut after = 0u64;
+    for b in buckets.iter().rev() {
+        if after > allowed {
+            break;
+        }
+        let end = b.at.saturating_add(1).saturating_mul(w).min(span_ns);
+        if last_serious.is_some_and(|t| end < t) || end <= from {
+            break;
+        }
+        if b.changes > 0 {
+            let score = (span_ns - end) as f64 / span - SPARSE * (after as f64 / total as f64);
+            if best.is_none_or(|(s, ..)| score > s) {
+                best = Some((score, end, after));
+            }
+        }
+        after += b.changes;
+    }
+    let (score, cut, after) = best?;
+    let tail = span_ns - cut;
+    if score <= 0.0 || tail < 1_000_000 || tail.saturating_mul(3) < span_ns.saturating_sub(from) {
+        return None;
+    }
+    Some((cut, after))
+}
+
+/// Where the first view starts and ends: past a quiet start, and short of a quiet end, with
+/// every finding and crash in it.
 fn first_view(
     buckets: &[Bucket],
     w: u64,
     span_ns: u64,
-    last_serious: Option<u64>,
+    serious: Option<(u64, u64)>,
 ) -> Option<FirstView> {
-    let lead = quiet_start(buckets, w, span_ns);
+    let lead = quiet_start(buckets, w, span_ns, serious.map(|s| s.0));
     let from = lead.map_or(0, |(until, _, _)| until);
-    let last_change = buckets
-        .iter()
-        .rev()
-        .find(|b| b.changes > 0)?
-        .at
-        .saturating_add(1)
-        .saturating_mul(w);
-    let tail = span_ns.saturating_sub(last_change);
-    let trim = tail >= 1_000_000
-        && tail.saturating_mul(3) >= span_ns.saturating_sub(from)
-        && last_serious.is_none_or(|t| t <= last_change);
-    if lead.is_none() && !trim {
+    let trail = quiet_end(buckets, w, span_ns, from, serious.map(|s| s.1));
+    if lead.is_none() && trail.is_none() {
         return None;
     }
+    let to = trail.map_or(span_ns, |t| t.0);
     // A little room on either side of the activity.
-    let pad = last_change.saturating_sub(from) / 40;
+    let pad = to.saturating_sub(from) / 40;
     let from_ns = if lead.is_some() {
         from.saturating_sub(pad)
     } else {
         0
     };
-    let to_ns = if trim {
-        last_change.saturating_add(pad).min(span_ns)
+    let to_ns = if trail.is_some() {
+        to.saturating_add(pad).min(span_ns)
     } else {
         span_ns
     };
@@ -528,20 +582,34 @@ fn first_view(
                 "the first {}, before anything was allocated",
                 human_ns(until)
             )
-        } else {
+        } else if pause.saturating_mul(2) >= until {
             format!(
                 "the first {} ({}, then {} without any)",
                 human_ns(until),
                 self::changes(changes),
                 human_ns(pause)
             )
+        } else {
+            format!(
+                "the first {} (start-up: {} in it)",
+                human_ns(until),
+                self::changes(changes)
+            )
         }
     });
-    let end = trim.then(|| {
-        format!(
-            "the last {}, without allocations or frees",
-            human_ns(span_ns - last_change)
-        )
+    let end = trail.map(|(cut, after)| {
+        if after == 0 {
+            format!(
+                "the last {}, without allocations or frees",
+                human_ns(span_ns - cut)
+            )
+        } else {
+            format!(
+                "the last {} ({} in it)",
+                human_ns(span_ns - cut),
+                self::changes(after)
+            )
+        }
     });
     let text = match (start, end) {
         (Some(s), Some(e)) => format!("Left out of view: {s}, and {e}."),
@@ -786,7 +854,7 @@ mod tests {
         let mut bs = vec![b(0, 4)];
         bs.extend((3700..3900).map(|i| b(i, 10)));
         assert_eq!(
-            quiet_start(&bs, w, 3_900_000_000),
+            quiet_start(&bs, w, 3_900_000_000, None),
             Some((3_700_000_000, 4, 3_699_000_000))
         );
         let v = first_view(&bs, w, 3_900_000_000, None).unwrap();
@@ -806,12 +874,12 @@ mod tests {
         // Activity all along, with one pause of a fifth of the run.
         let mut bs: Vec<Bucket> = (0..400).map(|i| b(i, 10)).collect();
         bs.extend((500..900).map(|i| b(i, 10)));
-        assert_eq!(quiet_start(&bs, w, 900_000_000), None);
+        assert_eq!(quiet_start(&bs, w, 900_000_000, None), None);
         assert_eq!(first_view(&bs, w, 900_000_000, None), None);
         // A long pause, but after most of the work.
         let mut bs: Vec<Bucket> = (0..400).map(|i| b(i, 10)).collect();
         bs.push(b(5000, 1));
-        assert_eq!(quiet_start(&bs, w, 5_001_000_000), None);
+        assert_eq!(quiet_start(&bs, w, 5_001_000_000, None), None);
     }
 
     #[test]
@@ -820,15 +888,18 @@ mod tests {
         let w = 1_000_000;
         let mut bs: Vec<Bucket> = (0..7).map(|i| b(i, 2)).collect();
         bs.push(b(560, 0));
-        assert_eq!(quiet_start(&bs, w, 561_000_000), None);
-        let v = first_view(&bs, w, 561_000_000, Some(3_000_000)).unwrap();
+        assert_eq!(quiet_start(&bs, w, 561_000_000, None), None);
+        let v = first_view(&bs, w, 561_000_000, Some((3_000_000, 3_000_000))).unwrap();
         assert_eq!((v.from_ns, v.to_ns), (0, 7_000_000 + 175_000));
         assert_eq!(
             v.text,
             "Left out of view: the last 554.00 ms, without allocations or frees."
         );
         // A crash at the end keeps the end in view.
-        assert_eq!(first_view(&bs, w, 561_000_000, Some(561_000_000)), None);
+        assert_eq!(
+            first_view(&bs, w, 561_000_000, Some((561_000_000, 561_000_000))),
+            None
+        );
     }
 
     #[test]
@@ -844,6 +915,47 @@ mod tests {
                 .ends_with("and the last 640.00 ms, without allocations or frees."),
             "{}",
             v.text
+        );
+    }
+
+    #[test]
+    fn a_start_up_of_scattered_allocations_is_left_out() {
+        // Weights copied one by one over 5 s (20 allocations, 250 ms apart), then 2 s of
+        // training with 4,000 allocations and frees: no single pause is a third of the run.
+        let w = 1_000_000;
+        let mut bs: Vec<Bucket> = (0..20).map(|i| b(i * 250, 1)).collect();
+        bs.extend((5000..7000).map(|i| b(i, 2)));
+        let span = 7_000_000_000;
+        assert_eq!(
+            quiet_start(&bs, w, span, None),
+            Some((5_000_000_000, 20, 249_000_000))
+        );
+        let v = first_view(&bs, w, span, None).unwrap();
+        assert_eq!((v.from_ns, v.to_ns), (5_000_000_000 - 50_000_000, span));
+        assert_eq!(
+            v.text,
+            "Left out of view: the first 5.00 s (start-up: 20 allocations and frees in it)."
+        );
+        // A finding in the start-up keeps it in view.
+        assert_eq!(quiet_start(&bs, w, span, Some(1_000_000_000)), None);
+        // Spread evenly, nothing is left out.
+        let even: Vec<Bucket> = (0..7000).map(|i| b(i, 1)).collect();
+        assert_eq!(first_view(&even, w, span, None), None);
+    }
+
+    #[test]
+    fn frees_at_exit_after_a_long_pause_are_left_out() {
+        // 2 s of training, 6 s of evaluation without device memory, 150 frees at exit.
+        let w = 1_000_000;
+        let mut bs: Vec<Bucket> = (0..2000).map(|i| b(i, 4)).collect();
+        bs.push(b(7999, 150));
+        let span = 8_000_000_000;
+        assert_eq!(quiet_end(&bs, w, span, 0, None), Some((2_000_000_000, 150)));
+        let v = first_view(&bs, w, span, None).unwrap();
+        assert_eq!((v.from_ns, v.to_ns), (0, 2_050_000_000));
+        assert_eq!(
+            v.text,
+            "Left out of view: the last 6.00 s (150 allocations and frees in it)."
         );
     }
 

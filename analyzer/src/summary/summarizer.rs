@@ -244,6 +244,12 @@ impl Summarizer {
         &mut self.devices[i]
     }
 
+    /// The steps of the run as [`crate::growth`] recognises them (regions, or a loop's
+    /// iterations from the call stacks), once the trace is read: the report draws them.
+    pub fn steps(&self) -> Option<crate::growth::Steps> {
+        self.growth.steps(&self.stacks)
+    }
+
     /// The finished summary of this trace.
     pub fn into_summary(mut self, info: &TraceInfo) -> TraceSummary {
         let no_stacks = stacks::why_none(info.format_version, &self.stacks, &self.header.config);
