@@ -1,5 +1,9 @@
-//! The report as people see it: `isolate report` pages of a stale write, a guard-mode crash, a
-//! training run, a stale launch, a 4-million-event trace and a page with regions, opened in
+//! The report as people see it: `isolate report` pages of a stale write (with and without
+//! stacks: with them, each finding box names the allocation's, the free's and the launch's
+//! file:line first), a guard-mode crash, a training run, a training loop without NVTX (its
+//! steps found from the call stacks and drawn as regions, its scattered start-up left out of
+//! the first view, its allocation sites by bytes and by count, in a table and an icicle), a
+//! stale launch, a 4-million-event trace and a page with regions, opened in
 //! headless Chromium at 1400x900 and 800x600 by `tests/browser/report.mjs` (playwright-core),
 //! which checks what is on screen: the findings and the crash badge at the top, a timeline that
 //! zooms (wheel, keys) and pans (drag, keys) and starts where memory activity does, axis labels
@@ -204,6 +208,16 @@ fn report_pages_in_headless_chromium() {
     with_regions(&dir.join("mlp.html"), &dir.join("regions.html"));
     let stacked = stacks_trace(dir);
     report(&debug, &stacked, &dir.join("stacks.html"));
+    report(
+        &debug,
+        &common::loop_trace(false).write(dir, "loop.trace"),
+        &dir.join("loop.html"),
+    );
+    report(
+        &debug,
+        &repo().join("tests/traces/h200-v3/stale_isolate.trace"),
+        &dir.join("stale_v3.html"),
+    );
     let big = dir.join("big.trace");
     let t = Instant::now();
     write_one_live(&big, BIG).unwrap();
@@ -224,6 +238,19 @@ fn report_pages_in_headless_chromium() {
                       "was freed by cudaFree (event 1) at 6.10 ms",
                       "Kernel stale_fill was launched with a pointer into it at 142.84 ms"],
          "markers": true, "trimmed": true},
+        // With stacks (format 3): where in the code, first in the box.
+        {"name": "stale write with stacks", "file": dir.join("stale_v3.html"),
+         "findings": ["Stale write: memory was written after it was freed"],
+         "places": ["allocated at /work/main/tests/gpu/bug_stale_write.py:39 in main",
+                    "freed at /work/main/tests/gpu/bug_stale_write.py:43 in main",
+                    "launched at /work/main/tests/gpu/workload.py:121 in cupy_fill"],
+         "markers": true, "trimmed": true,
+         "sites": {"frames": ["bug_stale_write.py:"]}},
+        // No NVTX, no regions: the loop's steps from the call stacks, the start-up left out.
+        {"name": "training loop without NVTX", "file": dir.join("loop.html"), "clean": true,
+         "steps": 10, "zoom_to_steps": true, "trimmed": true, "regions": true,
+         "sites": {"first": ["model.py:30 in forward"],
+                   "frames": ["train.py:10 in <module>", "model.py:30 in forward"]}},
         {"name": "guard-mode crash", "file": dir.join("oob.html"), "shot": "guard-crash",
          "badge": "crashed: signal 6 (SIGABRT) after CUDA error 700 (CUDA_ERROR_ILLEGAL_ADDRESS)",
          "findings": ["Device fault: a kernel faulted",

@@ -206,3 +206,128 @@ fn renders_in_headless_chromium() {
     assert!(dom.contains("Kernel void k&lt;&lt;/script&gt;"));
     assert!(dom.contains("<canvas"));
 }
+
+/// The page's data of the report of `p`.
+fn page_data(p: &Path) -> serde_json::Value {
+    let html = report::render(&[p], &mut NoProgress).unwrap().html;
+    let start = html.find("id=\"isolate-data\">").unwrap() + "id=\"isolate-data\">".len();
+    let end = start + html[start..].find("</script>").unwrap();
+    serde_json::from_str(&html[start..end]).unwrap()
+}
+
+#[test]
+fn steps_found_from_the_call_stacks_are_drawn_when_the_trace_has_no_regions() {
+    let d = tempfile::tempdir().unwrap();
+    let v = page_data(&loop_trace(false).write(d.path(), "loop.trace"));
+    let tr = &v["traces"][0];
+    let regions = tr["timeline"]["regions"].as_array().unwrap();
+    assert_eq!(regions.len() as u64, LOOP_STEPS, "{regions:?}");
+    assert_eq!(
+        tr["steps"]["what"],
+        "iterations of the loop at train.py:10 in <module>"
+    );
+    assert_eq!(tr["steps"]["count"], LOOP_STEPS);
+    // The 20 weights came first, 250 ms apart: the first step starts at the first activation,
+    // 5 s in, and each step is 60 activations (3 ms), 60 frees (1.2 ms) and the loss.
+    let ms = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap() as f64 / 1e6;
+    assert!(
+        (ms(&regions[0], "from_ns") - 5000.0).abs() < 0.1,
+        "{regions:?}"
+    );
+    for (k, r) in regions.iter().enumerate() {
+        assert_eq!(r["label"], format!("step {}", k + 1));
+        assert_eq!(r["depth"], 1);
+        let len = ms(r, "to_ns") - ms(r, "from_ns");
+        assert!(
+            k + 1 == regions.len() || (4.0..4.6).contains(&len),
+            "step {k}: {len} ms"
+        );
+        // 60 activations of 1 MiB live at once, the weights below them.
+        assert_eq!(r["peak_live_bytes"], (160 + 60) * MIB, "{r}");
+    }
+    // The first view leaves the start-up out: it starts within the last 2% before step 1.
+    let fv = &tr["timeline"]["first_view"];
+    assert!(
+        ms(fv, "from_ns") > 4900.0 && ms(fv, "from_ns") <= 5000.0,
+        "{fv}"
+    );
+    assert!(
+        fv["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("Left out of view: the first 5.00 s (start-up: 20 allocations"),
+        "{fv}"
+    );
+
+    // A trace with regions (NVTX ranges) has those drawn, and no steps of its own.
+    let v = page_data(&loop_trace(true).write(d.path(), "regions.trace"));
+    let tr = &v["traces"][0];
+    let regions = tr["timeline"]["regions"].as_array().unwrap();
+    assert_eq!(regions.len() as u64, LOOP_STEPS);
+    assert!(
+        regions.iter().all(|r| r["label"] == "train_step"),
+        "{regions:?}"
+    );
+    assert!(tr["steps"].is_null());
+}
+
+#[test]
+fn the_site_view_ranks_sites_and_merges_their_python_frames() {
+    let d = tempfile::tempdir().unwrap();
+    let v = page_data(&loop_trace(false).write(d.path(), "loop.trace"));
+    let s = &v["traces"][0]["sites"];
+    assert_eq!(
+        (&s["site_count"], &s["place_count"]),
+        (&3.into(), &3.into())
+    );
+    assert_eq!(s["allocations"], 20 + 61 * LOOP_STEPS);
+    let rows: Vec<(String, u64, u64)> = s["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["place"].as_str().unwrap().to_owned(),
+                r["bytes"].as_u64().unwrap(),
+                r["allocations"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("model.py:30 in forward".into(), 600 * MIB, 600),
+            ("load.py:8 in copy_weights".into(), 160 * MIB, 20),
+            ("train.py:11 in <module>".into(), 40960, 10),
+        ]
+    );
+    // The tree: the root, then <module>'s lines (largest first), then what they called.
+    let t = &s["tree"];
+    let names: Vec<&str> = t["name"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "all device memory",
+            "train.py:10 in <module>",
+            "train.py:5 in <module>",
+            "train.py:11 in <module>",
+            "model.py:30 in forward",
+            "load.py:8 in copy_weights",
+        ]
+    );
+    assert_eq!(t["parent"], serde_json::json!([0, 0, 0, 0, 1, 2]));
+    assert_eq!(t["bytes"][0], 760 * MIB + 40960);
+    assert_eq!(t["count"][4], 600);
+
+    // Without stacks there is no site view (the page says why).
+    let mut t = TraceBuilder::new();
+    t.malloc(A, MIB);
+    t.end(Stats::default());
+    let v = page_data(&t.write(d.path(), "plain.trace"));
+    assert!(v["traces"][0]["sites"].is_null());
+}

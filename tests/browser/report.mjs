@@ -10,6 +10,14 @@
 //                "shot_zoomed"?, "zoom_at"?, "stacks"?: [text…] }]
 // "stacks": a click at the bottom of the plot's middle (the first allocation's band) shows
 // these lines of its call stacks below the chart.
+// "places": texts (`allocated at train.py:39 in main`) each finding box shows on a line of its
+// own, on the first screen, above the timeline.
+// "steps": the number of steps the page draws as regions, found from the call stacks (the
+// trace has no regions): labelled `step 1`, … above the plot, said in a line and the legend.
+// "zoom_to_steps": the first view holds every step and leaves the start-up out: the steps
+// take most of its width.
+// "sites": the allocation-site table is sorted by bytes (a click on "allocations" sorts it by
+// allocations), a row opens its stack, the icicle draws frames and zooms into one on a click.
 // "trimmed": the first view leaves a quiet start or end out; "zoom_at": where across the plot
 // the wheel zooms (0..1, default 0.6).
 // Exit 0 when every check passed; otherwise every failure is printed and it exits 1.
@@ -142,6 +150,18 @@ for (const p of manifest) {
       check(top.findingBox.top < top.chartBox.top, `${where}: the findings are not above the timeline`);
     }
     if (p.clean) check(top.clean !== null, `${where}: the all-clear is not shown`);
+    // Where in the code, first thing in each finding box, on the first screen.
+    for (const want of p.places || []) {
+      const at = await page.evaluate((want) => {
+        const e = [...document.querySelectorAll(".finding .place")].find((x) => x.textContent === want);
+        return e ? e.getBoundingClientRect().toJSON() : null;
+      }, want);
+      check(at !== null, `${where}: no finding box names ${JSON.stringify(want)} on a line of its own`);
+      if (at) {
+        check(at.bottom <= size.height, `${where}: ${JSON.stringify(want)} is below the first screen (${at.bottom} > ${size.height})`);
+        check(at.bottom <= top.chartBox.top, `${where}: ${JSON.stringify(want)} is not above the timeline`);
+      }
+    }
     // No raw JSON, no internal words.
     check(!/\{"|":\s*[\[{"0-9]/.test(top.text), `${where}: raw JSON on the page`);
     for (const w of ["columns of", "bucket", "marker(s)", "seq ", "poison_violation", "stale_launch", "invalid_free", "true_alias", "null", "undefined", "NaN"]) {
@@ -174,6 +194,47 @@ for (const p of manifest) {
     if (p.regions) {
       const m = await labels(page);
       check(m.labels.some((l) => l.axis === "region"), `${where}: no region is labelled`);
+    }
+    if (p.steps) {
+      const st = await page.evaluate(() => {
+        const d = JSON.parse(document.getElementById("isolate-data").textContent).traces[0];
+        const line = document.querySelector(".chart .steps");
+        return { n: d.timeline.regions.length, regions: d.timeline.regions, line: line ? line.textContent : null,
+          legend: document.querySelector(".legend").textContent };
+      });
+      check(st.n === p.steps, `${where}: ${st.n} steps drawn, not ${p.steps}`);
+      check(st.line && st.line.includes(`the ${p.steps} iterations of the loop at`) && st.line.includes("found from the call stacks"), `${where}: no line says where the steps come from: ${JSON.stringify(st.line)}`);
+      check(st.legend.includes("steps (from the call stacks)"), `${where}: the legend does not name the steps`);
+      const m = await labels(page);
+      check(m.labels.some((l) => l.axis === "region" && l.text === "step 1"), `${where}: step 1 is not labelled above the plot`);
+      check(st.regions.every((r, k) => r.label === `step ${k + 1}` && r.to_ns >= r.from_ns && (k === 0 || r.from_ns > st.regions[k - 1].from_ns)), `${where}: the steps are not step 1, step 2, … in order: ${JSON.stringify(st.regions.map((r) => r.label))}`);
+      if (p.zoom_to_steps) {
+        const first = st.regions[0].from_ns, last = st.regions[st.regions.length - 1].to_ns;
+        check(v0.from_ns <= first && v0.to_ns >= last, `${where}: the first view ${JSON.stringify(v0)} does not hold every step (${first}..${last})`);
+        check((last - first) >= 0.8 * (v0.to_ns - v0.from_ns), `${where}: the steps take less than 80% of the first view (${first}..${last} in ${JSON.stringify(v0)}): the activity is squeezed`);
+        check(v0.from_ns >= 0.9 * first, `${where}: the first view starts at ${v0.from_ns}, before 90% of the start-up (${first})`);
+      }
+    }
+    if (p.sites) {
+      const rows = () => page.evaluate(() => [...document.querySelectorAll(".sitetable tr.site")].map((r) => ({ bytes: +r.dataset.bytes, allocations: +r.dataset.allocations, place: r.firstChild.textContent })));
+      const r0 = await rows();
+      check(r0.length >= 2, `${where}: the site table has ${r0.length} rows`);
+      check(r0.every((r, k) => k === 0 || r0[k - 1].bytes >= r.bytes), `${where}: the site table is not sorted by bytes: ${JSON.stringify(r0.map((r) => r.bytes))}`);
+      for (const want of p.sites.first || []) check(r0[0].place === want, `${where}: the largest site is ${JSON.stringify(r0[0].place)}, not ${JSON.stringify(want)}`);
+      await page.locator(".sitetable th", { hasText: "allocations" }).first().click();
+      const r1 = await rows();
+      check(r1.every((r, k) => k === 0 || r1[k - 1].allocations >= r.allocations), `${where}: a click on "allocations" did not sort by allocations: ${JSON.stringify(r1.map((r) => r.allocations))}`);
+      check(r1.length === r0.length, `${where}: sorting lost rows`);
+      await page.locator(".sitetable th", { hasText: "bytes allocated" }).first().click();
+      await page.locator(".sitetable tr.site").first().click();
+      const panel = await page.evaluate(() => { const e = document.querySelector(".sitestack"); return e.style.display === "block" ? e.textContent : ""; });
+      check(panel.startsWith(r0[0].place) && panel.split("\n").length >= 2, `${where}: a click on the first site does not show its stack: ${JSON.stringify(panel)}`);
+      const ice = await page.evaluate(() => [...document.querySelectorAll(".icicle .fr")].map((f) => f.textContent));
+      check(ice.length >= 3 && ice[0].startsWith("all device memory"), `${where}: the icicle draws ${ice.length} frames: ${JSON.stringify(ice.slice(0, 4))}`);
+      for (const want of p.sites.frames || []) check(ice.some((t) => t.startsWith(want)), `${where}: the icicle has no frame ${JSON.stringify(want)}: ${JSON.stringify(ice)}`);
+      await page.locator(".icicle .fr").nth(1).click();
+      const zoomed = await page.evaluate(() => document.querySelector(".sitebar .muted").textContent);
+      check(zoomed.includes("zoomed into"), `${where}: a click on a frame did not zoom into it: ${JSON.stringify(zoomed)}`);
     }
     if (shots && p.shot && (size.width === SIZES[0].width || allSizes)) {
       await page.evaluate(() => window.scrollTo(0, 0));

@@ -7,7 +7,7 @@
 # writes OUTDIR/NAME.png (the first screen at 1400x900), NAME-sites.png (the allocation-site
 # table and icicle) and, when the page draws steps, NAME-timeline.png; NAME defaults to
 # report-<the trace's file name without .trace>. The `isolate` used is $ISOLATE, else
-# target/release/isolate, else target/debug/isolate, else the one on PATH; Chromium is
+# the newer of target/release/isolate and target/debug/isolate, else the one on PATH; Chromium is
 # $ISOLATE_CHROMIUM, else chromium on PATH. Needs node and `npm --prefix tests/browser ci`.
 set -euo pipefail
 if [ $# -lt 2 ]; then
@@ -20,8 +20,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 bin=${ISOLATE:-}
 if [ -z "$bin" ]; then
+  # the newer of the release and debug builds (an old release build would show an old page)
   for c in "$root/target/release/isolate" "$root/target/debug/isolate"; do
-    if [ -x "$c" ]; then bin=$c; break; fi
+    if [ -x "$c" ] && { [ -z "$bin" ] || [ "$c" -nt "$bin" ]; }; then bin=$c; fi
   done
 fi
 bin=${bin:-$(command -v isolate || true)}
@@ -39,7 +40,8 @@ if [ ! -d "$here/node_modules/playwright-core" ]; then
   exit 2
 fi
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$bin" report "$trace" -o "$tmp/page.html"
-(cd "$here" && node screenshot.mjs --chromium "$chrome" --page "$tmp/page.html" --out "$(cd "$out" && pwd)" --name "$name")
+(cd "$here" && node screenshot.mjs --chromium "$chrome" --page "$tmp/page.html" --out "$out" --name "$name")

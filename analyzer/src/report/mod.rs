@@ -1,14 +1,18 @@
 //! `isolate report`: one self-contained HTML page (inline script and style, nothing fetched).
 //!
 //! Per trace, from the top: a badge when the run crashed or the device faulted, the findings in
-//! plain words, then live device memory over time, stacked by allocation like PyTorch's memory
-//! viewer: the largest allocations (by bytes × lifetime) get their own band, everything else is
+//! plain words (each naming the code of its calls first: the allocation's, the free's and the
+//! launch's file:line, by [`crate::finding::place`]'s rule), what else is worth knowing (memory
+//! held at exit among it: information, not a finding), then live device memory over time,
+//! stacked by allocation like PyTorch's memory viewer, with the program's regions or, when it
+//! named none, the steps [`crate::growth`] recognises from the call stacks above the plot: the largest allocations (by bytes × lifetime) get their own band, everything else is
 //! one "other" band. The timeline zooms and pans (wheel, drag, keys) and starts where memory
 //! activity does. Its data is bucketed here, while reading, into at most [`POINTS`] buckets in
 //! which memory changed (the bucket width doubles whenever the trace outgrows them), so a trace
 //! of any length makes a page of a few hundred kilobytes that draws on a canvas at once.
-//! Findings are marked where they happened; below the timeline the top reuse chains (connected
-//! parts of the aliasing graph) and the tables.
+//! Findings are marked where they happened; below the timeline the allocation sites (a table
+//! by bytes or by allocations and an icicle of their Python frames, `sites.rs`), the top reuse
+//! chains (connected parts of the aliasing graph) and the tables.
 //!
 //! All text from the trace reaches the page only as JSON inside a `<script type=
 //! "application/json">` element, escaped with [`json_for_script`], and the script puts it into
@@ -16,7 +20,8 @@
 //!
 //! Files: this one assembles the page; `timeline.rs` buckets live memory and marks findings
 //! while reading; `findings.rs` says what was found, in words (the names of
-//! [`crate::words`], which the summary uses too); `chains.rs` follows the reuse chains;
+//! [`crate::words`], which the summary uses too); `sites.rs` makes the site view from
+//! [`crate::sites`]' counts; `chains.rs` follows the reuse chains;
 //! `report.html` is the page's template (its script draws the timeline).
 
 mod chains;
@@ -112,7 +117,7 @@ fn one(
             TimelineObs::new(),
             (
                 GraphBuilder::new(&mut sink, Filter::default()),
-                crate::sites::Collect::default(),
+                sites::SiteObs::default(),
             ),
         ),
     );
@@ -166,7 +171,7 @@ fn one(
             }
         }
     }
-    let sites = sites::view(collect.named());
+    let sites = collect.view();
     let no_stacks = summary.totals.no_stacks.clone();
     let verdict = findings::verdict(&summary, &timeline, &seen, &anomalies);
     let errors = findings::error_names(&summary);

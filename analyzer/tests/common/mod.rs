@@ -294,3 +294,68 @@ pub fn isolate<S: AsRef<std::ffi::OsStr>>(dir: &Path, args: &[S]) -> Out {
 
 pub const A: u64 = 0x7f00_0000_0000;
 pub const MIB: u64 = 1 << 20;
+
+/// A training script's trace (format 2, Python stacks): a start-up of 5 s in which 20 weights
+/// of 8 MiB are copied one by one (`load.py:8 in copy_weights` from `train.py:5`, 250 ms
+/// apart, so no single pause is a third of the run), then [`LOOP_STEPS`] iterations of the
+/// loop at `train.py:10 in <module>`, each with 60 activations of 1 MiB that come and go
+/// (`model.py:30 in forward`) and a loss of 4 KiB (`train.py:11`). `regions`: each iteration
+/// is also a region named `train_step` (as an NVTX range would be); otherwise the trace has
+/// none.
+pub fn loop_trace(regions: bool) -> TraceBuilder {
+    use isolate_trace::{Frame, PyCode, Stack};
+    let mut t = TraceBuilder::new();
+    for (id, file, name) in [
+        (1, "train.py", "<module>"),
+        (2, "model.py", "forward"),
+        (3, "load.py", "copy_weights"),
+    ] {
+        t.record(Record::PyCode(PyCode {
+            id,
+            file: file.into(),
+            name: name.into(),
+            first_line: 1,
+        }));
+    }
+    let py = |code, line| Frame::Python { code, line };
+    for (id, frames) in [
+        (1, vec![py(3, 8), py(1, 5)]),   // the weights
+        (2, vec![py(2, 30), py(1, 10)]), // activations
+        (3, vec![py(1, 11)]),            // the loss
+    ] {
+        t.record(Record::Stack(Stack {
+            id,
+            frames,
+            truncated: false,
+        }));
+    }
+    for i in 0..20 {
+        t.call_from(Api::CudaMalloc, A + i * 8 * MIB, 8 * MIB, 1);
+        t.ts += 250_000_000;
+    }
+    let act = A + 0x1_0000_0000;
+    for k in 0..LOOP_STEPS {
+        if regions {
+            t.text_note(NoteKind::RegionPush, 7, 1, "train_step");
+        }
+        for i in 0..60 {
+            t.call_from(Api::CudaMalloc, act + i * 0x10_0000, MIB, 2);
+            t.ts += 50_000;
+        }
+        for i in 0..60 {
+            t.free(act + i * 0x10_0000);
+            t.ts += 20_000;
+        }
+        t.call_from(Api::CudaMalloc, act + 0x1000_0000 + k * 4096, 4096, 3);
+        t.free(act + 0x1000_0000 + k * 4096);
+        t.ts += 100_000;
+        if regions {
+            t.text_note(NoteKind::RegionPop, 7, 1, "train_step");
+        }
+    }
+    t.end(Stats::default());
+    t
+}
+
+/// Iterations of [`loop_trace`]'s loop.
+pub const LOOP_STEPS: u64 = 10;
