@@ -11,7 +11,10 @@
 //!   at least [`MIN_STEPS`] times, the iterations of the outermost Python loop seen in the
 //!   allocations' call stacks: the shallowest Python frame at which consecutive allocations
 //!   differ, where the line goes back within the same code object (a loop's back edge), and
-//!   the line it goes back to begins an iteration. C programs without regions have no steps.
+//!   the line it goes back to begins an iteration (the first iteration begins at the first
+//!   allocation on that line, the last ends at the last allocation seen on the loop's lines).
+//!   C programs without regions have no steps. [`Growth::steps`] is the one recogniser: the
+//!   report draws the same steps on its timeline when the program named none.
 //! - **The rule.** Steps are numbered 1..N. The first [`WARM_UP`] step is warm-up (the
 //!   optimizer's state, caches and lazily made workspaces appear there), and the last
 //!   [`LAST_LEFT_OUT`] are left out (what the last iterations' variables still hold at exit is

@@ -164,7 +164,7 @@ fn one(
     for b in &timeline.bands {
         for id in [b.stack, b.free_stack] {
             if id != 0 && !stacks.contains_key(&id) {
-                let lines = crate::stacks::shown(&table, id)
+                let lines = crate::stacks::shown(table, id)
                     .map(|s| s.text_lines(STACK_LINES))
                     .unwrap_or_default();
                 stacks.insert(id, lines);
