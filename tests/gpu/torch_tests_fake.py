@@ -1,0 +1,112 @@
+"""A stand-in for PyTorch's test_cuda.py, for checking tests/gpu/torch_tests.py without a GPU
+(tests/gpu/torch_tests_selftest.sh). Each test does one thing the runner must handle; the
+selftest's configurations only set variables (FAKE_ASYNC, FAKE_ISOLATE) that these tests read.
+
+Every test fails if it runs in a worker that already saw a sticky error (POISONED): that is
+how the selftest shows that one failure never cascades into the tests after it.
+"""
+
+import os
+import sys
+import time
+import unittest
+
+POISONED = False
+
+
+def serialTest(condition=True):  # the same name PyTorch uses: the runner reads it statically
+    def deco(fn):
+        return fn
+
+    return deco
+
+
+def _under_isolate():
+    return os.environ.get("FAKE_ISOLATE") == "1"
+
+
+def _under_backend():
+    # isolate mode runs PyTorch's stream-ordered backend, so it sees what the backend sees
+    return os.environ.get("FAKE_ASYNC") == "1" or _under_isolate()
+
+
+class FakeCuda(unittest.TestCase):
+    def setUp(self):
+        if POISONED:
+            self.fail("ran in a worker after a sticky CUDA error (the failure cascaded)")
+
+    def test_pass(self):
+        self.assertEqual(1 + 1, 2)
+
+    def test_pass_slowish(self):
+        time.sleep(0.3)
+
+    def test_fail(self):
+        self.assertEqual(1, 2, "planted failure")
+
+    def test_error(self):
+        raise ValueError("planted error")
+
+    @unittest.skip("planted skip")
+    def test_skip(self):
+        pass
+
+    def test_abort(self):
+        sys.stderr.write("fake: about to abort\n")
+        sys.stderr.flush()
+        os.abort()
+
+    def test_hang(self):
+        time.sleep(3600)
+
+    def test_sticky(self):
+        global POISONED
+        POISONED = True
+        raise RuntimeError(
+            "CUDA error: an illegal memory access was encountered\n"
+            "CUDA kernel errors might be asynchronously reported at some other API call"
+        )
+
+    def test_after_sticky_a(self):
+        pass
+
+    def test_after_sticky_b(self):
+        pass
+
+    def test_isolate_adds(self):
+        # fails under isolate only, alone too: a failure isolate adds
+        if _under_isolate():
+            raise RuntimeError("planted isolate-only failure")
+
+    def test_backend_changes(self):
+        # fails under the stream-ordered backend, so under isolate too: the backend's
+        if _under_backend():
+            self.fail("planted backend-only failure")
+
+    def test_isolate_flaky(self):
+        # fails under isolate only beside other tests: interference, not isolate's
+        if _under_isolate() and os.environ.get("TORCH_TESTS_ALONE") != "1":
+            self.fail("planted interference failure")
+
+    @unittest.expectedFailure
+    def test_expected_failure(self):
+        self.assertEqual(1, 2)
+
+    def test_subtest_fail(self):
+        for i in range(3):
+            with self.subTest(i=i):
+                self.assertLess(i, 2)
+
+    @serialTest()
+    def test_serial_alone(self):
+        # the runner must run it alone: its record says phase "serial"
+        pass
+
+
+class FakeCudaOther(unittest.TestCase):
+    def test_pass_other(self):
+        pass
+
+
+if os.environ.get("FAKE_BREAK_IMPORT") == "1":
+    raise ImportError("planted import failure")
