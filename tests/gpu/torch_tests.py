@@ -636,18 +636,18 @@ class Driver:
                         pending.remove(job)
                         w.ran += 1
                         w.send(job[1])
-                # start workers for configurations that have jobs and room
-                for c, i in list(pending):
-                    if c in self.broken:
+                # start workers (all at once: each takes seconds to import) for configurations
+                # with more pending jobs than workers starting or idle, within the limits
+                waiting = {}
+                for c, _ in pending:
+                    waiting[c] = waiting.get(c, 0) + 1
+                for c in self.configs:
+                    if c in self.broken or not waiting.get(c):
                         continue
-                    nlive = len(live())
-                    if nlive >= total:
-                        break
-                    if len(live(c)) >= per_config:
-                        continue
-                    if any(w.state in ("starting", "idle") and w.config == c for w in live()):
-                        continue
-                    workers.append(Worker(self, c, "w" if phase != "confirm" else "alone", alone_env))
+                    ready = sum(1 for w in live(c) if w.state in ("starting", "idle"))
+                    while (ready < waiting[c] and len(live(c)) < per_config and len(live()) < total):
+                        workers.append(Worker(self, c, "w" if phase != "confirm" else "alone", alone_env))
+                        ready += 1
             else:
                 for w in live():
                     if w.state in ("idle", "starting"):
