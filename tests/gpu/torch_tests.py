@@ -212,6 +212,13 @@ class _Result(unittest.TestResult):
             self.events.append((kind, err))
 
 
+class _Noted(tuple):
+    """An error known only by its text, shaped as an exc_info."""
+
+    def __new__(cls, text):
+        return super().__new__(cls, (RuntimeError, RuntimeError(text), None))
+
+
 def _err_text(err):
     """'Type: first line' of an exc_info, and the whole chain's text (for the sticky check)."""
     etype, value, tb = err
@@ -237,6 +244,20 @@ def run_one(mod, tid):
         case.run(result)
     except BaseException as e:  # noqa: BLE001 - the runner itself must survive the test
         result.events.append(("error", (type(e), e, e.__traceback__)))
+    # failures put straight into the lists, not through addFailure (torch's TestCase appends
+    # "TestSuite execution was aborted early" when torch.cuda.synchronize() fails after a test)
+    seen = sum(1 for k, _ in result.events if k in ("fail", "error"))
+    for _, text in (result.errors + result.failures)[seen:]:
+        result.events.append(("error", _Noted(first_line(text) or "a failure was recorded")))
+    # a context the test left broken is this test's fault, not the next one's
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            result.events.append(("error", _Noted(
+                f"after the test, torch.cuda.synchronize() failed: {type(e).__name__}: {first_line(e)}")))
     secs = round(now() - t0, 3)
     rec = {"id": tid, "seconds": secs, "outcome": "pass", "error": "", "sticky": False}
     kinds = [k for k, _ in result.events]

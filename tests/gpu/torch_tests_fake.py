@@ -14,6 +14,29 @@ import unittest
 POISONED = False
 
 
+class _FakeCudaModule:
+    """What the runner asks of torch.cuda after each test (is the context still usable?)."""
+
+    broken = False
+
+    @staticmethod
+    def is_initialized():
+        return True
+
+    @classmethod
+    def synchronize(cls):
+        if cls.broken:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+class _FakeTorch:
+    cuda = _FakeCudaModule
+
+
+# the fake tests never import torch: this stands in for it in the worker
+sys.modules.setdefault("torch", _FakeTorch())
+
+
 def serialTest(condition=True):  # the same name PyTorch uses: the runner reads it statically
     def deco(fn):
         return fn
@@ -66,6 +89,13 @@ class FakeCuda(unittest.TestCase):
             "CUDA error: an illegal memory access was encountered\n"
             "CUDA kernel errors might be asynchronously reported at some other API call"
         )
+
+    def test_breaks_context(self):
+        # passes, but leaves the context broken (as an asynchronous kernel fault does): the
+        # runner's check after the test must blame this test, not the next one
+        global POISONED
+        POISONED = True
+        _FakeCudaModule.broken = True
 
     def test_after_sticky_a(self):
         pass

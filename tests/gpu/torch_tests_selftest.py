@@ -69,6 +69,7 @@ EXPECTED = {
     "FakeCuda.test_abort": ("crash", "crash", "crash"),
     "FakeCuda.test_hang": ("timeout", "timeout", "timeout"),
     "FakeCuda.test_sticky": ("error", "error", "error"),
+    "FakeCuda.test_breaks_context": ("error", "error", "error"),
     "FakeCuda.test_after_sticky_a": ("pass", "pass", "pass"),
     "FakeCuda.test_after_sticky_b": ("pass", "pass", "pass"),
     "FakeCuda.test_isolate_adds": ("pass", "pass", "error"),
@@ -98,6 +99,10 @@ def full_run(tmp):
         r = recs.get((c, "FakeCuda.test_sticky"), {})
         check(f"{c}: the sticky error's first line is kept",
               r.get("error") == "RuntimeError: CUDA error: an illegal memory access was encountered", r)
+        r = recs.get((c, "FakeCuda.test_breaks_context"), {})
+        check(f"{c}: a context left broken is blamed on the test that broke it",
+              r.get("error", "").startswith("RuntimeError: after the test, torch.cuda.synchronize() failed: "
+                                            "RuntimeError: CUDA error: an illegal memory access"), r)
         r = recs.get((c, "FakeCuda.test_abort"), {})
         check(f"{c}: the abort is named with the worker's last words",
               "SIGABRT" in r.get("error", "") and "about to abort" in r.get("error", ""), r)
@@ -117,9 +122,9 @@ def full_run(tmp):
         got = (recs.get(("confirm-isolate", tid), {}).get("outcome"), recs.get(("confirm-async", tid), {}).get("outcome"))
         check(f"alone {tid}: isolate {iso}, backend {be}", got == (iso, be), got)
     text = p.stdout
-    check("counts: plain", "plain                          10        2        2        1        1        1        0" in text, text[-3000:])
-    check("counts: backend", "stream-ordered backend          9        3        2        1        1        1        0" in text)
-    check("counts: isolate", "isolate                         7        4        3        1        1        1        0" in text)
+    check("counts: plain", "plain                          10        2        3        1        1        1        0" in text, text[-3000:])
+    check("counts: backend", "stream-ordered backend          9        3        3        1        1        1        0" in text)
+    check("counts: isolate", "isolate                         7        4        4        1        1        1        0" in text)
     check("verdict: isolate adds", "FakeCuda.test_isolate_adds: pass / pass / error  [alone: async pass, isolate error]  -> ISOLATE ADDS THIS" in text)
     check("verdict: the backend's", "FakeCuda.test_backend_changes: pass / fail / fail  [alone: async fail, isolate fail]  -> stream-ordered backend" in text)
     check("verdict: interference", "FakeCuda.test_isolate_flaky: pass / pass / fail  [alone: async pass, isolate pass]  -> flaky or interference" in text)
@@ -133,7 +138,7 @@ def full_run(tmp):
     p2, _ = run([TABLE, os.path.join(out, "results")])
     md = p2.stdout
     check("table.py renders Markdown", p2.returncode == 0 and md.startswith("| configuration |"), p2.stderr)
-    check("table.py: counts row", "| plain | 10 | 2 | 2 | 1 | 1 | 1 | 0 |" in md, md[:800])
+    check("table.py: counts row", "| plain | 10 | 2 | 3 | 1 | 1 | 1 | 0 |" in md, md[:800])
     check("table.py: the isolate-added row",
           "| `FakeCuda.test_isolate_adds` | pass | pass | error | error | pass | ISOLATE ADDS THIS (ours to fix) |" in md, md)
     check("table.py: every test listed", md.count("| `FakeCuda") >= len(EXPECTED) - 1 + 3)
