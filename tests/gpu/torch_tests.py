@@ -125,8 +125,21 @@ def static_function(static, tid):
 # Worker side: import the module, run tests one by one in this process.
 
 
+def _statement_name(stmt):
+    if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        kind = "class" if isinstance(stmt, ast.ClassDef) else "def"
+        return f"{kind} {stmt.name}"
+    return f"statement `{first_line(ast.unparse(stmt), 80)}`"
+
+
 def load_module(path):
-    """Import the test file at `path` as a module, after the shim; returns (module, filled)."""
+    """Import the test file at `path` as a module, after the shim.
+
+    The file's top-level statements run one by one in the module's namespace, compiled from
+    the file itself (same file name and lines in tracebacks and frames): a statement that
+    fails on this torch (a class decorated with a config key 2.11 lacks, say) costs only its
+    own tests, reported, instead of the whole file. Returns (module, filled, failed): what the
+    shim filled, and "class X (line N): Error: message" for each statement that failed."""
     sys.argv = [path]
     import torch_tests_shim
 
@@ -142,9 +155,19 @@ def load_module(path):
     name = os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
+    mod.__file__ = path
     sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod, filled
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    failed = []
+    for stmt in tree.body:
+        code = compile(ast.Module(body=[stmt], type_ignores=[]), path, "exec")
+        try:
+            exec(code, mod.__dict__)  # noqa: S102 - the test file itself, statement by statement
+        except Exception as e:  # noqa: BLE001 - reported per statement
+            traceback.print_exc()
+            failed.append(f"{_statement_name(stmt)} (line {stmt.lineno}): {type(e).__name__}: {first_line(e)}")
+    return mod, filled, failed
 
 
 def list_tests(mod):
@@ -319,12 +342,12 @@ def worker_main(a):
 
     t0 = now()
     try:
-        mod, filled = load_module(a.module)
+        mod, filled, failed = load_module(a.module)
     except BaseException as e:  # noqa: BLE001
         traceback.print_exc()
         send(ev="import_error", error=f"{type(e).__name__}: {first_line(e)}")
         return 3
-    send(ev="ready", pid=os.getpid(), import_s=round(now() - t0, 2), shimmed=len(filled))
+    send(ev="ready", pid=os.getpid(), import_s=round(now() - t0, 2), shimmed=len(filled), failed=failed)
     for line in ctl_in:
         tid = line.strip()
         if not tid:
@@ -346,15 +369,15 @@ def worker_main(a):
 def collect_main(a):
     out = {"ids": [], "serial": [], "uncollected": [], "shimmed": [], "import_error": None}
     try:
-        mod, filled = load_module(a.module)
+        mod, filled, failed = load_module(a.module)
         out["shimmed"] = [f"{f['module']}.{f['name']} = {f['value']}" for f in filled]
         ids, broken = list_tests(mod)
         out["ids"] = ids
-        out["uncollected"] = broken
+        out["uncollected"] = failed + broken
         out["serial"] = [t for t in ids if runtime_serial(mod, t)]
         torch = sys.modules.get("torch")
-        if torch is not None:
-            out["torch"] = getattr(torch, "__version__", "?")
+        if torch is not None and hasattr(torch, "__version__"):
+            out["torch"] = torch.__version__
             try:
                 out["cuda"] = torch.version.cuda
                 if torch.cuda.is_available():
@@ -559,6 +582,8 @@ class Driver:
         self.confirm = {}  # (config, id) -> record
         self.files = {}
         self.broken = {}  # config -> reason it could not start
+        self.collect_failed = []  # statements of the test file that failed at collection
+        self.import_failures = {}  # config -> statements that failed only there
         self.startfail = {}
 
     def elapsed(self):
@@ -701,6 +726,11 @@ class Driver:
                     if kind == "ready":
                         w.state = "idle" if w.state == "starting" else w.state
                         self.startfail[w.config] = 0
+                        extra = sorted(set(ev.get("failed", [])) - set(self.collect_failed))
+                        if extra and w.config not in self.import_failures:
+                            self.import_failures[w.config] = extra
+                            for x in extra:
+                                self.say(f"{w.config}: the test file imports differently here: {x}")
                     elif kind == "import_error":
                         w.import_error = f"{ev.get('error')} (log: {os.path.basename(w.log)})"
                     elif kind == "start":
@@ -761,7 +791,10 @@ class Driver:
         meta = {"configs": self.configs, "source": a.source, "budget_s": a.budget,
                 "workers_per_config": a.workers, "timeout_s": a.timeout, "ids": [],
                 "uncollected": [], "shimmed": []}
+        if info and not err and not info.get("ids"):
+            err = "the module gave no tests"
         if info:
+            self.collect_failed = list(info.get("uncollected", []))
             for k in ("torch", "cuda", "device"):
                 if info.get(k):
                     meta[k] = info[k]
@@ -850,6 +883,7 @@ class Driver:
             f.close()
         self.files = {}
         meta["broken_configs"] = self.broken
+        meta["import_failures_by_config"] = self.import_failures
         meta["parallel_env"] = getattr(self, "par_env", {})
         meta["elapsed_s"] = round(self.elapsed(), 1)
         with open(os.path.join(self.out, "results", "meta.json"), "w", encoding="utf-8") as f:

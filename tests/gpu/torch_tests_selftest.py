@@ -79,6 +79,7 @@ EXPECTED = {
     "FakeCuda.test_subtest_fail": ("fail", "fail", "fail"),
     "FakeCuda.test_serial_alone": ("pass", "pass", "pass"),
     "FakeCudaOther.test_pass_other": ("pass", "pass", "pass"),
+    "FakeCudaAfterBroken.test_pass_after_broken_class": ("pass", "pass", "pass"),
 }
 CONFIGS = ("plain", "async", "isolate")
 
@@ -122,13 +123,16 @@ def full_run(tmp):
         got = (recs.get(("confirm-isolate", tid), {}).get("outcome"), recs.get(("confirm-async", tid), {}).get("outcome"))
         check(f"alone {tid}: isolate {iso}, backend {be}", got == (iso, be), got)
     text = p.stdout
-    check("counts: plain", "plain                          10        2        3        1        1        1        0" in text, text[-3000:])
-    check("counts: backend", "stream-ordered backend          9        3        3        1        1        1        0" in text)
-    check("counts: isolate", "isolate                         7        4        4        1        1        1        0" in text)
+    check("counts: plain", "plain                          11        2        3        1        1        1        0" in text, text[-3000:])
+    check("counts: backend", "stream-ordered backend         10        3        3        1        1        1        0" in text)
+    check("counts: isolate", "isolate                         8        4        4        1        1        1        0" in text)
     check("verdict: isolate adds", "FakeCuda.test_isolate_adds: pass / pass / error  [alone: async pass, isolate error]  -> ISOLATE ADDS THIS" in text)
     check("verdict: the backend's", "FakeCuda.test_backend_changes: pass / fail / fail  [alone: async fail, isolate fail]  -> stream-ordered backend" in text)
     check("verdict: interference", "FakeCuda.test_isolate_flaky: pass / pass / fail  [alone: async pass, isolate pass]  -> flaky or interference" in text)
     check("exactly 3 outcomes differ", "outcomes that differ between configurations (3)" in text)
+    check("a class that cannot be defined is reported as not collected",
+          "could not be collected (1):" in text
+          and "class FakeCudaLaterBroken (line" in text and "KeyError: 'FAKE_NO_SUCH_VARIABLE'" in text, text[:1500])
     check("nothing listed as not run", "not run (budget" not in text)
     files = sorted(os.listdir(out)) + sorted("results/" + n for n in os.listdir(os.path.join(out, "results")))
     want = ["logs.tar.gz", "results", "summary.txt", "table.md", "results/async.jsonl", "results/confirm.jsonl",
@@ -138,7 +142,7 @@ def full_run(tmp):
     p2, _ = run([TABLE, os.path.join(out, "results")])
     md = p2.stdout
     check("table.py renders Markdown", p2.returncode == 0 and md.startswith("| configuration |"), p2.stderr)
-    check("table.py: counts row", "| plain | 10 | 2 | 3 | 1 | 1 | 1 | 0 |" in md, md[:800])
+    check("table.py: counts row", "| plain | 11 | 2 | 3 | 1 | 1 | 1 | 0 |" in md, md[:800])
     check("table.py: the isolate-added row",
           "| `FakeCuda.test_isolate_adds` | pass | pass | error | error | pass | ISOLATE ADDS THIS (ours to fix) |" in md, md)
     check("table.py: every test listed", md.count("| `FakeCuda") >= len(EXPECTED) - 1 + 3)
@@ -170,9 +174,10 @@ def broken_module(tmp):
     out = os.path.join(tmp, "broken")
     p, _ = run([RUNNER, "run", "--module", mod, "--out", out, "--work", os.path.join(tmp, "brokenwork"),
                 "--budget", "30", "--configs", "plain", "--config", "plain="])
-    check("a module that does not import: exit 3", p.returncode == 3, p.returncode)
-    check("a module that does not import: reported as not collected",
-          "could not be collected" in p.stdout and "planted: cannot import name X" in p.stdout, p.stdout[-1500:])
+    check("a module that gives no tests: exit 3", p.returncode == 3, p.returncode)
+    check("a module that gives no tests: the failing statement reported as not collected",
+          "could not be collected" in p.stdout and "planted: cannot import name X" in p.stdout
+          and "(line 2)" in p.stdout, p.stdout[-1500:])
 
 
 def broken_config(tmp):
@@ -186,7 +191,8 @@ def broken_config(tmp):
     recs = [json.loads(l) for l in open(path)] if os.path.exists(path) else []
     check("a configuration that cannot start: its tests are crashes saying why",
           len(recs) == 2 and all(r["outcome"] == "crash" and "no worker could start" in r["error"]
-                                 and "planted import failure" in r["error"] for r in recs), recs)
+                                 and "exit status 7" in r["error"] and "planted import failure" in r["error"]
+                                 for r in recs), recs)
 
 
 def shim(tmp):
