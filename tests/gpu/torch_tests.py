@@ -370,7 +370,8 @@ def collect_main(a):
     out = {"ids": [], "serial": [], "uncollected": [], "shimmed": [], "import_error": None}
     try:
         mod, filled, failed = load_module(a.module)
-        out["shimmed"] = [f"{f['module']}.{f['name']} = {f['value']}" for f in filled]
+        out["shimmed"] = [f"{f['module']}.{f['name']} = {f['value']}" if f["name"] else f"{f['module']}: {f['value']}"
+                          for f in filled]
         ids, broken = list_tests(mod)
         out["ids"] = ids
         out["uncollected"] = failed + broken

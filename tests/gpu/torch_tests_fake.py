@@ -118,6 +118,12 @@ class FakeCuda(unittest.TestCase):
         if _under_isolate() and os.environ.get("TORCH_TESTS_ALONE") != "1":
             self.fail("planted interference failure")
 
+    def test_finding_printed(self):
+        # passes, and the library (here: the test itself) says it found something
+        if _under_isolate():
+            sys.stderr.write("isolate: STALE WRITE: 4 bytes of freed allocation 0x7f00 (planted)\n")
+            sys.stderr.flush()
+
     @unittest.expectedFailure
     def test_expected_failure(self):
         self.assertEqual(1, 2)

@@ -15,6 +15,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import sys
 
 OUTCOMES = ["pass", "fail", "error", "skip", "crash", "timeout"]
@@ -77,6 +78,26 @@ def load(dirs):
     if not meta["configs"]:
         meta["configs"] = list(DEFAULT_CONFIGS)
     return main, confirm, meta
+
+
+# The library's stderr lines that report a finding (tests/gpu/torch_tests.py keeps every
+# `isolate:` line a test's worker printed while it ran, in the record's `isolate` field).
+FINDING = re.compile(r"STALE|INVALID|FAULT|VIOLATION|DOUBLE FREE|OUT OF BOUNDS", re.I)
+
+
+def findings(main, confirm, meta):
+    """{id: [lines]}: tests during which isolate mode printed a finding (main or alone runs)."""
+    out = {}
+    recs = [main.get("isolate", {}).get(t) for t in meta["ids"]]
+    recs += [c.get("isolate") for c in confirm.values()]
+    for rec in recs:
+        if not rec:
+            continue
+        lines = [l for l in rec.get("isolate", []) if FINDING.search(l)]
+        if lines:
+            out.setdefault(rec["id"], [])
+            out[rec["id"]] += [l for l in lines if l not in out[rec["id"]]]
+    return out
 
 
 def outcome(main, config, tid):
@@ -185,6 +206,11 @@ def render_text(main, confirm, meta, max_not_run=20):
         err = first_error(main, confirm, tid, meta["configs"])
         if err:
             lines.append(f"      {err[:240]}")
+    fnd = findings(main, confirm, meta)
+    lines.append("")
+    lines.append(f"tests during which isolate mode printed a finding ({len(fnd)}):")
+    for tid, fl in fnd.items():
+        lines.append(f"  {tid}: {fl[0][:220]}" + (f" (+{len(fl) - 1} more)" if len(fl) > 1 else ""))
     nr = not_run(main, meta)
     if any(nr.values()):
         lines.append("")
@@ -233,6 +259,15 @@ def render_markdown(main, confirm, meta, full=True):
         cells.append(verdict(main, confirm, tid))
         cells.append(first_error(main, confirm, tid, configs)[:200])
         out.append(f"| `{_md(tid)}` | " + " | ".join(_md(x) for x in cells) + " |")
+    fnd = findings(main, confirm, meta)
+    out.append("")
+    out.append(f"Tests during which isolate mode printed a finding ({len(fnd)}):")
+    if fnd:
+        out.append("")
+        out.append("| test | isolate's first line |")
+        out.append("|---|---|")
+        for tid, fl in fnd.items():
+            out.append(f"| `{_md(tid)}` | {_md(fl[0][:240])} |")
     if full:
         out.append("")
         out.append("<details><summary>Every test</summary>")
