@@ -99,7 +99,7 @@ impl Reader<'_> {
     }
 
     fn set_items(&mut self, items: Vec<Value>) -> Result<(), String> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(format!("odd SETITEMS at {}", self.pos));
         }
         let at = self.pos;
