@@ -473,3 +473,66 @@ fn a_failed_export_leaves_no_file_of_its_own() {
         );
     }
 }
+
+/// More rows than a row group holds: the file has two row groups, and every value, null or
+/// not, is where it was written.
+#[test]
+fn a_table_longer_than_a_row_group() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let n = isolate_analyzer::export::fleet::ROW_GROUP as u64 + 1000;
+    let mut t = TraceBuilder::with_header(header(7, &["prog"]));
+    t.record(Record::PyCode(PyCode {
+        id: 1,
+        file: TRAIN.into(),
+        name: "loop".into(),
+        first_line: 1,
+    }));
+    t.record(Record::Stack(Stack {
+        id: 1,
+        frames: vec![Frame::Python { code: 1, line: 5 }],
+        truncated: false,
+    }));
+    for i in 0..n {
+        // Every third allocation without a stack (a null site); all live to the end.
+        let stack = if i % 3 == 0 { 0 } else { 1 };
+        t.call_from(Api::CudaMalloc, A + i * 512, 256 + i, stack);
+    }
+    t.end(Stats::default());
+    t.write(dir, "big.trace");
+    let o = isolate(
+        dir,
+        &["export", "--format", "parquet", "big.trace", "-o", "fleet"],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stderr.contains(&format!("allocations {n}, frees 0")),
+        "{}",
+        o.stderr
+    );
+    let q = |name: &str, sql: &str| (name.to_owned(), sql.to_owned());
+    let Some(a) = duckdb(
+        dir,
+        &[
+            q(
+                "groups",
+                "SELECT count(DISTINCT row_group_id), sum(DISTINCT row_group_num_rows) FROM parquet_metadata('fleet/allocations/*.parquet')",
+            ),
+            q(
+                "rows",
+                "SELECT count(*), count(site), sum(size), max(live_bytes), min(seq), max(seq) FROM 'fleet/allocations/*.parquet'",
+            ),
+            q(
+                "nulls",
+                "SELECT count(*) FROM 'fleet/allocations/*.parquet' WHERE (seq % 3 = 0) <> (site IS NULL) OR size <> 256 + seq OR ptr <> 139637976727552 + seq * 512",
+            ),
+        ],
+    ) else {
+        return;
+    };
+    assert_eq!(a["groups"], json!([[2, n]]));
+    let sizes: u64 = (0..n).map(|i| 256 + i).sum();
+    let with_site = n - n.div_ceil(3);
+    assert_eq!(a["rows"], json!([[n, with_site, sizes, sizes, 0, n - 1]]));
+    assert_eq!(a["nulls"], json!([[0]]));
+}
