@@ -11,7 +11,8 @@
 //! Timestamps are the trace's `CLOCK_MONOTONIC` in µs (with ns decimals), so traces of several
 //! processes of one host line up.
 //!
-//! `isolate export --format memory-viz` (PyTorch's memory snapshot pickle) is in [`memviz`].
+//! `isolate export --format memory-viz` (PyTorch's memory snapshot pickle) is in [`memviz`];
+//! `isolate export --format parquet` (tables for DuckDB, Polars, Spark) in [`fleet`].
 
 use crate::Error;
 use crate::finding::Kind;
@@ -26,7 +27,9 @@ use std::collections::BinaryHeap;
 use std::io::Write;
 use std::path::Path;
 
+pub mod fleet;
 pub mod memviz;
+pub use fleet::{ParquetStats, parquet};
 pub use memviz::{DEFAULT_MAX_EVENTS, MemoryVizStats, PyFrame, Stacks, memory_viz};
 
 /// µs with three decimals, exactly.

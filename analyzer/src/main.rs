@@ -191,16 +191,18 @@ enum Cmd {
         #[arg(short, long, value_name = "FILE")]
         output: PathBuf,
     },
-    /// The timeline for Perfetto / chrome://tracing, or PyTorch's memory snapshot.
+    /// The timeline for Perfetto / chrome://tracing, PyTorch's memory snapshot, or Parquet
+    /// tables of many traces for DuckDB, Polars or Spark.
     Export {
-        /// The output format: the Trace Event JSON that ui.perfetto.dev opens, or the pickle
-        /// that pytorch.org/memory_viz and torch.cuda._memory_viz open.
+        /// The output format: the Trace Event JSON that ui.perfetto.dev opens, the pickle that
+        /// pytorch.org/memory_viz and torch.cuda._memory_viz open, or Parquet tables.
         #[arg(long, value_enum)]
         format: ExportFormat,
         /// Trace files; processes line up on one clock (memory-viz: one trace, one process).
         #[arg(required = true, value_name = "TRACE")]
         traces: Vec<PathBuf>,
-        /// The file to write (JSON, or the snapshot pickle for memory-viz).
+        /// The file to write (JSON, or the snapshot pickle for memory-viz); for parquet, the
+        /// directory: DIR/<table>/<trace>.parquet, made if missing (docs/fleet.md).
         #[arg(short, long, value_name = "FILE")]
         output: PathBuf,
         /// memory-viz: keep the most recent N entries of the allocation history (as PyTorch's
@@ -248,6 +250,9 @@ enum ExportFormat {
     ChromeTrace,
     /// PyTorch's memory snapshot pickle (pytorch.org/memory_viz, torch.cuda._memory_viz).
     MemoryViz,
+    /// Parquet tables (traces, allocations, frees, findings, regions, stacks), one file per
+    /// table per trace, for DuckDB, Polars or Spark (docs/fleet.md).
+    Parquet,
 }
 
 /// A progress bar on standard error, for big files, only when it is a terminal.
@@ -743,6 +748,15 @@ fn real_main() -> Result<ExitCode> {
                     traces.len()
                 );
             }
+            if format == ExportFormat::Parquet {
+                let (infos, stats) = export::parquet(&traces, &output, &mut bar)?;
+                eprintln!("isolate: {}", printable(&stats.describe(&output)));
+                let t: Vec<_> = infos
+                    .iter()
+                    .map(|t| (t.file.clone(), t.truncated_at))
+                    .collect();
+                return Ok(exit_for(warn_truncated(&t)));
+            }
             let mut f = out_file(&output)?;
             let infos = match format {
                 ExportFormat::ChromeTrace => export::chrome_trace(&traces, &mut f, &mut bar)?,
@@ -754,6 +768,7 @@ fn real_main() -> Result<ExitCode> {
                     }
                     vec![info]
                 }
+                ExportFormat::Parquet => unreachable!("written above"),
             };
             let t: Vec<_> = infos
                 .iter()

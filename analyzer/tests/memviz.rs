@@ -1,7 +1,7 @@
 //! `isolate export --format memory-viz`: PyTorch's memory snapshot pickle.
 //!
-//! Each test builds a trace, exports it, and reads the pickle back twice: with serde-pickle (the
-//! structure, field by field) and with python3's own `pickle` module (what `torch.cuda._memory_viz`
+//! Each test builds a trace, exports it, and reads the pickle back twice: with the tests' own
+//! unpickler (`common::pickle`, into serde-pickle's values: the structure, field by field) and with python3's own `pickle` module (what `torch.cuda._memory_viz`
 //! and pytorch.org/memory_viz read), replaying `device_traces` to check the figures against
 //! `isolate summary --json` of the same trace and every opcode against the ones the web viewer's
 //! unpickler reads. Without python3 the Python half says so and passes, unless `CI` is set.
@@ -11,7 +11,7 @@ mod common;
 
 use common::*;
 use isolate_trace::{Api, Frame, Module, PyCode, Record, Stack, Stats};
-use serde_pickle::{DeOptions, HashableValue, Value};
+use serde_pickle::{HashableValue, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
@@ -138,7 +138,7 @@ fn export(dir: &Path, trace: &str, extra: &[&str]) -> (Out, Value) {
     let o = isolate(dir, &args);
     assert_eq!(o.code, 0, "{}", o.stderr);
     let raw = std::fs::read(dir.join("snap.pickle")).unwrap();
-    let v = serde_pickle::value_from_slice(&raw, DeOptions::new()).unwrap();
+    let v = pickle::load(&raw).unwrap();
     (o, v)
 }
 
@@ -490,4 +490,155 @@ fn one_trace_only_and_an_empty_trace() {
     want.insert(key("device_traces"), Value::List(vec![]));
     assert_eq!(v, Value::Dict(want));
     python_check(&d.path().join("snap.pickle"));
+}
+
+/// A trace of `allocs` allocations and frees made from `stacks` call stacks of `depth` Python
+/// frames each (every frame its own code object and line), in turn.
+fn shared_stacks_trace(allocs: u64, stacks: u32, depth: u32) -> TraceBuilder {
+    let mut t = TraceBuilder::new();
+    for s in 1..=stacks {
+        for f in 0..depth {
+            t.record(Record::PyCode(PyCode {
+                id: s * 1000 + f,
+                file: format!("/src/models/layer_{f}.py"),
+                name: format!("Block{s}.forward_{f}"),
+                first_line: 1,
+            }));
+        }
+        t.record(Record::Stack(Stack {
+            id: s,
+            frames: (0..depth)
+                .map(|f| Frame::Python {
+                    code: s * 1000 + f,
+                    line: 10 + f,
+                })
+                .collect(),
+            truncated: false,
+        }));
+    }
+    for i in 0..allocs {
+        let stack = (i % u64::from(stacks)) as u32 + 1;
+        let p = A + (i % 64) * MIB;
+        t.call_from(Api::CudaMalloc, p, MIB + i, stack);
+        t.call_from(Api::CudaFree, p, 0, stack);
+    }
+    t.end(Stats::default());
+    t
+}
+
+fn export_size(dir: &Path, name: &str, t: &TraceBuilder) -> u64 {
+    t.write(dir, &format!("{name}.trace"));
+    let out = format!("{name}.pickle");
+    let o = isolate(
+        dir,
+        &[
+            "export",
+            "--format",
+            "memory-viz",
+            &format!("{name}.trace"),
+            "-o",
+            &out,
+        ],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    std::fs::metadata(dir.join(&out)).unwrap().len()
+}
+
+/// What `python -m torch.cuda._memory_viz trace_plot` does with a snapshot, short of the page:
+/// `pickle.load`, then `pickle.dumps` of what it read (the page embeds that, in base64), and
+/// the keys its `trace_plot`/`segment_plot` read. Prints the sizes and what it counted.
+const PY_DUMPS: &str = r#"
+import json, pickle, sys
+raw = open(sys.argv[1], 'rb').read()
+s = pickle.loads(raw)
+again = pickle.dumps(s)
+frames = set()
+entries = 0
+for dev in s['device_traces']:
+    for e in dev:
+        entries += 1
+        assert {'action', 'size', 'frames', 'time_us'} <= set(e), sorted(e)
+        for f in e['frames']:
+            frames.add((f['filename'], f['line'], f['name']))
+shared = len({id(e['frames']) for dev in s['device_traces'] for e in dev})
+print(json.dumps({'file': len(raw), 'dumps': len(again), 'entries': entries,
+                  'distinct_frames': len(frames), 'frames_lists': shared}))
+"#;
+
+#[test]
+fn size_grows_with_distinct_frames_not_with_allocations_times_depth() {
+    let d = tempfile::tempdir().unwrap();
+    let (stacks, depth) = (4, 50);
+    let base = export_size(d.path(), "base", &shared_stacks_trace(1000, stacks, depth));
+    let more = export_size(d.path(), "more", &shared_stacks_trace(2000, stacks, depth));
+    let deeper = export_size(
+        d.path(),
+        "deep",
+        &shared_stacks_trace(1000, stacks, 2 * depth),
+    );
+    // An allocation and its free are 5 entries of 8 keys each. Written without the memo, each
+    // entry carried its 50 frames in full (about 2.5 kB): 12 kB an allocation.
+    eprintln!(
+        "memory-viz export: {base} bytes (1000 allocations), {more} (2000), {deeper} (1000, depth {})",
+        2 * depth
+    );
+    let per_alloc = (more - base) / 1000;
+    assert!(
+        per_alloc < 400,
+        "each allocation adds {per_alloc} bytes ({base} bytes for 1000, {more} for 2000): its frames are written again"
+    );
+    // Twice the depth adds the 200 new frames once each (a dict of three strings), not on
+    // every one of 5000 entries.
+    let per_new_frame = (deeper - base) / u64::from(stacks * depth);
+    assert!(
+        per_new_frame < 200,
+        "each new frame adds {per_new_frame} bytes ({base} bytes at depth {depth}, {deeper} at {}): frames are written per entry",
+        2 * depth
+    );
+    assert!(
+        base < 400 * 1000 + 200 * u64::from(stacks * depth) + 4096,
+        "{base} bytes"
+    );
+
+    // The export reads back as it was built: every entry of a stack has all its frames.
+    let v = pickle::load(&std::fs::read(d.path().join("base.pickle")).unwrap()).unwrap();
+    let entries = list(&list(get(&v, "device_traces"))[0]);
+    assert_eq!(entries.len(), 5000);
+    for (i, e) in entries.iter().enumerate() {
+        let stack = (i / 5) as u32 % stacks + 1;
+        let frames = list(get(e, "frames"));
+        assert_eq!(frames.len(), depth as usize, "entry {i}");
+        for (f, fr) in frames.iter().enumerate() {
+            assert_eq!(int(get(fr, "line")), 10 + f as i64, "entry {i}");
+            assert_eq!(
+                string(get(fr, "name")),
+                format!("Block{stack}.forward_{f}"),
+                "entry {i}"
+            );
+        }
+    }
+
+    // Python reads it (the viewer's opcodes, the figures), and `pickle.dumps` of what it read
+    // (what `_memory_viz trace_plot` puts in its page) keeps the sharing: no larger.
+    let p = d.path().join("base.pickle");
+    if let Some(py) = python_check(&p) {
+        assert_eq!(py["count"]["alloc"], 1000);
+        assert_eq!(py["peak"], MIB + 999);
+        let o = Command::new("python3")
+            .arg("-c")
+            .arg(PY_DUMPS)
+            .arg(&p)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let py: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(py["entries"], 5000);
+        assert_eq!(py["distinct_frames"], stacks * depth);
+        assert_eq!(py["frames_lists"], stacks, "{py}");
+        assert!(
+            py["dumps"].as_u64().unwrap() <= base + base / 2,
+            "pickle.dumps of it is {} bytes, the file {base}",
+            py["dumps"]
+        );
+    }
 }

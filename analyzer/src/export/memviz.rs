@@ -39,7 +39,6 @@ use crate::stacks::{StackTable, export_frames};
 use crate::track::{Category, EndHow, Ended, Live, Node, Observer};
 use isolate_trace::{Event, Header, Kind, Memory, Record};
 use rustc_hash::FxHashMap;
-use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io::Write;
@@ -54,7 +53,7 @@ pub const DEFAULT_MAX_EVENTS: usize = 1_000_000;
 pub const MAX_DEVICE: u32 = 1023;
 
 /// One frame as PyTorch writes it: `{filename, line, name}`.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct PyFrame {
     pub filename: String,
     pub line: i64,
@@ -384,148 +383,390 @@ impl Observer for MemViz {
     }
 }
 
-// The snapshot, serialized straight from the model's state.
+// The snapshot, written straight from the model's state by a pickler with Python's memo.
 
-struct Snapshot<'a>(&'a MemViz);
-struct Frames<'a>(&'a Stacks, u32);
-struct Segments<'a>(&'a MemViz);
-struct Seg<'a>(&'a MemViz, &'a Shown);
-struct Blocks<'a>(&'a MemViz, &'a Shown);
-struct Traces<'a>(&'a MemViz);
-struct DeviceTrace<'a>(&'a MemViz, u32);
-struct Entry<'a>(&'a MemViz, &'a Op, &'static str);
+/// Python's pickle, protocol 4, as much of it as the snapshot needs, written by hand for its
+/// **memo**: every string (the dicts' keys, the actions, file and function names) is written
+/// once and named by its memo index after that (`BINGET`, 2 bytes while the index is below 256,
+/// `LONG_BINGET`, 5 bytes, beyond), every distinct frame dict once, and every stack's frames
+/// list once: an entry's `frames` is one `BINGET` of its stack's list. PyTorch's own snapshot is
+/// shared the same way (its pickler memoizes strings, and `ivalue_symbolize` makes one dict per
+/// distinct frame and one list per distinct traceback), so the file grows with the distinct
+/// frames and stacks, not with allocations × depth. serde-pickle has no memo: with it, 10
+/// GPT-2 steps (8,607 allocations, every entry's frames written in full) made 248 MB.
+///
+/// The strings of [`VOCAB`] (keys and actions, in every entry) have the memo's first indices,
+/// whenever they are first written, so that naming them takes 2 bytes however many frames
+/// come before: objects are memoized with `BINPUT`/`LONG_BINPUT` at indices chosen here, not
+/// with `MEMOIZE` (whose index is the memo's size, which reserved indices would upset).
+///
+/// `pickle.load` gives back one list object per stack (entries of one stack share it), as it
+/// does for PyTorch's snapshot; `pickle.dumps` of it (what `_memory_viz trace_plot` embeds in
+/// its page) keeps the sharing. The opcodes are among those the web viewer's unpickler reads
+/// (MemoryViz.js: `BINPUT`, `LONG_BINPUT`, `BINGET`, `LONG_BINGET`, `SHORT_BINUNICODE`, …).
+struct Pickler<'a, W: Write> {
+    out: &'a mut W,
+    /// The next memo index for an object not in [`VOCAB`].
+    memo: u32,
+    strings: FxHashMap<Box<str>, u32>,
+    /// Frame `(filename, line, name)` → the memo index of its dict.
+    frames: FxHashMap<PyFrame, u32>,
+    /// Stack id → the memo index of its frames list.
+    stacks: FxHashMap<u32, u32>,
+}
 
-impl Serialize for Frames<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        if self.1 == 0 {
-            return s.serialize_seq(Some(0))?.end();
+/// The strings every snapshot repeats: memo indices 0 to `VOCAB.len() - 1` are theirs.
+const VOCAB: [&str; 40] = [
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "time_us",
+    "frames",
+    "compile_context",
+    "user_metadata",
+    "",
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "oom",
+    "device_free",
+    "filename",
+    "line",
+    "name",
+    "segments",
+    "device_traces",
+    "device",
+    "address",
+    "total_size",
+    "allocated_size",
+    "active_size",
+    "requested_size",
+    "segment_type",
+    "segment_pool_id",
+    "is_expandable",
+    "blocks",
+    "state",
+    "active_allocated",
+    "small",
+    "large",
+    "??",
+    "<module>",
+    "forward",
+];
+
+/// Items per `MARK … APPENDS`/`SETITEMS` batch, as Python's pickler batches them.
+const BATCH: usize = 1000;
+
+mod op {
+    pub const PROTO: u8 = 0x80;
+    pub const STOP: u8 = b'.';
+    pub const MARK: u8 = b'(';
+    pub const EMPTY_DICT: u8 = b'}';
+    pub const EMPTY_LIST: u8 = b']';
+    pub const SETITEMS: u8 = b'u';
+    pub const APPENDS: u8 = b'e';
+    pub const TUPLE2: u8 = 0x86;
+    pub const NEWTRUE: u8 = 0x88;
+    pub const NEWFALSE: u8 = 0x89;
+    pub const BININT1: u8 = b'K';
+    pub const BININT2: u8 = b'M';
+    pub const BININT: u8 = b'J';
+    pub const LONG1: u8 = 0x8a;
+    pub const SHORT_BINUNICODE: u8 = 0x8c;
+    pub const BINUNICODE: u8 = b'X';
+    pub const BINPUT: u8 = b'q';
+    pub const LONG_BINPUT: u8 = b'r';
+    pub const BINGET: u8 = b'h';
+    pub const LONG_BINGET: u8 = b'j';
+}
+
+impl<'a, W: Write> Pickler<'a, W> {
+    fn new(out: &'a mut W) -> Self {
+        Pickler {
+            out,
+            memo: VOCAB.len() as u32,
+            strings: FxHashMap::default(),
+            frames: FxHashMap::default(),
+            stacks: FxHashMap::default(),
         }
-        let frames = self.0.frames(self.1);
-        let mut seq = s.serialize_seq(Some(frames.len()))?;
-        for f in frames.iter() {
-            seq.serialize_element(f)?;
-        }
-        seq.end()
     }
-}
 
-impl Serialize for Snapshot<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(2))?;
-        m.serialize_entry("segments", &Segments(self.0))?;
-        m.serialize_entry("device_traces", &Traces(self.0))?;
-        m.end()
+    fn op(&mut self, b: u8) -> std::io::Result<()> {
+        self.out.write_all(&[b])
     }
-}
 
-impl Serialize for Segments<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.0.end.len()))?;
-        for sh in &self.0.end {
-            seq.serialize_element(&Seg(self.0, sh))?;
-        }
-        seq.end()
-    }
-}
-
-impl Serialize for Seg<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let (mv, sh) = (self.0, self.1);
-        let size = int(sh.size);
-        let mut m = s.serialize_map(Some(12))?;
-        m.serialize_entry("device", &i64::from(sh.device))?;
-        m.serialize_entry("address", &int(sh.addr))?;
-        m.serialize_entry("total_size", &size)?;
-        m.serialize_entry("allocated_size", &size)?;
-        m.serialize_entry("active_size", &size)?;
-        m.serialize_entry("requested_size", &size)?;
-        m.serialize_entry("stream", &int(sh.stream))?;
-        // PyTorch's large pool holds blocks over 1 MiB.
-        m.serialize_entry(
-            "segment_type",
-            if sh.size > 1 << 20 { "large" } else { "small" },
-        )?;
-        m.serialize_entry("segment_pool_id", &(0i64, 0i64))?;
-        m.serialize_entry("is_expandable", &sh.expandable)?;
-        m.serialize_entry("frames", &Frames(&mv.stacks, sh.stack))?;
-        m.serialize_entry("blocks", &Blocks(mv, sh))?;
-        m.end()
-    }
-}
-
-impl Serialize for Blocks<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        struct Block<'a>(&'a MemViz, &'a Shown);
-        impl Serialize for Block<'_> {
-            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                let mut m = s.serialize_map(Some(5))?;
-                m.serialize_entry("address", &int(self.1.addr))?;
-                m.serialize_entry("size", &int(self.1.size))?;
-                m.serialize_entry("requested_size", &int(self.1.size))?;
-                m.serialize_entry("state", "active_allocated")?;
-                m.serialize_entry("frames", &Frames(&self.0.stacks, self.1.stack))?;
-                m.end()
+    /// Memoizes the object on top of the stack at index `i`.
+    fn put(&mut self, i: u32) -> std::io::Result<()> {
+        match u8::try_from(i) {
+            Ok(b) => self.out.write_all(&[op::BINPUT, b]),
+            Err(_) => {
+                self.op(op::LONG_BINPUT)?;
+                self.out.write_all(&i.to_le_bytes())
             }
         }
-        let mut seq = s.serialize_seq(Some(1))?;
-        seq.serialize_element(&Block(self.0, self.1))?;
-        seq.end()
     }
-}
 
-impl Serialize for Traces<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let n = self.0.max_device.map_or(0, |d| d + 1);
-        let mut seq = s.serialize_seq(Some(n as usize))?;
-        for d in 0..n {
-            seq.serialize_element(&DeviceTrace(self.0, d))?;
-        }
-        seq.end()
+    /// Memoizes the object on top of the stack at the next free index; returns it.
+    fn memoize(&mut self) -> std::io::Result<u32> {
+        let i = self.memo;
+        self.memo += 1;
+        self.put(i)?;
+        Ok(i)
     }
-}
 
-impl Serialize for DeviceTrace<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mv = self.0;
-        let mut seq = s.serialize_seq(None)?;
-        for op in mv.ring.iter().filter(|op| op.device == self.1) {
-            let actions: &[&'static str] = match (op.action, op.mapped) {
-                (Action::Alloc, false) => &["segment_alloc", "alloc"],
-                (Action::Alloc, true) => &["segment_map", "alloc"],
-                (Action::Free, false) => &["free_requested", "free_completed", "segment_free"],
-                (Action::Free, true) => &["free_requested", "free_completed", "segment_unmap"],
-                (Action::Oom, _) => &["oom"],
-            };
-            for a in actions {
-                seq.serialize_element(&Entry(mv, op, a))?;
+    fn get(&mut self, i: u32) -> std::io::Result<()> {
+        match u8::try_from(i) {
+            Ok(b) => self.out.write_all(&[op::BINGET, b]),
+            Err(_) => {
+                self.op(op::LONG_BINGET)?;
+                self.out.write_all(&i.to_le_bytes())
             }
         }
-        seq.end()
     }
-}
 
-impl Serialize for Entry<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let (mv, op) = (self.0, self.1);
-        let mut m = s.serialize_map(Some(8))?;
-        m.serialize_entry("action", self.2)?;
-        if op.action == Action::Oom {
-            // Unknown: the trace does not record the device's free memory.
-            m.serialize_entry("device_free", &0i64)?;
+    fn str(&mut self, s: &str) -> std::io::Result<()> {
+        if let Some(&i) = self.strings.get(s) {
+            return self.get(i);
+        }
+        match u8::try_from(s.len()) {
+            Ok(n) => self.out.write_all(&[op::SHORT_BINUNICODE, n])?,
+            Err(_) => {
+                self.op(op::BINUNICODE)?;
+                // A string over 4 GiB cannot come from a trace (its records are smaller).
+                let n = u32::try_from(s.len()).unwrap_or(u32::MAX);
+                self.out.write_all(&n.to_le_bytes())?;
+            }
+        }
+        self.out.write_all(s.as_bytes())?;
+        let i = match VOCAB.iter().position(|v| *v == s) {
+            Some(v) => {
+                self.put(v as u32)?;
+                v as u32
+            }
+            None => self.memoize()?,
+        };
+        self.strings.insert(s.into(), i);
+        Ok(())
+    }
+
+    /// A signed 64-bit integer, in the fewest bytes Python would use.
+    fn int(&mut self, v: i64) -> std::io::Result<()> {
+        if let Ok(b) = u8::try_from(v) {
+            self.out.write_all(&[op::BININT1, b])
+        } else if let Ok(h) = u16::try_from(v) {
+            self.op(op::BININT2)?;
+            self.out.write_all(&h.to_le_bytes())
+        } else if let Ok(w) = i32::try_from(v) {
+            self.op(op::BININT)?;
+            self.out.write_all(&w.to_le_bytes())
         } else {
-            m.serialize_entry("addr", &int(op.addr))?;
+            // LONG1: little-endian two's complement, without the sign's extra bytes.
+            let b = v.to_le_bytes();
+            let mut n = 8;
+            while n > 1
+                && ((b[n - 1] == 0 && b[n - 2] & 0x80 == 0)
+                    || (b[n - 1] == 0xff && b[n - 2] & 0x80 != 0))
+            {
+                n -= 1;
+            }
+            self.out.write_all(&[op::LONG1, n as u8])?;
+            self.out.write_all(&b[..n])
         }
-        m.serialize_entry("size", &int(op.size))?;
-        m.serialize_entry("stream", &int(op.stream))?;
-        m.serialize_entry("time_us", &mv.time_us(op.ts_ns))?;
-        m.serialize_entry("frames", &Frames(&mv.stacks, op.stack))?;
-        m.serialize_entry("compile_context", "")?;
-        m.serialize_entry("user_metadata", "")?;
-        m.end()
+    }
+
+    fn bool(&mut self, v: bool) -> std::io::Result<()> {
+        self.op(if v { op::NEWTRUE } else { op::NEWFALSE })
+    }
+
+    /// `(key, value)` pairs of a dict already on the stack: `MARK … SETITEMS`.
+    fn items(&mut self, f: impl FnOnce(&mut Self) -> std::io::Result<()>) -> std::io::Result<()> {
+        self.op(op::MARK)?;
+        f(self)?;
+        self.op(op::SETITEMS)
+    }
+
+    /// Stack `id`'s frames: `[]` for none, else its list, written the first time and named by
+    /// its memo index after that.
+    fn frames(&mut self, stacks: &Stacks, id: u32) -> std::io::Result<()> {
+        if id == 0 {
+            return self.op(op::EMPTY_LIST);
+        }
+        if let Some(&i) = self.stacks.get(&id) {
+            return self.get(i);
+        }
+        let frames = stacks.frames(id);
+        self.op(op::EMPTY_LIST)?;
+        if frames.is_empty() {
+            // A stack with no frames: an empty list of its own, as for no stack.
+            return Ok(());
+        }
+        for chunk in frames.chunks(BATCH) {
+            self.op(op::MARK)?;
+            for f in chunk {
+                self.frame(f)?;
+            }
+            self.op(op::APPENDS)?;
+        }
+        let i = self.memoize()?;
+        self.stacks.insert(id, i);
+        Ok(())
+    }
+
+    /// One frame: `{filename, line, name}`, written the first time and named after that.
+    fn frame(&mut self, f: &PyFrame) -> std::io::Result<()> {
+        if let Some(&i) = self.frames.get(f) {
+            return self.get(i);
+        }
+        self.op(op::EMPTY_DICT)?;
+        self.items(|p| {
+            p.str("filename")?;
+            p.str(&f.filename)?;
+            p.str("line")?;
+            p.int(f.line)?;
+            p.str("name")?;
+            p.str(&f.name)
+        })?;
+        let i = self.memoize()?;
+        self.frames.insert(f.clone(), i);
+        Ok(())
+    }
+
+    /// A list of `items`, each written by `one`, in batches.
+    fn list<T>(
+        &mut self,
+        items: impl Iterator<Item = T>,
+        mut one: impl FnMut(&mut Self, T) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        self.op(op::EMPTY_LIST)?;
+        let mut items = items.peekable();
+        while items.peek().is_some() {
+            self.op(op::MARK)?;
+            for x in items.by_ref().take(BATCH) {
+                one(self, x)?;
+            }
+            self.op(op::APPENDS)?;
+        }
+        Ok(())
+    }
+
+    fn snapshot(&mut self, mv: &MemViz) -> std::io::Result<()> {
+        self.out.write_all(&[op::PROTO, 4])?;
+        self.op(op::EMPTY_DICT)?;
+        self.items(|p| {
+            p.str("segments")?;
+            p.list(mv.end.iter(), |p, sh| p.segment(mv, sh))?;
+            p.str("device_traces")?;
+            let n = mv.max_device.map_or(0, |d| d + 1);
+            p.list(0..n, |p, d| {
+                p.list(
+                    mv.ring.iter().filter(|op| op.device == d),
+                    |p, op| -> std::io::Result<()> {
+                        for a in op_actions(op) {
+                            p.entry(mv, op, a)?;
+                        }
+                        Ok(())
+                    },
+                )
+            })
+        })?;
+        self.op(op::STOP)
+    }
+
+    fn segment(&mut self, mv: &MemViz, sh: &Shown) -> std::io::Result<()> {
+        let size = int(sh.size);
+        self.op(op::EMPTY_DICT)?;
+        self.items(|p| {
+            p.str("device")?;
+            p.int(i64::from(sh.device))?;
+            p.str("address")?;
+            p.int(int(sh.addr))?;
+            for k in [
+                "total_size",
+                "allocated_size",
+                "active_size",
+                "requested_size",
+            ] {
+                p.str(k)?;
+                p.int(size)?;
+            }
+            p.str("stream")?;
+            p.int(int(sh.stream))?;
+            p.str("segment_type")?;
+            // PyTorch's large pool holds blocks over 1 MiB.
+            p.str(if sh.size > 1 << 20 { "large" } else { "small" })?;
+            p.str("segment_pool_id")?;
+            p.int(0)?;
+            p.int(0)?;
+            p.op(op::TUPLE2)?;
+            p.str("is_expandable")?;
+            p.bool(sh.expandable)?;
+            p.str("frames")?;
+            p.frames(&mv.stacks, sh.stack)?;
+            p.str("blocks")?;
+            p.list(std::iter::once(sh), |p, sh| {
+                p.op(op::EMPTY_DICT)?;
+                p.items(|p| {
+                    p.str("address")?;
+                    p.int(int(sh.addr))?;
+                    p.str("size")?;
+                    p.int(size)?;
+                    p.str("requested_size")?;
+                    p.int(size)?;
+                    p.str("state")?;
+                    p.str("active_allocated")?;
+                    p.str("frames")?;
+                    p.frames(&mv.stacks, sh.stack)
+                })
+            })
+        })
+    }
+
+    fn entry(&mut self, mv: &MemViz, op: &Op, action: &str) -> std::io::Result<()> {
+        self.op(op::EMPTY_DICT)?;
+        self.items(|p| {
+            p.str("action")?;
+            p.str(action)?;
+            if op.action == Action::Oom {
+                // Unknown: the trace does not record the device's free memory.
+                p.str("device_free")?;
+                p.int(0)?;
+            } else {
+                p.str("addr")?;
+                p.int(int(op.addr))?;
+            }
+            p.str("size")?;
+            p.int(int(op.size))?;
+            p.str("stream")?;
+            p.int(int(op.stream))?;
+            p.str("time_us")?;
+            p.int(mv.time_us(op.ts_ns))?;
+            p.str("frames")?;
+            p.frames(&mv.stacks, op.stack)?;
+            p.str("compile_context")?;
+            p.str("")?;
+            p.str("user_metadata")?;
+            p.str("")
+        })
     }
 }
 
-/// Writes PyTorch's memory snapshot of the trace at `path` to `out` (a pickle, protocol 3),
+/// The `device_traces` actions an op is.
+fn op_actions(op: &Op) -> &'static [&'static str] {
+    match (op.action, op.mapped) {
+        (Action::Alloc, false) => &["segment_alloc", "alloc"],
+        (Action::Alloc, true) => &["segment_map", "alloc"],
+        (Action::Free, false) => &["free_requested", "free_completed", "segment_free"],
+        (Action::Free, true) => &["free_requested", "free_completed", "segment_unmap"],
+        (Action::Oom, _) => &["oom"],
+    }
+}
+
+/// Writes PyTorch's memory snapshot of the trace at `path` to `out` (a pickle, protocol 4, with the memo: see [`Pickler`]),
 /// keeping the most recent `max_events` entries of `device_traces`.
 pub fn memory_viz<W: Write>(
     path: &Path,
@@ -535,12 +776,9 @@ pub fn memory_viz<W: Write>(
 ) -> Result<(TraceInfo, MemoryVizStats), Error> {
     let mut mv = MemViz::new(max_events);
     let info = analyze(path, progress, &mut mv)?;
-    serde_pickle::to_writer(out, &Snapshot(&mv), serde_pickle::SerOptions::new()).map_err(|e| {
-        match e {
-            serde_pickle::Error::Io(e) => Error::io(None, e),
-            e => Error::io(None, std::io::Error::other(e.to_string())),
-        }
-    })?;
+    Pickler::new(out)
+        .snapshot(&mv)
+        .map_err(|e| Error::io(None, e))?;
     out.flush().map_err(|e| Error::io(None, e))?;
     Ok((info, mv.stats))
 }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub mod one_live;
+pub mod pickle;
 pub mod rusage;
 
 /// Called by a test that cannot run here because something it needs is missing: `why` says
