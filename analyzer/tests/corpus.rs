@@ -125,6 +125,11 @@ fn check_stderr(what: &str, r: &Ran, name: &str, at: Option<u64>) {
                 l.contains(&format!("at byte {at}")),
                 "{what}: the line does not say `at byte {at}`: {l}"
             );
+            // In words: never a Rust value (`UnexpectedEnd { additional: 635 }`).
+            assert!(
+                !l.contains('{') && !l.contains("LimitExceeded"),
+                "{what}: the line prints a Rust value: {l}"
+            );
         }
     }
 }

@@ -109,6 +109,57 @@ fn corrupt_trace_names_file_and_offset() {
     );
 }
 
+/// A record whose bytes are wrong is named in words (what was wrong), with the file and the
+/// offset: never bincode's Debug value (`Utf8 { inner: Utf8Error { … } }`,
+/// `UnexpectedVariant { type_name: "WireRecord", … }`).
+#[test]
+fn corrupt_records_are_told_in_words() {
+    let d = tempfile::tempdir().unwrap();
+    let mut t = TraceBuilder::new();
+    t.malloc(A, 4096);
+    let before = t.bytes().len();
+    t.text_note(isolate_trace::NoteKind::Mark, 1, 0, "abcdefgh");
+    let at = t.bytes().len();
+    t.malloc(A + 4096, 4096);
+    t.end(Stats::default());
+    let good = t.bytes();
+    // The mark's text made not UTF-8.
+    let mut utf8 = good.clone();
+    let i = before
+        + good[before..at]
+            .windows(8)
+            .position(|w| w == b"abcdefgh")
+            .unwrap();
+    utf8[i + 4] = 0xff;
+    // The next record's kind (the payload's first byte, after a 1-byte length) made unknown.
+    let mut variant = good.clone();
+    variant[at + 1] = 200;
+    for (name, bytes, off, words) in [
+        (
+            "utf8.trace",
+            &utf8,
+            before,
+            "a text in it is not UTF-8 (a bad byte after 4 good ones)",
+        ),
+        ("variant.trace", &variant, at, "unknown record kind 200"),
+    ] {
+        std::fs::write(d.path().join(name), bytes).unwrap();
+        for o in run_all(d.path(), name) {
+            assert_eq!(o.code, 2, "{}", o.stderr);
+            assert!(
+                o.stderr.contains(&format!(
+                    "{name}: at byte {off}: corrupt frame: the record does not decode: {words}"
+                )),
+                "{}",
+                o.stderr
+            );
+            for debug in ["{", "Utf8", "Variant", "type_name"] {
+                assert!(!o.stderr.contains(debug), "{}", o.stderr);
+            }
+        }
+    }
+}
+
 #[test]
 fn foreign_and_missing_files() {
     let d = tempfile::tempdir().unwrap();
@@ -127,18 +178,27 @@ fn foreign_and_missing_files() {
             o.stderr
         );
     }
-    let o = isolate(d.path(), &["summary", "empty"]);
-    assert_eq!(o.code, 2);
-    assert!(
-        o.stderr.contains("empty: at byte 0: not an isolate trace"),
-        "{}",
-        o.stderr
-    );
+    // Empty, or the magic's first byte only (a disk full as the trace began): truncated, not
+    // foreign.
+    std::fs::write(d.path().join("one"), b"I").unwrap();
+    for (file, at) in [("empty", 0), ("one", 1)] {
+        for o in run_all(d.path(), file) {
+            assert_eq!(o.code, 2);
+            assert!(
+                o.stderr
+                    .contains(&format!("{file}: at byte {at}: the file "))
+                    && o.stderr.contains("(truncated"),
+                "{}",
+                o.stderr
+            );
+            assert!(!o.stderr.contains("not an isolate trace"), "{}", o.stderr);
+        }
+    }
     let o = isolate(d.path(), &["summary", "short"]);
     assert_eq!(o.code, 2);
     assert!(
         o.stderr
-            .contains("short: at byte 12: file ends inside the trace header"),
+            .contains("short: at byte 12: the file ends inside the trace header (truncated"),
         "{}",
         o.stderr
     );

@@ -23,7 +23,7 @@
 //! ```
 
 use crate::api::Api;
-use crate::error::{ErrorKind, TraceError};
+use crate::error::{ErrorKind, TraceError, decode_words};
 use crate::record::{Event, Header, Record};
 use crate::wire::{CONFIG, FrameLength, WireRecord, plain_record};
 use crate::{FORMAT_VERSION, MAGIC};
@@ -103,6 +103,10 @@ impl<R: Read> Reader<R> {
         };
         let avail = r.fill(12)?;
         let n = avail.min(8);
+        if n < 8 && r.buf[..n] == MAGIC[..n] {
+            // Nothing but the start of the magic: a trace cut as it began (a disk already full).
+            return Err(r.err(n as u64, ErrorKind::TruncatedHeader));
+        }
         if n < 8 || r.buf[..8] != MAGIC {
             let found = r.buf[..n].to_vec();
             return Err(r.err(0, ErrorKind::NotATrace { found }));
@@ -135,8 +139,12 @@ impl<R: Read> Reader<R> {
             Frame::Eof | Frame::Truncated => return Err(r.err(at, ErrorKind::TruncatedHeader)),
         };
         let (header, used): (Header, usize) =
-            bincode::decode_from_slice(&r.buf[start..start + len], CONFIG)
-                .map_err(|e| r.err(at, ErrorKind::Corrupt(format!("undecodable header: {e}"))))?;
+            bincode::decode_from_slice(&r.buf[start..start + len], CONFIG).map_err(|e| {
+                r.err(
+                    at,
+                    ErrorKind::Corrupt(format!("the header does not decode: {}", decode_words(&e))),
+                )
+            })?;
         if used != len {
             return Err(r.err(
                 at,
@@ -305,7 +313,7 @@ impl<R: Read> Reader<R> {
     fn slow(&mut self, start: usize, len: usize) -> Result<Option<Record>, String> {
         let payload = &self.buf[start..start + len];
         let (wire, used): (WireRecord, usize) = bincode::decode_from_slice(payload, CONFIG)
-            .map_err(|e| format!("undecodable record: {e}"))?;
+            .map_err(|e| format!("the record does not decode: {}", decode_words(&e)))?;
         if used != payload.len() {
             return Err(format!(
                 "record is {} bytes but its frame says {}",

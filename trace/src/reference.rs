@@ -3,7 +3,7 @@
 //! fuzzer `trace/tests/fuzz.rs`, the libFuzzer target `trace/fuzz`). Compiled for the crate's
 //! tests and with the feature `reference`; not part of the library's API.
 
-use crate::error::{ErrorKind, TraceError};
+use crate::error::{ErrorKind, TraceError, decode_words};
 use crate::record::{Header, Record};
 use crate::wire::{CONFIG, Decoder, FrameLength};
 use crate::{FORMAT_VERSION, MAGIC};
@@ -56,6 +56,9 @@ impl<R: Read> Reader<R> {
         };
         let mut magic = [0u8; 8];
         let n = read_full(&mut inner, &mut magic).map_err(|e| err(0, ErrorKind::Io(e)))?;
+        if n < 8 && magic[..n] == MAGIC[..n] {
+            return Err(err(n as u64, ErrorKind::TruncatedHeader));
+        }
         if n < 8 || magic != MAGIC {
             return Err(err(
                 0,
@@ -101,8 +104,13 @@ impl<R: Read> Reader<R> {
             Frame::Full => {}
             Frame::Eof | Frame::Truncated => return Err(r.err(at, ErrorKind::TruncatedHeader)),
         }
-        let (header, used): (Header, usize) = bincode::decode_from_slice(&r.buf, CONFIG)
-            .map_err(|e| r.err(at, ErrorKind::Corrupt(format!("undecodable header: {e}"))))?;
+        let (header, used): (Header, usize) =
+            bincode::decode_from_slice(&r.buf, CONFIG).map_err(|e| {
+                r.err(
+                    at,
+                    ErrorKind::Corrupt(format!("the header does not decode: {}", decode_words(&e))),
+                )
+            })?;
         if used != r.buf.len() {
             return Err(r.err(
                 at,

@@ -136,6 +136,35 @@ fn foreign_file_named() {
     );
 }
 
+/// A file of nothing, or of the magic's first bytes only (a disk full as the trace began), is a
+/// trace cut short, not a foreign file; both readers say so, with where the file ends.
+#[test]
+fn a_cut_magic_is_truncated_not_foreign() {
+    for n in 0..8 {
+        let bytes = &crate::MAGIC[..n];
+        let fast = Reader::new(bytes, Some("t.trace".into())).err().unwrap();
+        let slow = crate::reference::Reader::new(bytes, Some("t.trace".into()))
+            .err()
+            .unwrap();
+        for e in [fast, slow] {
+            let msg = e.to_string();
+            assert!(matches!(e.kind, ErrorKind::TruncatedHeader), "{msg}");
+            assert_eq!(e.offset, n as u64, "{msg}");
+            assert!(msg.starts_with(&format!("t.trace: at byte {n}: ")), "{msg}");
+            assert!(msg.contains("truncated"), "{msg}");
+            assert!(!msg.contains("not an isolate trace"), "{msg}");
+        }
+    }
+    let e = Reader::new(&b"I"[..], None).err().unwrap();
+    assert!(
+        e.to_string()
+            .contains("ends inside the trace header (truncated")
+    );
+    // One wrong byte is a foreign file again.
+    let e = Reader::new(&b"ISOX"[..], None).err().unwrap();
+    assert!(e.to_string().contains("not an isolate trace"), "{e}");
+}
+
 #[test]
 fn huge_length_does_not_allocate() {
     let mut bytes = Vec::new();

@@ -339,7 +339,12 @@ impl Decoder {
     /// Decodes one payload. `Ok(None)` for frames that only update the decoder (threads).
     pub(crate) fn decode(&mut self, payload: &[u8]) -> Result<Option<Record>, String> {
         let (wire, used): (WireRecord, usize) = bincode::decode_from_slice(payload, CONFIG)
-            .map_err(|e| format!("undecodable record: {e}"))?;
+            .map_err(|e| {
+                format!(
+                    "the record does not decode: {}",
+                    crate::error::decode_words(&e)
+                )
+            })?;
         if used != payload.len() {
             return Err(format!(
                 "record is {} bytes but its frame says {}",
