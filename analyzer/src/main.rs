@@ -465,6 +465,8 @@ fn real_main() -> Result<ExitCode> {
                 trace,
                 command,
             };
+            // Before anything is said or run: a setting the library would refuse stops here.
+            run::check_settings(&opts)?;
             let mode = opts.effective_mode();
             let (pattern, source) = opts.effective_trace();
             eprintln!("{}", printable(&run::mode_line(&mode, &pattern)));

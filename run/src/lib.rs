@@ -102,6 +102,71 @@ impl RunOptions {
     }
 }
 
+/// Checks the settings the command would get (this environment's `ISOLATE_*`, `--mode` and
+/// `--trace` over them) with the library's own parser ([`isolate_trace::config`]), so that a
+/// value the library would refuse stops `isolate run` before the command starts: one line
+/// naming the variable and what is accepted, and the command not run. Without it, the command
+/// started, the library refused it, and `isolate` went on to say no trace was written.
+///
+/// ```
+/// let opts = isolate_run::RunOptions {
+///     mode: Some("LOG".into()),
+///     command: vec!["true".into()],
+///     ..Default::default()
+/// };
+/// let e = isolate_run::check_settings(&opts).unwrap_err().to_string();
+/// assert!(e.starts_with("--mode LOG: ISOLATE_MODE=\"LOG\" is not valid; accepted: log, isolate, off"), "{e}");
+/// ```
+pub fn check_settings(opts: &RunOptions) -> Result<(), Error> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| k.as_bytes().starts_with(b"ISOLATE_"))
+        .collect();
+    let flags = [
+        ("ISOLATE_MODE", "--mode", &opts.mode),
+        ("ISOLATE_TRACE", "--trace", &opts.trace),
+    ];
+    for (name, _, value) in flags {
+        if let Some(v) = value {
+            vars.retain(|(k, _)| k != name);
+            vars.push((name.into(), v.into()));
+        }
+    }
+    let checked =
+        isolate_trace::config::check_utf8(vars.iter().map(|(k, v)| (k.as_os_str(), v.as_os_str())))
+            .and_then(|()| {
+                isolate_trace::config::from_env(
+                    |k| {
+                        vars.iter()
+                            .find(|(n, _)| n == k)
+                            .and_then(|(_, v)| v.to_str().map(str::to_owned))
+                    },
+                    vars.iter().map(|(k, _)| k.to_string_lossy().into_owned()),
+                )
+            });
+    let Err(msg) = checked else {
+        return Ok(());
+    };
+    // Which of the flags set what the message is about.
+    let said: Vec<String> = flags
+        .iter()
+        .filter_map(|(name, flag, value)| {
+            let v = value.as_ref()?;
+            msg.contains(name)
+                .then(|| format!("{flag} {}", shell_quote(v)))
+        })
+        .collect();
+    let by = if said.is_empty() {
+        String::new()
+    } else {
+        format!("{}: ", said.join(", "))
+    };
+    Err(Error::invalid(format!(
+        "{by}{}; the command was not run",
+        printable(&msg)
+    )))
+}
+
 /// The first line `isolate run` prints: the mode, what it finds, and where the traces go.
 ///
 /// ```
@@ -340,11 +405,23 @@ pub fn run(opts: &RunOptions) -> Result<Finished, Error> {
     if opts.effective_mode() != "off" && std::env::var_os("NVTX_INJECTION64_PATH").is_none() {
         cmd.env("NVTX_INJECTION64_PATH", preload);
     }
-    if let Some(t) = &opts.trace {
-        cmd.env("ISOLATE_TRACE", t);
-    }
     let tracing = opts.effective_mode() != "off";
     let (pattern, _) = opts.effective_trace();
+    // A relative pattern is the starting directory's, as it is for the traces looked for below:
+    // the command gets it made absolute, so that a command that changes directory before its
+    // first CUDA call still writes its trace where `isolate` finds it.
+    let start_dir = std::env::current_dir()
+        .ok()
+        .filter(|_| !pattern.starts_with('/'));
+    let pattern = match start_dir.as_ref().and_then(|d| d.to_str()) {
+        Some(d) => format!("{}/{pattern}", d.replace('%', "%%")),
+        None => pattern,
+    };
+    if tracing && start_dir.is_some() {
+        cmd.env("ISOLATE_TRACE", &pattern);
+    } else if let Some(t) = &opts.trace {
+        cmd.env("ISOLATE_TRACE", t);
+    }
     let host = host_name();
     let before = if tracing {
         trace_files(&pattern, &host)
@@ -380,9 +457,15 @@ pub fn run(opts: &RunOptions) -> Result<Finished, Error> {
         .map_err(Error::Io)?;
     drop(signals);
     let (traces, others) = if tracing {
+        // Named as the user's pattern names them: relative to the starting directory when it is.
         let new: BTreeSet<PathBuf> = trace_files(&pattern, &host)
             .difference(&before)
-            .cloned()
+            .map(|p| match &start_dir {
+                Some(d) => p
+                    .strip_prefix(d)
+                    .map_or_else(|_| p.clone(), Path::to_path_buf),
+                None => p.clone(),
+            })
             .collect();
         the_runs(new, &family.all)
     } else {

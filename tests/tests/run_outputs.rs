@@ -614,3 +614,99 @@ fn a_host_name_with_slashes_stays_in_the_trace_directory() {
     assert!(path.starts_with("a/b/.._.._x-"), "{written}");
     assert!(d.path().join(path).is_file(), "{path}");
 }
+
+/// A setting the library would refuse stops `isolate run` before the command starts (issue 32):
+/// one line naming the variable (and the flag that set it) and what is accepted, the command
+/// not run, exit 2. Checked by the library's own parser (`isolate_trace::config`), so the words
+/// are the library's. Before, the command ran, the library refused the value, and `isolate`
+/// announced "mode LOG" and blamed the program for writing no trace.
+#[test]
+fn a_bad_setting_stops_the_run_before_the_command_starts() {
+    let d = tempdir();
+    let cases: [(&[(&str, &str)], &[&str], &str); 5] = [
+        (
+            &[("ISOLATE_MODE", "LOG")],
+            &[],
+            "isolate: ISOLATE_MODE=\"LOG\" is not valid; accepted: log, isolate, off",
+        ),
+        (
+            &[],
+            &["--trace", "x-%q.trace"],
+            "isolate: --trace x-%q.trace: ISOLATE_TRACE=\"x-%q.trace\" is not valid; accepted: a file path; %p = pid",
+        ),
+        (
+            &[],
+            &["--trace", ""],
+            "isolate: --trace '': ISOLATE_TRACE=\"\" is not valid; accepted: a file path",
+        ),
+        (
+            &[("ISOLATE_GUARD", "on")],
+            &["--mode", "log"],
+            "isolate: --mode log: ISOLATE_GUARD=on needs ISOLATE_MODE=isolate",
+        ),
+        (
+            &[("ISOLATE_STACK_DEPTH", "deep")],
+            &[],
+            "isolate: ISOLATE_STACK_DEPTH=\"deep\" is not valid; accepted: a number of frames from 1 to 256",
+        ),
+    ];
+    for (env, flags, want) in cases {
+        let mut cmd = Command::new(analyzer_path());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut args = vec!["run"];
+        args.extend_from_slice(flags);
+        args.extend(["--", "sh", "-c", "touch ran"]);
+        let o = run_in_with(d.path(), cmd, &args);
+        assert_eq!(o.code(), Some(2), "{env:?} {flags:?}: {}", o.describe());
+        assert!(
+            !d.path().join("ran").exists(),
+            "{env:?} {flags:?}: the command ran"
+        );
+        assert_eq!(
+            o.stderr.lines().count(),
+            1,
+            "{env:?} {flags:?}: one line: {}",
+            o.describe()
+        );
+        assert!(
+            o.stderr.starts_with(want)
+                && o.stderr.trim_end().ends_with("; the command was not run"),
+            "{env:?} {flags:?}: {}",
+            o.describe()
+        );
+    }
+}
+
+/// A command that changes directory before its first CUDA call (here a shell that `cd`s, then
+/// runs the program): its trace still goes where the relative pattern names it from the
+/// directory `isolate run` started in, and is found and named there.
+#[test]
+fn a_command_that_changes_directory_still_has_its_trace_found() {
+    let d = tempdir();
+    std::fs::create_dir(d.path().join("sub")).unwrap();
+    for flags in [&[][..], &["--trace", "t-%p.trace"][..]] {
+        let script = format!("cd sub && exec {} > /dev/null", prog("rt_basic"));
+        let mut args = vec!["run"];
+        args.extend_from_slice(flags);
+        args.extend(["--", "sh", "-c", &script]);
+        let o = isolate(d.path(), &args);
+        assert_eq!(o.code(), Some(0), "{}", o.describe());
+        let written = o.line("trace written: ");
+        let name = written.split(' ').next().unwrap();
+        assert!(
+            !name.contains('/'),
+            "named relative, as the pattern is: {written}"
+        );
+        assert!(d.path().join(name).is_file(), "{}", o.describe());
+        assert_eq!(
+            std::fs::read_dir(d.path().join("sub")).unwrap().count(),
+            0,
+            "nothing written in the directory the command moved to"
+        );
+        let r = run_printed(d.path(), o.line("read it with: "));
+        assert_eq!(r.code(), Some(0), "{}", r.describe());
+        std::fs::remove_file(d.path().join(name)).unwrap();
+    }
+}

@@ -19,6 +19,7 @@
 //! ```
 
 mod api;
+pub mod config;
 mod error;
 mod read;
 mod record;

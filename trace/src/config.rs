@@ -1,0 +1,616 @@
+//! The library's settings parsed: the one parser of `ISOLATE_*` values, used by `libisolate.so`
+//! (from its constructor, `interposer/src/base/config.rs`) and by `isolate run` before it starts
+//! a command (so that a value the library would refuse is refused, in the library's words,
+//! before the command runs). Pure: it reads a variable lookup, never the process environment.
+//! The vocabulary (names, owners, accepted values) is [`crate::SETTINGS`].
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Log,
+    Isolate,
+    Off,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Log => "log",
+            Mode::Isolate => "isolate",
+            Mode::Off => "off",
+        }
+    }
+}
+
+/// How much freed memory isolation may hold before it really frees the oldest.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Budget {
+    Bytes(u64),
+    /// A share of the device's total memory, in percent.
+    Percent(f64),
+}
+
+/// Which call stacks are captured (`ISOLATE_STACKS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stacks {
+    None,
+    Native,
+    Python,
+    All,
+}
+
+impl Stacks {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stacks::None => "none",
+            Stacks::Native => "native",
+            Stacks::Python => "python",
+            Stacks::All => "all",
+        }
+    }
+}
+
+/// `ISOLATE_STACK_DEPTH`'s default and bounds.
+pub const STACK_DEPTH_DEFAULT: u32 = 64;
+pub const STACK_DEPTH_MAX: u32 = 256;
+/// `ISOLATE_NATIVE_FRAMES`'s default: the native frames a stack keeps nearest the call (0
+/// stands for `all`).
+pub const NATIVE_FRAMES_DEFAULT: u32 = 16;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub mode: Mode,
+    pub trace: String,
+    /// Poison byte, `None` for `off`.
+    pub poison: Option<u8>,
+    pub quarantine: Budget,
+    pub guard: bool,
+    pub guard_min_size: u64,
+    /// Guard on the low side (left-aligned) instead of past the end.
+    pub guard_underflow: bool,
+    pub check_launch: bool,
+    /// Call stacks captured at each event, and the most frames each may have.
+    pub stacks: Stacks,
+    pub stack_depth: u32,
+    /// The native frames kept nearest the call before the walk stops (then, in a thread
+    /// running Python, the Python frames follow; elsewhere the stack is cut); 0 = all (walk to
+    /// the depth).
+    pub native_frames: u32,
+    /// Stream-ordered frees leave quarantine on the library's own stream, without a host wait
+    /// (`ISOLATE_TEST_RELEASE=async`, the default); `sync` is the older way, kept for comparison.
+    pub async_release: bool,
+    /// A stream-ordered free is poisoned by one launch of the library's own fill kernel
+    /// (`ISOLATE_TEST_POISON_BY=kernel`) instead of `cuMemsetD8Async` (`memset`, the default).
+    pub poison_kernel: bool,
+    /// A stream-ordered free's poison waits for the stream's next work, so that one launch
+    /// poisons a run of frees (`ISOLATE_TEST_POISON_BATCH=on`, the default; `off`: a memset each).
+    pub poison_batch: bool,
+    /// Checked allocations of the default pool are kept for the next stream-ordered
+    /// allocation of the same size instead of freed (`ISOLATE_REUSE=on`, the default).
+    pub reuse: bool,
+    /// The hooks time themselves and note where the calling threads' time went at exit
+    /// (`ISOLATE_PROFILE=on`; off by default).
+    pub profile: bool,
+    /// Test hook: make recording panic, to prove panics never cross into C.
+    pub test_panic: bool,
+    /// Internal test hook: the writer sleeps this long after writing the header.
+    pub test_writer_stall_ms: u64,
+    /// Internal test hook: the exit check's time limit, in place of 30 s (0: the default).
+    pub test_exit_check_ms: u64,
+    /// The process runs with `AT_SECURE` (or `ISOLATE_TEST_SECURE=1`): the library stood
+    /// down without reading the environment's settings.
+    pub secure: bool,
+    /// `RANK`, `LOCAL_RANK`, `WORLD_SIZE` as the launcher set them (read with the settings,
+    /// for the header and `%r`: never `getenv` from the writer thread).
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
+    pub world_size: Option<u32>,
+    /// Every setting as the trace header records it.
+    pub pairs: Vec<(String, String)>,
+}
+
+/// A setting with exactly two values, spelled once: read by [`TwoWay::read`], written into the
+/// trace header by [`TwoWay::pair`].
+struct TwoWay {
+    name: &'static str,
+    /// The value that means true, and the one that means false.
+    yes: &'static str,
+    no: &'static str,
+    /// When unset.
+    default: bool,
+}
+
+impl TwoWay {
+    fn read(&self, var: &impl Fn(&str) -> Option<String>) -> Result<bool, String> {
+        match var(self.name) {
+            None => Ok(self.default),
+            Some(v) if v == self.yes => Ok(true),
+            Some(v) if v == self.no => Ok(false),
+            Some(v) => Err(bad(self.name, &v)),
+        }
+    }
+
+    /// (name, value) as the header records it.
+    fn pair(&self, v: bool) -> (String, String) {
+        let value = if v { self.yes } else { self.no };
+        (self.name.to_string(), value.to_string())
+    }
+}
+
+const GUARD_SIDE: TwoWay = TwoWay {
+    name: "ISOLATE_GUARD_SIDE",
+    yes: "start",
+    no: "end",
+    default: false,
+};
+const RELEASE: TwoWay = TwoWay {
+    name: "ISOLATE_TEST_RELEASE",
+    yes: "async",
+    no: "sync",
+    default: true,
+};
+const POISON_BY: TwoWay = TwoWay {
+    name: "ISOLATE_TEST_POISON_BY",
+    yes: "kernel",
+    no: "memset",
+    default: false,
+};
+const POISON_BATCH: TwoWay = TwoWay {
+    name: "ISOLATE_TEST_POISON_BATCH",
+    yes: "on",
+    no: "off",
+    default: true,
+};
+const REUSE: TwoWay = TwoWay {
+    name: "ISOLATE_REUSE",
+    yes: "on",
+    no: "off",
+    default: true,
+};
+const PROFILE: TwoWay = TwoWay {
+    name: "ISOLATE_PROFILE",
+    yes: "on",
+    no: "off",
+    default: false,
+};
+
+fn on_off(name: &str, v: &str) -> Result<bool, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "on" | "1" | "yes" | "true" => Ok(true),
+        "off" | "0" | "no" | "false" => Ok(false),
+        _ => Err(bad(name, v)),
+    }
+}
+
+fn bad(name: &str, v: &str) -> String {
+    let accepted = crate::setting(name).map_or("", |s| s.accepted);
+    format!("{name}={v:?} is not valid; accepted: {accepted}")
+}
+
+/// A size in the project's one grammar ([`crate::parse_size`]).
+pub fn parse_size(s: &str) -> Option<u64> {
+    crate::parse_size(s).ok()
+}
+
+fn parse_pattern(v: &str) -> Result<(), String> {
+    if v.is_empty() {
+        return Err(bad("ISOLATE_TRACE", v));
+    }
+    let mut it = v.chars();
+    while let Some(c) = it.next() {
+        if c == '%' && !matches!(it.next(), Some('p' | 'r' | 'h' | '%')) {
+            return Err(bad("ISOLATE_TRACE", v));
+        }
+    }
+    Ok(())
+}
+
+/// Builds the configuration from a variable lookup (a function, so tests need no real env).
+pub fn from_env(
+    var: impl Fn(&str) -> Option<String>,
+    names: impl Iterator<Item = String>,
+) -> Result<Config, String> {
+    for name in names {
+        // The analyzer's and the tools' variables are theirs: left alone.
+        if name.starts_with("ISOLATE_") && crate::setting(&name).is_none() {
+            let known: Vec<&str> = crate::SETTINGS
+                .iter()
+                .filter(|s| s.owner == crate::Owner::Library)
+                .map(|s| s.name)
+                .collect();
+            return Err(format!(
+                "{name} is not a setting; the settings are {}",
+                known.join(", ")
+            ));
+        }
+    }
+    let mode = match var("ISOLATE_MODE").as_deref() {
+        None | Some("log") => Mode::Log,
+        Some("isolate") => Mode::Isolate,
+        Some("off") => Mode::Off,
+        Some(v) => return Err(bad("ISOLATE_MODE", v)),
+    };
+    let trace = var("ISOLATE_TRACE").unwrap_or_else(|| "isolate-%p.trace".to_string());
+    parse_pattern(&trace)?;
+    let poison = match var("ISOLATE_POISON") {
+        None => Some(0xFF),
+        Some(v) if v.eq_ignore_ascii_case("off") => None,
+        Some(v) => {
+            let parsed = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+                Some(hex) => u8::from_str_radix(hex, 16).ok(),
+                None => v.parse::<u8>().ok(),
+            };
+            Some(parsed.ok_or_else(|| bad("ISOLATE_POISON", &v))?)
+        }
+    };
+    let quarantine = match var("ISOLATE_QUARANTINE") {
+        None => Budget::Percent(25.0),
+        Some(v) => match v.strip_suffix('%') {
+            Some(p) => match p.trim().parse::<f64>() {
+                Ok(f) if (0.0..=100.0).contains(&f) => Budget::Percent(f),
+                _ => return Err(bad("ISOLATE_QUARANTINE", &v)),
+            },
+            None => Budget::Bytes(parse_size(&v).ok_or_else(|| bad("ISOLATE_QUARANTINE", &v))?),
+        },
+    };
+    let guard = match var("ISOLATE_GUARD") {
+        None => false,
+        Some(v) => on_off("ISOLATE_GUARD", &v)?,
+    };
+    let guard_min_size = match var("ISOLATE_GUARD_MIN_SIZE") {
+        None => 0,
+        Some(v) => parse_size(&v).ok_or_else(|| bad("ISOLATE_GUARD_MIN_SIZE", &v))?,
+    };
+    let guard_underflow = GUARD_SIDE.read(&var)?;
+    let check_launch = match var("ISOLATE_CHECK_LAUNCH") {
+        None => mode == Mode::Isolate,
+        Some(v) => on_off("ISOLATE_CHECK_LAUNCH", &v)?,
+    };
+    let async_release = RELEASE.read(&var)?;
+    let poison_kernel = POISON_BY.read(&var)?;
+    let poison_batch = POISON_BATCH.read(&var)?;
+    let reuse = REUSE.read(&var)?;
+    let profile = PROFILE.read(&var)?;
+    let stacks = match var("ISOLATE_STACKS")
+        .map(|v| v.to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("all") => Stacks::All,
+        Some("native") => Stacks::Native,
+        Some("python") => Stacks::Python,
+        Some("none") => Stacks::None,
+        Some(_) => {
+            return Err(bad(
+                "ISOLATE_STACKS",
+                &var("ISOLATE_STACKS").unwrap_or_default(),
+            ));
+        }
+    };
+    let stack_depth = match var("ISOLATE_STACK_DEPTH") {
+        None => STACK_DEPTH_DEFAULT,
+        Some(v) => match v.trim().parse::<u32>() {
+            Ok(d) if (1..=STACK_DEPTH_MAX).contains(&d) => d,
+            _ => return Err(bad("ISOLATE_STACK_DEPTH", &v)),
+        },
+    };
+    let native_frames = match var("ISOLATE_NATIVE_FRAMES") {
+        None => NATIVE_FRAMES_DEFAULT,
+        Some(v) if v.trim().eq_ignore_ascii_case("all") => 0,
+        Some(v) => match v.trim().parse::<u32>() {
+            Ok(d) if (1..=STACK_DEPTH_MAX).contains(&d) => d,
+            _ => return Err(bad("ISOLATE_NATIVE_FRAMES", &v)),
+        },
+    };
+    if guard && mode != Mode::Isolate {
+        return Err("ISOLATE_GUARD=on needs ISOLATE_MODE=isolate".to_string());
+    }
+    let test_panic = var("ISOLATE_TEST_PANIC").is_some_and(|v| v == "1");
+    let test_writer_stall_ms = var("ISOLATE_TEST_WRITER_STALL_MS")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let test_exit_check_ms = var("ISOLATE_TEST_EXIT_CHECK_MS")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let rank_var = |k: &str| var(k).and_then(|v| v.trim().parse::<u32>().ok());
+    let (rank, local_rank, world_size) = (
+        rank_var("RANK"),
+        rank_var("LOCAL_RANK"),
+        rank_var("WORLD_SIZE"),
+    );
+    let mut pairs = vec![
+        ("ISOLATE_MODE".to_string(), mode.name().to_string()),
+        ("ISOLATE_TRACE".to_string(), trace.clone()),
+        (
+            "ISOLATE_POISON".to_string(),
+            poison.map_or("off".into(), |b| format!("0x{b:02X}")),
+        ),
+        (
+            "ISOLATE_QUARANTINE".to_string(),
+            match quarantine {
+                Budget::Bytes(b) => b.to_string(),
+                Budget::Percent(p) => format!("{p}%"),
+            },
+        ),
+        (
+            "ISOLATE_GUARD".to_string(),
+            if guard { "on" } else { "off" }.to_string(),
+        ),
+        (
+            "ISOLATE_GUARD_MIN_SIZE".to_string(),
+            guard_min_size.to_string(),
+        ),
+        GUARD_SIDE.pair(guard_underflow),
+        (
+            "ISOLATE_CHECK_LAUNCH".to_string(),
+            if check_launch { "on" } else { "off" }.to_string(),
+        ),
+        RELEASE.pair(async_release),
+        POISON_BY.pair(poison_kernel),
+        POISON_BATCH.pair(poison_batch),
+        REUSE.pair(reuse),
+        PROFILE.pair(profile),
+        ("ISOLATE_STACKS".to_string(), stacks.name().to_string()),
+        ("ISOLATE_STACK_DEPTH".to_string(), stack_depth.to_string()),
+        (
+            "ISOLATE_NATIVE_FRAMES".to_string(),
+            match native_frames {
+                0 => "all".to_string(),
+                n => n.to_string(),
+            },
+        ),
+    ];
+    // PyTorch's allocator settings, when set: the analyzer tells a caching allocator's held
+    // memory from a leak by them (recorded, never read by the library).
+    for k in [
+        "PYTORCH_NO_CUDA_MEMORY_CACHING",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_ALLOC_CONF",
+    ] {
+        if let Some(v) = var(k) {
+            pairs.push((k.to_string(), v));
+        }
+    }
+    Ok(Config {
+        mode,
+        trace,
+        poison,
+        quarantine,
+        guard,
+        guard_min_size,
+        guard_underflow,
+        check_launch,
+        stacks,
+        stack_depth,
+        native_frames,
+        async_release,
+        poison_kernel,
+        poison_batch,
+        reuse,
+        profile,
+        test_panic,
+        test_writer_stall_ms,
+        test_exit_check_ms,
+        secure: false,
+        rank,
+        local_rank,
+        world_size,
+        pairs,
+    })
+}
+
+/// Expands `%p`, `%r`, `%h` and `%%` in a trace path pattern.
+pub fn expand(pattern: &str, pid: u32, rank: Option<u32>, host: &str) -> String {
+    let mut out = String::with_capacity(pattern.len() + 16);
+    let mut it = pattern.chars();
+    while let Some(c) = it.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('p') => out.push_str(&pid.to_string()),
+            Some('r') => out.push_str(&rank.map_or("0".to_string(), |r| r.to_string())),
+            // One path component, never `..` (a host name is whatever root set it to).
+            Some('h') => out.push_str(&crate::host_in_path(host)),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// A library setting whose value is not UTF-8, refused by name (`names_values`: every variable
+/// the library sees, as bytes).
+pub fn check_utf8<'a>(
+    names_values: impl Iterator<Item = (&'a std::ffi::OsStr, &'a std::ffi::OsStr)>,
+) -> Result<(), String> {
+    for (k, v) in names_values {
+        let Some(s) = k.to_str().and_then(crate::setting) else {
+            continue;
+        };
+        if s.library() && v.to_str().is_none() {
+            return Err(format!(
+                "{}={:?} is not valid (not UTF-8); accepted: {}",
+                s.name, v, s.accepted
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config, String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let names: Vec<String> = m.keys().cloned().collect();
+        from_env(|k| m.get(k).cloned(), names.into_iter())
+    }
+
+    #[test]
+    fn defaults() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.mode, Mode::Log);
+        assert_eq!(c.trace, "isolate-%p.trace");
+        assert_eq!(c.poison, Some(0xFF));
+        assert!(!c.check_launch);
+        assert!(cfg(&[("ISOLATE_MODE", "isolate")]).unwrap().check_launch);
+    }
+
+    #[test]
+    fn malformed_values_name_variable_and_accepted_values() {
+        let e = cfg(&[("ISOLATE_MODE", "lgo")]).unwrap_err();
+        assert_eq!(
+            e,
+            "ISOLATE_MODE=\"lgo\" is not valid; accepted: log, isolate, off"
+        );
+        assert!(
+            cfg(&[("ISOLATE_POISON", "0x1FF")])
+                .unwrap_err()
+                .contains("ISOLATE_POISON")
+        );
+        assert!(
+            cfg(&[("ISOLATE_QUARANTINE", "12 parsecs")])
+                .unwrap_err()
+                .contains("ISOLATE_QUARANTINE")
+        );
+        assert!(cfg(&[("ISOLATE_QUARANTINE", "150%")]).is_err());
+        assert!(
+            cfg(&[("ISOLATE_TRACE", "x-%q")])
+                .unwrap_err()
+                .contains("ISOLATE_TRACE")
+        );
+        assert!(cfg(&[("ISOLATE_TRACE", "")]).is_err());
+        assert!(
+            cfg(&[("ISOLATE_GUARD", "maybe"), ("ISOLATE_MODE", "isolate")])
+                .unwrap_err()
+                .contains("on, off")
+        );
+        assert!(
+            cfg(&[("ISOLATE_MOD", "log")])
+                .unwrap_err()
+                .contains("ISOLATE_MOD is not a setting")
+        );
+    }
+
+    #[test]
+    fn stacks_settings() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(
+            (c.stacks, c.stack_depth),
+            (Stacks::All, STACK_DEPTH_DEFAULT)
+        );
+        let c = cfg(&[("ISOLATE_STACKS", "native"), ("ISOLATE_STACK_DEPTH", "30")]).unwrap();
+        assert_eq!((c.stacks, c.stack_depth), (Stacks::Native, 30));
+        assert!(
+            c.pairs
+                .contains(&("ISOLATE_STACKS".into(), "native".into()))
+        );
+        assert!(
+            c.pairs
+                .contains(&("ISOLATE_STACK_DEPTH".into(), "30".into()))
+        );
+        assert_eq!(
+            cfg(&[("ISOLATE_STACKS", "none")]).unwrap().stacks,
+            Stacks::None
+        );
+        assert_eq!(
+            cfg(&[("ISOLATE_STACKS", "python")]).unwrap().stacks,
+            Stacks::Python
+        );
+        assert_eq!(
+            cfg(&[("ISOLATE_STACKS", "some")]).unwrap_err(),
+            "ISOLATE_STACKS=\"some\" is not valid; accepted: all, native, python, none"
+        );
+        for bad in ["0", "257", "-1", "deep", ""] {
+            assert!(
+                cfg(&[("ISOLATE_STACK_DEPTH", bad)])
+                    .unwrap_err()
+                    .contains("ISOLATE_STACK_DEPTH"),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            cfg(&[("ISOLATE_STACK_DEPTH", "256")]).unwrap().stack_depth,
+            256
+        );
+        assert_eq!(cfg(&[]).unwrap().native_frames, NATIVE_FRAMES_DEFAULT);
+        let c = cfg(&[("ISOLATE_NATIVE_FRAMES", "All")]).unwrap();
+        assert_eq!(c.native_frames, 0);
+        assert!(
+            c.pairs
+                .contains(&("ISOLATE_NATIVE_FRAMES".into(), "all".into()))
+        );
+        assert_eq!(
+            cfg(&[("ISOLATE_NATIVE_FRAMES", "5")])
+                .unwrap()
+                .native_frames,
+            5
+        );
+        for bad in ["0", "257", "some", ""] {
+            assert_eq!(
+                cfg(&[("ISOLATE_NATIVE_FRAMES", bad)]).unwrap_err(),
+                format!(
+                    "ISOLATE_NATIVE_FRAMES={bad:?} is not valid; accepted: a number of frames \
+                     from 1 to 256, or all"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("8GiB"), Some(8 << 30));
+        assert_eq!(parse_size("1.5 MiB"), Some(3 << 19));
+        assert_eq!(parse_size("100"), Some(100));
+        assert_eq!(parse_size("2MB"), Some(2_000_000));
+        assert_eq!(parse_size("GiB"), None);
+        assert_eq!(parse_size("99999999999999999999"), None);
+        assert_eq!(
+            cfg(&[("ISOLATE_QUARANTINE", "25%")]).unwrap().quarantine,
+            Budget::Percent(25.0)
+        );
+        assert_eq!(
+            cfg(&[("ISOLATE_POISON", "0xA5")]).unwrap().poison,
+            Some(0xA5)
+        );
+        assert_eq!(cfg(&[("ISOLATE_POISON", "off")]).unwrap().poison, None);
+    }
+
+    #[test]
+    fn names_of_others_are_left_alone() {
+        for name in ["ISOLATE_SYSROOT", "ISOLATE_FUZZ_SECS", "ISOLATE_LIB_PATH"] {
+            assert!(cfg(&[(name, "/")]).is_ok(), "{name}");
+        }
+        assert!(
+            cfg(&[("ISOLATE_SYSROT", "/")])
+                .unwrap_err()
+                .starts_with("ISOLATE_SYSROT is not a setting; the settings are ISOLATE_MODE, ")
+        );
+        let c = cfg(&[("RANK", " 3"), ("WORLD_SIZE", "8"), ("LOCAL_RANK", "x")]).unwrap();
+        assert_eq!(
+            (c.rank, c.local_rank, c.world_size),
+            (Some(3), None, Some(8))
+        );
+    }
+
+    #[test]
+    fn pattern_expansion() {
+        assert_eq!(
+            expand("t-%p-r%r-%h-%%.trace", 12, Some(3), "node"),
+            "t-12-r3-node-%.trace"
+        );
+        assert_eq!(expand("t-%r", 1, None, "x"), "t-0");
+        // A host name is one path component: never outside the pattern's directory.
+        assert_eq!(expand("d/%h.trace", 1, None, "../../x"), "d/.._.._x.trace");
+        assert_eq!(expand("d/%h/t", 1, None, ".."), "d/__/t");
+    }
+}
