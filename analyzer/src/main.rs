@@ -332,15 +332,22 @@ fn out_file(path: &Path) -> Result<std::io::BufWriter<std::fs::File>> {
 fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
     let mut s = serde_json::to_string_pretty(v)?;
     s.push('\n');
-    std::io::stdout().lock().write_all(s.as_bytes())?;
-    Ok(())
+    to_stdout(s.as_bytes())
 }
 
 fn print_text(s: &str) -> Result<()> {
-    std::io::stdout()
-        .lock()
-        .write_all(printable(s).as_bytes())?;
-    Ok(())
+    to_stdout(printable(s).as_bytes())
+}
+
+/// Writes a finished analysis's output. A closed pipe (`isolate summary … | head -1`) is no
+/// error: the reader has what it wanted, and the exit status stays the analysis's own (3 for a
+/// truncated trace, N for `--error-exitcode`, 1 for `check`).
+fn to_stdout(bytes: &[u8]) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
 }
 
 /// Says on standard error which traces were cut short; true when any was.
@@ -715,13 +722,20 @@ fn real_main() -> Result<ExitCode> {
                 }
             }
             let reasons = check::check(&base, &newp, &t);
+            // Written, not `println!` (which panics on a closed pipe).
             if reasons.is_empty() {
-                println!("ok: {} is within the budget of {}", newp.file, base.file);
+                print_text(&format!(
+                    "ok: {} is within the budget of {}\n",
+                    newp.file, base.file
+                ))?;
                 Ok(ExitCode::SUCCESS)
             } else {
+                let mut text = String::new();
                 for r in &reasons {
-                    println!("{}", printable(r));
+                    text.push_str(r);
+                    text.push('\n');
                 }
+                print_text(&text)?;
                 Ok(ExitCode::from(1))
             }
         }
@@ -781,15 +795,31 @@ fn real_main() -> Result<ExitCode> {
     }
 }
 
+/// True when the error is standard output's reader having gone (`EPIPE`), however wrapped: an
+/// `io::Error`, or the analyzer's or `isolate run`'s error holding one (they do not give it as
+/// their `source()`, so anyhow's chain does not show it).
+fn closed_pipe(e: &anyhow::Error) -> bool {
+    let pipe = |io: &std::io::Error| io.kind() == std::io::ErrorKind::BrokenPipe;
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(pipe)
+            || c.downcast_ref::<ia::Error>()
+                .is_some_and(|a| match &a.kind {
+                    ia::ErrorKind::Io { source, .. } => pipe(source),
+                    _ => false,
+                })
+            || c.downcast_ref::<run::Error>()
+                .is_some_and(|r| matches!(r, run::Error::Io(io) if pipe(io)))
+    })
+}
+
 fn main() -> ExitCode {
     match real_main() {
         Ok(c) => c,
         Err(e) => {
-            // A closed pipe (`isolate summary … | head`) is not an error worth a message.
-            if e.chain().any(|c| {
-                c.downcast_ref::<std::io::Error>()
-                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-            }) {
+            // A closed pipe while `graph` streams its output (`isolate graph … | head -1`): the
+            // reader has what it wanted, and the rest is not worked out. No message, exit
+            // status 0 (docs/analyzer.md, exit codes).
+            if closed_pipe(&e) {
                 return ExitCode::SUCCESS;
             }
             eprintln!("isolate: {}", printable(&format!("{e:#}")));

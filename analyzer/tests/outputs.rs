@@ -588,3 +588,56 @@ fn help_describes_every_option() {
     let o = isolate(&here(), &["graph", "--help"]);
     assert!(o.stdout.contains("[default: text"), "{}", o.stdout);
 }
+
+/// Every subcommand that writes to standard output, its reader gone before it writes (as
+/// `isolate graph … | head -1` is once head has its line): no message, and the exit status
+/// the analysis owes (0; N for `--error-exitcode N` with a finding; 1 for `check` over budget;
+/// `graph`, which streams, stops at once with 0). Before: `isolate: Broken pipe (os error 32)`
+/// and exit 2 from `graph --format json` and `--format dot`.
+#[test]
+fn quiet_on_a_closed_pipe() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let t = h200("stale_isolate");
+    let big = h200("mlp-log_no-caching");
+    let t = t.to_str().unwrap();
+    let big = big.to_str().unwrap();
+    let cases: &[(&[&str], i32)] = &[
+        (&["summary", t], 0),
+        (&["summary", "--json", t], 0),
+        (&["summary", "--error-exitcode", "5", t], 5),
+        (&["graph", t], 0),
+        (&["graph", "--format", "json", big], 0),
+        (&["graph", "--format", "dot", big], 0),
+        (&["graph", "--format", "dot", "--full", big], 0),
+        (&["who", "0x0", t], 0),
+        (&["who", "--json", "0x0", t], 0),
+        (&["sites", big], 0),
+        (&["sites", "--json", big], 0),
+        (&["diff", t, big], 0),
+        (&["diff", "--json", t, big], 0),
+        (&["check", big, "--baseline", big], 0),
+        (&["check", big, "--baseline", t], 1),
+    ];
+    for (args, code) in cases {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe(2) writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: both are fresh descriptors this test owns; the read end is closed at once.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(read);
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_isolate"))
+            .args(*args)
+            .stdout(write)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(*code), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("Broken pipe") && !stderr.contains("panicked"),
+            "{args:?}: {stderr}"
+        );
+        if *code != 5 {
+            assert!(stderr.is_empty(), "{args:?}: {stderr}");
+        }
+    }
+}
