@@ -40,6 +40,7 @@ pub mod finding;
 pub mod graph;
 pub mod growth;
 pub mod order;
+pub mod output;
 pub mod regions;
 pub mod report;
 pub mod sites;

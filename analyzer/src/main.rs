@@ -315,20 +315,6 @@ fn printable(s: &str) -> String {
     o
 }
 
-/// An output file (`-o`: report, graph, export). Made mode 0600, as the trace it comes from is:
-/// it holds the trace's argv, paths and addresses. A file already there keeps its own mode.
-fn out_file(path: &Path) -> Result<std::io::BufWriter<std::fs::File>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    Ok(std::io::BufWriter::with_capacity(1 << 16, f))
-}
-
 fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
     let mut s = serde_json::to_string_pretty(v)?;
     s.push('\n');
@@ -625,39 +611,45 @@ fn real_main() -> Result<ExitCode> {
                     );
                 }
             }
-            let mut sink_out: Box<dyn Write> = match &output {
-                Some(p) => Box::new(out_file(p)?),
-                None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
-            };
             let filtering = !filter.is_empty();
-            let infos = match format {
-                GraphFormat::Json => {
-                    let mut s = graph::JsonSink::new(&mut sink_out);
-                    graph::build(&traces, filter, &mut s, &mut bar)?
-                }
-                GraphFormat::Dot if full => {
-                    let mut s = graph::DotSink::new(&mut sink_out);
-                    graph::build(&traces, filter, &mut s, &mut bar)?
-                }
-                GraphFormat::Dot => {
-                    let mut s = graph::AutoDotSink::new(&mut sink_out, filtering);
-                    graph::build(&traces, filter, &mut s, &mut bar)?
-                }
-                GraphFormat::Text => {
-                    let mut d = graph::Digest::new(filtering);
-                    let infos = graph::build(&traces, filter, &mut d, &mut bar)?;
-                    let ctx = graph::TextContext {
-                        command: self_command(),
-                        traces: traces
-                            .iter()
-                            .map(|t| run::shell_quote(&t.to_string_lossy()))
-                            .collect(),
-                    };
-                    sink_out.write_all(printable(&graph::render_text(&d, &ctx)).as_bytes())?;
+            let mut emit = |mut sink_out: &mut dyn Write| -> Result<Vec<graph::GraphTrace>> {
+                Ok(match format {
+                    GraphFormat::Json => {
+                        let mut s = graph::JsonSink::new(&mut sink_out);
+                        graph::build(&traces, filter, &mut s, &mut bar)?
+                    }
+                    GraphFormat::Dot if full => {
+                        let mut s = graph::DotSink::new(&mut sink_out);
+                        graph::build(&traces, filter, &mut s, &mut bar)?
+                    }
+                    GraphFormat::Dot => {
+                        let mut s = graph::AutoDotSink::new(&mut sink_out, filtering);
+                        graph::build(&traces, filter, &mut s, &mut bar)?
+                    }
+                    GraphFormat::Text => {
+                        let mut d = graph::Digest::new(filtering);
+                        let infos = graph::build(&traces, filter, &mut d, &mut bar)?;
+                        let ctx = graph::TextContext {
+                            command: self_command(),
+                            traces: traces
+                                .iter()
+                                .map(|t| run::shell_quote(&t.to_string_lossy()))
+                                .collect(),
+                        };
+                        sink_out.write_all(printable(&graph::render_text(&d, &ctx)).as_bytes())?;
+                        infos
+                    }
+                })
+            };
+            let infos = match &output {
+                Some(p) => ia::output::write_atomically(p, |w| emit(w))?,
+                None => {
+                    let mut w = std::io::BufWriter::new(std::io::stdout().lock());
+                    let infos = emit(&mut w)?;
+                    w.flush()?;
                     infos
                 }
             };
-            sink_out.flush()?;
             let t: Vec<_> = infos
                 .iter()
                 .map(|t| (t.file.clone(), t.truncated))
@@ -741,10 +733,14 @@ fn real_main() -> Result<ExitCode> {
         }
         Cmd::Report { traces, output } => {
             let r = report::render(&traces, &mut bar)?;
-            let mut f = out_file(&output)?;
-            f.write_all(r.html.as_bytes())
-                .and_then(|_| f.flush())
-                .with_context(|| format!("cannot write {}", output.display()))?;
+            ia::output::write_atomically(&output, |f| -> Result<()> {
+                Ok(f.write_all(r.html.as_bytes())?)
+            })?;
+            // One line on success: where it went.
+            eprintln!(
+                "isolate: report written: {}",
+                printable(&run::shell_quote(&output.to_string_lossy()))
+            );
             let t: Vec<_> = r
                 .traces
                 .iter()
@@ -773,19 +769,22 @@ fn real_main() -> Result<ExitCode> {
                     .collect();
                 return Ok(exit_for(warn_truncated(&t)));
             }
-            let mut f = out_file(&output)?;
-            let infos = match format {
-                ExportFormat::ChromeTrace => export::chrome_trace(&traces, &mut f, &mut bar)?,
-                ExportFormat::MemoryViz => {
-                    let (info, stats) =
-                        export::memory_viz(&traces[0], &mut f, max_events, &mut bar)?;
-                    for l in stats.describe() {
-                        eprintln!("isolate: {l}");
+            // The Parquet tables are files of a directory, each written to a temporary file and
+            // moved into place by `export::parquet` itself; every other format is one file.
+            let infos = ia::output::write_atomically(&output, |f| -> Result<_> {
+                Ok(match format {
+                    ExportFormat::ChromeTrace => export::chrome_trace(&traces, f, &mut bar)?,
+                    ExportFormat::MemoryViz => {
+                        let (info, stats) =
+                            export::memory_viz(&traces[0], f, max_events, &mut bar)?;
+                        for l in stats.describe() {
+                            eprintln!("isolate: {l}");
+                        }
+                        vec![info]
                     }
-                    vec![info]
-                }
-                ExportFormat::Parquet => unreachable!("written above"),
-            };
+                    ExportFormat::Parquet => unreachable!("written above"),
+                })
+            })?;
             let t: Vec<_> = infos
                 .iter()
                 .map(|t| (t.file.clone(), t.truncated_at))

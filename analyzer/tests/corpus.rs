@@ -223,7 +223,13 @@ fn every_subcommand_on_every_corpus_file() {
         ];
         for (sub, args) in runs {
             let what = format!("isolate {sub} {name}");
-            let r = isolate(tmp.path(), &args, &what);
+            let mut r = isolate(tmp.path(), &args, &what);
+            // A report that was written says so first, in one line of its own.
+            if sub == "report" && code != 2 {
+                let written = "isolate: report written: r.html\n";
+                assert!(r.stderr.starts_with(written), "{what}: {}", r.stderr);
+                r.stderr.drain(..written.len());
+            }
             if sub == "check" {
                 // A check needs whole traces: a truncated one is an error (2), not a warning.
                 let want = if code == 3 { 2 } else { code };

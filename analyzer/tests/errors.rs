@@ -243,3 +243,115 @@ fn every_cut_and_flip_ends_cleanly() {
         let _ = isolate_analyzer::report::render(&[&p], &mut isolate_analyzer::NoProgress);
     }
 }
+
+/// Every output file is written whole or not at all (issue 32): a trace that turns out corrupt
+/// halfway leaves no file (before: a 0-byte or partial one), or the file that was there before,
+/// untouched, and no temporary file; on success the file is there, mode 0600, and nothing else.
+#[test]
+fn outputs_are_written_atomically() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("good.trace"), trace()).unwrap();
+    // Whole records, then a frame length beyond the limit: the error comes after output began.
+    let mut bad = trace();
+    let cut = bad.len() - 40;
+    bad.truncate(cut);
+    bad.extend([0xff, 0xff, 0xff, 0xff, 0x0f, 0, 0, 0]);
+    std::fs::write(d.path().join("bad.trace"), &bad).unwrap();
+    let outputs: &[&[&str]] = &[
+        &[
+            "export",
+            "--format",
+            "chrome-trace",
+            "-o",
+            "OUT",
+            "good.trace",
+            "bad.trace",
+        ],
+        &["export", "--format", "memory-viz", "-o", "OUT", "bad.trace"],
+        &[
+            "graph",
+            "--format",
+            "json",
+            "-o",
+            "OUT",
+            "good.trace",
+            "bad.trace",
+        ],
+        &[
+            "graph",
+            "--format",
+            "dot",
+            "--full",
+            "-o",
+            "OUT",
+            "good.trace",
+            "bad.trace",
+        ],
+        &["graph", "-o", "OUT", "good.trace", "bad.trace"],
+        &["report", "-o", "OUT", "good.trace", "bad.trace"],
+    ];
+    let listing = || {
+        let mut v: Vec<String> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    for args in outputs {
+        for before in [None, Some("the old output")] {
+            let out = d.path().join("out");
+            let _ = std::fs::remove_file(&out);
+            if let Some(b) = before {
+                std::fs::write(&out, b).unwrap();
+            }
+            let a: Vec<&str> = args
+                .iter()
+                .map(|a| if *a == "OUT" { "out" } else { a })
+                .collect();
+            let o = isolate(d.path(), &a);
+            assert_eq!(o.code, 2, "{args:?}: {}", o.stderr);
+            assert!(
+                o.stderr.contains("bad.trace: at byte"),
+                "{args:?}: {}",
+                o.stderr
+            );
+            match before {
+                None => assert!(!out.exists(), "{args:?}: a file was left on error"),
+                Some(b) => assert_eq!(std::fs::read_to_string(&out).unwrap(), b, "{args:?}"),
+            }
+            let mut want = vec!["bad.trace", "good.trace"];
+            if before.is_some() {
+                want.push("out");
+            }
+            assert_eq!(listing(), want, "{args:?}: a temporary file was left");
+        }
+        let _ = std::fs::remove_file(d.path().join("out"));
+        let a: Vec<&str> = args
+            .iter()
+            .map(|a| match *a {
+                "OUT" => "out",
+                "bad.trace" => "good.trace",
+                a => a,
+            })
+            .collect();
+        let o = isolate(d.path(), &a);
+        assert_eq!(o.code, 0, "{a:?}: {}", o.stderr);
+        let m = std::fs::metadata(d.path().join("out")).unwrap();
+        assert!(m.len() > 0, "{a:?}");
+        assert_eq!(m.permissions().mode() & 0o777, 0o600, "{a:?}");
+        assert_eq!(listing(), ["bad.trace", "good.trace", "out"], "{a:?}");
+    }
+}
+
+/// `report` says where it wrote, in one line (before: nothing).
+#[test]
+fn report_says_where_it_wrote() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("good.trace"), trace()).unwrap();
+    let o = isolate(d.path(), &["report", "-o", "my report.html", "good.trace"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(o.stdout, "");
+    assert_eq!(o.stderr, "isolate: report written: 'my report.html'\n");
+}
