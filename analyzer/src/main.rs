@@ -121,7 +121,7 @@ enum Cmd {
     /// Everything that ever covered an address, in order.
     Who {
         /// The address (0x… or decimal); it comes before the traces.
-        #[arg(value_name = "ADDR")]
+        #[arg(value_name = "ADDR", allow_negative_numbers = true)]
         addr: String,
         /// Trace files, each answered in turn.
         #[arg(required = true, value_name = "TRACE")]

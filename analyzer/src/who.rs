@@ -6,6 +6,7 @@ use crate::source::{Progress, analyze};
 use crate::stacks::{self, ShownStack, StackTable};
 use crate::track::{Category, EndHow, Ended, Invalid, Live, Node, Observer};
 use crate::util::{hex, human_bytes, human_ns, ser_hex};
+use crate::words;
 use isolate_trace::Record;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -93,6 +94,18 @@ fn incident_kind(k: Kind) -> &'static str {
         Kind::StaleLaunch => "stale_launch",
         Kind::InvalidFree | Kind::DoubleFree => "invalid_free",
         Kind::DeviceFault | Kind::Leak => k.key(),
+    }
+}
+
+/// An incident's kind in the finding words ([`words`]) for text: the JSON keeps its keys.
+fn incident_words(kind: &str) -> &str {
+    match kind {
+        "poison_violation" => words::STALE_WRITE,
+        "stale_launch" => words::STALE_LAUNCH,
+        "stale_value" => words::STALE_VALUE,
+        "invalid_free" => words::INVALID_FREE,
+        "device_fault" => words::DEVICE_FAULT,
+        other => other,
     }
 }
 
@@ -202,8 +215,11 @@ impl Observer for Watch {
                     api: v.free_api.name().into(),
                     ptr: v.ptr,
                     detail: format!(
-                        "{} bytes changed from offset {} after the free (alloc seq {}, free seq {})",
-                        v.changed_bytes, v.first_offset, v.alloc_seq, v.free_seq
+                        "{} bytes changed from offset {} after the free (allocated at {}, freed at {})",
+                        v.changed_bytes,
+                        v.first_offset,
+                        words::event(v.alloc_seq),
+                        words::event(v.free_seq)
                     ),
                     stack: None,
                     stack_id: 0,
@@ -221,8 +237,11 @@ impl Observer for Watch {
                     api: s.api.name().into(),
                     ptr: s.ptr,
                     detail: format!(
-                        "kernel {} param {} points into freed memory (alloc seq {}, freed seq {})",
-                        s.kernel, s.param_index, s.alloc_seq, s.free_seq
+                        "kernel {} parameter {} points into freed memory (allocated at {}, freed at {})",
+                        s.kernel,
+                        s.param_index,
+                        words::event(s.alloc_seq),
+                        words::event(s.free_seq)
                     ),
                     stack: None,
                     stack_id: 0,
@@ -240,9 +259,12 @@ impl Observer for Watch {
                     api: s.api.name().into(),
                     ptr: s.ptr,
                     detail: format!(
-                        "kernel {} param {} got a pointer into freed, unmapped guard memory \
-                         (alloc seq {}, freed seq {}); harmless unless a device fault followed",
-                        s.kernel, s.param_index, s.alloc_seq, s.free_seq
+                        "kernel {} parameter {} got a pointer into freed, unmapped guard memory \
+                         (allocated at {}, freed at {}); harmless unless a device fault followed",
+                        s.kernel,
+                        s.param_index,
+                        words::event(s.alloc_seq),
+                        words::event(s.free_seq)
                     ),
                     stack: None,
                     stack_id: 0,
@@ -369,14 +391,14 @@ pub fn render_text(w: &Who) -> String {
             for x in list {
                 let life = match (x.free_seq, x.lifetime_ns) {
                     (Some(f), Some(l)) => format!(
-                        "seq {}..{} ({}, {} by {})",
+                        "events {} to {} ({}, {} by {})",
                         x.alloc_seq,
                         f,
                         human_ns(l),
                         if x.lost { "lost" } else { "freed" },
                         x.free_api.unwrap_or("?")
                     ),
-                    _ => format!("seq {}.. still live at the end", x.alloc_seq),
+                    _ => format!("{}, still live at the end", words::event(x.alloc_seq)),
                 };
                 let _ = writeln!(
                     o,
@@ -427,9 +449,9 @@ pub fn render_text(w: &Who) -> String {
         for i in &t.incidents {
             let _ = writeln!(
                 o,
-                "{}: seq {} {} {}: {}",
-                i.kind.to_uppercase(),
-                i.seq,
+                "{}: {} ({}) {}: {}",
+                words::heading(incident_words(i.kind)),
+                words::event(i.seq),
                 i.api,
                 hex(i.ptr),
                 i.detail.escape_debug()

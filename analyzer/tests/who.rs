@@ -56,6 +56,56 @@ fn exact_history_of_an_address() {
     assert_eq!(w.traces[0].history[2].tid, 2000);
 }
 
+/// `who` in words (issue 32): the finding's name as the summary says it (`STALE WRITE`, not the
+/// internal `POISON_VIOLATION`) and places as events (`event 5`, not `seq 5`); an address that
+/// is not one (`who -1`) is the usual `isolate:` error line, not clap's.
+#[test]
+fn who_speaks_in_the_finding_words() {
+    let d = tempfile::tempdir().unwrap();
+    let mut t = TraceBuilder::new();
+    t.malloc(A, 4096); // seq 0
+    t.free(A); // seq 1
+    t.record(Record::Violation(Violation {
+        seq: 7,
+        ptr: A,
+        size: 4096,
+        first_offset: 0x100,
+        changed_bytes: 4,
+        alloc_seq: 0,
+        free_seq: 1,
+        free_api: Api::CudaFree,
+        ..Violation::default()
+    }));
+    t.malloc(A, 4096); // seq 2: still live
+    t.write(d.path(), "w.trace");
+    let o = isolate(d.path(), &["who", "0x7f0000000100", "w.trace"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let text = &o.stdout;
+    assert!(
+        text.contains(
+            "STALE WRITE: event 7 (cudaFree) 0x7f0000000000: 4 bytes changed from offset 256 \
+             after the free (allocated at event 0, freed at event 1)"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("events 0 to 1 ("), "{text}");
+    assert!(text.contains("event 2, still live at the end"), "{text}");
+    for internal in ["seq", "POISON_VIOLATION", "poison_violation"] {
+        assert!(!text.contains(internal), "{internal}: {text}");
+    }
+    for addr in ["-1", "-4096"] {
+        let o = isolate(d.path(), &["who", addr, "w.trace"]);
+        assert_eq!(o.code, 2);
+        assert_eq!(
+            o.stderr,
+            format!(
+                "isolate: who: ADDR, the first argument, is \"{addr}\": not an address \
+                 (expected 0x… hex or decimal)\n"
+            )
+        );
+    }
+}
+
 #[test]
 fn vmm_mappings_covering_an_address() {
     let d = tempfile::tempdir().unwrap();
