@@ -331,3 +331,62 @@ fn the_site_view_ranks_sites_and_merges_their_python_frames() {
     let v = page_data(&t.write(d.path(), "plain.trace"));
     assert!(v["traces"][0]["sites"].is_null());
 }
+
+/// The summary and the report give one span, in one unit (issue 32: the summary said `19.32 ms
+/// over 4 events`, the report `4 calls over 33.61 ms`): from the first call to the last thing
+/// the trace records (here a mark after the last call, then the End record), over the calls.
+#[test]
+fn summary_and_report_agree_on_the_span() {
+    let d = tempfile::tempdir().unwrap();
+    let mut t = TraceBuilder::new();
+    t.malloc(A, 4096);
+    t.free(A);
+    t.ts += 5_000_000;
+    t.text_note(
+        isolate_trace::NoteKind::Mark,
+        1000,
+        0,
+        "after the last call",
+    );
+    t.ts += 10_000_000;
+    t.end(Stats::default());
+    let p = t.write(d.path(), "s.trace");
+    let o = isolate(d.path(), &["summary", "--json", "s.trace"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let span = o.json()["traces"][0]["span_ns"].as_u64().unwrap();
+    // The first call to the End record: the 1 µs between the calls, the mark, the End.
+    assert_eq!(span, 1000 + 5_000_000 + 10_000_000 + 1000);
+    let text = isolate(d.path(), &["summary", "s.trace"]).stdout;
+    assert!(
+        text.contains(
+            "span     15.00 ms over 2 calls (from the first call to the end of the trace)"
+        ),
+        "{text}"
+    );
+    let r = report::render(&[&p], &mut NoProgress).unwrap();
+    let start = r.html.find("id=\"isolate-data\">").unwrap() + "id=\"isolate-data\">".len();
+    let end = start + r.html[start..].find("</script>").unwrap();
+    let v: serde_json::Value = serde_json::from_str(&r.html[start..end]).unwrap();
+    assert_eq!(v["traces"][0]["summary"]["span_ns"], span);
+    assert_eq!(v["traces"][0]["timeline"]["span_ns"], span);
+    // The page words it as the summary does: calls over the span.
+    assert!(
+        r.html
+            .contains(r#"(calls === 1 ? " call" : " calls") + " over " + dur(s.span_ns"#),
+        "the facts line uses the summary's span"
+    );
+}
+
+/// The chart's key hint reads as a key, not a counter (issue 32: `… · 0 resets` read as "no
+/// resets happened").
+#[test]
+fn the_zoom_hint_does_not_read_as_a_counter() {
+    let d = tempfile::tempdir().unwrap();
+    let mut t = TraceBuilder::new();
+    t.malloc(A, 4096);
+    t.end(Stats::default());
+    let p = t.write(d.path(), "h.trace");
+    let r = report::render(&[&p], &mut NoProgress).unwrap();
+    assert!(!r.html.contains("0 resets"));
+    assert!(r.html.contains("press 0 for the whole run"));
+}

@@ -347,7 +347,7 @@ fn several_traces_kept_apart_and_added_up() {
     assert!(
         lines[at + 1]
             .split_whitespace()
-            .eq(["pid", "command", "events", "peak", "findings", "trace"])
+            .eq(["pid", "command", "calls", "peak", "findings", "trace"])
     );
     assert!(
         lines[at + 2]
@@ -828,4 +828,32 @@ fn cost_notes_by_kind_and_topic_older_ones_by_text() {
         s.library_cost,
         ["isolation: 3 frees", "call stacks: 5 captured"]
     );
+}
+
+/// The library's notes on its own time read as information (issue 32: `cost     call stacks: 4
+/// captured, 4632.57 us each` on every summary read as an alarm): under one heading that says
+/// so, indented, and no line of the summary starts with `cost`.
+#[test]
+fn the_librarys_cost_is_information_under_a_heading() {
+    let d = tempfile::tempdir().unwrap();
+    let mut t = TraceBuilder::new();
+    t.malloc(A, 4096);
+    t.text_note(
+        NoteKind::Cost,
+        isolate_trace::CostTopic::Isolation as u64,
+        0,
+        "call stacks: 4 captured, 4632.57 us each on the calling threads",
+    );
+    t.seq += 1;
+    t.end(Stats::default());
+    t.write(d.path(), "c.trace");
+    let text = isolate(d.path(), &["summary", "c.trace"]).stdout;
+    assert!(
+        text.contains(
+            "the library's own time (information, not a problem of the program):\n  call stacks: \
+             4 captured, 4632.57 us each on the calling threads\n"
+        ),
+        "{text}"
+    );
+    assert!(!text.lines().any(|l| l.starts_with("cost")), "{text}");
 }

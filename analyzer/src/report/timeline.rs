@@ -704,6 +704,10 @@ impl Observer for TimelineObs {
         );
     }
     fn other(&mut self, rec: &Record, live: &Live) {
+        // The span runs to the last thing recorded, as the summary's does (`span_ns`).
+        if let Record::Note(n) = rec {
+            self.last_ts = self.last_ts.max(n.ts_ns);
+        }
         match rec {
             Record::Note(n) if user_note(n).is_some() => self.user_note(n, live),
             Record::Violation(v) => {

@@ -71,6 +71,8 @@ pub struct Summarizer {
     mark_count: u64,
     /// The End record's time (0 without one).
     end_ts: u64,
+    /// The latest note's time (marks and regions may come after the last call).
+    last_note_ts: u64,
     note_releases: u64,
     note_early: u64,
     writer: WriterStats,
@@ -216,6 +218,7 @@ impl Summarizer {
             marks: Vec::new(),
             mark_count: 0,
             end_ts: 0,
+            last_note_ts: 0,
             note_releases: 0,
             note_early: 0,
             writer: WriterStats::default(),
@@ -389,6 +392,12 @@ impl Summarizer {
             signal: self.signal,
             first_ts_ns: self.first_ts,
             last_ts_ns: self.first_ts.map(|_| self.last_ts),
+            span_ns: self.first_ts.map(|f| {
+                self.last_ts
+                    .max(self.end_ts)
+                    .max(self.last_note_ts)
+                    .saturating_sub(f)
+            }),
             devices,
             first_faulted_call: self.first_fault,
             totals,
@@ -524,6 +533,9 @@ impl Observer for Summarizer {
     }
 
     fn other(&mut self, rec: &Record, live: &Live) {
+        if let Record::Note(n) = rec {
+            self.last_note_ts = self.last_note_ts.max(n.ts_ns);
+        }
         match rec {
             Record::Event(_) => {}
             Record::Violation(v) => {

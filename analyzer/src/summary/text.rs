@@ -96,12 +96,13 @@ fn trace_text(o: &mut String, t: &TraceSummary) {
         or_dash(&h.hostname),
         or_dash(&h.library_version)
     );
-    if let (Some(a), Some(b)) = (t.first_ts_ns, t.last_ts_ns) {
+    // The report's facts line says the same: `4 calls over 33.61 ms`.
+    if let Some(span) = t.span_ns {
         let _ = writeln!(
             o,
-            "span     {} over {}",
-            human_ns(b.saturating_sub(a)),
-            plural(t.totals.events, "event")
+            "span     {} over {} (from the first call to the end of the trace)",
+            human_ns(span),
+            plural(t.totals.events, "call")
         );
     }
     totals_text(o, &t.totals, Some(&t.devices));
@@ -215,7 +216,7 @@ fn overview(o: &mut String, s: &Summary) {
             ]
         })
         .collect();
-    let head = ["pid", "command", "events", "peak", "findings", "trace"];
+    let head = ["pid", "command", "calls", "peak", "findings", "trace"];
     let mut w = head.map(|h| h.chars().count());
     for r in &rows {
         for (i, c) in r.iter().enumerate() {
@@ -251,7 +252,7 @@ fn overview(o: &mut String, s: &Summary) {
         o,
         "total    {}; {}, {}; peak {} of device memory: the sum of per-process peaks (not \
          simultaneous)",
-        plural(t.events, "event"),
+        plural(t.events, "call"),
         plural(t.allocations, "allocation"),
         plural(t.frees, "free"),
         size(t.peak_live_bytes)
@@ -1034,8 +1035,16 @@ fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, Dev
             count(q.early_releases)
         );
     }
-    for c in &t.library_cost {
-        let _ = writeln!(o, "cost     {c}");
+    // The library's notes on its own time: information under a heading of its own, never
+    // lines that read as problems of the program.
+    if !t.library_cost.is_empty() {
+        let _ = writeln!(
+            o,
+            "the library's own time (information, not a problem of the program):"
+        );
+        for c in &t.library_cost {
+            let _ = writeln!(o, "  {c}");
+        }
     }
     if t.stale_value_count > 0 {
         // Suspects (docs/analyzer.md, "Suspects"): listed apart, never counted.

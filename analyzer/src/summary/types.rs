@@ -585,8 +585,12 @@ pub struct TraceSummary {
     pub end_reason: Option<String>,
     /// The fatal signal a Signal note or the End record names.
     pub signal: Option<u64>,
+    /// The first and the last call's time (trace clock, ns).
     pub first_ts_ns: Option<u64>,
     pub last_ts_ns: Option<u64>,
+    /// How long the trace covers: from the first call to the last thing it records (a call, a
+    /// mark or region, the process's end). The report's span is the same number.
+    pub span_ns: Option<u64>,
     /// Device ordinal → its figures.
     pub devices: BTreeMap<String, DeviceStats>,
     /// The first call that returned a device-fault code (null when none did), whether or not
