@@ -65,6 +65,30 @@ fn truncated_trace_is_analysed_up_to_the_cut() {
         "{}",
         o.stdout
     );
+    // Cut inside a record (as a full disk cuts a trace): how the process ended is not known,
+    // and the summary does not claim it did not exit cleanly.
+    assert!(
+        o.stdout.contains(&format!(
+            "ended    not recorded: the trace was cut inside a record at byte {at}, while being \
+             written (a full disk, or a write cut short)"
+        )),
+        "{}",
+        o.stdout
+    );
+    assert!(!o.stdout.contains("did not exit cleanly"), "{}", o.stdout);
+    // Whole records and no End record: a crash or a kill, or a full disk at a record's end.
+    let mut t = TraceBuilder::new();
+    t.malloc(A, 4096);
+    t.write(d.path(), "noend.trace");
+    let o = isolate(d.path(), &["summary", "noend.trace"]);
+    assert!(
+        o.stdout.contains(
+            "ended    no End record: the process did not exit cleanly (crash, kill, or still \
+             running), or its trace could not be written to the end (a full disk)"
+        ),
+        "{}",
+        o.stdout
+    );
     for o in run_all(d.path(), "cut.trace") {
         assert_ne!(o.code, 0);
         assert!(!o.stderr.contains("panicked"), "{}", o.stderr);

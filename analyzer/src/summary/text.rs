@@ -302,9 +302,19 @@ fn ended(t: &TraceSummary) -> String {
             Some(n) => format!("killed by signal {}", words::signal(n)),
             None => r.to_owned(),
         },
-        None => {
-            "no End record: the process did not exit cleanly (crash, kill, or still running)".into()
-        }
+        // A trace whose last record is cut in two was cut while being written: the disk
+        // filled (or a write was cut short): how the process ended is not known. Whole records
+        // and no End: the process did not get to write it (crash, kill, still running), or a
+        // full disk stopped the trace right at a record's end, which the trace cannot tell.
+        None => match t.totals.truncated {
+            Some(at) => format!(
+                "not recorded: the trace was cut inside a record at byte {at}, while being \
+                 written (a full disk, or a write cut short), so how the process ended is not known"
+            ),
+            None => "no End record: the process did not exit cleanly (crash, kill, or still \
+                     running), or its trace could not be written to the end (a full disk)"
+                .into(),
+        },
     }
 }
 
