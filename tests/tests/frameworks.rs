@@ -27,8 +27,11 @@ fn said(stderr: &str) -> Vec<&str> {
         .collect()
 }
 
+/// Isolate mode sets JAX's variable before `main` in every program, and tells a C program,
+/// which loads no framework, nothing about it (issue 32: it was told about PyTorch's and JAX's
+/// settings).
 #[test]
-fn isolate_mode_turns_jax_pool_off_before_main_and_says_so_once() {
+fn isolate_mode_turns_jax_pool_off_before_main_and_tells_a_c_program_nothing() {
     let out = getenv("isolate").run();
     out.assert_success();
     assert!(
@@ -38,18 +41,47 @@ fn isolate_mode_turns_jax_pool_off_before_main_and_says_so_once() {
         "{}",
         out.stdout
     );
-    let lines = said(&out.stderr);
-    assert_eq!(
-        lines
-            .iter()
-            .filter(
-                |l| l.contains("XLA_PYTHON_CLIENT_ALLOCATOR=platform (JAX/XLA's memory pool off)")
-            )
-            .count(),
-        1,
-        "{}",
-        out.stderr
-    );
+    assert!(said(&out.stderr).is_empty(), "{}", out.stderr);
+    // A C program that allocates (its trace starts) is told nothing either.
+    let out = Run::program("loads").env("ISOLATE_MODE", "isolate").run();
+    out.assert_success();
+    assert!(said(&out.stderr).is_empty(), "{}", out.stderr);
+}
+
+/// Once a framework is loaded (here an empty library named as PyTorch's, or as jaxlib's, is),
+/// what isolate mode set for it is said, once, and only for it.
+#[test]
+fn what_was_set_for_a_framework_is_said_once_it_is_loaded() {
+    let torch = isolate_tests::program_path("libc10_cuda.so");
+    let jax = isolate_tests::program_path("libxla_extension.so");
+    let run = |libs: &[&std::path::Path]| {
+        let out = Run::program("loads")
+            .args(libs.iter().map(|p| p.to_str().unwrap()))
+            .env("ISOLATE_MODE", "isolate")
+            .env_remove("XLA_PYTHON_CLIENT_ALLOCATOR")
+            .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+            .env_remove("PYTORCH_ALLOC_CONF")
+            .env_remove("PYTORCH_NO_CUDA_MEMORY_CACHING")
+            .run();
+        out.assert_success();
+        assert!(
+            !out.stdout.contains("dlopen") || out.stdout.contains(" ok"),
+            "{}",
+            out.stdout
+        );
+        said(&out.stderr)
+            .into_iter()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let pytorch = "isolate: isolate mode: set PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync \
+                   (PyTorch's caching allocator off; each tensor from the driver's stream-ordered pool)";
+    let jax_line = "isolate: isolate mode: set XLA_PYTHON_CLIENT_ALLOCATOR=platform (JAX/XLA's memory pool off)";
+    assert_eq!(run(&[&torch]), [pytorch]);
+    assert_eq!(run(&[&jax]), [jax_line]);
+    let both = run(&[&torch, &jax]);
+    assert_eq!(both.len(), 2, "{both:?}");
+    assert!(both.contains(&pytorch.to_owned()) && both.contains(&jax_line.to_owned()));
 }
 
 #[test]

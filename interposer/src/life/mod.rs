@@ -110,7 +110,10 @@ fn trace_started(when: Started) {
             signals::install();
             signals::start_checker();
         }
-        Started::After => note_late_load(),
+        Started::After => {
+            note_late_load();
+            crate::policy::trace_started();
+        }
     }
 }
 

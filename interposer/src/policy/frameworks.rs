@@ -4,6 +4,11 @@
 //! into it. Each is switched only when the user has not set the variable, with one stderr line
 //! saying so.
 //!
+//! Each line is said only once the framework is seen loaded (its library among the loaded
+//! objects, looked at when the trace starts and at exit): a C program, which loads neither, is
+//! not told about PyTorch's and JAX's settings, though they are set for it too (a framework
+//! loaded later reads them then).
+//!
 //! - JAX/XLA: `XLA_PYTHON_CLIENT_ALLOCATOR=platform` (XLA allocates and frees each buffer with the
 //!   driver instead of out of its BFC pool; `XLA_PYTHON_CLIENT_PREALLOCATE` does not matter then).
 //! - CuPy has no variable for it: the Python package's start-up hook switches its pool off when
@@ -14,9 +19,65 @@
 //! Layer: policies. Uses the base (stderr).
 
 use crate::base::sys::warn;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-static SAID_JAX: AtomicBool = AtomicBool::new(false);
+/// A framework whose pool isolate mode switched off.
+#[derive(Clone, Copy)]
+pub enum Framework {
+    PyTorch = 0,
+    Jax = 1,
+}
+
+impl Framework {
+    /// Is this a file name of one of the framework's own libraries?
+    fn owns(self, path: &[u8]) -> bool {
+        let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+        let has = |s: &[u8], what: &[u8]| s.windows(what.len()).any(|w| w == what);
+        match self {
+            // libc10_cuda.so, libtorch_cuda.so (loaded by `import torch`).
+            Framework::PyTorch => has(name, b"libc10_cuda") || has(name, b"libtorch_cuda"),
+            // jaxlib's extension, its CUDA plugin (jax_cuda12_plugin, jax_plugins/xla_cuda12).
+            Framework::Jax => {
+                has(name, b"xla_extension")
+                    || has(name, b"xla_cuda_plugin")
+                    || has(path, b"/jaxlib/")
+                    || has(path, b"/jax_cuda")
+            }
+        }
+    }
+}
+
+/// The line to say for each framework, when something was set for it; said once, when the
+/// framework is seen loaded.
+static PENDING: [OnceLock<String>; 2] = [OnceLock::new(), OnceLock::new()];
+static SAID: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+
+/// Before `main`: `what` was set for `fw`; said by [`say_for_loaded`] once `fw` is loaded.
+pub fn set_for(fw: Framework, what: String) {
+    let _ = PENDING[fw as usize].set(what);
+}
+
+/// Says, once each, what was set for the frameworks that are loaded now. From the trace's start
+/// and from exit (never a signal handler: it asks the loader for its objects).
+pub fn say_for_loaded() {
+    let pending =
+        |fw: Framework| PENDING[fw as usize].get().is_some() && !SAID[fw as usize].load(Relaxed);
+    let fws = [Framework::PyTorch, Framework::Jax];
+    if !fws.into_iter().any(pending) {
+        return;
+    }
+    let loaded = crate::base::got::loaded();
+    for fw in fws {
+        if pending(fw)
+            && loaded.iter().any(|o| fw.owns(o.name.to_bytes()))
+            && !SAID[fw as usize].swap(true, Relaxed)
+            && let Some(line) = PENDING[fw as usize].get()
+        {
+            warn(line);
+        }
+    }
+}
 
 /// From the constructor, before `main`, in isolate mode only.
 pub fn before_main() {
@@ -30,10 +91,34 @@ pub fn before_main() {
                 1,
             )
         };
-        if !SAID_JAX.swap(true, Relaxed) {
-            warn(
-                "isolate mode: set XLA_PYTHON_CLIENT_ALLOCATOR=platform (JAX/XLA's memory pool off)",
-            );
+        set_for(
+            Framework::Jax,
+            "isolate mode: set XLA_PYTHON_CLIENT_ALLOCATOR=platform (JAX/XLA's memory pool off)"
+                .into(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Framework;
+
+    #[test]
+    fn frameworks_known_by_their_libraries() {
+        let torch = b"/venv/lib/python3.12/site-packages/torch/lib/libc10_cuda.so";
+        assert!(Framework::PyTorch.owns(torch));
+        assert!(Framework::PyTorch.owns(b"/x/torch/lib/libtorch_cuda.so"));
+        assert!(!Framework::Jax.owns(torch));
+        assert!(Framework::Jax.owns(b"/venv/site-packages/jaxlib/xla_extension.so"));
+        assert!(
+            Framework::Jax.owns(b"/venv/site-packages/jax_plugins/xla_cuda12/xla_cuda_plugin.so")
+        );
+        for other in [
+            &b"/usr/lib/x86_64-linux-gnu/libcudart.so.13"[..],
+            b"/usr/lib/libc.so.6",
+            b"",
+        ] {
+            assert!(!Framework::PyTorch.owns(other) && !Framework::Jax.owns(other));
         }
     }
 }

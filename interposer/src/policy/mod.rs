@@ -143,8 +143,17 @@ pub fn verify_now() -> u64 {
     .unwrap_or(0)
 }
 
+/// The trace started (the first CUDA call): in isolate mode, what was set for the frameworks that
+/// are loaded is said now (frameworks.rs).
+pub fn trace_started() {
+    if isolating() {
+        frameworks::say_for_loaded();
+    }
+}
+
 pub fn at_exit() {
     if isolating() {
+        frameworks::say_for_loaded();
         isolate::at_exit_bounded();
         isolate::exit_notes();
         if check_launches() && crate::record::writer::started() {

@@ -1,12 +1,10 @@
 //! PyTorch's set-up before `main`: its caching allocator would hand freed blocks straight back
 //! out, so isolate mode switches it to the stream-ordered backend, or off.
 //!
-//! Layer: policies. Uses the base only.
+//! Layer: policies. Uses the base, and frameworks.rs (which says what was set, once PyTorch is
+//! loaded).
 
-use crate::base::sys::warn;
-use std::sync::atomic::{AtomicBool, Ordering::*};
-
-pub(super) static SAID_PYTORCH: AtomicBool = AtomicBool::new(false);
+use crate::policy::frameworks::{Framework, set_for};
 
 /// Before `main`: PyTorch's caching allocator hands freed blocks straight back out, which is
 /// what isolation exists to stop. Unless the user chose, PyTorch is switched to its
@@ -15,11 +13,8 @@ pub(super) static SAID_PYTORCH: AtomicBool = AtomicBool::new(false);
 /// for the device). Where the user set other allocator options, the cache is switched off
 /// instead (`PYTORCH_NO_CUDA_MEMORY_CACHING=1`, every free a `cudaFree`), as before.
 pub fn before_main() {
-    let say = |what: &str| {
-        if !SAID_PYTORCH.swap(true, Relaxed) {
-            warn(&format!("isolate mode: {what}"));
-        }
-    };
+    // Said once PyTorch is seen loaded (frameworks.rs), not to every program.
+    let say = |what: &str| set_for(Framework::PyTorch, format!("isolate mode: {what}"));
     match pytorch_substrate(
         std::env::var("PYTORCH_NO_CUDA_MEMORY_CACHING").ok(),
         std::env::var("PYTORCH_ALLOC_CONF").ok(),
