@@ -623,7 +623,9 @@ fn a_host_name_with_slashes_stays_in_the_trace_directory() {
 #[test]
 fn a_bad_setting_stops_the_run_before_the_command_starts() {
     let d = tempdir();
-    let cases: [(&[(&str, &str)], &[&str], &str); 5] = [
+    // (the environment, the flags, the line that starts stderr)
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str], &'a str);
+    let cases: [Case; 5] = [
         (
             &[("ISOLATE_MODE", "LOG")],
             &[],
