@@ -666,6 +666,8 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
         ),
         // tests/environment.rs (run 300 times there).
         ("setenv_race", &[]),
+        // tests/frameworks.rs (what it loads is run there).
+        ("loads", &[]),
     ];
     let dir = isolate_tests::workspace_root().join("tests/programs");
     for entry in std::fs::read_dir(&dir).unwrap().flatten() {
