@@ -4,8 +4,8 @@
 //! into it. Each is switched only when the user has not set the variable, with one stderr line
 //! saying so.
 //!
-//! Each line is said only once the framework is seen loaded (its library among the loaded
-//! objects, looked at when the trace starts and at exit): a C program, which loads neither, is
+//! Each line is said only once the framework is seen loaded (its library mapped, looked at when
+//! the trace starts and at exit): a C program, which loads neither, is
 //! not told about PyTorch's and JAX's settings, though they are set for it too (a framework
 //! loaded later reads them then).
 //!
@@ -59,7 +59,9 @@ pub fn set_for(fw: Framework, what: String) {
 }
 
 /// Says, once each, what was set for the frameworks that are loaded now. From the trace's start
-/// and from exit (never a signal handler: it asks the loader for its objects).
+/// (in the hook that made the first CUDA call) and from exit; never a signal handler. The loaded
+/// objects are read from `/proc/self/maps`, not asked of the loader (`dl_iterate_phdr` takes the
+/// loader's lock, which a thread in `dlopen` may hold while it waits for a lock the hook holds).
 pub fn say_for_loaded() {
     let pending =
         |fw: Framework| PENDING[fw as usize].get().is_some() && !SAID[fw as usize].load(Relaxed);
@@ -67,10 +69,17 @@ pub fn say_for_loaded() {
     if !fws.into_iter().any(pending) {
         return;
     }
-    let loaded = crate::base::got::loaded();
+    let Ok(maps) = std::fs::read("/proc/self/maps") else {
+        return;
+    };
+    // Each line's file, from its first `/` (a path may hold spaces).
+    let paths: Vec<&[u8]> = maps
+        .split(|&b| b == b'\n')
+        .filter_map(|l| l.iter().position(|&b| b == b'/').map(|i| &l[i..]))
+        .collect();
     for fw in fws {
         if pending(fw)
-            && loaded.iter().any(|o| fw.owns(o.name.to_bytes()))
+            && paths.iter().any(|p| fw.owns(p))
             && !SAID[fw as usize].swap(true, Relaxed)
             && let Some(line) = PENDING[fw as usize].get()
         {
