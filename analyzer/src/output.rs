@@ -3,7 +3,9 @@
 //! [`write_atomically`] writes into a temporary file in the output's own directory and renames it
 //! over the output only once everything was written and flushed: an error halfway (a corrupt
 //! trace, a full disk) leaves the file that was there before, or none, never a 0-byte or partial
-//! one. Every output file goes through it, whatever its format.
+//! one. Every output that is one file goes through it (report, graph, export chrome-trace and
+//! memory-viz); `export --format parquet` writes a directory of tables, each into a temporary file
+//! of its own moved into place (`export::parquet`).
 
 use crate::Error;
 use std::fs::{File, OpenOptions};
