@@ -571,6 +571,58 @@ pub fn device_fault(by: &str, r: i32) {
     }
 }
 
+/// The longest the exit waits for the device to say whether a kernel faulted ([`fault_at_exit`]).
+const FAULT_AT_EXIT_LIMIT_NS: u64 = 5_000_000_000;
+
+/// At exit in guard mode, when no fault was seen yet: a kernel nobody waited for (the program
+/// ends right after its launch, `kernel<<<1,1>>>(p); return 0;`) may have faulted, and no call
+/// of the program would ever say so. An event is recorded on the legacy default stream (after
+/// the work of every blocking stream of the exiting thread's context) and polled for at most
+/// [`FAULT_AT_EXIT_LIMIT_NS`] (a hung kernel must not hold the exit up); a fault code it gives
+/// back is the device fault, naming the suspects. Nothing is done without a current context.
+pub fn fault_at_exit() {
+    if FAULTED.load(Acquire) {
+        return;
+    }
+    let Ok(ctx) = cu::ctx_get_current() else {
+        return;
+    };
+    if ctx.is_null() {
+        return;
+    }
+    const BY: &str = "the device at exit (an event after the program's last work)";
+    const NOT_READY: CUresult = 600;
+    let Ok(ev) = cu::event_create(2) else {
+        return; // CU_EVENT_DISABLE_TIMING
+    };
+    // SAFETY: the library's own event, just made; the legacy default stream of the current
+    // context always exists.
+    let mut r = match unsafe { cu::event_record(ev, std::ptr::null_mut()) } {
+        Ok(()) => CUDA_SUCCESS,
+        Err(cu::CuError::Code(c)) => c,
+        Err(cu::CuError::Missing) => CUDA_SUCCESS,
+    };
+    if r == CUDA_SUCCESS {
+        let deadline = now_ns() + FAULT_AT_EXIT_LIMIT_NS;
+        loop {
+            // SAFETY: the event made above, not destroyed yet.
+            r = match unsafe { cu::event_query(ev) } {
+                Ok(()) | Err(cu::CuError::Missing) => CUDA_SUCCESS,
+                Err(cu::CuError::Code(c)) => c,
+            };
+            if r != NOT_READY || now_ns() > deadline {
+                break;
+            }
+            crate::base::sys::nap(200_000);
+        }
+    }
+    // SAFETY: the library's event, not used after this.
+    let _ = unsafe { cu::event_destroy(ev) };
+    if r >= 700 {
+        device_fault(BY, r);
+    }
+}
+
 /// In a fork child: the parent's launches are not this process's.
 pub fn after_fork_child() {
     // Another thread of the parent may have held these locks at the fork.
