@@ -341,8 +341,12 @@ impl Found {
             // Recorded and said once per kernel and allocation.
             warn(&format!(
                 "STALE LAUNCH: kernel {} got 0x{ptr:x} (parameter {index}, byte {offset}), inside \
-                 allocation 0x{:x} ({} bytes) freed at event {}",
-                h.layout.name, e.ptr, e.size, e.free_seq
+                 allocation 0x{:x} ({} bytes) freed at event {}{}",
+                h.layout.name,
+                e.ptr,
+                e.size,
+                e.free_seq,
+                h.said_at()
             ));
             h.submit(Record::StaleLaunch);
         }
@@ -350,6 +354,15 @@ impl Found {
 }
 
 impl Hit {
+    /// Where its calls were, for its stderr line ([`stacks::said_at`]).
+    fn said_at(&self) -> String {
+        stacks::said_at(&[
+            ("launched", self.stack),
+            ("allocated", self.e.alloc_stack),
+            ("freed", self.e.free_stack),
+        ])
+    }
+
     fn record(&self, seq: u64) -> StaleLaunch {
         StaleLaunch {
             seq,
@@ -564,8 +577,15 @@ pub fn device_fault(by: &str, r: i32) {
     for h in &suspects {
         warn(&format!(
             "  suspect: kernel {} got 0x{:x} (parameter {}, byte {}), inside allocation 0x{:x} \
-             ({} bytes) freed at event {}",
-            h.layout.name, h.ptr, h.index, h.offset, h.e.ptr, h.e.size, h.e.free_seq
+             ({} bytes) freed at event {}{}",
+            h.layout.name,
+            h.ptr,
+            h.index,
+            h.offset,
+            h.e.ptr,
+            h.e.size,
+            h.e.free_seq,
+            h.said_at()
         ));
         h.submit(Record::StaleLaunch);
     }

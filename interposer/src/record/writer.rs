@@ -10,7 +10,7 @@
 
 use super::{header, thread};
 use crate::base::config::{self, Mode};
-use crate::base::sys::{gettid, nap, now_ns, wait_until, warn};
+use crate::base::sys::{ForkLock, gettid, nap, now_ns, wait_until, warn};
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 use isolate_trace::{Encoder, End, EndReason, Header, Record, Stats};
 use std::sync::atomic::{
@@ -88,6 +88,15 @@ pub fn on_start(f: fn(Started)) {
 
 struct Session {
     tx: Sender<Record>,
+}
+
+/// The trace file's path, once the writer opened it (for the library's stderr lines, which
+/// name it so that `isolate summary` can be pointed at it).
+static PATH: ForkLock<Option<String>> = ForkLock::new(None);
+
+/// The trace file's path, when it is open.
+pub fn path() -> Option<String> {
+    PATH.lock().clone()
 }
 
 /// True once a trace has been started (this process has recorded something).
@@ -311,6 +320,7 @@ fn wait_ended(deadline: u64) -> bool {
 /// Called in the child after `fork()`: the parent's trace is the parent's; the child starts
 /// its own on its first event and never touches the parent's file or queue.
 pub fn after_fork_child() {
+    PATH.reset_in_child(None);
     SESSION.store(std::ptr::null_mut(), Release); // leaked on purpose: the parent owns it
     super::tally::after_fork_child();
     ACCEPTED.store(0, Release);
@@ -632,6 +642,7 @@ fn writer_main(rx: Receiver<Record>) {
     let header = header::header(cfg);
     let (fd, id, path) = match open_trace(&cfg.trace, &header) {
         Ok(x) => {
+            *PATH.lock() = Some(x.2.clone());
             OPENED.store(true, Release);
             x
         }
