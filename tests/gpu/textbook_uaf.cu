@@ -4,11 +4,12 @@
 //   [cudaDeviceSynchronize();] [cudaDeviceReset();] return 0;
 //
 //   nvcc -O2 -o textbook_uaf tests/gpu/textbook_uaf.cu          (static runtime, nvcc's default)
-//   textbook_uaf [BYTES] [reset|noreset]                        (defaults 4096 reset)
+//   textbook_uaf [BYTES] [sync] [reset|noreset]                 (defaults: 4096, no sync, reset)
 //
-// Prints `bytes=N sync=<code> reset=<code|skipped>`; exit 0. compute-sanitizer memcheck reports
+// Prints `bytes=N sync=<code|-> reset=<code|->`; exit 0. compute-sanitizer memcheck reports
 // the write; isolate mode should report a stale launch (the kernel's only parameter is the freed
-// pointer) and a stale write (checked before the reset takes the memory away); guard mode a fault.
+// pointer) and a stale write (checked before the reset takes the memory away); guard mode a
+// device fault naming the launch. tests/gpu/uaf_check.sh runs every variant.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -18,15 +19,25 @@
 __global__ void write42(int *p) { p[0] = 42; }
 
 int main(int argc, char **argv) {
-    size_t bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 0) : 4096;
-    bool reset = !(argc > 2 && !std::strcmp(argv[2], "noreset"));
+    size_t bytes = 4096;
+    bool sync = false, reset = true;
+    for (int i = 1; i < argc; i++) {
+        if (!std::strcmp(argv[i], "sync"))
+            sync = true;
+        else if (!std::strcmp(argv[i], "noreset"))
+            reset = false;
+        else if (!std::strcmp(argv[i], "reset"))
+            reset = true;
+        else
+            bytes = std::strtoull(argv[i], nullptr, 0);
+    }
     int *p = nullptr;
     cudaMalloc(&p, bytes);
     cudaFree(p);
     write42<<<1, 1>>>(p);
-    cudaError_t sync = cudaDeviceSynchronize();
-    int r = -1;
+    int s = -1, r = -1;
+    if (sync) s = (int)cudaDeviceSynchronize();
     if (reset) r = (int)cudaDeviceReset();
-    std::printf("bytes=%zu sync=%d reset=%d\n", bytes, (int)sync, r);
+    std::printf("bytes=%zu sync=%d reset=%d\n", bytes, s, r);
     return 0;
 }

@@ -256,12 +256,14 @@ CUresult cuDevicePrimaryCtxRelease(CUdevice dev); /* the pre-11.0 export, same A
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
 /* Frees every live device allocation (their contents lost) and resets the primary context. */
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxReset(CUdevice dev); /* the pre-11.0 export, same ABI and effect */
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
 CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuCtxGetCurrent(CUcontext *pctx);
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuCtxGetDevice(CUdevice *device);
 CUresult cuCtxSynchronize(void);
+CUresult cuCtxSynchronize_v2(CUcontext ctx); /* CUDA 13: that context, or the current for NULL */
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
 CUresult cuGetErrorName(CUresult error, const char **pStr);
 CUresult cuGetErrorString(CUresult error, const char **pStr);

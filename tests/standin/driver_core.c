@@ -238,6 +238,9 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     return CUDA_SUCCESS;
 }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return primary_release(dev); }
+/* The pre-11.0 export, which libcudart 13 still asks for (cuDevicePrimaryCtxReset at version
+ * 7000): the same reset. */
+CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
 
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     (void)flags;

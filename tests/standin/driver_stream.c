@@ -380,6 +380,18 @@ CUresult cuCtxSynchronize(void) {
     return ctx_fault();
 }
 
+/* CUDA 13's form (what "cuCtxSynchronize" at version 13000 gives, and what libcudart 13 asks
+ * for besides the old one): the given context, or the current one for NULL. */
+CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+    if (!ctx || ctx == t_ctx)
+        return cuCtxSynchronize();
+    CUcontext was = t_ctx;
+    t_ctx = ctx;
+    CUresult r = cuCtxSynchronize();
+    t_ctx = was;
+    return r;
+}
+
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
     NEED_CTX();
     if (!phEvent)

@@ -28,11 +28,11 @@
     X(driverGetVersion, "cuDriverGetVersion", cuDriverGetVersion)                              \
     X(deviceGetCount, "cuDeviceGetCount", cuDeviceGetCount)                                    \
     X(primaryCtxRetain, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain)                  \
-    X(primaryCtxReset, "cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2)                  \
+    X(primaryCtxReset, "cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset)                     \
     X(ctxGetCurrent, "cuCtxGetCurrent", cuCtxGetCurrent)                                       \
     X(ctxSetCurrent, "cuCtxSetCurrent", cuCtxSetCurrent)                                       \
     X(ctxGetDevice, "cuCtxGetDevice", cuCtxGetDevice)                                          \
-    X(ctxSynchronize, "cuCtxSynchronize", cuCtxSynchronize)                                    \
+    X(ctxSynchronize, "cuCtxSynchronize", cuCtxSynchronize_v2)                                 \
     X(memGetInfo, "cuMemGetInfo", cuMemGetInfo_v2)                                             \
     X(memAlloc, "cuMemAlloc", cuMemAlloc_v2)                                                   \
     X(memFree, "cuMemFree", cuMemFree_v2)                                                      \
@@ -130,10 +130,23 @@ static cudaError_t map(CUresult r) {
     }
 }
 
+/* The version each function is asked for at, as libcudart.so.13 (13.0.96) asks (read from its
+ * calls of cuGetProcAddress): the primary context's calls at 7000, so that the driver hands back
+ * their first exports (`cuDevicePrimaryCtxReset`, not `_v2`); the rest at the runtime's version
+ * (`cuCtxSynchronize` then gives CUDA 13's `cuCtxSynchronize_v2(ctx)`). */
+static int version_of(const char *name) {
+    static const char *const at7000[] = {"cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease",
+                                         "cuDevicePrimaryCtxReset"};
+    for (size_t i = 0; i < sizeof at7000 / sizeof at7000[0]; i++)
+        if (strcmp(name, at7000[i]) == 0)
+            return 7000;
+    return RUNTIME_VERSION;
+}
+
 static void *resolve(const char *name, cuuint64_t flags) {
     void *p = NULL;
     CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    if (g_gpa(name, &p, RUNTIME_VERSION, flags, &st) != CUDA_SUCCESS)
+    if (g_gpa(name, &p, version_of(name), flags, &st) != CUDA_SUCCESS)
         return NULL;
     return p;
 }
@@ -295,7 +308,7 @@ cudaError_t cudaMemGetInfo(size_t *free_, size_t *total) {
 
 cudaError_t cudaDeviceSynchronize(void) {
     ENTER();
-    return ret(D.ctxSynchronize());
+    return ret(D.ctxSynchronize(NULL));
 }
 
 /* The current device's primary context reset (its memory gone); the thread binds it again on

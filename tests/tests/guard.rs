@@ -566,12 +566,33 @@ fn a_stale_value_becomes_a_stale_launch_only_when_a_fault_follows() {
         out.stderr
     );
     let suspects = stderr_lines(&out, "suspect:");
+    // The line names the calls' stacks (native only: by id, and the trace that has them).
+    let launch_stack = t
+        .records
+        .iter()
+        .find_map(|r| match r {
+            Record::StaleLaunch(l) => Some(l.seq),
+            _ => None,
+        })
+        .and_then(|seq| {
+            t.records.iter().find_map(|r| match r {
+                Record::StackOf(s) if s.seq == seq => Some(s.stack),
+                _ => None,
+            })
+        })
+        .unwrap();
     assert_eq!(
         suspects,
         [format!(
             "isolate:   suspect: kernel k_use got {:#x} (parameter 0, byte 0), inside allocation \
-             {:#x} (1048576 bytes) freed at event {}",
-            a.ptr, a.ptr, a_free.seq
+             {:#x} (1048576 bytes) freed at event {}; launched at stack {launch_stack}, allocated \
+             at stack {}, freed at stack {} of {} (isolate summary names the code)",
+            a.ptr,
+            a.ptr,
+            a_free.seq,
+            a.stack,
+            a_free.stack,
+            t.path.display()
         )],
         "{}",
         out.stderr

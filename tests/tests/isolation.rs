@@ -233,10 +233,18 @@ fn a_stale_write_is_reported_to_the_byte() {
         .filter(|l| l.starts_with("isolate: STALE WRITE"))
         .collect();
     assert_eq!(lines.len(), 1, "{}", out.stderr);
+    // Then where the calls were: a C program's stacks are native, symbolised only offline, so
+    // by their ids and the trace that has them (issue 30, item 4).
     let want = format!(
-        "isolate: STALE WRITE: 25 bytes of freed allocation {:#x} (65536 bytes, freed by cudaFree at event {}) changed after the free; first at offset 1000",
-        alloc.ptr, free.seq
+        "isolate: STALE WRITE: 25 bytes of freed allocation {:#x} (65536 bytes, freed by cudaFree at event {}) changed after the free; first at offset 1000; \
+         allocated at stack {}, freed at stack {} of {} (isolate summary names the code)",
+        alloc.ptr,
+        free.seq,
+        alloc.stack,
+        free.stack,
+        t.path.display()
     );
+    assert!(alloc.stack != 0 && free.stack != 0);
     assert_eq!(lines[0], want);
 
     // No poison, nothing to check against: no report (and the write still lands nowhere live).

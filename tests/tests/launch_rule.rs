@@ -132,7 +132,10 @@ fn a_stale_launch_needs_evidence_and_a_suspect_is_listed_apart() {
 /// library kernel named k_write42), and the write is found before the reset takes the memory:
 /// one STALE WRITE on stderr and the same Violation in the trace. Before the fix: no stale
 /// launch (the CUkernel's layout was not read) and no stale write (the exit check ran after
-/// the reset, on memory that was gone).
+/// the reset, on memory that was gone). The runtime's reset is `cuDevicePrimaryCtxReset`, the
+/// first export, as libcudart 13 asks for it (version 7000); with only the `_v2` hooked the
+/// exit check read the memory the reset had zeroed: a 4,096-byte "stale write" (the H200:
+/// nothing).
 #[test]
 fn the_textbook_use_after_free_is_found_before_the_reset() {
     for size in ["4096", "4194304"] {
@@ -178,10 +181,19 @@ fn the_exit_checks_finding_of_a_c_program_is_in_the_trace() {
 /// Guard mode: the write faults; `cudaDeviceSynchronize` returns 700 and the fault is a
 /// recorded device fault naming k_write42 as the stale launch, whatever the size; with only a
 /// `cudaDeviceReset` after the launch (nobody waits for the kernel), the reset's hook
-/// synchronises first and records the same.
+/// synchronises first and records the same; with neither (`return 0;` right after the launch),
+/// the exit asks the device and records the same. The stand-in's runtime asks for the driver's
+/// functions as libcudart 13 does (`cuCtxSynchronize` at 13000, `cuDevicePrimaryCtxReset` at
+/// 7000). Before the fix (hooks for `cuCtxSynchronize_v2` and the first `cuDevicePrimaryCtxReset`,
+/// the exit's fault check): no device fault in any of the four, as on the H200.
 #[test]
 fn guard_mode_records_the_textbook_fault() {
-    for args in [&["4096", "sync"][..], &["4194304", "sync"], &["4096"]] {
+    for args in [
+        &["4096", "sync"][..],
+        &["4194304", "sync"],
+        &["4096"],
+        &["4096", "noreset"],
+    ] {
         let mut run = Run::program("textbook");
         let mut plain = Run::program("textbook").preload(false);
         for a in args {

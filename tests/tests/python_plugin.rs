@@ -339,8 +339,21 @@ fn a_stale_write_fails_the_test_that_made_it_at_its_end() {
         ),
         "{text}"
     );
-    // Found by the check at the end of the test: said on stderr before the next test ran.
-    assert!(text.contains("STALE WRITE"), "{text}");
+    // Found by the check at the end of the test: said on stderr before the next test ran,
+    // with where the allocation and the free were (the stacks' Python lines, known to the
+    // library since it read them; issue 30, item 4).
+    let live = text
+        .lines()
+        .find(|l| l.contains("isolate: STALE WRITE"))
+        .unwrap_or_else(|| panic!("no STALE WRITE line:\n{text}"));
+    for want in [
+        "; allocated at ",
+        "python/tests/standin_runtime.py:19 in malloc, freed at ",
+        "python/tests/test_check_now_cases.py:22 in test_fail_stale_write",
+    ] {
+        assert!(live.contains(want), "no {want:?} in {live:?}");
+    }
+    assert!(!live.contains("isolate summary names"), "{live}");
     // The failure names the trace and where in the code the allocation and the free were
     // (the innermost Python frames: standin_runtime.py's malloc, the test's cudaFree).
     let trace = the_trace(dir.path());

@@ -252,6 +252,19 @@ impl SymFrame {
     }
 }
 
+/// Whether a Python frame's file is installed code, not the program's: a package under
+/// `site-packages` or `dist-packages`, the standard library (`…/lib/python3.N/…`), a frozen
+/// module (`<frozen runpy>`).
+fn installed_python(file: Option<&str>) -> bool {
+    let Some(f) = file else {
+        return false;
+    };
+    f.contains("/site-packages/")
+        || f.contains("/dist-packages/")
+        || f.contains("/lib/python3.")
+        || f.starts_with("<frozen ")
+}
+
 /// A stack as outputs show it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ShownStack {
@@ -280,10 +293,18 @@ impl ShownStack {
     /// there is one (`train.py:39 in main`), else the first shown frame (`make_buffer
     /// (prog.c:14)`). **The one rule** that names a finding's code; [`ShownStack::place`]
     /// holds it, [`crate::finding::place`] reads it.
+    ///
+    /// Of the Python frames, the program's own come first: the innermost one whose file is not
+    /// installed code (a package under `site-packages` or `dist-packages`, the standard
+    /// library, a frozen module), so that a tensor made inside `torch/nn/functional.py` for the
+    /// script's `loss = F.cross_entropy(...)` is placed at the script's line; only when every
+    /// Python frame is installed code is the innermost of them the place.
     pub fn place_of(frames: &[SymFrame]) -> Option<String> {
         let shown = || frames.iter().filter(|f| !f.hidden);
-        shown()
-            .find(|f| f.kind == "python")
+        let python = || shown().filter(|f| f.kind == "python");
+        python()
+            .find(|f| !installed_python(f.file.as_deref()))
+            .or_else(|| python().next())
             .or_else(|| shown().find(|f| f.kind != "gap"))
             .map(|f| f.label())
     }
@@ -471,6 +492,44 @@ mod tests {
             inlined: false,
             hidden: false,
         }
+    }
+
+    fn python_in(file: &str, f: &str, line: u32) -> SymFrame {
+        SymFrame {
+            file: Some(file.into()),
+            ..python(f, line)
+        }
+    }
+
+    /// The program's own Python line is the place, not the installed package's that made the
+    /// tensor for it; a stack of installed code only is placed at its innermost frame.
+    #[test]
+    fn the_place_is_the_programs_own_python_line() {
+        let torch = "/usr/lib/python3/dist-packages/torch/nn/functional.py";
+        let venv = "/home/u/.venv/lib/python3.12/site-packages/torch/nn/modules/module.py";
+        let frames = vec![
+            native("at::native::empty_cuda", false),
+            python_in(torch, "cross_entropy", 3462),
+            python_in(venv, "Module._call_impl", 1784),
+            python_in("/home/u/leak.py", "<module>", 15),
+            python_in("/usr/lib/python3.12/runpy.py", "_run_code", 88),
+        ];
+        assert_eq!(
+            ShownStack::place_of(&frames).as_deref(),
+            Some("/home/u/leak.py:15 in <module>")
+        );
+        let installed = vec![
+            native("at::native::empty_cuda", false),
+            python_in(torch, "cross_entropy", 3462),
+            python_in("<frozen runpy>", "_run_module_as_main", 198),
+        ];
+        assert_eq!(
+            ShownStack::place_of(&installed).as_deref(),
+            Some(format!("{torch}:3462 in cross_entropy").as_str())
+        );
+        assert!(installed_python(Some("/usr/lib/python3.12/threading.py")));
+        assert!(!installed_python(Some("/home/u/train.py")));
+        assert!(!installed_python(None));
     }
 
     /// Stack 1 of `frames`, its hidden ones counted as the symboliser counts them.

@@ -394,6 +394,18 @@ fn hide(f: &SymFrame, has_python: bool) -> bool {
     ]) {
         return true;
     }
+    // nvcc links the runtime statically (its default): the runtime's frames are the program's
+    // own module's, its internal functions named `libcudart_static_<hash>`, its API functions
+    // `cudaLaunchKernel`, `cudaMalloc`, …, and the kernel's host stub `__device_stub__…` that
+    // `kernel<<<…>>>` calls. They say how CUDA was reached, not where in the program (issue 30:
+    // the textbook use-after-free's launch was "at libcudart_static_4d8b… (uaf+0xded4)").
+    if func.starts_with("libcudart_static_")
+        || func.starts_with("__device_stub__")
+        || func.starts_with("__cudart")
+        || is_runtime_api(func)
+    {
+        return true;
+    }
     if func.contains("CachingAllocator")
         || func.contains("c10::cuda::")
         || matches!(
@@ -415,6 +427,17 @@ fn hide(f: &SymFrame, has_python: bool) -> bool {
         return interp_module || interp_func;
     }
     false
+}
+
+/// A CUDA runtime API function's name (`cudaMalloc`, `cudaLaunchKernel`, `__cudaPushCallConfiguration`):
+/// `cuda` and a capital letter, alone (a C++ function in a namespace or with parameters in its
+/// demangled name is the program's).
+fn is_runtime_api(func: &str) -> bool {
+    let f = func.strip_prefix("__").unwrap_or(func);
+    f.strip_prefix("cuda").is_some_and(|r| {
+        r.starts_with(|c: char| c.is_ascii_uppercase())
+            && r.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
 }
 
 #[cfg(test)]
@@ -459,5 +482,30 @@ mod tests {
             true
         ));
         assert!(hide(&native("/usr/bin/python3.12", "PyObject_Call"), true));
+    }
+
+    /// nvcc's static runtime lives in the program's own module: its frames are hidden by name,
+    /// the program's are not (the H200's textbook_uaf stack, issue 30).
+    #[test]
+    fn the_static_runtimes_frames_are_hidden() {
+        let uaf = "/tmp/w/uaf";
+        for f in [
+            "libcudart_static_4d8b33a106dceb3c07a56e26de61f2d53bb62a68",
+            "cudaLaunchKernel",
+            "cudaMalloc",
+            "__cudaPushCallConfiguration",
+            "__device_stub__Z7write42Pi(int*)",
+        ] {
+            assert!(hide(&native(uaf, f), false), "{f}");
+        }
+        for f in [
+            "main",
+            "cudaify(int)",
+            "cuda",
+            "cudamalloc_wrapper",
+            "ns::cudaMalloc",
+        ] {
+            assert!(!hide(&native(uaf, f), false), "{f}");
+        }
     }
 }

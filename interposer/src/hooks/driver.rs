@@ -181,6 +181,12 @@ hooks! {
     /// The last release destroys the context (the library cannot tell which release is the
     /// last, so every one checks the quarantine first).
     cuDevicePrimaryCtxRelease_v2(dev: CUdevice) [ctx_ends];
+    /// The first exports of the two, same ABI: libcudart 13 (dynamic and nvcc's static one)
+    /// asks for both at version 7000, so `cudaDeviceReset` calls `cuDevicePrimaryCtxReset`,
+    /// never the `_v2` (issue 30: the textbook use-after-free's write was missed there).
+    cuDevicePrimaryCtxReset(dev: CUdevice) [ctx_ends];
+    /// The same, for a release.
+    cuDevicePrimaryCtxRelease(dev: CUdevice) [ctx_ends];
 }
 
 /// Whether hook `h` is handed out now: the hooks of stream work other than launches

@@ -23,7 +23,8 @@
 //! - `[unloads]`: a call that can end kernels' lives (module and library unloads), passed
 //!   through, then told to the launch check;
 //! - `[ctx_ends]`: a call that ends a context and its memory (`cuCtxDestroy_v2`,
-//!   `cuDevicePrimaryCtxReset_v2`, `cuDevicePrimaryCtxRelease_v2`): isolation checks and frees
+//!   `cuDevicePrimaryCtxReset` and `cuDevicePrimaryCtxRelease`, both exports of each, libcudart
+//!   13 asking for the first): isolation checks and frees
 //!   its quarantine first (and notes a fault nobody waited for), then the call, then the launch
 //!   check is told kernels are gone; always handed out;
 //! - `[stream_gone s]`: a stream's destruction, told to isolation first, then passed through;

@@ -27,6 +27,9 @@ hooks! {
     cuStreamQuery(s: CUstream) [stream_work];
     cuStreamQuery_ptsz(s: CUstream) [stream_work];
     cuCtxSynchronize() = CTX_SYNCHRONIZE [stream_work];
+    /// CUDA 13's, what "cuCtxSynchronize" at version 13000 gives: libcudart 13 asks for both,
+    /// and guard mode's fault came back through this one unseen (issue 30).
+    cuCtxSynchronize_v2(ctx: CUcontext) [stream_work];
 
     /// Work queued on a stream.
 

@@ -341,8 +341,12 @@ impl Found {
             // Recorded and said once per kernel and allocation.
             warn(&format!(
                 "STALE LAUNCH: kernel {} got 0x{ptr:x} (parameter {index}, byte {offset}), inside \
-                 allocation 0x{:x} ({} bytes) freed at event {}",
-                h.layout.name, e.ptr, e.size, e.free_seq
+                 allocation 0x{:x} ({} bytes) freed at event {}{}",
+                h.layout.name,
+                e.ptr,
+                e.size,
+                e.free_seq,
+                h.said_at()
             ));
             h.submit(Record::StaleLaunch);
         }
@@ -350,6 +354,15 @@ impl Found {
 }
 
 impl Hit {
+    /// Where its calls were, for its stderr line ([`stacks::said_at`]).
+    fn said_at(&self) -> String {
+        stacks::said_at(&[
+            ("launched", self.stack),
+            ("allocated", self.e.alloc_stack),
+            ("freed", self.e.free_stack),
+        ])
+    }
+
     fn record(&self, seq: u64) -> StaleLaunch {
         StaleLaunch {
             seq,
@@ -564,10 +577,69 @@ pub fn device_fault(by: &str, r: i32) {
     for h in &suspects {
         warn(&format!(
             "  suspect: kernel {} got 0x{:x} (parameter {}, byte {}), inside allocation 0x{:x} \
-             ({} bytes) freed at event {}",
-            h.layout.name, h.ptr, h.index, h.offset, h.e.ptr, h.e.size, h.e.free_seq
+             ({} bytes) freed at event {}{}",
+            h.layout.name,
+            h.ptr,
+            h.index,
+            h.offset,
+            h.e.ptr,
+            h.e.size,
+            h.e.free_seq,
+            h.said_at()
         ));
         h.submit(Record::StaleLaunch);
+    }
+}
+
+/// The longest the exit waits for the device to say whether a kernel faulted ([`fault_at_exit`]).
+const FAULT_AT_EXIT_LIMIT_NS: u64 = 5_000_000_000;
+
+/// At exit in guard mode, when no fault was seen yet: a kernel nobody waited for (the program
+/// ends right after its launch, `kernel<<<1,1>>>(p); return 0;`) may have faulted, and no call
+/// of the program would ever say so. An event is recorded on the legacy default stream (after
+/// the work of every blocking stream of the exiting thread's context) and polled for at most
+/// [`FAULT_AT_EXIT_LIMIT_NS`] (a hung kernel must not hold the exit up); a fault code it gives
+/// back is the device fault, naming the suspects. Nothing is done without a current context.
+pub fn fault_at_exit() {
+    if FAULTED.load(Acquire) {
+        return;
+    }
+    let Ok(ctx) = cu::ctx_get_current() else {
+        return;
+    };
+    if ctx.is_null() {
+        return;
+    }
+    const BY: &str = "the device at exit (an event after the program's last work)";
+    const NOT_READY: CUresult = 600;
+    let Ok(ev) = cu::event_create(2) else {
+        return; // CU_EVENT_DISABLE_TIMING
+    };
+    // SAFETY: the library's own event, just made; the legacy default stream of the current
+    // context always exists.
+    let mut r = match unsafe { cu::event_record(ev, std::ptr::null_mut()) } {
+        Ok(()) => CUDA_SUCCESS,
+        Err(cu::CuError::Code(c)) => c,
+        Err(cu::CuError::Missing) => CUDA_SUCCESS,
+    };
+    if r == CUDA_SUCCESS {
+        let deadline = now_ns() + FAULT_AT_EXIT_LIMIT_NS;
+        loop {
+            // SAFETY: the event made above, not destroyed yet.
+            r = match unsafe { cu::event_query(ev) } {
+                Ok(()) | Err(cu::CuError::Missing) => CUDA_SUCCESS,
+                Err(cu::CuError::Code(c)) => c,
+            };
+            if r != NOT_READY || now_ns() > deadline {
+                break;
+            }
+            crate::base::sys::nap(200_000);
+        }
+    }
+    // SAFETY: the library's event, not used after this.
+    let _ = unsafe { cu::event_destroy(ev) };
+    if r >= 700 {
+        device_fault(BY, r);
     }
 }
 

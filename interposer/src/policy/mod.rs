@@ -154,6 +154,10 @@ pub fn trace_started() {
 pub fn at_exit() {
     if isolating() {
         frameworks::say_for_loaded();
+        if config::get().guard && crate::record::writer::started() {
+            // First: a fault of a kernel nobody waited for, before the exit check reads memory.
+            let _ = std::panic::catch_unwind(launch::fault_at_exit);
+        }
         isolate::at_exit_bounded();
         isolate::exit_notes();
         if check_launches() && crate::record::writer::started() {

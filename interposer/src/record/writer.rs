@@ -90,6 +90,26 @@ struct Session {
     tx: Sender<Record>,
 }
 
+/// The trace file's path, once the writer opened it (for the library's stderr lines, which
+/// name it so that `isolate summary` can be pointed at it). Set by the writer, which takes no
+/// lock: a leaked `String`, never freed (a later trace of the process, after a fork or an exec
+/// that failed, stores another and leaks the old, which a reader may still be cloning).
+static PATH: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut());
+
+fn set_path(path: Option<&str>) {
+    let new = path.map_or(std::ptr::null_mut(), |p| {
+        Box::into_raw(Box::new(p.to_owned()))
+    });
+    PATH.store(new, Release);
+}
+
+/// The trace file's path, when it is open.
+pub fn path() -> Option<String> {
+    let p = PATH.load(Acquire);
+    // SAFETY: a non-null PATH came from `Box::into_raw` in `set_path` and is never freed.
+    (!p.is_null()).then(|| unsafe { (*p).clone() })
+}
+
 /// True once a trace has been started (this process has recorded something).
 pub fn started() -> bool {
     STATE.load(Acquire) == RUNNING
@@ -311,6 +331,7 @@ fn wait_ended(deadline: u64) -> bool {
 /// Called in the child after `fork()`: the parent's trace is the parent's; the child starts
 /// its own on its first event and never touches the parent's file or queue.
 pub fn after_fork_child() {
+    set_path(None);
     SESSION.store(std::ptr::null_mut(), Release); // leaked on purpose: the parent owns it
     super::tally::after_fork_child();
     ACCEPTED.store(0, Release);
@@ -632,6 +653,7 @@ fn writer_main(rx: Receiver<Record>) {
     let header = header::header(cfg);
     let (fd, id, path) = match open_trace(&cfg.trace, &header) {
         Ok(x) => {
+            set_path(Some(&x.2));
             OPENED.store(true, Release);
             x
         }

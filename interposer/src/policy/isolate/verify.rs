@@ -37,12 +37,13 @@ pub(super) fn report(e: &Entry, first: u64, changed: u64) {
     };
     warn(&format!(
         "STALE WRITE: {changed} {} of freed allocation 0x{:x} ({} bytes, freed by {} at event {}) changed \
-         after the free; first at offset {first}",
+         after the free; first at offset {first}{}",
         if changed == 1 { "byte" } else { "bytes" },
         e.ptr,
         e.size,
         e.free_api,
-        e.free_seq
+        e.free_seq,
+        crate::record::stacks::said_at(&[("allocated", e.alloc_stack), ("freed", e.free_stack)])
     ));
     writer::submit(Record::Violation(v));
 }

@@ -46,6 +46,11 @@ struct Table {
     modules: HashMap<u64, u32>,
     /// (code, file, name, first line) → PyCode id.
     codes: HashMap<(u64, u64, u64, i32), u32>,
+    /// PyCode id → (file, name), as written in its record: for [`place`].
+    code_text: HashMap<u32, (String, String)>,
+    /// Stack id → where in the program's Python code it was ([`place`]), for stacks with
+    /// Python frames.
+    places: HashMap<u32, String>,
     next_stack: u32,
     next_module: u32,
     next_code: u32,
@@ -57,6 +62,8 @@ impl Table {
             stacks: HashMap::new(),
             modules: HashMap::new(),
             codes: HashMap::new(),
+            code_text: HashMap::new(),
+            places: HashMap::new(),
             next_stack: 1,
             next_module: 1,
             next_code: 1,
@@ -421,6 +428,7 @@ fn intern_locked(frames: &[RawFrame], truncated: bool, snap: &modules::Snapshot)
                         t.next_code += 1;
                         t.codes.insert(ckey, id);
                         let (file, name) = python::describe(snap.generation, &p);
+                        t.code_text.insert(id, (file.clone(), name.clone()));
                         writer::submit_definition(Record::PyCode(PyCode {
                             id,
                             file,
@@ -439,6 +447,9 @@ fn intern_locked(frames: &[RawFrame], truncated: bool, snap: &modules::Snapshot)
     }
     let id = t.next_stack;
     t.next_stack += 1;
+    if let Some(p) = python_place(&out, &t.code_text) {
+        t.places.insert(id, p);
+    }
     writer::submit_definition(Record::Stack(Stack {
         id,
         frames: out,
@@ -446,6 +457,74 @@ fn intern_locked(frames: &[RawFrame], truncated: bool, snap: &modules::Snapshot)
     }));
     t.stacks.insert(key, id);
     id
+}
+
+/// Where in the program's Python code stack `id` was (`train.py:39 in main`): its innermost
+/// Python frame whose file is not installed code, else its innermost Python frame — the
+/// analyzer's rule (`ShownStack::place_of`), for Python frames. None for a stack without Python
+/// frames (native frames are symbolised only offline, by the analyzer) and for stack 0. For the
+/// library's stderr lines: a lookup under the table's lock, made only when a finding is said.
+pub fn place(id: u32) -> Option<String> {
+    if id == 0 {
+        return None;
+    }
+    TABLE.lock().as_ref()?.places.get(&id).cloned()
+}
+
+/// Where a finding's calls were, for its stderr line: `; launched at bug.py:9 in main,
+/// allocated at bug.py:3 in main, freed at bug.py:5 in main` — each call's [`place`] where its
+/// stack has Python frames; a stack of native frames only is named by its id and the trace,
+/// `freed at stack 2 of /tmp/t.trace (isolate summary names the code)`, since native frames
+/// are symbolised only offline. Costs lookups, no capture: the stacks were captured when the
+/// calls were recorded (the launch's when the stale pointer was found). Empty without stacks.
+pub fn said_at(calls: &[(&str, u32)]) -> String {
+    let mut out = String::new();
+    let mut offline = false;
+    for &(what, id) in calls {
+        if id == 0 {
+            continue;
+        }
+        out.push_str(if out.is_empty() { "; " } else { ", " });
+        match place(id) {
+            Some(p) => out.push_str(&format!("{what} at {p}")),
+            None => {
+                out.push_str(&format!("{what} at stack {id}"));
+                offline = true;
+            }
+        }
+    }
+    if offline {
+        match writer::path() {
+            Some(path) => out.push_str(&format!(" of {path} (isolate summary names the code)")),
+            None => out.push_str(" (isolate summary of the trace names the code)"),
+        }
+    }
+    out
+}
+
+/// [`place`]'s rule, when the stack is interned.
+fn python_place(frames: &[Frame], code_text: &HashMap<u32, (String, String)>) -> Option<String> {
+    let python = || {
+        frames.iter().filter_map(|f| match *f {
+            Frame::Python { code, line } => {
+                code_text.get(&code).map(|(file, name)| (file, name, line))
+            }
+            Frame::Native(_) => None,
+        })
+    };
+    python()
+        .find(|(file, _, _)| !installed_python(file))
+        .or_else(|| python().next())
+        .map(|(file, name, line)| format!("{file}:{line} in {name}"))
+}
+
+/// A Python file that is installed code, not the program's: under `site-packages` or
+/// `dist-packages`, the standard library, a frozen module (as the analyzer decides).
+fn installed_python(f: &str) -> bool {
+    f.contains("/site-packages/")
+        || f.contains("/dist-packages/")
+        || f.contains("/lib/python3.")
+        || f.starts_with("<frozen ")
 }
 
 #[cfg(test)]
