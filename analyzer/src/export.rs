@@ -6,7 +6,9 @@
 //!   so each track is split into *lanes* (`tid 1234 #2`): an allocation takes the lowest lane
 //!   free when it starts, and events on one lane never overlap, as the format wants.
 //! - A counter track (`"ph":"C"`) of live bytes: device (device + managed + handles), graph, host.
-//! - Instant events (`"ph":"i"`) for failed calls, invalid frees, stale writes and stale launches.
+//! - Instant events (`"ph":"i"`) for failed calls, stale values, signals and every finding but
+//!   a leak (stale writes, stale launches, invalid and double frees, noted device faults),
+//!   rendered from the findings the summary fills ([`crate::finding::Streamed`]), every one.
 //!
 //! Timestamps are the trace's `CLOCK_MONOTONIC` in µs (with ns decimals), so traces of several
 //! processes of one host line up.
@@ -15,9 +17,9 @@
 //! `isolate export --format parquet` (tables for DuckDB, Polars, Spark) in [`fleet`].
 
 use crate::Error;
-use crate::finding::Kind;
+use crate::finding::{Fault, Finding, Kind, Renders, Role, Site, Streamed};
 use crate::source::{Progress, analyze};
-use crate::track::{Category, EndHow, Ended, Invalid, Live, Node, Observer};
+use crate::track::{Category, EndHow, Ended, Live, Node, Observer};
 use crate::util::{hex, human_bytes};
 use isolate_trace::{Event, Header, Record};
 use rustc_hash::FxHashMap;
@@ -55,15 +57,9 @@ struct Exporter<'a, W: Write> {
     last_ts: u64,
     last_counter: Option<(u64, u64, u64, u64)>,
     error: Option<std::io::Error>,
-    /// The trace's stacks, and (allocation event, its stack, its free's stack) of recent frees
-    /// in slot `allocation event % FREED_SLOTS` (for traces before format 3, whose stale-write
-    /// and stale-launch records carry no stack ids): where in the code a finding's calls were.
+    /// The trace's stacks: where in the code a finding's calls were.
     stacks: crate::stacks::StackTable,
-    freed: Vec<(u64, u32, u32)>,
 }
-
-/// Frees whose stacks are remembered for naming stale writes' calls.
-const FREED_SLOTS: usize = 65_536;
 
 impl<W: Write> Exporter<'_, W> {
     fn put(&mut self, v: &serde_json::Value) {
@@ -170,44 +166,24 @@ impl<W: Write> Exporter<'_, W> {
         );
     }
 
-    /// `args` with `allocated_at`, `freed_at`, `launched_at`, … added: where in the code
-    /// (the stacks' [`crate::finding::place`]), for those known.
-    fn with_places(&self, mut args: serde_json::Value, at: &[(&str, u32)]) -> serde_json::Value {
+    /// `args` with `allocated_at`, `freed_at`, `launched_at`, `first_freed_at` added: where
+    /// in the code the finding's calls were ([`Finding::sites`], named by
+    /// [`crate::finding::place_of`]), for those known.
+    fn with_places(&self, mut args: serde_json::Value, f: &Finding<'_>) -> serde_json::Value {
         if !self.stacks.has_stacks() {
             return args;
         }
-        for &(key, id) in at {
-            if id != 0
+        for Site { role, stack, .. } in f.sites() {
+            if let Some(id) = stack
                 && let Some(p) = crate::finding::place_of(&self.stacks, id)
             {
-                args[key] = serde_json::Value::String(p);
+                args[place_key(f.kind(), role)] = serde_json::Value::String(p);
             }
         }
         args
     }
 
-    /// The stacks of the allocation of event `alloc_seq` and of its free: those the record
-    /// carries (trace format 3), else those remembered from the free (older traces).
-    fn freed_stacks(&self, alloc_seq: u64, carried: (u32, u32)) -> (u32, u32) {
-        if carried != (0, 0) {
-            return carried;
-        }
-        self.freed
-            .get((alloc_seq % FREED_SLOTS as u64) as usize)
-            .filter(|f| f.0 == alloc_seq)
-            .map_or((0, 0), |f| (f.1, f.2))
-    }
-
     fn close(&mut self, n: &Node, end_ts: u64, end: Option<&Ended>) {
-        if let Some(e) = end
-            && e.how == EndHow::Freed
-            && self.stacks.has_stacks()
-        {
-            if self.freed.is_empty() {
-                self.freed = vec![(u64::MAX, 0, 0); FREED_SLOTS];
-            }
-            self.freed[(n.seq % FREED_SLOTS as u64) as usize] = (n.seq, n.stack, e.stack);
-        }
         let Some((track, lane)) = self.live.remove(&n.id) else {
             return;
         };
@@ -243,6 +219,64 @@ fn instant_name(k: Kind, what: &str) -> String {
             format!("{} {what}", k.word())
         }
         Kind::InvalidFree | Kind::DoubleFree => format!("invalid {what}"),
+    }
+}
+
+/// The instant's key for a call of a finding of kind `k`: `launched_at` for a launch,
+/// `freed_at` for an invalid free's own call.
+fn place_key(k: Kind, role: Role) -> &'static str {
+    match role {
+        Role::Allocated => "allocated_at",
+        Role::Freed => "freed_at",
+        Role::FirstFreed => "first_freed_at",
+        Role::Call => match k {
+            Kind::StaleLaunch => "launched_at",
+            Kind::InvalidFree | Kind::DoubleFree => "freed_at",
+            Kind::StaleWrite | Kind::DeviceFault | Kind::Leak => "at",
+        },
+    }
+}
+
+impl<W: Write> Renders for Exporter<'_, W> {
+    /// A finding's instant, where and when its record was: every one, past the summary's
+    /// lists' cap too.
+    fn finding(&mut self, f: Finding<'_>, _live: &Live) {
+        let k = f.kind();
+        let (ts, tid, name, args) = match f {
+            Finding::StaleWrite(v) => (
+                v.ts_ns,
+                0,
+                instant_name(k, &hex(v.ptr)),
+                json!({"size":v.size,"first_offset":v.first_offset,
+                       "changed_bytes":v.changed_bytes,"alloc_seq":v.alloc_seq,
+                       "free_seq":v.free_seq}),
+            ),
+            Finding::StaleLaunch(s) => (
+                s.ts_ns,
+                s.tid,
+                instant_name(k, &s.kernel),
+                json!({"ptr":hex(s.ptr),"param_index":s.param_index,"alloc_seq":s.allocation,
+                       "free_seq":s.freed_at.seq}),
+            ),
+            Finding::InvalidFree(i) | Finding::DoubleFree(i) => (
+                i.ts_ns,
+                i.tid,
+                instant_name(k, &format!("{} {}", i.kind, hex(i.ptr))),
+                json!({"seq":i.seq,"api":i.api}),
+            ),
+            Finding::DeviceFault(Fault::Noted(d)) => (
+                d.ts_ns,
+                0,
+                instant_name(k, &d.code.to_string()),
+                json!({"code":d.code,"suspects":d.suspects,"text":d.text}),
+            ),
+            // Its call has its instant already, as every failed call does (`event`).
+            Finding::DeviceFault(Fault::Returned(_)) => return,
+            // Its allocations' lifetimes run to the end of the trace: the complete events show it.
+            Finding::Leak(_) => return,
+        };
+        let args = self.with_places(args, &f);
+        self.instant(ts, tid, name, args);
     }
 }
 
@@ -294,80 +328,17 @@ impl<W: Write> Observer for Exporter<'_, W> {
         self.counter(e.ts_ns, live);
     }
 
-    fn invalid(&mut self, inv: &Invalid, _live: &Live) {
-        let ev = inv.event;
-        self.instant(
-            ev.ts_ns,
-            ev.tid,
-            instant_name(
-                if inv.is_double() {
-                    Kind::DoubleFree
-                } else {
-                    Kind::InvalidFree
-                },
-                &format!("{} {}", inv.kind.name(), hex(ev.ptr)),
-            ),
-            self.with_places(
-                json!({"seq":ev.seq,"api":ev.api.name()}),
-                &[
-                    ("freed_at", ev.stack),
-                    ("first_freed_at", inv.previous.map_or(0, |(_, f)| f.stack)),
-                    ("allocated_at", inv.previous.map_or(0, |(n, _)| n.stack)),
-                ],
-            ),
-        );
-    }
-
     fn other(&mut self, rec: &Record, _live: &Live) {
         if self.stacks.record(rec) {
             return;
         }
         match rec {
-            Record::Violation(v) => {
-                let (a, f) = self.freed_stacks(v.alloc_seq, (v.alloc_stack, v.free_stack));
-                let args = self.with_places(
-                    json!({"size":v.size,"first_offset":v.first_offset,
-                           "changed_bytes":v.changed_bytes,"alloc_seq":v.alloc_seq,
-                           "free_seq":v.free_seq}),
-                    &[("allocated_at", a), ("freed_at", f)],
-                );
-                self.instant(
-                    v.ts_ns,
-                    0,
-                    instant_name(Kind::StaleWrite, &hex(v.ptr)),
-                    args,
-                )
-            }
-            Record::StaleLaunch(s) => {
-                let (a, f) = self.freed_stacks(s.alloc_seq, (s.alloc_stack, s.free_stack));
-                let args = self.with_places(
-                    json!({"ptr":hex(s.ptr),"param_index":s.param_index,"alloc_seq":s.alloc_seq,
-                           "free_seq":s.free_seq}),
-                    &[
-                        ("launched_at", self.stacks.stack_of(s.seq)),
-                        ("allocated_at", a),
-                        ("freed_at", f),
-                    ],
-                );
-                self.instant(
-                    s.ts_ns,
-                    s.tid,
-                    instant_name(Kind::StaleLaunch, &s.kernel),
-                    args,
-                )
-            }
             Record::StaleValue(s) => self.instant(
                 s.ts_ns,
                 s.tid,
                 format!("stale value {}", s.kernel),
                 json!({"ptr":hex(s.ptr),"param_index":s.param_index,"alloc_seq":s.alloc_seq,
                        "free_seq":s.free_seq,"guarded":true}),
-            ),
-            Record::Note(n) if n.kind == isolate_trace::NoteKind::DeviceFault => self.instant(
-                n.ts_ns,
-                0,
-                instant_name(Kind::DeviceFault, &n.value.to_string()),
-                json!({"code":n.value,"clean_until_seq":n.size,"text":n.text}),
             ),
             Record::Note(n) if n.kind == isolate_trace::NoteKind::Signal => self.instant(
                 n.ts_ns,
@@ -406,7 +377,7 @@ pub fn chrome_trace<P: AsRef<Path>, W: Write>(
         while !used_pids.insert(pid) {
             pid = pid.wrapping_add(1_000_000 + i as u32);
         }
-        let mut ex = Exporter {
+        let ex = Exporter {
             out,
             first: &mut first,
             pid,
@@ -418,10 +389,10 @@ pub fn chrome_trace<P: AsRef<Path>, W: Write>(
             last_counter: None,
             error: None,
             stacks: Default::default(),
-            freed: Vec::new(),
         };
-        infos.push(analyze(p.as_ref(), progress, &mut ex)?);
-        if let Some(e) = ex.error.take() {
+        let mut st = Streamed::new(i, ex);
+        infos.push(analyze(p.as_ref(), progress, &mut st)?);
+        if let Some(e) = st.out.error.take() {
             return Err(io(e));
         }
     }

@@ -47,11 +47,14 @@
 //! ```
 
 use crate::stacks::ShownStack;
+use crate::summary::Summarizer;
 use crate::summary::{
     DeviceFault, FaultedCall, InvalidFree, LeakEntry, PoisonViolation, StaleLaunchEntry, Totals,
     TraceSummary,
 };
+use crate::track::{Ended, Invalid, Live, Node, Observer};
 use crate::words;
+use isolate_trace::{Event, Header, Record};
 
 /// What a finding is. The order of [`Kind::ALL`] is the order outputs name kinds in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -316,6 +319,77 @@ pub fn findings(t: &TraceSummary) -> Vec<Finding<'_>> {
     v
 }
 
+/// An output that renders the findings as the trace is read (the chrome-trace and memory-viz
+/// exports, `who`, the report's timeline): run as [`Streamed`], it is handed **every** finding
+/// (none is lost to the summary's [`LIST_CAP`](crate::summary::LIST_CAP)), each right after the
+/// record that made it, and renders it through an exhaustive `match` (a new kind is a compile
+/// error there).
+pub trait Renders: Observer {
+    fn finding(&mut self, f: Finding<'_>, live: &Live);
+}
+
+/// Runs an output `O` beside a streaming [`Summarizer`], which fills the findings (the one
+/// place they are filled) and hands each to `O` ([`Renders::finding`]) once `O` has seen the
+/// record too; the summary it makes is the same as a plain one's.
+pub struct Streamed<O> {
+    pub summary: Summarizer,
+    pub out: O,
+}
+
+impl<O: Renders> Streamed<O> {
+    /// `trace` is the index of the trace among those read together.
+    pub fn new(trace: usize, out: O) -> Self {
+        Streamed {
+            summary: Summarizer::streaming(trace),
+            out,
+        }
+    }
+
+    fn hand(&mut self, live: &Live) {
+        let out = &mut self.out;
+        self.summary.drain(|f| out.finding(f, live));
+    }
+}
+
+impl<O: Renders> Observer for Streamed<O> {
+    fn begin(&mut self, h: &Header) {
+        self.summary.begin(h);
+        self.out.begin(h);
+    }
+    fn event(&mut self, ev: &Event, live: &Live) {
+        self.summary.event(ev, live);
+        self.out.event(ev, live);
+        self.hand(live);
+    }
+    fn started(&mut self, n: &Node, live: &Live) {
+        self.summary.started(n, live);
+        self.out.started(n, live);
+    }
+    fn ended(&mut self, n: &Node, e: &Ended, live: &Live) {
+        self.summary.ended(n, e, live);
+        self.out.ended(n, e, live);
+    }
+    fn invalid(&mut self, i: &Invalid, live: &Live) {
+        self.summary.invalid(i, live);
+        self.out.invalid(i, live);
+        self.hand(live);
+    }
+    fn earlier(&mut self, i: &Invalid, live: &Live) {
+        self.summary.earlier(i, live);
+        self.out.earlier(i, live);
+    }
+    fn other(&mut self, r: &Record, live: &Live) {
+        self.summary.other(r, live);
+        self.out.other(r, live);
+        self.hand(live);
+    }
+    fn finish(&mut self, still: &[Node], live: &Live) {
+        self.summary.finish(still, live);
+        self.hand(live);
+        self.out.finish(still, live);
+    }
+}
+
 /// What `--error-exitcode` says when no finding counts.
 const NONE_COUNTED: &str =
     "no stale writes, stale launches, invalid or double frees or device faults";
@@ -344,6 +418,11 @@ impl Tally {
         }
         f.leak_bytes = t.leak_bytes_per_step;
         f
+    }
+
+    /// Counts one finding of kind `k`.
+    pub fn count(&mut self, k: Kind) {
+        self.n[k.index()] = self.n[k.index()].saturating_add(1);
     }
 
     /// How many of `k`.

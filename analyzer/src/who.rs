@@ -1,10 +1,10 @@
 //! `isolate who ADDR`: everything that ever lived at one address, in order.
 
 use crate::Error;
-use crate::finding::Kind;
+use crate::finding::{Fault, Finding, Kind, Renders, Streamed};
 use crate::source::{Progress, analyze};
 use crate::stacks::{self, ShownStack, StackTable};
-use crate::track::{Category, EndHow, Ended, Invalid, Live, Node, Observer};
+use crate::track::{Category, EndHow, Ended, Live, Node, Observer};
 use crate::util::{hex, human_bytes, human_ns, ser_hex};
 use crate::words;
 use isolate_trace::Record;
@@ -187,66 +187,8 @@ impl Observer for Watch {
         }
     }
 
-    fn invalid(&mut self, inv: &Invalid, _: &Live) {
-        let ev = &inv.event;
-        if ev.ptr == self.addr {
-            self.incidents.push(Incident {
-                kind: incident_kind(Kind::InvalidFree),
-                seq: ev.seq,
-                ts_ns: ev.ts_ns,
-                api: ev.api.name().into(),
-                ptr: ev.ptr,
-                detail: format!("{} of memory that was not live", inv.kind.name()),
-                stack: None,
-                stack_id: ev.stack,
-            });
-        }
-    }
-
     fn other(&mut self, rec: &Record, _: &Live) {
         match rec {
-            Record::Violation(v)
-                if v.ptr <= self.addr && self.addr < v.ptr.saturating_add(v.size) =>
-            {
-                self.incidents.push(Incident {
-                    kind: incident_kind(Kind::StaleWrite),
-                    seq: v.seq,
-                    ts_ns: v.ts_ns,
-                    api: v.free_api.name().into(),
-                    ptr: v.ptr,
-                    detail: format!(
-                        "{} bytes changed from offset {} after the free (allocated at {}, freed at {})",
-                        v.changed_bytes,
-                        v.first_offset,
-                        words::event(v.alloc_seq),
-                        words::event(v.free_seq)
-                    ),
-                    stack: None,
-                    stack_id: 0,
-                });
-            }
-            Record::StaleLaunch(s)
-                if s.ptr == self.addr
-                    || (s.alloc_ptr <= self.addr
-                        && self.addr < s.alloc_ptr.saturating_add(s.alloc_size)) =>
-            {
-                self.incidents.push(Incident {
-                    kind: incident_kind(Kind::StaleLaunch),
-                    seq: s.seq,
-                    ts_ns: s.ts_ns,
-                    api: s.api.name().into(),
-                    ptr: s.ptr,
-                    detail: format!(
-                        "kernel {} parameter {} points into freed memory (allocated at {}, freed at {})",
-                        s.kernel,
-                        s.param_index,
-                        words::event(s.alloc_seq),
-                        words::event(s.free_seq)
-                    ),
-                    stack: None,
-                    stack_id: 0,
-                });
-            }
             Record::StaleValue(s)
                 if s.ptr == self.addr
                     || (s.alloc_ptr <= self.addr
@@ -274,6 +216,70 @@ impl Observer for Watch {
                 self.table.record(rec);
             }
         }
+    }
+}
+
+impl Renders for Watch {
+    /// The findings whose memory covers the address (a stale launch's pointer may also be it).
+    fn finding(&mut self, f: Finding<'_>, _: &Live) {
+        let a = self.addr;
+        let inside = |ptr: u64, size: u64| ptr <= a && a < ptr.saturating_add(size);
+        let incident = match f {
+            Finding::StaleWrite(v) if inside(v.ptr, v.size) => Incident {
+                kind: incident_kind(f.kind()),
+                seq: v.seq,
+                ts_ns: v.ts_ns,
+                api: v.free_api.clone(),
+                ptr: v.ptr,
+                detail: format!(
+                    "{} bytes changed from offset {} after the free (allocated at {}, freed at {})",
+                    v.changed_bytes,
+                    v.first_offset,
+                    words::event(v.alloc_seq),
+                    words::event(v.free_seq)
+                ),
+                stack: None,
+                stack_id: 0,
+            },
+            Finding::StaleLaunch(s) if s.ptr == a || inside(s.alloc_ptr, s.alloc_size) => {
+                Incident {
+                    kind: incident_kind(f.kind()),
+                    seq: s.seq,
+                    ts_ns: s.ts_ns,
+                    api: s.api.clone(),
+                    ptr: s.ptr,
+                    detail: format!(
+                        "kernel {} parameter {} points into freed memory (allocated at {}, freed at {})",
+                        s.kernel,
+                        s.param_index,
+                        words::event(s.allocation),
+                        words::event(s.freed_at.seq)
+                    ),
+                    stack: None,
+                    // The launch's stack follows its record: looked up at the end.
+                    stack_id: 0,
+                }
+            }
+            Finding::InvalidFree(i) | Finding::DoubleFree(i) if i.ptr == a => Incident {
+                kind: incident_kind(f.kind()),
+                seq: i.seq,
+                ts_ns: i.ts_ns,
+                api: i.api.clone(),
+                ptr: i.ptr,
+                detail: format!("{} of memory that was not live", i.kind),
+                stack: None,
+                stack_id: i.stack_ids[0].unwrap_or(0),
+            },
+            Finding::StaleWrite(_)
+            | Finding::StaleLaunch(_)
+            | Finding::InvalidFree(_)
+            | Finding::DoubleFree(_) => return,
+            // A device fault names no address (its launches are stale launches, above).
+            Finding::DeviceFault(Fault::Noted(_) | Fault::Returned(_)) => return,
+            // A leak's allocations are in the history (held at the end).
+            Finding::Leak(_) => return,
+        };
+        self.incidents.push(incident);
     }
 }
 
@@ -326,7 +332,7 @@ pub fn who<P: AsRef<Path>>(
 ) -> Result<Who, Error> {
     let mut traces = Vec::new();
     for (i, p) in paths.iter().enumerate() {
-        let mut w = Watch {
+        let w = Watch {
             addr,
             lists: Default::default(),
             open: FxHashMap::default(),
@@ -334,7 +340,9 @@ pub fn who<P: AsRef<Path>>(
             incidents: Vec::new(),
             table: StackTable::new(),
         };
-        let info = analyze(p.as_ref(), progress, &mut w)?;
+        let mut st = Streamed::new(i, w);
+        let info = analyze(p.as_ref(), progress, &mut st)?;
+        let mut w = st.out;
         for i in &mut w.incidents {
             if i.stack_id == 0 && i.kind != "invalid_free" {
                 i.stack_id = w.table.stack_of(i.seq);

@@ -4,6 +4,23 @@ use common::*;
 use isolate_trace::{Api, Record, Stats, Violation};
 use std::path::Path;
 
+/// `isolate export --format chrome-trace TRACE` in `dir` (it must succeed), parsed.
+fn chrome_trace(dir: &Path, trace: &str) -> serde_json::Value {
+    let o = isolate(
+        dir,
+        &[
+            "export",
+            "--format",
+            "chrome-trace",
+            trace,
+            "-o",
+            "out.json",
+        ],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    serde_json::from_str(&std::fs::read_to_string(dir.join("out.json")).unwrap()).unwrap()
+}
+
 #[test]
 fn chrome_trace_has_lifetimes_counters_and_instants() {
     let d = tempfile::tempdir().unwrap();
@@ -26,20 +43,7 @@ fn chrome_trace_has_lifetimes_counters_and_instants() {
     }));
     t.end(Stats::default());
     t.write(d.path(), "t.trace");
-    let o = isolate(
-        d.path(),
-        &[
-            "export",
-            "--format",
-            "chrome-trace",
-            "t.trace",
-            "-o",
-            "out.json",
-        ],
-    );
-    assert_eq!(o.code, 0, "{}", o.stderr);
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.path().join("out.json")).unwrap()).unwrap();
+    let v = chrome_trace(d.path(), "t.trace");
     let evs = v["traceEvents"].as_array().unwrap();
     let x: Vec<&serde_json::Value> = evs.iter().filter(|e| e["ph"] == "X").collect();
     assert_eq!(x.len(), 4);
@@ -204,5 +208,70 @@ fn run_without_the_library_says_where_it_looked() {
     assert!(
         err.contains("libisolate.so not found") && err.contains(&d.path().display().to_string()),
         "{err}"
+    );
+}
+
+/// The outputs that render findings as the trace is read (`who`, both exports) get every
+/// finding from the model, past the summary's lists' cap (10,000) too; the summary keeps its
+/// capped list and counts them all.
+#[test]
+fn every_finding_past_the_summary_cap_is_rendered() {
+    const N: u64 = 10_001;
+    let d = tempfile::tempdir().unwrap();
+    let mut t = TraceBuilder::new();
+    for i in 0..N {
+        t.seq += 1;
+        t.ts += 1;
+        t.record(Record::Violation(Violation {
+            seq: t.seq,
+            ts_ns: t.ts,
+            ptr: A + i * 4096,
+            size: 4096,
+            changed_bytes: 1,
+            ..Violation::default()
+        }));
+    }
+    t.end(Stats::default());
+    t.write(d.path(), "t.trace");
+    let s = isolate(d.path(), &["summary", "--json", "t.trace"]).json();
+    assert_eq!(s["poison_violation_count"], N);
+    assert_eq!(s["poison_violations"].as_array().unwrap().len(), 10_000);
+
+    let v = chrome_trace(d.path(), "t.trace");
+    let stale: Vec<&serde_json::Value> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "i" && e["name"].as_str().unwrap().starts_with("stale write "))
+        .collect();
+    assert_eq!(stale.len() as u64, N);
+    let last = format!("stale write {:#x}", A + (N - 1) * 4096);
+    assert_eq!(stale.last().unwrap()["name"], last.as_str());
+
+    let last_ptr = format!("{:#x}", A + (N - 1) * 4096 + 8);
+    let w = isolate(d.path(), &["who", "--json", &last_ptr, "t.trace"]).json();
+    let inc = w["traces"][0]["incidents"].as_array().unwrap();
+    assert_eq!(inc.len(), 1, "{inc:?}");
+    assert_eq!(inc[0]["kind"], "poison_violation");
+    assert_eq!(inc[0]["seq"], N);
+
+    let o = isolate(
+        d.path(),
+        &[
+            "export",
+            "--format",
+            "memory-viz",
+            "t.trace",
+            "-o",
+            "out.pickle",
+        ],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stderr.contains(
+            "not in the snapshot (its format has no place for findings): 10,001 stale writes"
+        ),
+        "{}",
+        o.stderr
     );
 }

@@ -34,10 +34,11 @@
 //! numbers.
 
 use crate::Error;
+use crate::finding::{Fault, Finding, Renders, Streamed, Tally};
 use crate::source::{Progress, TraceInfo, analyze};
 use crate::stacks::{StackTable, export_frames};
 use crate::track::{Category, EndHow, Ended, Live, Node, Observer};
-use isolate_trace::{Event, Header, Kind, Memory, Record};
+use isolate_trace::{Event, Header, Kind as ApiKind, Memory, Record};
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -122,6 +123,10 @@ pub struct MemoryVizStats {
     /// Older entries left out to keep `max_events`.
     pub dropped_entries: u64,
     pub max_events: u64,
+    /// The trace's findings, every one counted: PyTorch's snapshot has no place for them, so
+    /// the export names them on standard error.
+    #[serde(skip)]
+    pub findings: Tally,
 }
 
 impl MemoryVizStats {
@@ -140,6 +145,12 @@ impl MemoryVizStats {
             self.devices,
             if self.devices == 1 { "" } else { "s" }
         )];
+        if self.findings.total() > 0 {
+            v.push(format!(
+                "memory-viz: not in the snapshot (its format has no place for findings): {}; `isolate summary` tells them",
+                self.findings.kinds(|_| true)
+            ));
+        }
         if self.dropped_entries > 0 {
             v.push(format!(
                 "memory-viz: {} older entries dropped: device_traces keeps the most recent {} (--max-events); the segments (what is held at the end) are complete",
@@ -268,6 +279,28 @@ impl MemViz {
     }
 }
 
+impl Renders for MemViz {
+    /// Counted for the line on standard error: the snapshot's schema (segments, blocks, trace
+    /// entries of allocations and frees) has no entry for any kind of finding.
+    fn finding(&mut self, f: Finding<'_>, _live: &Live) {
+        match f {
+            Finding::StaleWrite(_)
+            | Finding::StaleLaunch(_)
+            | Finding::InvalidFree(_)
+            | Finding::DoubleFree(_)
+            | Finding::DeviceFault(Fault::Noted(_) | Fault::Returned(_)) => {}
+            Finding::Leak(l) => {
+                self.stats.findings.leak_bytes = self
+                    .stats
+                    .findings
+                    .leak_bytes
+                    .saturating_add(l.bytes_per_step)
+            }
+        }
+        self.stats.findings.count(f.kind());
+    }
+}
+
 impl Observer for MemViz {
     fn begin(&mut self, h: &Header) {
         self.start_ns = h.start_mono_ns;
@@ -278,8 +311,8 @@ impl Observer for MemViz {
         // cudaErrorMemoryAllocation and CUDA_ERROR_OUT_OF_MEMORY are both 2.
         let oom = ev.result == 2
             && match ev.api.kind() {
-                Kind::Alloc => matches!(ev.api.memory(), Memory::Device | Memory::Managed),
-                Kind::Create => true,
+                ApiKind::Alloc => matches!(ev.api.memory(), Memory::Device | Memory::Managed),
+                ApiKind::Create => true,
                 _ => false,
             };
         if oom {
@@ -774,8 +807,9 @@ pub fn memory_viz<W: Write>(
     max_events: usize,
     progress: &mut dyn Progress,
 ) -> Result<(TraceInfo, MemoryVizStats), Error> {
-    let mut mv = MemViz::new(max_events);
-    let info = analyze(path, progress, &mut mv)?;
+    let mut st = Streamed::new(0, MemViz::new(max_events));
+    let info = analyze(path, progress, &mut st)?;
+    let mv = st.out;
     Pickler::new(out)
         .snapshot(&mv)
         .map_err(|e| Error::io(None, e))?;

@@ -35,9 +35,10 @@ pub use sites::{SITES_LISTED, SiteRow, SiteView, TREE_NODES, Tree};
 pub use timeline::{Band, FirstView, Marker, Region, Timeline};
 
 use crate::Error;
+use crate::finding::Streamed;
 use crate::graph::{Anomaly, Filter, GraphBuilder};
 use crate::source::{Progress, TraceInfo, analyze};
-use crate::summary::{Summarizer, TraceSummary};
+use crate::summary::TraceSummary;
 use crate::util::{escape_html, hex, json_for_script};
 use chains::{ChainSink, LEAKS};
 use serde::Serialize;
@@ -112,17 +113,20 @@ fn one(
 ) -> Result<(TracePage, TraceInfo), Error> {
     let mut sink = ChainSink::default();
     let mut obs = (
-        Summarizer::new(index),
+        Streamed::new(index, TimelineObs::new()),
         (
-            TimelineObs::new(),
-            (
-                GraphBuilder::new(&mut sink, Filter::default()),
-                sites::SiteObs::default(),
-            ),
+            GraphBuilder::new(&mut sink, Filter::default()),
+            sites::SiteObs::default(),
         ),
     );
     let info = analyze(path, progress, &mut obs)?;
-    let (summ, (tl, (builder, collect))) = obs;
+    let (
+        Streamed {
+            summary: summ,
+            out: tl,
+        },
+        (builder, collect),
+    ) = obs;
     builder.finish()?;
     let steps = summ.steps();
     let mut summary = summ.into_summary(&info);

@@ -13,9 +13,9 @@
 //! exit), a stale launch at the launch, a crash at the signal.
 
 use super::{BANDS, MARKERS, POINTS};
-use crate::finding::Kind;
+use crate::finding::{Fault, Finding, Kind, Renders};
 use crate::regions::{Closed, Regions, UserNote, user_note};
-use crate::track::{Category, Ended, Invalid, Live, Node, Observer};
+use crate::track::{Category, Ended, Live, Node, Observer};
 use crate::util::{hex, human_ns};
 use crate::words::{self, call_result, cuda_error, plural, size};
 use isolate_trace::{EndReason, Event, Note, NoteKind, Record};
@@ -624,6 +624,101 @@ fn first_view(
     })
 }
 
+/// How the page names an invalid free of kind `kind` (a [`crate::track::InvalidKind`] name).
+fn free_word(kind: &str) -> &'static str {
+    match kind {
+        "free" => "free",
+        "release" => "release",
+        "unmap" => "unmap",
+        "unregister" => "unregister",
+        _ => "address free",
+    }
+}
+
+impl Renders for TimelineObs {
+    /// A finding's marker, where it happened (a stale write at the free of the memory written to).
+    fn finding(&mut self, f: Finding<'_>, _live: &Live) {
+        match f {
+            Finding::InvalidFree(i) | Finding::DoubleFree(i) => {
+                let what = free_word(&i.kind);
+                self.mark(
+                    i.ts_ns,
+                    // Double frees too: the page marks them all as invalid frees.
+                    Kind::InvalidFree.key(),
+                    format!("invalid {what}"),
+                    format!(
+                        "invalid {what}: {} of {}, which was not allocated then",
+                        i.api,
+                        hex(i.ptr)
+                    ),
+                    None,
+                );
+            }
+            Finding::StaleWrite(v) => {
+                if self.written.contains(&v.alloc_seq) || self.markers.len() >= MARKERS {
+                    self.marker_count += 1;
+                    return;
+                }
+                self.written.insert(v.alloc_seq);
+                self.mark(
+                    v.freed_at_ns,
+                    f.kind().key(),
+                    "freed, then written to".into(),
+                    format!(
+                        "{} at {} freed here by {} ({}); written to after its free: {} changed \
+                         from offset {} (found when the freed memory was checked, {} later)",
+                        size(v.size),
+                        hex(v.ptr),
+                        v.free_api,
+                        words::event(v.free_seq),
+                        plural(v.changed_bytes, "byte"),
+                        words::count(v.first_offset),
+                        human_ns(v.ts_ns.saturating_sub(v.freed_at_ns))
+                    ),
+                    Some(v.alloc_seq),
+                );
+            }
+            Finding::StaleLaunch(s) => self.mark(
+                s.ts_ns,
+                f.kind().key(),
+                format!("kernel {}", short_name(&s.kernel)),
+                format!(
+                    "kernel {} ({}) launched with a pointer into freed memory: parameter {} = \
+                     {}, into the {} at {} freed {} before",
+                    s.kernel,
+                    words::event(s.seq),
+                    s.param_index,
+                    hex(s.ptr),
+                    size(s.alloc_size),
+                    hex(s.alloc_ptr),
+                    human_ns(s.ts_ns.saturating_sub(s.freed_at.ts_ns))
+                ),
+                Some(s.allocation),
+            ),
+            Finding::DeviceFault(Fault::Noted(d)) => {
+                let code = i64::try_from(d.code).unwrap_or(i64::MAX);
+                if self.seen.first_fault.is_none() {
+                    self.seen.first_fault = Some((self.rel(d.ts_ns), code, None, None));
+                }
+                self.mark(
+                    d.ts_ns,
+                    f.kind().key(),
+                    format!("device fault {code}"),
+                    format!(
+                        "the device faulted: CUDA error {}",
+                        u64::try_from(code).map_or(code.to_string(), cuda_error)
+                    ),
+                    None,
+                );
+            }
+            // Marked at the call, as every call that returned a fault code is (`event`).
+            Finding::DeviceFault(Fault::Returned(_)) => {}
+            // Growth has no moment: the findings at the top of the page show it.
+            Finding::Leak(_) => {}
+        }
+    }
+}
+
 impl Observer for TimelineObs {
     fn event(&mut self, ev: &Event, _live: &Live) {
         self.last_ts = self.last_ts.max(ev.ts_ns);
@@ -681,28 +776,6 @@ impl Observer for TimelineObs {
         self.sample(e.ts_ns, live, 1);
         self.offer(n, Some(e.ts_ns), e.stack);
     }
-    fn invalid(&mut self, inv: &Invalid, _live: &Live) {
-        let ev = inv.event;
-        let what = match inv.kind.name() {
-            "free" => "free",
-            "release" => "release",
-            "unmap" => "unmap",
-            "unregister" => "unregister",
-            _ => "address free",
-        };
-        self.mark(
-            ev.ts_ns,
-            // Double frees too: the page marks them all as invalid frees.
-            Kind::InvalidFree.key(),
-            format!("invalid {what}"),
-            format!(
-                "invalid {what}: {} of {}, which was not allocated then",
-                ev.api.name(),
-                hex(ev.ptr)
-            ),
-            None,
-        );
-    }
     fn other(&mut self, rec: &Record, live: &Live) {
         // The span runs to the last thing recorded, as the summary's does (`span_ns`).
         if let Record::Note(n) = rec {
@@ -710,63 +783,6 @@ impl Observer for TimelineObs {
         }
         match rec {
             Record::Note(n) if user_note(n).is_some() => self.user_note(n, live),
-            Record::Violation(v) => {
-                if self.written.contains(&v.alloc_seq) || self.markers.len() >= MARKERS {
-                    self.marker_count += 1;
-                    return;
-                }
-                self.written.insert(v.alloc_seq);
-                self.mark(
-                    v.free_ts_ns,
-                    Kind::StaleWrite.key(),
-                    "freed, then written to".into(),
-                    format!(
-                        "{} at {} freed here by {} ({}); written to after its free: {} changed \
-                         from offset {} (found when the freed memory was checked, {} later)",
-                        size(v.size),
-                        hex(v.ptr),
-                        v.free_api.name(),
-                        words::event(v.free_seq),
-                        plural(v.changed_bytes, "byte"),
-                        words::count(v.first_offset),
-                        human_ns(v.ts_ns.saturating_sub(v.free_ts_ns))
-                    ),
-                    Some(v.alloc_seq),
-                );
-            }
-            Record::StaleLaunch(s) => self.mark(
-                s.ts_ns,
-                Kind::StaleLaunch.key(),
-                format!("kernel {}", short_name(&s.kernel)),
-                format!(
-                    "kernel {} ({}) launched with a pointer into freed memory: parameter {} = \
-                     {}, into the {} at {} freed {} before",
-                    s.kernel,
-                    words::event(s.seq),
-                    s.param_index,
-                    hex(s.ptr),
-                    size(s.alloc_size),
-                    hex(s.alloc_ptr),
-                    human_ns(s.ts_ns.saturating_sub(s.free_ts_ns))
-                ),
-                Some(s.alloc_seq),
-            ),
-            Record::Note(n) if n.kind == NoteKind::DeviceFault => {
-                let code = i64::try_from(n.value).unwrap_or(i64::MAX);
-                if self.seen.first_fault.is_none() {
-                    self.seen.first_fault = Some((self.rel(n.ts_ns), code, None, None));
-                }
-                self.mark(
-                    n.ts_ns,
-                    Kind::DeviceFault.key(),
-                    format!("device fault {code}"),
-                    format!(
-                        "the device faulted: CUDA error {}",
-                        u64::try_from(code).map_or(code.to_string(), cuda_error)
-                    ),
-                    None,
-                );
-            }
             Record::Note(n) if n.kind == NoteKind::Signal => {
                 self.last_ts = self.last_ts.max(n.ts_ns);
                 self.signal_marked = true;

@@ -3,6 +3,7 @@
 //! writer's counters and the last events.
 
 use super::{DEVICE_MEMORY, LAST_EVENTS, LIST_CAP, MARKS_CAP, SITES_SHOWN, types::*};
+use crate::finding::{Fault, Finding};
 use crate::regions::{Closed, Regions, UserNote, user_note};
 use crate::source::TraceInfo;
 use crate::stacks::{self, StackTable};
@@ -92,6 +93,21 @@ pub struct Summarizer {
     site_peak: Vec<(u32, u64, u64)>,
     peak_dirty: bool,
     site_end: Vec<(u32, u64, u64)>,
+    /// Streaming mode ([`Summarizer::streaming`]): the findings filled since the last
+    /// [`Summarizer::drain`], every one of them (the kept lists stop at [`LIST_CAP`]).
+    fresh: Option<Fresh>,
+}
+
+/// The findings filled since the last [`Summarizer::drain`], by kind of record (one record of
+/// the trace fills at most one; the end of the trace fills the leaks).
+#[derive(Default)]
+struct Fresh {
+    stale_writes: Vec<PoisonViolation>,
+    stale_launches: Vec<StaleLaunchEntry>,
+    frees: Vec<InvalidFree>,
+    faults: Vec<DeviceFault>,
+    returned: Option<FaultedCall>,
+    leaks: Vec<LeakEntry>,
 }
 
 /// (allocation event, the call that made it, the call that freed it, their stacks).
@@ -233,7 +249,54 @@ impl Summarizer {
             site_peak: Vec::new(),
             peak_dirty: false,
             site_end: Vec::new(),
+            fresh: None,
         }
+    }
+
+    /// A summarizer that also hands out every finding as soon as it is filled
+    /// ([`Summarizer::drain`]), past [`LIST_CAP`] too: for the outputs that render findings as
+    /// the trace is read ([`crate::finding::Streamed`]). The summary it makes is the same.
+    pub fn streaming(trace: usize) -> Self {
+        Summarizer {
+            fresh: Some(Fresh::default()),
+            ..Summarizer::new(trace)
+        }
+    }
+
+    /// Hands each finding filled since the last call to `f`, as a [`Finding`], in the order
+    /// they were filled (nothing unless [`Summarizer::streaming`]). Their stacks are stack ids
+    /// ([`Finding::sites`]); a stale launch's own is the one known when its record was read.
+    pub fn drain(&mut self, mut f: impl FnMut(Finding<'_>)) {
+        let Some(x) = self.fresh.as_mut() else { return };
+        if x.stale_writes.is_empty()
+            && x.stale_launches.is_empty()
+            && x.frees.is_empty()
+            && x.faults.is_empty()
+            && x.returned.is_none()
+            && x.leaks.is_empty()
+        {
+            return;
+        }
+        let x = std::mem::take(x);
+        x.stale_writes
+            .iter()
+            .for_each(|v| f(Finding::StaleWrite(v)));
+        x.stale_launches
+            .iter()
+            .for_each(|s| f(Finding::StaleLaunch(s)));
+        x.frees.iter().for_each(|i| f(Finding::of_free(i)));
+        x.faults
+            .iter()
+            .for_each(|d| f(Finding::DeviceFault(Fault::Noted(d))));
+        x.returned
+            .iter()
+            .for_each(|c| f(Finding::DeviceFault(Fault::Returned(c))));
+        x.leaks.iter().for_each(|l| f(Finding::Leak(l)));
+    }
+
+    /// Whether a finding past the kept lists' [`LIST_CAP`] is still filled (to be handed out).
+    fn streams(&self) -> bool {
+        self.fresh.is_some()
     }
 
     fn device(&mut self, d: i32) -> &mut (i32, DeviceStats, u128) {
@@ -489,9 +552,9 @@ impl Observer for Summarizer {
         if inv.is_double() {
             self.double_count += 1;
         }
-        if self.invalid.len() < LIST_CAP {
+        if self.invalid.len() < LIST_CAP || self.streams() {
             let e = &inv.event;
-            self.invalid.push(InvalidFree {
+            let f = InvalidFree {
                 trace: self.trace,
                 pid: self.pid,
                 kind: inv.kind.name().into(),
@@ -524,7 +587,13 @@ impl Observer for Summarizer {
                     inv.previous.and_then(|(_, f)| stack_id(f.stack)),
                     inv.previous.and_then(|(n, _)| stack_id(n.stack)),
                 ],
-            });
+            };
+            if let Some(x) = self.fresh.as_mut() {
+                x.frees.push(f.clone());
+            }
+            if self.invalid.len() < LIST_CAP {
+                self.invalid.push(f);
+            }
         }
     }
 
@@ -540,9 +609,9 @@ impl Observer for Summarizer {
             Record::Event(_) => {}
             Record::Violation(v) => {
                 self.violation_count += 1;
-                if self.violations.len() < LIST_CAP {
+                if self.violations.len() < LIST_CAP || self.streams() {
                     let freed = self.freed(v.alloc_seq, [v.alloc_stack, v.free_stack]);
-                    self.violations.push(PoisonViolation {
+                    let f = PoisonViolation {
                         trace: self.trace,
                         pid: self.pid,
                         seq: v.seq,
@@ -560,7 +629,13 @@ impl Observer for Summarizer {
                         alloc_stack: None,
                         free_stack: None,
                         stack_ids: [freed.alloc_stack, freed.free_stack],
-                    });
+                    };
+                    if let Some(x) = self.fresh.as_mut() {
+                        x.stale_writes.push(f.clone());
+                    }
+                    if self.violations.len() < LIST_CAP {
+                        self.violations.push(f);
+                    }
                 }
             }
             Record::StaleLaunch(s) => {
@@ -579,6 +654,13 @@ impl Observer for Summarizer {
                     }
                 }
                 self.stale_count += 1;
+                if self.streams() {
+                    let mut f = self.stale_entry(s, fault);
+                    f.stack_ids[0] = stack_id(self.stacks.stack_of(s.seq));
+                    if let Some(x) = self.fresh.as_mut() {
+                        x.stale_launches.push(f);
+                    }
+                }
                 if self.stale.len() < LIST_CAP {
                     self.stale.push(self.stale_entry(s, fault));
                 }
@@ -601,7 +683,11 @@ impl Observer for Summarizer {
                     code: n.value,
                     suspects: n.size,
                     call: None,
+                    text: n.text.clone(),
                 });
+                if let (Some(x), Some(d)) = (self.fresh.as_mut(), self.faults.last()) {
+                    x.faults.push(d.clone());
+                }
                 self.suspects_due = n.size;
             }
             Record::Note(n) if user_note(n).is_some() => self.user_note(n, live),
@@ -653,6 +739,12 @@ impl Observer for Summarizer {
         }
         self.classify_held(still);
         self.judge_growth(still);
+        if let Some(x) = self.fresh.as_mut()
+            && self.faults.is_empty()
+        {
+            // As the summary counts it: a fault code returned, with no device-fault note.
+            x.returned = self.first_fault.clone();
+        }
         if self.stacks.has_stacks() {
             if self.peak_dirty {
                 self.snapshot_peak();
@@ -880,9 +972,9 @@ impl Summarizer {
             self.grown_count += 1;
             self.grown_bytes_per_step =
                 self.grown_bytes_per_step.saturating_add(g.bytes_per_step());
-            if self.grown.len() < LIST_CAP {
+            if self.grown.len() < LIST_CAP || self.fresh.is_some() {
                 let n = &g.first;
-                self.grown.push(LeakEntry {
+                let f = LeakEntry {
                     trace: self.trace,
                     pid: self.pid,
                     steps: g.steps.clone(),
@@ -899,7 +991,13 @@ impl Summarizer {
                     size: n.size,
                     alloc_stack: None,
                     stack_id: stack_id(n.stack),
-                });
+                };
+                if let Some(x) = self.fresh.as_mut() {
+                    x.leaks.push(f.clone());
+                }
+                if self.grown.len() < LIST_CAP {
+                    self.grown.push(f);
+                }
             }
         }
     }

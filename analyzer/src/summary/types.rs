@@ -140,6 +140,9 @@ pub struct DeviceFault {
     /// The first call of the trace that returned a device-fault code (the call that reported
     /// the fault), when there is one.
     pub call: Option<FaultedCall>,
+    /// The library's note, as it told the fault on stderr (not in the summary's JSON).
+    #[serde(skip)]
+    pub text: String,
 }
 
 /// A call that returned a device-fault error code (700, 714–719).
