@@ -2,7 +2,8 @@
 //! layers below the hooks call (`cu.rs`, the recorder, the policies), declared once each by
 //! export name and C signature. A real function only its hook calls is declared by the hook's
 //! own row instead (`hooks!`, in `hooks/`), from the row's signature; the rows of the ones
-//! declared here name them (`= NAME`).
+//! declared here name them (`= NAME`) and take their signatures from here
+//! ([`signature_of!`]), giving only their parameters' names.
 //!
 //! Layer: base. Uses [`super::cuda`] and [`super::resolve`] only.
 
@@ -132,17 +133,38 @@ impl<F: Copy> Real<F> {
 }
 
 /// `NAME = export: fn(args) -> ret;` declares `pub static NAME: Real<unsafe extern "C" fn…>`
-/// looked up as `export` in the library of the block.
+/// looked up as `export` in the library of the block: **the one place** such an entry point's
+/// C signature is written. It also writes [`signature_of!`], by which a hook's row (`hooks!`,
+/// in the hooks layer) that names `NAME` gets the signature from here rather than repeating it.
+/// (`$` comes in as the first token so that the macro it writes can have variables of its own.)
 macro_rules! reals {
-    ($( $lib:ident { $( $stat:ident = $export:ident: fn($($t:ty),* $(,)?) $(-> $ret:ty)?; )* } )*) => {
+    ($d:tt $( $lib:ident { $( $stat:ident = $export:ident: fn($($t:ty),* $(,)?) -> $ret:ty; )* } )*) => {
         $($(
-            pub static $stat: Real<unsafe extern "C" fn($($t),*) $(-> $ret)?> =
+            pub static $stat: Real<unsafe extern "C" fn($($t),*) -> $ret> =
                 Real::export(concat!(stringify!($export), "\0").as_bytes(), Lib::$lib);
         )*)*
+
+        /// `signature_of!(NAME, export, callback { tokens… })` calls `callback! { tokens…
+        /// (types…) -> ret }` with the C signature `NAME` was declared with here, when `NAME`
+        /// is declared here as `export` (anything else does not compile: a row may not name
+        /// another export's real function).
+        macro_rules! signature_of {
+            $($(
+                ($stat, $export, $d cb:ident { $d ($d pass:tt)* }) => {
+                    $d cb! { $d ($d pass)* ($($t),*) -> $ret }
+                };
+            )*)*
+            ($d real:ident, $d export:ident, $d ($d rest:tt)*) => {
+                compile_error!(concat!(
+                    "base/real.rs declares no ", stringify!($d real), " as ", stringify!($d export)
+                ));
+            };
+        }
+        pub(crate) use signature_of;
     };
 }
 
-reals! {
+reals! { $
     Driver {
         // Hooked, and called by the policies too (their hooks' rows name them: `= NAME`).
         // The frees `double_free` answers itself (policy/isolate/alloc.rs); mem_free

@@ -46,13 +46,13 @@ hooks! {
             e.size = e.pitch.saturating_mul(height as u64);
         }];
 
-    cuMemFree_v2(ptr: CUdeviceptr) = MEM_FREE [CuMemFree, Free, |e| e.ptr = ptr];
-    cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream) = MEM_FREE_ASYNC
+    cuMemFree_v2(ptr) = MEM_FREE [CuMemFree, Free, |e| e.ptr = ptr];
+    cuMemFreeAsync(ptr, stream) = MEM_FREE_ASYNC
         [CuMemFreeAsync, Free, |e| (e.ptr, e.stream) = (ptr, stream as u64)];
-    cuMemFreeAsync_ptsz(ptr: CUdeviceptr, stream: CUstream) = MEM_FREE_ASYNC_PTSZ
+    cuMemFreeAsync_ptsz(ptr, stream) = MEM_FREE_ASYNC_PTSZ
         [CuMemFreeAsyncPtsz, Free, |e| (e.ptr, e.stream) = (ptr, stream as u64)];
 
-    cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) = MEM_ALLOC_HOST
+    cuMemAllocHost_v2(pp, size) = MEM_ALLOC_HOST
         [CuMemAllocHost, Alloc(Out::Host(pp)), |e| e.size = size as u64];
     cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint)
         [CuMemHostAlloc, Alloc(Out::Host(pp)), |e| (e.size, e.flags) = (size as u64, flags as u64)];
@@ -62,16 +62,16 @@ hooks! {
     cuMemHostUnregister(p: *mut c_void)
         [CuMemHostUnregister, Releases, |e| e.ptr = p as u64];
 
-    cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: u64)
+    cuMemAddressReserve(ptr, size, alignment, addr, flags)
         = MEM_ADDRESS_RESERVE [CuMemAddressReserve, Returns,
         |e| (e.size, e.offset, e.handle, e.flags) = (size as u64, alignment as u64, addr, flags),
         then |e| if e.result == 0 && !ptr.is_null() {
             // SAFETY: the real call succeeded, so it wrote the caller's non-null out-parameter.
             e.ptr = unsafe { *ptr };
         }];
-    cuMemAddressFree(ptr: CUdeviceptr, size: usize) = MEM_ADDRESS_FREE
+    cuMemAddressFree(ptr, size) = MEM_ADDRESS_FREE
         [CuMemAddressFree, Releases, |e| (e.ptr, e.size) = (ptr, size as u64)];
-    cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64)
+    cuMemCreate(handle, size, prop, flags)
         = MEM_CREATE [CuMemCreate, Returns,
         |e| {
             (e.size, e.flags) = (size as u64, flags);
@@ -89,16 +89,16 @@ hooks! {
             // SAFETY: the real call succeeded, so it wrote the caller's non-null out-parameter.
             e.handle = unsafe { *handle };
         }];
-    cuMemRelease(handle: CUmemGenericAllocationHandle) = MEM_RELEASE
+    cuMemRelease(handle) = MEM_RELEASE
         [CuMemRelease, Releases, |e| e.handle = handle];
-    cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64)
+    cuMemMap(ptr, size, offset, handle, flags)
         = MEM_MAP [CuMemMap, Returns,
         |e| (e.ptr, e.size, e.offset, e.handle, e.flags) = (ptr, size as u64, offset as u64, handle, flags)];
-    cuMemUnmap(ptr: CUdeviceptr, size: usize) = MEM_UNMAP
+    cuMemUnmap(ptr, size) = MEM_UNMAP
         [CuMemUnmap, Releases, |e| (e.ptr, e.size) = (ptr, size as u64)];
     /// Recorded with `handle` = bit mask of the devices given access, `flags` = the widest
     /// access flags, `offset` = number of descriptors: that is how peer mappings show in a trace.
-    cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize)
+    cuMemSetAccess(ptr, size, desc, count)
         = MEM_SET_ACCESS [CuMemSetAccess, Returns,
         |e| {
             (e.ptr, e.size, e.offset) = (ptr, size as u64, count as u64);
@@ -138,8 +138,7 @@ hooks! {
         [CuGraphAddMemFreeNode, Releases, |e| (e.handle, e.ptr) = (graph as u64, dptr)];
 
     /// Handed out only when the launch check is on; checks the parameters, then launches.
-    cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
-        shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
+    cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra)
         = LAUNCH_KERNEL [launch CuLaunchKernel, f, params, extra];
     /// Handed out only when the launch check is on; checks the parameters, then launches.
     cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,

@@ -9,9 +9,10 @@
 //! names: `in Driver` or `in Runtime`), the exported function, and the row of the file's table.
 //! A row whose real function a lower layer also calls (`base/cu.rs`, the recorder, a policy)
 //! cannot declare it here, since those layers may not use the hooks: that real function is
-//! declared in [`crate::base::real`] and the row names it, `= NAME`, before its body (the
-//! compiler checks the row's signature against it, as the hook calls it with its own
-//! arguments). The body is one of —
+//! declared in [`crate::base::real`], with its C signature, and the row names it, `= NAME`,
+//! before its body, giving its parameters' names only (`cuMemFree_v2(ptr) = MEM_FREE [...]`):
+//! the types come from there ([`crate::base::real::signature_of`]), so the signature is
+//! written once. The body is one of —
 //! - `[Api, kind, |e| fill]` (optionally `, then |e| after`): a recorded call; `kind` is a
 //!   [`crate::policy::Call`], `fill` puts the arguments in the event, `after` what only the
 //!   result tells;
@@ -184,7 +185,7 @@ macro_rules! real_of {
 /// A row's own real function, declared from its signature (none when it names one in
 /// [`crate::base::real`]).
 macro_rules! own_real {
-    ($lib:ident, $name:ident($($t:ty),*) -> $ret:ty) => {
+    ($lib:ident, $ret:ty, $name:ident($($a:ident: $t:ty),* $(,)?)) => {
         #[doc = concat!("The real `", stringify!($name), "`, looked up by that export name.")]
         pub static $name: $crate::base::real::Real<unsafe extern "C" fn($($t),*) -> $ret> =
             $crate::base::real::Real::export(
@@ -192,38 +193,63 @@ macro_rules! own_real {
                 $crate::base::real::Lib::$lib,
             );
     };
-    ($lib:ident, $name:ident($($t:ty),*) -> $ret:ty = $real:ident) => {};
+    ($lib:ident, $ret:ty, $name:ident($($p:tt)*) = $real:ident) => {};
+}
+
+/// One row's exported function. A row that declares its own real function gives its
+/// parameters with their C types; a row that names one of [`crate::base::real`] (`= NAME`)
+/// gives their names only, and the types come from there ([`crate::base::real::signature_of`]),
+/// so no entry point's signature is written twice.
+macro_rules! hook_fn {
+    (@shared $ret:ty, $missing:expr, $real:ident; $(#[$doc:meta])* $name:ident ($($a:ident),*) [$($body:tt)*] ($($t:ty),*) -> $ret2:ty) => {
+        hook_fn!(@fn $ret, $missing, [$name = $real]; $(#[$doc])* $name ($($a: $t),*) [$($body)*]);
+    };
+    (@fn $ret:ty, $missing:expr, [$($real:tt)*]; $(#[$doc:meta])* $name:ident ($($a:ident: $t:ty),*) [$($body:tt)*]) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// Same contract as the CUDA function of this name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $ret {
+            #[allow(dead_code)]
+            const HOOK_NAME: &str = stringify!($name);
+            let Some(real) = real_of!($($real)*).get() else {
+                return $missing;
+            };
+            body!(real, ($($a),*), [$($body)*])
+        }
+    };
+    ($ret:ty, $missing:expr; $(#[$doc:meta])* $name:ident ($($a:ident: $t:ty),* $(,)?) [$($body:tt)*]) => {
+        hook_fn!(@fn $ret, $missing, [$name]; $(#[$doc])* $name ($($a: $t),*) [$($body)*]);
+    };
+    ($ret:ty, $missing:expr; $(#[$doc:meta])* $name:ident ($($a:ident),* $(,)?) = $real:ident [$($body:tt)*]) => {
+        $crate::base::real::signature_of!($real, $name, hook_fn {
+            @shared $ret, $missing, $real; $(#[$doc])* $name ($($a),*) [$($body)*]
+        });
+    };
+    ($ret:ty, $missing:expr; $(#[$doc:meta])* $name:ident ($($a:ident: $t:ty),* $(,)?) = $real:ident [$($body:tt)*]) => {
+        compile_error!(concat!(
+            "the row of ", stringify!($name), " names base/real.rs's ", stringify!($real),
+            ": give its parameters' names only (their types are written there)"
+        ));
+    };
 }
 
 /// Declares hooks, the real functions they stand for, and their table: see the module comment.
 macro_rules! hooks {
     (
         $(#[$tdoc:meta])* static $table:ident: $ret:ty = missing $missing:expr, in $lib:ident;
-        $( $(#[$doc:meta])* $name:ident($($a:ident: $t:ty),* $(,)?) $(= $real:ident)? [$($body:tt)*]; )*
+        $( $(#[$doc:meta])* $name:ident($($p:tt)*) $(= $real:ident)? [$($body:tt)*]; )*
     ) => {
         /// The real functions of this file's rows that name none in [`crate::base::real`], each
         /// declared from its row's signature and looked up by the row's export name.
         #[allow(non_upper_case_globals, unused_imports)]
         pub mod reals {
             use super::*;
-            $( own_real!($lib, $name($($t),*) -> $ret $(= $real)?); )*
+            $( own_real!($lib, $ret, $name($($p)*) $(= $real)?); )*
         }
 
-        $(
-            $(#[$doc])*
-            ///
-            /// # Safety
-            /// Same contract as the CUDA function of this name.
-            #[unsafe(no_mangle)]
-            pub unsafe extern "C" fn $name($($a: $t),*) -> $ret {
-                #[allow(dead_code)]
-                const HOOK_NAME: &str = stringify!($name);
-                let Some(real) = real_of!($name $(= $real)?).get() else {
-                    return $missing;
-                };
-                body!(real, ($($a),*), [$($body)*])
-            }
-        )*
+        $( hook_fn!($ret, $missing; $(#[$doc])* $name($($p)*) $(= $real)? [$($body)*]); )*
 
         $(#[$tdoc])*
         pub static $table: &[$crate::hooks::shape::Hooked] = &[
@@ -321,6 +347,53 @@ mod tests {
                 "base/real.rs declares {name}, which no layer below the hooks calls: declare it in its hook's row"
             );
         }
+    }
+
+    /// An entry point's C signature is written once: a hooked export that `base/real.rs`
+    /// declares has a row that names that declaration (`export(names) = NAME`, the types
+    /// taken from there), never a row of its own with the types again (which would also
+    /// declare a second `Real` for it).
+    #[test]
+    fn a_signature_in_base_is_not_written_again_in_a_row() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let real = std::fs::read_to_string(src.join("base/real.rs")).unwrap();
+        let declared: Vec<(&str, &str)> = real
+            .lines()
+            .filter_map(|l| {
+                let (name, rest) = l.trim().split_once(" = ")?;
+                let (export, sig) = rest.split_once(": fn(")?;
+                (name
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+                    && !sig.is_empty())
+                .then_some((name, export))
+            })
+            .collect();
+        assert!(declared.len() > 40, "{declared:?}");
+        let mut rows = 0;
+        for file in ["driver.rs", "runtime.rs", "stream.rs"] {
+            let text = std::fs::read_to_string(src.join("hooks").join(file)).unwrap();
+            for (name, export) in &declared {
+                let open = format!("{export}(");
+                for (at, _) in text.match_indices(&open) {
+                    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+                    if !text[line_start..at].trim().is_empty() {
+                        continue; // not a row's start (a call, a comment)
+                    }
+                    let head = &text[at..at + text[at..].find('[').unwrap()];
+                    rows += 1;
+                    assert!(
+                        head.contains(&format!("= {name}")) && !head.contains(':'),
+                        "hooks/{file}: the row of {export} must name base/real.rs's {name} and \
+                         give its parameters' names only: {head}"
+                    );
+                }
+            }
+        }
+        assert!(
+            rows > 20,
+            "only {rows} rows name a base/real.rs declaration"
+        );
     }
 
     /// A recorded hook names the API row of its own export (a row copied from a neighbour

@@ -57,10 +57,10 @@ hooks! {
     cudaHostAlloc(p: *mut *mut c_void, size: usize, flags: c_uint)
         [CudaHostAlloc, Alloc(Out::Host(p)), |e| (e.size, e.flags) = (size as u64, flags as u64)];
 
-    cudaFree(p: *mut c_void) = FREE [CudaFree, Free, |e| e.ptr = p as u64];
-    cudaFreeAsync(p: *mut c_void, stream: CUstream) = FREE_ASYNC
+    cudaFree(p) = FREE [CudaFree, Free, |e| e.ptr = p as u64];
+    cudaFreeAsync(p, stream) = FREE_ASYNC
         [CudaFreeAsync, Free, |e| (e.ptr, e.stream) = (p as u64, stream as u64)];
-    cudaFreeAsync_ptsz(p: *mut c_void, stream: CUstream) = FREE_ASYNC_PTSZ
+    cudaFreeAsync_ptsz(p, stream) = FREE_ASYNC_PTSZ
         [CudaFreeAsyncPtsz, Free, |e| (e.ptr, e.stream) = (p as u64, stream as u64)];
     cudaFreeHost(p: *mut c_void) [CudaFreeHost, Free, |e| e.ptr = p as u64];
     cudaHostRegister(p: *mut c_void, size: usize, flags: c_uint)

@@ -22,7 +22,7 @@ hooks! {
 
     /// The waits: the program may read freed memory from the host once they return (managed
     /// memory, or device memory where the host can address it), so its poison comes first.
-    cuStreamSynchronize(s: CUstream) = STREAM_SYNCHRONIZE [stream_work];
+    cuStreamSynchronize(s) = STREAM_SYNCHRONIZE [stream_work];
     cuStreamSynchronize_ptsz(s: CUstream) [stream_work];
     cuStreamQuery(s: CUstream) [stream_work];
     cuStreamQuery_ptsz(s: CUstream) [stream_work];
@@ -37,9 +37,9 @@ hooks! {
     cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) [stream_work];
     cuMemcpyPeerAsync(dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize, s: CUstream) [stream_work];
     cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize, s: CUstream) [stream_work];
-    cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) = MEMCPY_HTOD_ASYNC [stream_work];
+    cuMemcpyHtoDAsync_v2(dst, src, n, s) = MEMCPY_HTOD_ASYNC [stream_work];
     cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) [stream_work];
-    cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) = MEMCPY_DTOH_ASYNC [stream_work];
+    cuMemcpyDtoHAsync_v2(dst, src, n, s) = MEMCPY_DTOH_ASYNC [stream_work];
     cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) [stream_work];
     cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) [stream_work];
     cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) [stream_work];
@@ -49,7 +49,7 @@ hooks! {
     cuMemcpy3DAsync_v2_ptsz(p: *const c_void, s: CUstream) [stream_work];
     cuMemcpy3DPeerAsync(p: *const c_void, s: CUstream) [stream_work];
     cuMemcpy3DPeerAsync_ptsz(p: *const c_void, s: CUstream) [stream_work];
-    cuMemsetD8Async(d: CUdeviceptr, v: u8, n: usize, s: CUstream) = MEMSET_D8_ASYNC [stream_work];
+    cuMemsetD8Async(d, v, n, s) = MEMSET_D8_ASYNC [stream_work];
     cuMemsetD8Async_ptsz(d: CUdeviceptr, v: u8, n: usize, s: CUstream) [stream_work];
     cuMemsetD16Async(d: CUdeviceptr, v: u16, n: usize, s: CUstream) [stream_work];
     cuMemsetD16Async_ptsz(d: CUdeviceptr, v: u16, n: usize, s: CUstream) [stream_work];
@@ -61,7 +61,7 @@ hooks! {
     cuMemsetD2D16Async_ptsz(d: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize, s: CUstream) [stream_work];
     cuMemsetD2D32Async(d: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize, s: CUstream) [stream_work];
     cuMemsetD2D32Async_ptsz(d: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize, s: CUstream) [stream_work];
-    cuEventRecord(ev: *mut c_void, s: CUstream) = EVENT_RECORD [stream_work];
+    cuEventRecord(ev, s) = EVENT_RECORD [stream_work];
     cuEventRecord_ptsz(ev: *mut c_void, s: CUstream) [stream_work];
     cuEventRecordWithFlags(ev: *mut c_void, s: CUstream, flags: c_uint) [stream_work];
     cuEventRecordWithFlags_ptsz(ev: *mut c_void, s: CUstream, flags: c_uint) [stream_work];
@@ -93,9 +93,9 @@ hooks! {
     cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) [stream_work];
     cuMemcpyPeer(dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize) [stream_work];
     cuMemcpyPeer_ptds(dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize) [stream_work];
-    cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) = MEMCPY_HTOD [stream_work];
+    cuMemcpyHtoD_v2(dst, src, n) = MEMCPY_HTOD [stream_work];
     cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) [stream_work];
-    cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) = MEMCPY_DTOH [stream_work];
+    cuMemcpyDtoH_v2(dst, src, n) = MEMCPY_DTOH [stream_work];
     cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) [stream_work];
     cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) [stream_work];
     cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) [stream_work];
@@ -107,7 +107,7 @@ hooks! {
     cuMemcpy3D_v2_ptds(p: *const c_void) [stream_work];
     cuMemcpy3DPeer(p: *const c_void) [stream_work];
     cuMemcpy3DPeer_ptds(p: *const c_void) [stream_work];
-    cuMemsetD8_v2(d: CUdeviceptr, v: u8, n: usize) = MEMSET_D8 [stream_work];
+    cuMemsetD8_v2(d, v, n) = MEMSET_D8 [stream_work];
     cuMemsetD8_v2_ptds(d: CUdeviceptr, v: u8, n: usize) [stream_work];
     cuMemsetD16_v2(d: CUdeviceptr, v: u16, n: usize) [stream_work];
     cuMemsetD16_v2_ptds(d: CUdeviceptr, v: u16, n: usize) [stream_work];
