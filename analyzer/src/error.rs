@@ -1,4 +1,4 @@
-use isolate_trace::{ErrorKind as TraceErrorKind, TraceError};
+use isolate_trace::{ErrorKind as TraceErrorKind, TraceError, io_short};
 use std::fmt;
 use std::path::PathBuf;
 
@@ -47,22 +47,6 @@ impl From<TraceError> for Error {
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
         Error::io(None, e)
-    }
-}
-
-/// What went wrong opening a file, in a few words: `no such file`, `permission denied`, `is a
-/// directory`; other errors as the system says them.
-pub(crate) fn io_short(e: &std::io::Error) -> String {
-    use std::io::ErrorKind as K;
-    match e.kind() {
-        K::NotFound => "no such file".to_owned(),
-        K::PermissionDenied => "permission denied".to_owned(),
-        K::IsADirectory => "is a directory, not a trace".to_owned(),
-        _ => match e.raw_os_error() {
-            Some(libc::ELOOP) => "is a symbolic link loop".to_owned(),
-            Some(libc::ENOTDIR) => "a part of the path is not a directory".to_owned(),
-            _ => e.to_string(),
-        },
     }
 }
 

@@ -285,20 +285,7 @@ fn dot_escapes_untrusted_text() {
     );
     assert!(dot.contains("a\\\\b"));
     assert!(dot.contains("stale launch: k\\\"&lt;script&gt;"), "{dot}");
-    // Every quoted string closes on its line: count unescaped quotes.
-    for line in dot.lines() {
-        let mut n = 0;
-        let mut esc = false;
-        for c in line.chars() {
-            match (esc, c) {
-                (true, _) => esc = false,
-                (false, '\\') => esc = true,
-                (false, '"') => n += 1,
-                _ => {}
-            }
-        }
-        assert_eq!(n % 2, 0, "unbalanced quotes in {line:?}");
-    }
+    assert_quotes_close_on_their_lines(&dot);
     // Graphviz must accept the file.
     match std::process::Command::new("dot")
         .arg("-Tsvg")

@@ -89,19 +89,7 @@ fn dot_keeps_the_kernel_name_inert() {
         dot.contains("&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;"),
         "{dot}"
     );
-    // Every quoted string closes on its line.
-    for line in dot.lines() {
-        let (mut n, mut esc) = (0, false);
-        for c in line.chars() {
-            match (esc, c) {
-                (true, _) => esc = false,
-                (false, '\\') => esc = true,
-                (false, '"') => n += 1,
-                _ => {}
-            }
-        }
-        assert_eq!(n % 2, 0, "unbalanced quotes in {line:?}");
-    }
+    assert_quotes_close_on_their_lines(dot);
 }
 
 #[test]

@@ -221,7 +221,7 @@ pub fn check_trace_dir(pattern: &str, source: &str, host: &str) -> Result<(), Er
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return fail("no such directory; isolate does not create directories");
         }
-        Err(e) => return fail(&io_short(&e)),
+        Err(e) => return fail(&isolate_trace::io_short(&e)),
         Ok(m) if !m.is_dir() => return fail("not a directory"),
         Ok(_) => {}
     }
@@ -239,22 +239,6 @@ pub fn check_trace_dir(pattern: &str, source: &str, host: &str) -> Result<(), Er
         }
     }
     Ok(())
-}
-
-/// What went wrong opening a directory, in a few words: the analyzer's words for a file it
-/// cannot open (`isolate_analyzer`'s `io_short`; this crate does not depend on the analyzer).
-fn io_short(e: &std::io::Error) -> String {
-    use std::io::ErrorKind as K;
-    match e.kind() {
-        K::NotFound => "no such file".to_owned(),
-        K::PermissionDenied => "permission denied".to_owned(),
-        K::IsADirectory => "is a directory, not a trace".to_owned(),
-        _ => match e.raw_os_error() {
-            Some(libc::ELOOP) => "is a symbolic link loop".to_owned(),
-            Some(libc::ENOTDIR) => "a part of the path is not a directory".to_owned(),
-            _ => e.to_string(),
-        },
-    }
 }
 
 /// A trace the run wrote.

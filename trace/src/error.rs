@@ -76,6 +76,23 @@ impl fmt::Display for TraceError {
     }
 }
 
+/// What went wrong opening a file, in a few words: `no such file`, `permission denied`, `is a
+/// directory`; other errors as the system says them. The analyzer's words for a trace it cannot
+/// open, and `isolate run`'s for a trace directory it cannot use.
+pub fn io_short(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::NotFound => "no such file".to_owned(),
+        K::PermissionDenied => "permission denied".to_owned(),
+        K::IsADirectory => "is a directory, not a trace".to_owned(),
+        _ => match e.raw_os_error() {
+            Some(libc::ELOOP) => "is a symbolic link loop".to_owned(),
+            Some(libc::ENOTDIR) => "a part of the path is not a directory".to_owned(),
+            _ => e.to_string(),
+        },
+    }
+}
+
 impl std::error::Error for TraceError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {

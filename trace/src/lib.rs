@@ -30,7 +30,7 @@ mod settings;
 mod wire;
 
 pub use api::{Api, Kind, Layout, Memory, Order, Source};
-pub use error::{ErrorKind, TraceError};
+pub use error::{ErrorKind, TraceError, io_short};
 pub use read::Reader;
 pub use record::*;
 pub use settings::{Owner, SETTINGS, Setting, parse_size, setting};

@@ -25,7 +25,7 @@
 use crate::api::Api;
 use crate::error::{ErrorKind, TraceError, decode_words};
 use crate::record::{Event, Header, Record};
-use crate::wire::{CONFIG, FrameLength, WireRecord, plain_record};
+use crate::wire::{CONFIG, FrameLength, WireRecord, decode_payload, plain_record};
 use crate::{FORMAT_VERSION, MAGIC};
 use std::fs::File;
 use std::io::{ErrorKind as IoKind, Read};
@@ -311,16 +311,7 @@ impl<R: Read> Reader<R> {
     /// The general path: bincode, as the reference decoder does it.
     #[cold]
     fn slow(&mut self, start: usize, len: usize) -> Result<Option<Record>, String> {
-        let payload = &self.buf[start..start + len];
-        let (wire, used): (WireRecord, usize) = bincode::decode_from_slice(payload, CONFIG)
-            .map_err(|e| format!("the record does not decode: {}", decode_words(&e)))?;
-        if used != payload.len() {
-            return Err(format!(
-                "record is {} bytes but its frame says {}",
-                used,
-                payload.len()
-            ));
-        }
+        let wire = decode_payload(&self.buf[start..start + len])?;
         let wire = match plain_record(wire) {
             Ok(rec) => return Ok(Some(rec)),
             Err(w) => w,

@@ -334,24 +334,31 @@ pub struct Decoder {
     threads: Vec<u32>,
 }
 
+/// One frame's payload decoded by bincode, which must use all of it: the general path of both
+/// decoders (the reader's slow path, the reference decoder).
+pub(crate) fn decode_payload(payload: &[u8]) -> Result<WireRecord, String> {
+    let (wire, used): (WireRecord, usize) =
+        bincode::decode_from_slice(payload, CONFIG).map_err(|e| {
+            format!(
+                "the record does not decode: {}",
+                crate::error::decode_words(&e)
+            )
+        })?;
+    if used != payload.len() {
+        return Err(format!(
+            "record is {} bytes but its frame says {}",
+            used,
+            payload.len()
+        ));
+    }
+    Ok(wire)
+}
+
 #[cfg(any(test, feature = "reference"))]
 impl Decoder {
     /// Decodes one payload. `Ok(None)` for frames that only update the decoder (threads).
     pub(crate) fn decode(&mut self, payload: &[u8]) -> Result<Option<Record>, String> {
-        let (wire, used): (WireRecord, usize) = bincode::decode_from_slice(payload, CONFIG)
-            .map_err(|e| {
-                format!(
-                    "the record does not decode: {}",
-                    crate::error::decode_words(&e)
-                )
-            })?;
-        if used != payload.len() {
-            return Err(format!(
-                "record is {} bytes but its frame says {}",
-                used,
-                payload.len()
-            ));
-        }
+        let wire = decode_payload(payload)?;
         Ok(Some(match plain_record(wire) {
             Ok(rec) => rec,
             Err(WireRecord::Thread { index, tid }) => {

@@ -9,27 +9,11 @@ pub mod one_live;
 pub mod pickle;
 pub mod rusage;
 
-/// Called by a test that cannot run here because something it needs is missing: `why` says
-/// what is missing and how to get it. Without `CI` set, one `SKIPPED <test>: <why>` line goes
-/// straight to the terminal's stderr (past the test harness's capture, which would hide an
-/// `eprintln!` of a passing test) and the caller returns, its test reported "ok" though it did
-/// not run; with `CI` set it fails the test instead, with the same words (.ci/run installs
-/// everything the tests use). The same as `isolate_tests::skip`, which these tests cannot use.
-pub fn skip(why: &str) {
-    let test = std::thread::current()
-        .name()
-        .filter(|n| *n != "main")
-        .unwrap_or("a test")
-        .to_owned();
-    if std::env::var_os("CI").is_some() {
-        panic!("{test}: {why}; CI is set, so this fails instead of being skipped");
-    }
-    use std::io::Write as _;
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "SKIPPED {test}: {why} (it passes without running; it fails with CI set)"
-    );
-}
+// `skip`: the one test-skip helper, shared with `isolate_tests::skip` by file.
+#[path = "../../../tests/src/skip.rs"]
+mod skips;
+#[allow(unused_imports)] // not every test file skips
+pub use skips::skip;
 
 /// The release `isolate` (built by cargo here: a no-op when it is up to date, as in CI after
 /// its release build), for big traces the debug one takes minutes on; the debug binary, with a
@@ -276,6 +260,23 @@ impl Out {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}\nstderr: {}", self.stdout, self.stderr))
+    }
+}
+
+/// Every quoted string of a DOT file closes on its line: each line has an even number of
+/// unescaped quotes.
+pub fn assert_quotes_close_on_their_lines(dot: &str) {
+    for line in dot.lines() {
+        let (mut n, mut esc) = (0, false);
+        for c in line.chars() {
+            match (esc, c) {
+                (true, _) => esc = false,
+                (false, '\\') => esc = true,
+                (false, '"') => n += 1,
+                _ => {}
+            }
+        }
+        assert_eq!(n % 2, 0, "unbalanced quotes in {line:?}");
     }
 }
 

@@ -1,5 +1,5 @@
-//! Thin OS helpers every layer shares: the monotonic clock, a short sleep, the thread id, and one
-//! line on stderr.
+//! Thin OS helpers every layer shares: the monotonic clock, a short sleep, the thread id, one
+//! line on stderr, and a thread of the library's own that no signal handler runs on.
 //!
 //! Layer: base. Uses nothing of this crate.
 
@@ -261,4 +261,31 @@ impl<T> Drop for ForkLockGuard<'_, T> {
             };
         }
     }
+}
+
+/// Spawns `f` on a thread built by `b` with every signal blocked, so that no signal handler
+/// (the program's or ours) ever runs on it; the calling thread's mask is set back before this
+/// returns. The library's own threads (the writer, the exit check) start so.
+pub fn spawn_unsignalled<F>(
+    b: std::thread::Builder,
+    f: F,
+) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() + Send + 'static,
+{
+    // SAFETY: sigset_t is a plain bit array, for which all zeroes is a valid (empty) value.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `all` and `old` are live local sigsets: sigfillset writes `all`, pthread_sigmask
+    // reads it and writes the calling thread's previous mask into `old`.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+    }
+    let spawned = b.spawn(f);
+    // SAFETY: `old` holds the mask the call above saved: the calling thread gets it back (the
+    // old-set pointer may be null).
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    spawned
 }

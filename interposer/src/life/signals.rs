@@ -246,21 +246,10 @@ pub fn start_checker() {
     CHECK_ASKED.store(0, Release);
     CHECK_DONE.store(0, Release);
     // Every signal blocked, so that no signal handler runs on it (as on the writer).
-    // SAFETY: sigset_t is a plain bit array, for which all zeroes is a valid (empty) value.
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: both sets are valid locals for the calls' duration; this thread's mask is set back
-    // below.
-    unsafe {
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-    }
-    let spawned = std::thread::Builder::new()
-        .name("isolate-check".into())
-        .spawn(checker_main);
-    // SAFETY: `old` is the mask read above, a valid local; the old-set pointer may be null.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    let spawned = sys::spawn_unsignalled(
+        std::thread::Builder::new().name("isolate-check".into()),
+        checker_main,
+    );
     if spawned.is_err() {
         CHECKER_PID.store(0, Release); // no checker: the ends other than exit check nothing
     }

@@ -10,7 +10,7 @@
 
 use super::{header, thread};
 use crate::base::config::{self, Mode};
-use crate::base::sys::{gettid, nap, now_ns, wait_until, warn};
+use crate::base::sys::{gettid, nap, now_ns, spawn_unsignalled, wait_until, warn};
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 use isolate_trace::{Encoder, End, EndReason, Header, Record, Stats};
 use std::sync::atomic::{
@@ -208,24 +208,14 @@ fn start() {
     SESSION.store(session, Release);
     OWNER_PID.store(std::process::id(), Release);
     // The writer starts with every signal blocked, so signal handlers never run on it.
-    // SAFETY: sigset_t is a plain bit array, for which all-zero (the empty set) is valid.
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `all` and `old` are live local sigsets: sigfillset writes `all`, pthread_sigmask
-    // reads it and writes the calling thread's previous mask into `old`.
-    unsafe {
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-    }
     // The stack size given, so that std does not read `RUST_MIN_STACK` (a `getenv`, here on a
     // thread of the program while another of its threads may be in `setenv`).
-    let spawned = std::thread::Builder::new()
-        .name("isolate-writer".into())
-        .stack_size(WRITER_STACK)
-        .spawn(move || writer_main(rx));
-    // SAFETY: `old` holds the mask the call above saved: the calling thread gets it back.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    let spawned = spawn_unsignalled(
+        std::thread::Builder::new()
+            .name("isolate-writer".into())
+            .stack_size(WRITER_STACK),
+        move || writer_main(rx),
+    );
     match spawned {
         Ok(_) => {
             // The program goes on once the writer is done with small descriptor numbers (the
