@@ -351,15 +351,21 @@ impl<O: Renders> Streamed<O> {
     }
 }
 
+/// Each callback: the findings made ready by the record's arrival (a stale launch held for its
+/// stack, [`Summarizer::next_record`]), then the summary's, then those it filled, then the
+/// output's own: so the output gets each finding in the trace's order, before what it does with
+/// the next record.
 impl<O: Renders> Observer for Streamed<O> {
     fn begin(&mut self, h: &Header) {
         self.summary.begin(h);
         self.out.begin(h);
     }
     fn event(&mut self, ev: &Event, live: &Live) {
-        self.summary.event(ev, live);
-        self.out.event(ev, live);
+        self.summary.next_record(None);
         self.hand(live);
+        self.summary.event(ev, live);
+        self.hand(live);
+        self.out.event(ev, live);
     }
     fn started(&mut self, n: &Node, live: &Live) {
         self.summary.started(n, live);
@@ -371,19 +377,23 @@ impl<O: Renders> Observer for Streamed<O> {
     }
     fn invalid(&mut self, i: &Invalid, live: &Live) {
         self.summary.invalid(i, live);
-        self.out.invalid(i, live);
         self.hand(live);
+        self.out.invalid(i, live);
     }
     fn earlier(&mut self, i: &Invalid, live: &Live) {
         self.summary.earlier(i, live);
         self.out.earlier(i, live);
     }
     fn other(&mut self, r: &Record, live: &Live) {
-        self.summary.other(r, live);
-        self.out.other(r, live);
+        self.summary.next_record(Some(r));
         self.hand(live);
+        self.summary.other(r, live);
+        self.hand(live);
+        self.out.other(r, live);
     }
     fn finish(&mut self, still: &[Node], live: &Live) {
+        self.summary.next_record(None);
+        self.hand(live);
         self.summary.finish(still, live);
         self.hand(live);
         self.out.finish(still, live);

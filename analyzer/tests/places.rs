@@ -34,7 +34,6 @@ fn trace(dir: &std::path::Path) -> std::path::PathBuf {
     let a = t.call_from(Api::CudaMalloc, A, 4096, 1);
     let fa = t.call_from(Api::CudaFree, A, 0, 2);
     let seq = t.seq;
-    t.record(Record::StackOf(StackOf { seq, stack: 4 }));
     t.record(Record::StaleLaunch(StaleLaunch {
         seq,
         ts_ns: t.ts,
@@ -53,6 +52,9 @@ fn trace(dir: &std::path::Path) -> std::path::PathBuf {
         alloc_stack: 1,
         free_stack: 2,
     }));
+    // The launch's stack right after its record, as the library writes them (launch.rs
+    // `Hit::submit`).
+    t.record(Record::StackOf(StackOf { seq, stack: 4 }));
     t.call(Api::CuLaunchKernel, 0, 0);
     t.record(Record::Violation(Violation {
         seq: t.seq,

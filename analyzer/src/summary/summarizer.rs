@@ -108,6 +108,9 @@ struct Fresh {
     faults: Vec<DeviceFault>,
     returned: Option<FaultedCall>,
     leaks: Vec<LeakEntry>,
+    /// The last stale launch, until the record after it: the library writes a launch's stack
+    /// (a `StackOf` record) right after the launch's record ([`Summarizer::next_record`]).
+    held: Option<StaleLaunchEntry>,
 }
 
 /// (allocation event, the call that made it, the call that freed it, their stacks).
@@ -292,6 +295,20 @@ impl Summarizer {
             .iter()
             .for_each(|c| f(Finding::DeviceFault(Fault::Returned(c))));
         x.leaks.iter().for_each(|l| f(Finding::Leak(l)));
+    }
+
+    /// Told before each callback of a streaming summarizer (`rec`: the record about to be read;
+    /// `None` for an event or the end): the stale launch held since the last record is ready to
+    /// hand out, with its own stack when `rec` is the `StackOf` that names it.
+    pub fn next_record(&mut self, rec: Option<&Record>) {
+        let Some(x) = self.fresh.as_mut() else { return };
+        let Some(mut h) = x.held.take() else { return };
+        if let Some(Record::StackOf(so)) = rec
+            && so.seq == h.seq
+        {
+            h.stack_ids[0] = stack_id(so.stack);
+        }
+        x.stale_launches.push(h);
     }
 
     /// Whether a finding past the kept lists' [`LIST_CAP`] is still filled (to be handed out).
@@ -657,8 +674,10 @@ impl Observer for Summarizer {
                 if self.streams() {
                     let mut f = self.stale_entry(s, fault);
                     f.stack_ids[0] = stack_id(self.stacks.stack_of(s.seq));
-                    if let Some(x) = self.fresh.as_mut() {
-                        x.stale_launches.push(f);
+                    if let Some(x) = self.fresh.as_mut()
+                        && let Some(before) = x.held.replace(f)
+                    {
+                        x.stale_launches.push(before);
                     }
                 }
                 if self.stale.len() < LIST_CAP {
