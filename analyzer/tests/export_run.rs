@@ -211,9 +211,10 @@ fn run_without_the_library_says_where_it_looked() {
     );
 }
 
-/// The outputs that render findings as the trace is read (`who`, both exports) get every
-/// finding from the model, past the summary's lists' cap (10,000) too; the summary keeps its
-/// capped list and counts them all.
+/// The outputs that render findings as the trace is read (`who`, the chrome-trace and
+/// memory-viz exports) get every finding from the model, past the summary's lists' cap (10,000)
+/// too; the summary keeps its capped list and counts them all, and the Parquet export, which
+/// renders that list, says how many it left out.
 #[test]
 fn every_finding_past_the_summary_cap_is_rendered() {
     const N: u64 = 10_001;
@@ -254,6 +255,19 @@ fn every_finding_past_the_summary_cap_is_rendered() {
     assert_eq!(inc.len(), 1, "{inc:?}");
     assert_eq!(inc[0]["kind"], "poison_violation");
     assert_eq!(inc[0]["seq"], N);
+
+    // The Parquet export renders the summary's lists, and says how many they left out.
+    let o = isolate(
+        d.path(),
+        &["export", "--format", "parquet", "t.trace", "-o", "fleet"],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stderr.contains(", findings 10000, ")
+            && o.stderr.contains("; and 1 more finding, past the first 10000 of a kind in a trace, with no row (traces.findings counts them)"),
+        "{}",
+        o.stderr
+    );
 
     let o = isolate(
         d.path(),

@@ -780,19 +780,31 @@ pub struct ParquetStats {
     pub traces: u64,
     /// Rows written to each table, in [`TABLES`]' order.
     pub rows: Vec<(String, u64)>,
+    /// Findings with no row: those past the summary's first
+    /// [`LIST_CAP`](crate::summary::LIST_CAP) of a kind in a trace (`traces.findings` counts
+    /// them).
+    pub findings_left_out: u64,
 }
 
 impl ParquetStats {
     /// The line the export says on standard error.
     pub fn describe(&self, dir: &Path) -> String {
         let rows: Vec<String> = self.rows.iter().map(|(t, n)| format!("{t} {n}")).collect();
-        format!(
+        let mut s = format!(
             "parquet: {} trace{} written to {} (rows: {})",
             self.traces,
             if self.traces == 1 { "" } else { "s" },
             dir.display(),
             rows.join(", ")
-        )
+        );
+        if self.findings_left_out > 0 {
+            s.push_str(&format!(
+                "; and {}, past the first {} of a kind in a trace, with no row (traces.findings counts them)",
+                crate::words::plural(self.findings_left_out, "more finding"),
+                crate::summary::LIST_CAP
+            ));
+        }
+        s
     }
 }
 
@@ -824,7 +836,8 @@ pub fn parquet<P: AsRef<Path>>(
     };
     let mut infos = Vec::new();
     for p in paths {
-        let (info, written) = one(p.as_ref(), dir, progress)?;
+        let (info, written, left_out) = one(p.as_ref(), dir, progress)?;
+        stats.findings_left_out += left_out;
         // Into place, `traces` last: a trace it lists has all its tables.
         for w in written.into_iter().rev() {
             let Written { tmp, path, rows } = w;
@@ -853,7 +866,7 @@ fn one(
     path: &Path,
     dir: &Path,
     progress: &mut dyn Progress,
-) -> Result<(TraceInfo, Vec<Written>), Error> {
+) -> Result<(TraceInfo, Vec<Written>, u64), Error> {
     let id = Identity::of(isolate_trace::Reader::open(path)?.header());
     let mut c = Collect {
         stacks: StackTable::new(),
@@ -875,7 +888,11 @@ fn one(
     }
 
     let mut findings = Table::create(dir, "findings", &id)?;
-    for f in finding::findings(&summary) {
+    let listed = finding::findings(&summary);
+    let left_out = finding::Tally::of(&summary.totals)
+        .total()
+        .saturating_sub(listed.len() as u64);
+    for f in listed {
         let r = finding_row(&f);
         let mut at: [Option<String>; 4] = Default::default();
         for s in f.sites() {
@@ -976,5 +993,5 @@ fn one(
         regions.close()?,
         st.close()?,
     ];
-    Ok((info, written))
+    Ok((info, written, left_out))
 }
