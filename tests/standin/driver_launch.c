@@ -150,6 +150,17 @@ static void isolate_poison(void **params);
 static void isolate_poison_many(void **params);
 static atomic_ulong g_verify16_runs;
 static atomic_ulong g_poison_many_runs, g_poison_many_ranges;
+static void isolate_verify_sparse(void **params);
+static void isolate_poison_sparse(void **params);
+static atomic_ulong g_sparse_fills, g_sparse_checks;
+
+/* isolate's fast-tier module (sparse.ptx, ISOLATE_CHECK=fast): its two kernels. */
+static void register_sparse_kernels(void) {
+    static const size_t sizes[4] = {8, 4, 4, 8};
+    standin_register_kernel("isolate_verify_sparse", isolate_verify_sparse, 4, NULL, sizes);
+    static const size_t many_sizes[3] = {1024, 4, 4};
+    standin_register_kernel("isolate_poison_sparse", isolate_poison_sparse, 3, NULL, many_sizes);
+}
 
 static void register_isolate_kernels(void) {
     static const size_t sizes[4] = {8, 4, 4, 8};
@@ -169,6 +180,9 @@ unsigned long standin_verify16_runs(void) { return atomic_load(&g_verify16_runs)
 /* Launches of isolate's multi-range poison (deferred poisons), and the ranges they filled. */
 unsigned long standin_poison_many_runs(void) { return atomic_load(&g_poison_many_runs); }
 unsigned long standin_poison_many_ranges(void) { return atomic_load(&g_poison_many_ranges); }
+/* Launches of isolate's fast-tier fill and check. */
+unsigned long standin_sparse_fills(void) { return atomic_load(&g_sparse_fills); }
+unsigned long standin_sparse_checks(void) { return atomic_load(&g_sparse_checks); }
 
 /* What a kernel's access to [p, p+n) does (see the comment at the top): 1 if it is all
  * accessible, else 0 and the context faults. */
@@ -256,6 +270,89 @@ static void isolate_poison_many(void **params) {
     atomic_fetch_add(&g_poison_many_ranges, count);
 }
 
+/* The fast tier's pattern of a block (isolate's interposer/src/policy/tier.rs, sparse.ptx): the
+ * descriptor's length carries a shift in its top byte (0: 4, every 16-byte vector). Vector v
+ * is at offset v << shift for v < ((len - 16) >> shift) + 1 (none when len < 16), then the
+ * bytes from max(len - 16, the last vector's end) to len. Calls f(offset, n) for each piece. */
+static void sparse_pattern(uint64_t field, uint64_t *len_out,
+                           void (*f)(void *ctx, uint64_t off, uint64_t n), void *ctx) {
+    unsigned shift = (unsigned)(field >> 56);
+    uint64_t len = field & ((1ull << 56) - 1), count = 0, tail = 0;
+    if (shift == 0)
+        shift = 4;
+    *len_out = len;
+    if (len >= 16) {
+        count = ((len - 16) >> shift) + 1;
+        uint64_t last_end = ((count - 1) << shift) + 16;
+        tail = last_end > len - 16 ? last_end : len - 16;
+    }
+    if (shift == 4) {
+        if (len)
+            f(ctx, 0, len);
+        return;
+    }
+    for (uint64_t v = 0; v < count; v++)
+        f(ctx, v << shift, 16);
+    if (tail < len)
+        f(ctx, tail, len - tail);
+}
+
+struct sparse_fill { unsigned char *p; unsigned char byte; };
+static void fill_piece(void *c, uint64_t off, uint64_t n) {
+    struct sparse_fill *s = c;
+    memset(s->p + off, s->byte, n);
+}
+
+struct sparse_check { const unsigned char *p; unsigned char byte; uint64_t changed, first; };
+static void check_piece(void *c, uint64_t off, uint64_t n) {
+    struct sparse_check *s = c;
+    for (uint64_t k = off; k < off + n; k++)
+        if (s->p[k] != s->byte) {
+            s->changed++;
+            if (k < s->first)
+                s->first = k;
+        }
+}
+
+/* isolate_poison_sparse(ranges, count, pattern): isolate_poison_many over each range's pattern. */
+static void isolate_poison_sparse(void **params) {
+    const uint64_t *ranges = (const uint64_t *)params[0];
+    unsigned count = *(unsigned *)params[1];
+    unsigned char byte = (unsigned char)(*(unsigned *)params[2] & 0xff);
+    if (count > 64)
+        count = 64;
+    for (unsigned i = 0; i < count; i++) {
+        unsigned char *p = (unsigned char *)(uintptr_t)ranges[2 * i];
+        uint64_t len = ranges[2 * i + 1] & ((1ull << 56) - 1);
+        if (!standin_touch((CUdeviceptr)(uintptr_t)p, len))
+            return;
+        struct sparse_fill s = {p, byte};
+        sparse_pattern(ranges[2 * i + 1], &len, fill_piece, &s);
+    }
+    atomic_fetch_add(&g_sparse_fills, 1);
+}
+
+/* isolate_verify_sparse(descs, count, pattern, out): isolate_verify_many over each block's
+ * pattern. */
+static void isolate_verify_sparse(void **params) {
+    const uint64_t *descs = (const uint64_t *)(uintptr_t) * (uint64_t *)params[0];
+    unsigned count = *(unsigned *)params[1];
+    unsigned char byte = (unsigned char)(*(unsigned *)params[2] & 0xff);
+    uint64_t *out = (uint64_t *)(uintptr_t) * (uint64_t *)params[3];
+    for (unsigned i = 0; i < count; i++) {
+        const unsigned char *p = (const unsigned char *)(uintptr_t)descs[2 * i];
+        uint64_t len = descs[2 * i + 1] & ((1ull << 56) - 1);
+        if (!standin_touch((CUdeviceptr)(uintptr_t)p, len))
+            return;
+        struct sparse_check s = {p, byte, 0, UINT64_MAX};
+        sparse_pattern(descs[2 * i + 1], &len, check_piece, &s);
+        out[2 * i] += s.changed;
+        if (s.changed && s.first < out[2 * i + 1])
+            out[2 * i + 1] = s.first;
+    }
+    atomic_fetch_add(&g_sparse_checks, 1);
+}
+
 #define ISOLATE_RING_BYTES 65536
 #define MAX_RINGS 64
 
@@ -289,6 +386,10 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image) {
         }
         g_rings[slot] = (uintptr_t)m->ring;
         pthread_once(&once, register_isolate_kernels);
+    }
+    if (strstr((const char *)image, ".entry isolate_verify_sparse(")) {
+        static pthread_once_t sparse_once = PTHREAD_ONCE_INIT;
+        pthread_once(&sparse_once, register_sparse_kernels);
     }
     *module = m;
     return CUDA_SUCCESS;

@@ -87,6 +87,10 @@ pub struct Config {
     /// Checked allocations of the default pool are kept for the next stream-ordered
     /// allocation of the same size instead of freed (`ISOLATE_REUSE=on`, the default).
     pub reuse: bool,
+    /// The fast tier (`ISOLATE_CHECK=fast`): a stream-ordered free's block of more than 64 KiB
+    /// is poisoned and checked only at 16-byte canaries every 4 KiB and at its last 16 bytes
+    /// (the interposer's `policy/tier.rs`); `full` (the default): every byte.
+    pub check_fast: bool,
     /// The hooks time themselves and note where the calling threads' time went at exit
     /// (`ISOLATE_PROFILE=on`; off by default).
     pub profile: bool,
@@ -165,6 +169,12 @@ const REUSE: TwoWay = TwoWay {
     yes: "on",
     no: "off",
     default: true,
+};
+const CHECK: TwoWay = TwoWay {
+    name: "ISOLATE_CHECK",
+    yes: "fast",
+    no: "full",
+    default: false,
 };
 const PROFILE: TwoWay = TwoWay {
     name: "ISOLATE_PROFILE",
@@ -269,6 +279,7 @@ pub fn from_env(
     let poison_kernel = POISON_BY.read(&var)?;
     let poison_batch = POISON_BATCH.read(&var)?;
     let reuse = REUSE.read(&var)?;
+    let check_fast = CHECK.read(&var)?;
     let profile = PROFILE.read(&var)?;
     let stacks = match var("ISOLATE_STACKS")
         .map(|v| v.to_ascii_lowercase())
@@ -347,6 +358,7 @@ pub fn from_env(
         POISON_BY.pair(poison_kernel),
         POISON_BATCH.pair(poison_batch),
         REUSE.pair(reuse),
+        CHECK.pair(check_fast),
         PROFILE.pair(profile),
         ("ISOLATE_STACKS".to_string(), stacks.name().to_string()),
         ("ISOLATE_STACK_DEPTH".to_string(), stack_depth.to_string()),
@@ -385,6 +397,7 @@ pub fn from_env(
         poison_kernel,
         poison_batch,
         reuse,
+        check_fast,
         profile,
         test_panic,
         test_writer_stall_ms,

@@ -189,10 +189,16 @@ pub enum CostTopic {
     /// Events recorded without a call stack because their thread's stack had too little room
     /// left for a capture: `size` = how many.
     SmallStacks = 9,
+    /// The device's work for isolation (tenth session; appended, so older readers skip it as
+    /// an unknown topic): `size` = bytes the poisons wrote, `value` = bytes the checks read
+    /// (every freed byte each in the full tier, each large block's canaries in the fast one).
+    DeviceBytes = 10,
+    /// What was freed into quarantine (tenth session): `size` = bytes, `value` = frees.
+    Freed = 11,
 }
 
 impl CostTopic {
-    pub const ALL: [CostTopic; 9] = [
+    pub const ALL: [CostTopic; 11] = [
         CostTopic::Isolation,
         CostTopic::Stacks,
         CostTopic::Reuse,
@@ -202,6 +208,8 @@ impl CostTopic {
         CostTopic::PoisonVerified,
         CostTopic::CaptureFrees,
         CostTopic::SmallStacks,
+        CostTopic::DeviceBytes,
+        CostTopic::Freed,
     ];
 
     /// The topic of a note: `None` unless it is a [`NoteKind::Cost`] note of a known topic.

@@ -81,6 +81,7 @@ pub const SETTINGS: &[Setting] = &[
         "a number of frames from 1 to 256, or all",
     ),
     s("ISOLATE_REUSE", Library, "on, off"),
+    s("ISOLATE_CHECK", Library, "full, fast"),
     s("ISOLATE_PROFILE", Library, "on, off"),
     s("ISOLATE_TEST_PANIC", LibraryTest, "1 (internal test hook)"),
     s("ISOLATE_TEST_RELEASE", LibraryTest, "async, sync"),

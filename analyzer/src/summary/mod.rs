@@ -132,6 +132,16 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
         add(&mut q.releases, x.quarantine.releases);
         add(&mut q.early_releases, x.quarantine.early_releases);
         add(&mut q.oom_retries, x.quarantine.oom_retries);
+        let (d, w) = (&mut t.device_work, &x.device_work);
+        add(&mut d.frees, w.frees);
+        add(&mut d.freed_bytes, w.freed_bytes);
+        add(&mut d.written_bytes, w.written_bytes);
+        add(&mut d.read_bytes, w.read_bytes);
+        if w.steps > d.steps {
+            d.steps = w.steps;
+            d.steps_from = w.steps_from.clone();
+        }
+        d.run_ns = d.run_ns.max(w.run_ns);
         let h = &mut t.host;
         add(&mut h.allocations, x.host.allocations);
         add(&mut h.frees, x.host.frees);
@@ -180,6 +190,9 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
             t.truncated = x.truncated;
         }
         t.complete &= x.complete;
+    }
+    if t.device_work.any() {
+        t.device_work.settle();
     }
     for v in [&mut t.sites_at_end, &mut t.sites_at_peak] {
         v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)));

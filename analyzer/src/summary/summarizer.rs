@@ -61,6 +61,7 @@ pub struct Summarizer {
     /// Stale-launch records still to come that name the suspects of the last fault.
     suspects_due: u64,
     quarantine: Quarantine,
+    device_work: DeviceWork,
     library_cost: Vec<String>,
     notes: [u64; N_NOTES],
     regions: Regions,
@@ -228,6 +229,7 @@ impl Summarizer {
             faults: Vec::new(),
             suspects_due: 0,
             quarantine: Quarantine::default(),
+            device_work: DeviceWork::default(),
             library_cost: Vec::new(),
             notes: [0; N_NOTES],
             regions: Regions::default(),
@@ -445,6 +447,7 @@ impl Summarizer {
             device_faults: faults,
             device_fault_count: fault_findings,
             quarantine,
+            device_work: self.device_work,
             library_cost: self.library_cost,
             host,
             categories,
@@ -718,6 +721,20 @@ impl Observer for Summarizer {
                     NoteKind::OomRetry => self.quarantine.oom_retries += 1,
                     NoteKind::Signal => self.signal = Some(n.value),
                     NoteKind::Cost
+                        if isolate_trace::CostTopic::of(n)
+                            == Some(isolate_trace::CostTopic::Freed) =>
+                    {
+                        self.device_work.freed_bytes = n.size;
+                        self.device_work.frees = n.value;
+                    }
+                    NoteKind::Cost
+                        if isolate_trace::CostTopic::of(n)
+                            == Some(isolate_trace::CostTopic::DeviceBytes) =>
+                    {
+                        self.device_work.written_bytes = n.size;
+                        self.device_work.read_bytes = n.value;
+                    }
+                    NoteKind::Cost
                         if isolate_trace::CostTopic::of(n).is_some_and(|t| t.is_time())
                             && self.library_cost.len() < LIST_CAP =>
                     {
@@ -763,6 +780,15 @@ impl Observer for Summarizer {
         {
             // As the summary counts it: a fault code returned, with no device-fault note.
             x.returned = self.first_fault.clone();
+        }
+        if self.device_work.any() {
+            if let Some((what, n)) = self.growth.step_count(&self.stacks) {
+                self.device_work.steps = n;
+                self.device_work.steps_from = Some(what);
+            }
+            let last = self.last_ts.max(self.end_ts);
+            self.device_work.run_ns = self.first_ts.map_or(0, |f| last.saturating_sub(f));
+            self.device_work.settle();
         }
         if self.stacks.has_stacks() {
             if self.peak_dirty {

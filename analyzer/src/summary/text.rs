@@ -1056,6 +1056,7 @@ fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, Dev
             let _ = writeln!(o, "  {c}");
         }
     }
+    device_work(o, &t.device_work);
     if t.stale_value_count > 0 {
         // Suspects (docs/analyzer.md, "Suspects"): listed apart, never counted.
         let _ = writeln!(
@@ -1082,5 +1083,47 @@ fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, Dev
     }
     if !t.complete {
         let _ = writeln!(o, "incomplete: no End record");
+    }
+}
+
+/// The `floor` lines: what isolation asked of the device and the least time it takes.
+fn device_work(o: &mut String, d: &super::DeviceWork) {
+    if !d.any() {
+        return;
+    }
+    let tb = d.bandwidth as f64 / 1e12;
+    let _ = writeln!(
+        o,
+        "floor    {} freed into quarantine ({}); the poisons wrote {}, the checks read {}: \
+         at least {} of device time at {tb:.1} TB/s (full coverage: {})",
+        size(d.freed_bytes),
+        plural(d.frees, "free"),
+        size(d.written_bytes),
+        size(d.read_bytes),
+        human_ns(d.floor_ns),
+        human_ns(d.full_floor_ns)
+    );
+    if d.steps > 0 {
+        let _ = writeln!(
+            o,
+            "floor    a step ({} of {}): {} freed, {} written, {} read: at least {} (full \
+             coverage: {})",
+            count(d.steps),
+            d.steps_from.as_deref().unwrap_or("steps"),
+            size(d.freed_bytes / d.steps),
+            size(d.written_bytes / d.steps),
+            size(d.read_bytes / d.steps),
+            human_ns(d.floor_ns_per_step),
+            human_ns(d.full_floor_ns_per_step)
+        );
+    } else if d.run_ns > 0 {
+        let secs = d.run_ns as f64 / 1e9;
+        let _ = writeln!(
+            o,
+            "floor    no steps found: a second of the run ({secs:.2} s) freed {}, at least {} \
+             of device time a second",
+            size((d.freed_bytes as f64 / secs) as u64),
+            human_ns((d.floor_ns as f64 / secs) as u64)
+        );
     }
 }

@@ -272,6 +272,60 @@ pub struct Quarantine {
     pub oom_retries: u64,
 }
 
+/// What isolation asked of the device (the library's `freed` and `device bytes` exit notes,
+/// tenth session on; zeros for older traces and other modes): bytes freed into quarantine, the
+/// bytes the poisons wrote and the checks read, and the least device time that takes at
+/// [`BANDWIDTH`] (the floor: each byte written once and read once at the memory's speed), per
+/// step where the trace has steps (the regions or loop that leaks-as-growth follows).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceWork {
+    pub frees: u64,
+    pub freed_bytes: u64,
+    pub written_bytes: u64,
+    pub read_bytes: u64,
+    /// Steps found (0: none); for several traces, the most of any one.
+    pub steps: u64,
+    /// What the steps are (`region "step"`, `iterations of the loop at train.py:12 in main`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps_from: Option<String>,
+    /// The run's span, first record to last (for several traces, the longest).
+    pub run_ns: u64,
+    /// Bytes per second the floor assumes ([`BANDWIDTH`]).
+    pub bandwidth: u64,
+    /// (written + read) / bandwidth: the least device time of this tier's poisons and checks.
+    pub floor_ns: u64,
+    /// 2 × freed / bandwidth: the least device time of full coverage (every freed byte written
+    /// once and read once), whatever the tier.
+    pub full_floor_ns: u64,
+    /// `floor_ns` and `full_floor_ns` a step (0 without steps).
+    pub floor_ns_per_step: u64,
+    pub full_floor_ns_per_step: u64,
+}
+
+/// The bandwidth the floor assumes: 4.3 TB/s, what the H200 measured for the check's 128-bit
+/// reads and a device-to-device copy (docs/performance.md, tests/gpu/verify_bw.py). The trace
+/// does not name the device; for another one, scale the floor by 4.3 TB/s over its bandwidth
+/// (the GPU benchmark, tests/gpu/tier_bench.py, measures it and does).
+pub const BANDWIDTH: u64 = 4_300_000_000_000;
+
+impl DeviceWork {
+    /// Fills the derived figures from the counted ones.
+    pub fn settle(&mut self) {
+        self.bandwidth = BANDWIDTH;
+        let ns = |bytes: u64| (bytes as u128 * 1_000_000_000 / BANDWIDTH as u128) as u64;
+        self.floor_ns = ns(self.written_bytes.saturating_add(self.read_bytes));
+        self.full_floor_ns = ns(self.freed_bytes.saturating_mul(2));
+        let per = |v: u64| if self.steps == 0 { 0 } else { v / self.steps };
+        self.floor_ns_per_step = per(self.floor_ns);
+        self.full_floor_ns_per_step = per(self.full_floor_ns);
+    }
+
+    /// Whether the trace said anything about it.
+    pub fn any(&self) -> bool {
+        self.frees > 0 || self.written_bytes > 0 || self.read_bytes > 0
+    }
+}
+
 /// Host memory, kept apart from device memory.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct HostStats {
@@ -527,6 +581,8 @@ pub struct Totals {
     /// libraries); for several traces, the sum.
     pub device_fault_count: u64,
     pub quarantine: Quarantine,
+    /// What isolation asked of the device, and the floor of its time.
+    pub device_work: DeviceWork,
     /// The library's account of its own cost, as its exit notes give it (isolation's time,
     /// call stacks, kept memory, the hooks' time with `ISOLATE_PROFILE=on`), in trace order.
     pub library_cost: Vec<String>,

@@ -27,6 +27,19 @@ pub const SLOT_BYTES: usize = BATCH * 32;
 /// `isolate_poison_many` for the poisons) and its globals.
 static PTX: &str = concat!(include_str!("verify.ptx"), "\0");
 
+/// The fast tier's kernels (`isolate_poison_sparse`, `isolate_verify_sparse`): a module of their
+/// own, loaded only with `ISOLATE_CHECK=fast`, so the default tier's module never depends on it.
+static SPARSE_PTX: &str = concat!(include_str!("sparse.ptx"), "\0");
+
+/// The fast tier's fill and check ([`crate::policy::tier`]): the same parameters as
+/// `isolate_poison_many` and `isolate_verify_many16`, each descriptor's length carrying its
+/// pattern's shift.
+#[derive(Clone, Copy)]
+pub struct Sparse {
+    pub fill: CUfunction,
+    pub verify: CUfunction,
+}
+
 /// The synchronous check's kernel and its results (the module global `isolate_result`,
 /// [`BATCH`] pairs).
 #[derive(Clone, Copy)]
@@ -60,6 +73,7 @@ struct Parts {
     module: Option<Option<usize>>,
     verify: Option<Option<Verify>>,
     release: Option<Option<Release>>,
+    sparse: Option<Option<Sparse>>,
 }
 
 // SAFETY: CUDA handles and pinned memory are usable from any thread; access is under a lock.
@@ -126,6 +140,25 @@ pub fn verify(ctx: usize) -> Option<Verify> {
         })();
         p.verify = Some(v);
         v
+    })
+}
+
+/// The fast tier's kernels in context `ctx` (current), loaded on first use; `None` outside the
+/// fast tier and where the driver cannot load them (the blocks are then poisoned and checked
+/// whole, as in the full tier: a tier never checks a byte its poison did not write).
+pub fn sparse(ctx: usize) -> Option<Sparse> {
+    if !crate::base::config::get().check_fast {
+        return None;
+    }
+    with(ctx, |p| {
+        *p.sparse.get_or_insert_with(|| {
+            MODULE_GET_FUNCTION.get()?;
+            let image = CStr::from_bytes_with_nul(SPARSE_PTX.as_bytes()).ok()?;
+            let module = cu::module_load_data(image).ok()? as cu::CUmodule;
+            let fill = function(module, c"isolate_poison_sparse").filter(|f| !f.is_null())?;
+            let verify = function(module, c"isolate_verify_sparse").filter(|f| !f.is_null())?;
+            Some(Sparse { fill, verify })
+        })
     })
 }
 

@@ -20,6 +20,7 @@ pub mod log;
 pub mod release;
 pub mod reuse;
 pub mod sync;
+pub mod tier;
 
 use crate::base::config::{self, Mode};
 use crate::base::cuda::*;

@@ -18,6 +18,7 @@
 //! Layer: policies. Uses the base and [`super::device`].
 
 use super::device::{self, BATCH, SLOT_BYTES, SLOTS, launch_kernel};
+use super::tier;
 use crate::base::config;
 use crate::base::cu::{self, CuError};
 use crate::base::cuda::*;
@@ -50,7 +51,8 @@ struct State {
     busy: Vec<(usize, [bool; SLOTS])>,
     /// Per (context, stream): the stream's event.
     marks: FxHashMap<(usize, usize), Mark>,
-    /// Poisons not queued yet ([`defer`]): (context, stream, ptr, len), in the order freed.
+    /// Poisons not queued yet ([`defer`]): (context, stream, ptr, len), in the order freed; the
+    /// length carries the block's pattern ([`tier::encode`]).
     pending: Vec<(usize, usize, u64, u64)>,
     /// [`flush_locked`]'s scratch (stream, ptr, len), kept to spare an allocation a flush.
     taken: Vec<(usize, u64, u64)>,
@@ -287,9 +289,11 @@ pub fn poison(ctx: usize, stream: usize, ptr: u64, len: u64, byte: u8) -> Option
 /// (current), until just before the next work the program queues on any stream of the context
 /// ([`flush`], called by every hook of stream work), so that the poisons of consecutive frees
 /// are queued by one launch of `isolate_poison_many` instead of a memset each. Returns the
-/// stream's event, which [`refresh`] records after the poison is queued; `None` where the
-/// poison cannot be deferred (no fill kernel, no event: the caller poisons at once).
-pub fn defer(ctx: usize, stream: usize, ptr: u64, len: u64) -> Option<usize> {
+/// stream's event, which [`refresh`] records after the poison is queued, and the block's
+/// pattern ([`tier`]: in the fast tier, where its kernels loaded, a large block's canaries
+/// only; its check must then read no more than that); `None` where the poison cannot be
+/// deferred (no fill kernel, no event: the caller poisons at once, every byte).
+pub fn defer(ctx: usize, stream: usize, ptr: u64, len: u64) -> Option<(usize, u8)> {
     if stream == PER_THREAD || EVENT_RECORD.get().is_none() {
         return None;
     }
@@ -299,13 +303,18 @@ pub fn defer(ctx: usize, stream: usize, ptr: u64, len: u64) -> Option<usize> {
         if ev == 0 {
             return None;
         }
-        s.pending.push((ctx, stream, ptr, len));
+        let shift = match tier::shift_for(ptr, len) {
+            0 => 0,
+            sh if device::sparse(ctx).is_some() => sh,
+            _ => 0,
+        };
+        s.pending.push((ctx, stream, ptr, tier::encode(len, shift)));
         PENDING.fetch_add(1, Relaxed);
         DEFERRED.fetch_add(1, Relaxed);
         if s.pending.iter().filter(|p| p.0 == ctx).count() >= FILL_RANGES {
             flush_locked(s, ctx);
         }
-        Some(ev)
+        Some((ev, shift))
     })
 }
 
@@ -346,18 +355,27 @@ fn flush_locked(s: &mut State, ctx: usize) {
         // By stream, each stream's in the order freed (a stable sort).
         mine.sort_by_key(|p| p.0);
         let fill = resources(s, ctx).and_then(|r| r.d.fill_many);
+        let sparse = device::sparse(ctx).map(|k| k.fill);
         // Recorded after the poisons now only where `refresh` might not be able to later.
         let record = EVENT_RECORD.get().is_some()
             && (CAPTURE_SEEN.load(Relaxed) || STREAM_IS_CAPTURING.get().is_none());
         for run in mine.chunk_by(|a, b| a.0 == b.0) {
             let stream = run[0].0;
             for chunk in run.chunks(FILL_RANGES) {
-                let launched = fill.is_some_and(|f| fill_ranges(f, stream, chunk, byte));
+                // A block with a pattern needs the fast tier's fill (which also fills whole
+                // blocks); the memsets below fill every byte, more than its check reads.
+                let f = if chunk.iter().any(|r| tier::decode(r.2).1 != 0) {
+                    sparse
+                } else {
+                    fill
+                };
+                let launched = f.is_some_and(|f| fill_ranges(f, stream, chunk, byte));
                 if launched {
                     FILLS.fetch_add(1, Relaxed);
                 } else {
                     // The launch failed: a memset each, as without deferral.
                     for &(_, p, n) in chunk {
+                        let n = tier::decode(n).0;
                         // SAFETY: each range was freed by the program on `stream`, which has
                         // not been destroyed (`stream_gone` flushes first); it is quarantined.
                         let r =
@@ -382,8 +400,9 @@ fn flush_locked(s: &mut State, ctx: usize) {
     s.taken = mine;
 }
 
-/// One launch of `isolate_poison_many` over `ranges` ((stream, ptr, len), at most
-/// [`FILL_RANGES`]) on `stream`; false where it could not be queued.
+/// One launch of `isolate_poison_many` (or the fast tier's `isolate_poison_sparse`) over
+/// `ranges` ((stream, ptr, length field), at most [`FILL_RANGES`]) on `stream`; false where it
+/// could not be queued.
 fn fill_ranges(fill: CUfunction, stream: usize, ranges: &[(usize, u64, u64)], byte: u8) -> bool {
     let mut buf = [0u64; 2 * FILL_RANGES];
     for (i, &(_, p, n)) in ranges.iter().enumerate() {
@@ -397,7 +416,11 @@ fn fill_ranges(fill: CUfunction, stream: usize, ranges: &[(usize, u64, u64)], by
         (&mut count as *mut u32).cast(),
         (&mut pat as *mut u32).cast(),
     ];
-    let longest = ranges.iter().map(|r| r.2).max().unwrap_or(0);
+    let longest = ranges
+        .iter()
+        .map(|r| tier::vector_bytes(r.2))
+        .max()
+        .unwrap_or(0);
     let bx = wide_blocks(longest, ranges.len());
     // SAFETY: `isolate_poison_many(ranges, count, pattern)` of this context's module, its
     // parameters pointing at locals of their types (`buf` is the by-value array of 64
@@ -452,8 +475,9 @@ pub fn slot_free(ctx: usize) -> bool {
 }
 
 /// Queues on the release stream of `ctx` (which must be current): a wait for each of
-/// `waits` (stream events from [`mark`]), the check of `items` (ptr, size; at most
-/// [`BATCH`]), the result copy and the completion event. `None` when nothing could be queued
+/// `waits` (stream events from [`mark`]), the check of `items` (ptr, size with its pattern,
+/// [`tier::encode`]; at most [`BATCH`]; one with a pattern is checked by the fast tier's kernel,
+/// or not at all here when it cannot be had), the result copy and the completion event. `None` when nothing could be queued
 /// (no resources, no free slot, a call failed before the check): the caller then releases these
 /// the synchronous way. Once the check is queued, the allocations are freed after [`poll`] has
 /// read its results, whatever they are (they are the program's memory, given back late).
@@ -469,6 +493,13 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
         // The completion event is made below: nothing is queued without a way to make it.
         EVENT_CREATE.get()?;
         EVENT_RECORD.get()?;
+        // A block with a pattern is checked by the fast tier's kernel, found before anything
+        // is queued.
+        let sparse = if items[..n].iter().any(|i| tier::decode(i.1).1 != 0) {
+            Some(device::sparse(ctx)?.verify)
+        } else {
+            None
+        };
         for &ev in waits {
             // SAFETY: the release stream is ours; `ev` is a stream's mark, never destroyed.
             unsafe { cu::stream_wait_event(r.d.stream, ev as cu::CUevent) }.ok()?;
@@ -501,7 +532,10 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
             )
         }
         .ok()?;
-        let (func, bx) = grid(&r, &items[..n]);
+        let (func, bx) = match sparse {
+            Some(verify) => (verify, sparse_blocks(&items[..n])),
+            None => grid(&r, &items[..n]),
+        };
         let mut descs = dev;
         let mut count = n as u32;
         let mut pat = u32::from_ne_bytes([byte; 4]);
@@ -550,6 +584,17 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
 fn grid(r: &Res<'_>, items: &[(u64, u64)]) -> (CUfunction, u32) {
     let (wide, bx) = shape(r.d.func16.is_some(), items);
     (r.d.func16.filter(|_| wide).unwrap_or(r.d.func), bx)
+}
+
+/// Blocks per row of the fast tier's check over `items`: as [`wide_blocks`], by the bytes of
+/// the longest's vectors.
+fn sparse_blocks(items: &[(u64, u64)]) -> u32 {
+    let longest = items
+        .iter()
+        .map(|i| tier::vector_bytes(i.1))
+        .max()
+        .unwrap_or(0);
+    wide_blocks(longest, items.len())
 }
 
 /// [`grid`]'s choice: whether the 128-bit kernel checks `items` (it exists and every start is

@@ -8,7 +8,7 @@
 //! [`crate::policy::release`] and the folder's state, poison, quarantine, release paths, exit
 //! check and counters.
 
-use super::counters::{CAPTURED, POISON_BYTES, POISON_NS, POISONED};
+use super::counters::{CAPTURED, POISON_BYTES, POISON_NS, POISONED, WRITTEN_BYTES};
 use super::exit::EXIT_GAVE_UP;
 use super::leave::{
     IN_FLIGHT, INFLIGHT, POLL_EVERY, SINCE_POLL, device_memory, free_to_driver, reap,
@@ -18,6 +18,7 @@ use super::quarantine::{
     Leaving, forget_range, quarantine, quarantine_index_only, release_oldest, wait_for_leaving,
 };
 use super::state::{Held, Live, current_ctx, freed, st, state};
+use crate::base::config;
 use crate::base::cu;
 use crate::base::cuda::*;
 use crate::base::real::{self, *};
@@ -211,8 +212,9 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         None
     };
     let r = match deferred {
-        Some(ev) => {
+        Some((ev, shift)) => {
             entry.mark = ev;
+            entry.shift = shift;
             CUDA_SUCCESS
         }
         None => profile::timed(Part::Poison, || {
@@ -235,6 +237,9 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     POISON_NS.fetch_add(now_ns().saturating_sub(t0), Relaxed);
     POISONED.fetch_add(1, Relaxed);
     POISON_BYTES.fetch_add(live.size, Relaxed);
+    if config::get().poison.is_some() {
+        WRITTEN_BYTES.fetch_add(entry.touched(), Relaxed);
+    }
     p.finish(r);
     profile::timed(Part::Quarantine, || quarantine(entry));
     drop(leaving);

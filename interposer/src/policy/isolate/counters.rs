@@ -21,10 +21,19 @@ pub(super) static ON_HOST: AtomicU64 = AtomicU64::new(0);
 /// batches released on the release streams.
 pub(super) static POISONED: AtomicU64 = AtomicU64::new(0);
 
-/// Bytes those frees held: what the device writes with the poison, and reads again to check.
+/// Bytes those frees held: what the device writes with the poison, and reads again to check
+/// in the full tier.
 pub(super) static POISON_BYTES: AtomicU64 = AtomicU64::new(0);
 
+/// Bytes the poisons wrote (all of [`POISON_BYTES`] in the full tier; each large block's
+/// pattern in the fast one, [`crate::policy::tier`]).
+
 /// Of those frees, the ones poisoned by the library's fill kernel (`ISOLATE_TEST_POISON_BY=kernel`).
+pub(super) static WRITTEN_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes the checks read (every byte of a checked block, or its pattern in the fast tier).
+pub(super) static CHECKED_BYTES: AtomicU64 = AtomicU64::new(0);
+
 pub(super) static BY_KERNEL: AtomicU64 = AtomicU64::new(0);
 
 pub(super) static POISON_NS: AtomicU64 = AtomicU64::new(0);
@@ -82,6 +91,9 @@ pub fn exit_notes() {
     }
     let poisoned = POISONED.load(Relaxed);
     if poisoned > 0 {
+        device_bytes_notes(poisoned);
+    }
+    if poisoned > 0 {
         let (done, bytes) = if config::get().poison.is_some() {
             (
                 "poisoned",
@@ -115,4 +127,31 @@ pub fn exit_notes() {
             ),
         );
     }
+}
+
+/// The notes of what isolation asked of the device: bytes freed into quarantine, and bytes the
+/// poisons wrote and the checks read (the floor of isolation's device time is the latter two
+/// over the device's bandwidth: `isolate summary` says it, per step where it finds steps).
+fn device_bytes_notes(frees: u64) {
+    let freed = POISON_BYTES.load(Relaxed);
+    event::cost_note(
+        isolate_trace::CostTopic::Freed,
+        freed,
+        frees,
+        format!("freed into quarantine: {freed} bytes in {frees} frees"),
+    );
+    let (written, read) = (WRITTEN_BYTES.load(Relaxed), CHECKED_BYTES.load(Relaxed));
+    let tier = if config::get().check_fast {
+        "ISOLATE_CHECK=fast: large blocks at their canaries"
+    } else {
+        "ISOLATE_CHECK=full: every byte"
+    };
+    event::cost_note(
+        isolate_trace::CostTopic::DeviceBytes,
+        written,
+        read,
+        format!(
+            "device bytes: {written} written by the poisons, {read} read by the checks ({tier})"
+        ),
+    );
 }

@@ -7,7 +7,7 @@
 //! Layer: policies. Uses the base, recording, [`crate::policy::release`],
 //! [`crate::policy::reuse`] and the folder's state, verification and counters.
 
-use super::counters::{ASYNC_BATCHES, ON_DEVICE, ON_HOST, RELEASE_NS, WAIT_NS};
+use super::counters::{ASYNC_BATCHES, CHECKED_BYTES, ON_DEVICE, ON_HOST, RELEASE_NS, WAIT_NS};
 use super::state::{Entry, Held, current_ctx, st, state};
 use super::verify::{report, verify_batch_on_device, verify_on_host};
 use crate::base::config;
@@ -110,7 +110,7 @@ pub(super) fn release_async(entries: &[Entry]) -> Vec<Entry> {
                 let mut waits: Vec<usize> = chunk.iter().map(|e| e.mark).collect();
                 waits.sort_unstable();
                 waits.dedup();
-                let items: Vec<(u64, u64)> = chunk.iter().map(|e| (e.ptr, e.size)).collect();
+                let items: Vec<(u64, u64)> = chunk.iter().map(|e| (e.ptr, e.field())).collect();
                 // Every slot in flight (here or on another thread): wait for the oldest batch
                 // of this context, then try again; a few tries, then the synchronous way.
                 let mut launched = None;
@@ -127,6 +127,8 @@ pub(super) fn release_async(entries: &[Entry]) -> Vec<Entry> {
                     Some(l) => {
                         ASYNC_BATCHES.fetch_add(1, Relaxed);
                         ON_DEVICE.fetch_add(chunk.len() as u64, Relaxed);
+                        CHECKED_BYTES
+                            .fetch_add(chunk.iter().map(Entry::touched).sum::<u64>(), Relaxed);
                         INFLIGHT.lock().push_back((l, chunk.to_vec()));
                         IN_FLIGHT.fetch_add(1, Relaxed);
                     }
@@ -360,10 +362,12 @@ pub(super) fn release_sync(entries: &[Entry], free: bool, repoison: bool) {
                     &ON_HOST
                 };
                 by.fetch_add(chunk.len() as u64, Relaxed);
+                let bytes: u64 = chunk.iter().map(|e| e.touched()).sum();
+                CHECKED_BYTES.fetch_add(bytes, Relaxed);
                 for (i, e) in chunk.iter().enumerate() {
                     let r = match &found {
                         Some(v) => Some(v[i]),
-                        None => verify_on_host(e.ptr, e.size, byte),
+                        None => verify_on_host(e.ptr, e.field(), byte),
                     };
                     if let Some((first, changed)) = r {
                         report(e, first, changed);

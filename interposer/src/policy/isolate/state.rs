@@ -67,6 +67,21 @@ pub struct Entry {
     pub(super) held: Held,
     /// As [`Live::default_pool`].
     pub(super) default_pool: bool,
+    /// The pattern its poison wrote ([`crate::policy::tier`]: 0 every byte), which its check
+    /// reads and no more.
+    pub(super) shift: u8,
+}
+
+impl Entry {
+    /// The length field of its check's descriptor (size and pattern).
+    pub(super) fn field(&self) -> u64 {
+        crate::policy::tier::encode(self.size, self.shift)
+    }
+
+    /// The bytes its poison wrote and its check reads.
+    pub(super) fn touched(&self) -> u64 {
+        crate::policy::tier::touched(self.size, self.shift)
+    }
 }
 
 impl Entry {
@@ -141,6 +156,7 @@ pub(super) fn freed(proto: &Event, live: Live, seq: u64, free_stack: u32, held: 
         stream: proto.stream as usize,
         held,
         default_pool: live.default_pool,
+        shift: 0,
     }
 }
 

@@ -10,6 +10,7 @@ use crate::base::cu;
 use crate::base::real::{self, *};
 use crate::base::sys::{now_ns, warn};
 use crate::policy::device::{self, BATCH};
+use crate::policy::tier;
 use crate::record::event;
 use crate::record::writer;
 use isolate_trace::{Record, Violation};
@@ -51,6 +52,9 @@ pub(super) fn report(e: &Entry, first: u64, changed: u64) {
 /// (first changed offset, changed bytes) of each entry, counted by kernels on the device: all
 /// launched, then one copy back.
 pub(super) fn verify_batch_on_device(entries: &[&Entry], byte: u8) -> Option<Vec<(u64, u64)>> {
+    if entries.iter().any(|e| e.shift != 0) {
+        return verify_sparse_on_device(entries, byte);
+    }
     let device::Verify { func, result } = device::verify(current_ctx())?;
     real::LAUNCH_KERNEL.get()?;
     MEMCPY_HTOD.get()?;
@@ -88,8 +92,79 @@ pub(super) fn verify_batch_on_device(entries: &[&Entry], byte: u8) -> Option<Vec
     )
 }
 
-/// The same count with large copies to the host (the path when no kernel can be loaded).
-pub(super) fn verify_on_host(ptr: u64, size: u64, byte: u8) -> Option<(u64, u64)> {
+/// [`verify_batch_on_device`] for entries of which some have a pattern (the fast tier,
+/// [`crate::policy::tier`]): the fast tier's kernel, [`SPARSE_BATCH`] entries a launch, their
+/// descriptors in the first half of `isolate_result` and their results in the second.
+fn verify_sparse_on_device(entries: &[&Entry], byte: u8) -> Option<Vec<(u64, u64)>> {
+    let ctx = current_ctx();
+    let device::Verify { result, .. } = device::verify(ctx)?;
+    let func = device::sparse(ctx)?.verify;
+    real::LAUNCH_KERNEL.get()?;
+    MEMCPY_HTOD.get()?;
+    MEMCPY_DTOH.get()?;
+    let n = entries.len().min(BATCH);
+    let mut out = Vec::with_capacity(n);
+    for chunk in entries[..n].chunks(SPARSE_BATCH) {
+        let k = chunk.len();
+        let mut words: Vec<u64> = chunk.iter().flat_map(|e| [e.ptr, e.field()]).collect();
+        words.resize(2 * SPARSE_BATCH, 0);
+        words.extend((0..k).flat_map(|_| [0u64, u64::MAX]));
+        // SAFETY: `isolate_result` holds BATCH * 16 bytes: SPARSE_BATCH descriptors then up to
+        // SPARSE_BATCH results (BATCH = 2 * SPARSE_BATCH); only this check uses it, under the
+        // caller's release.
+        unsafe { cu::memcpy_htod(result, &words) }.ok()?;
+        let longest = chunk
+            .iter()
+            .map(|e| tier::vector_bytes(e.field()))
+            .max()
+            .unwrap_or(0);
+        let mut descs = result;
+        let mut count = k as u32;
+        let mut pat = u32::from_ne_bytes([byte; 4]);
+        let mut res = result + (SPARSE_BATCH * 16) as u64;
+        let mut params: [*mut c_void; 4] = [
+            (&mut descs as *mut u64).cast(),
+            (&mut count as *mut u32).cast(),
+            (&mut pat as *mut u32).cast(),
+            (&mut res as *mut u64).cast(),
+        ];
+        let bx = (longest / 16).div_ceil(256 * 4).clamp(1, 1024) as u32;
+        // SAFETY: `isolate_verify_sparse(descs, count, pattern, out)` of this context's fast
+        // module, its parameters pointing at locals of their types; it reads the quarantined
+        // blocks' patterns and writes the results half of `isolate_result`.
+        unsafe { cu::launch_kernel(func, (bx, k as u32), std::ptr::null_mut(), &mut params) }
+            .ok()?;
+        let mut got = vec![0u64; k * 2];
+        // SAFETY: as the copy down; any bits are a u64.
+        unsafe { cu::memcpy_dtoh(&mut got, res) }.ok()?;
+        out.extend((0..k).map(|i| (if got[2 * i] == 0 { 0 } else { got[2 * i + 1] }, got[2 * i])));
+    }
+    Some(out)
+}
+
+/// Entries one launch of the synchronous fast-tier check takes: half of `isolate_result`.
+const SPARSE_BATCH: usize = BATCH / 2;
+
+/// The same count with copies to the host (the path when no kernel can be loaded), of the
+/// bytes `field`'s pattern covers ([`tier::spans`]; every byte of a block without one).
+pub(super) fn verify_on_host(ptr: u64, field: u64, byte: u8) -> Option<(u64, u64)> {
+    let (size, shift) = tier::decode(field);
+    if shift == 0 {
+        return verify_range_on_host(ptr, size, byte);
+    }
+    let (mut first, mut changed) = (u64::MAX, 0u64);
+    for (off, n) in tier::spans(size, shift) {
+        let (f, c) = verify_range_on_host(ptr + off, n, byte)?;
+        if c > 0 {
+            changed += c;
+            first = first.min(off + f);
+        }
+    }
+    Some((if changed == 0 { 0 } else { first }, changed))
+}
+
+/// Every byte of [ptr, ptr+size) compared with the poison on the host, in large copies.
+fn verify_range_on_host(ptr: u64, size: u64, byte: u8) -> Option<(u64, u64)> {
     MEMCPY_DTOH.get()?;
     const CHUNK: u64 = 16 << 20;
     let mut buf = vec![0u8; CHUNK.min(size) as usize];
