@@ -13,6 +13,7 @@ use crate::base::cuda::*;
 use crate::base::real::*;
 use crate::base::sys::ForkLock;
 use std::ffi::{CStr, c_void};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 /// Allocations checked by one launch, and by one copy of results back: the synchronous check's
 /// batch and the release stream's (a slot of [`Release::ring`]).
@@ -152,14 +153,31 @@ pub fn sparse(ctx: usize) -> Option<Sparse> {
     }
     with(ctx, |p| {
         *p.sparse.get_or_insert_with(|| {
-            MODULE_GET_FUNCTION.get()?;
-            let image = CStr::from_bytes_with_nul(SPARSE_PTX.as_bytes()).ok()?;
-            let module = cu::module_load_data(image).ok()? as cu::CUmodule;
-            let fill = function(module, c"isolate_poison_sparse").filter(|f| !f.is_null())?;
-            let verify = function(module, c"isolate_verify_sparse").filter(|f| !f.is_null())?;
-            Some(Sparse { fill, verify })
+            let made = (|| {
+                MODULE_GET_FUNCTION.get()?;
+                let image = CStr::from_bytes_with_nul(SPARSE_PTX.as_bytes()).ok()?;
+                let module = cu::module_load_data(image).ok()? as cu::CUmodule;
+                let fill = function(module, c"isolate_poison_sparse").filter(|f| !f.is_null())?;
+                let verify = function(module, c"isolate_verify_sparse").filter(|f| !f.is_null())?;
+                Some(Sparse { fill, verify })
+            })();
+            if made.is_none() && !SPARSE_FAILED.swap(true, Relaxed) {
+                crate::base::sys::warn(
+                    "ISOLATE_CHECK=fast: the fast tier's kernels could not be loaded; freed \
+                     blocks are poisoned and checked whole, as with ISOLATE_CHECK=full",
+                );
+            }
+            made
         })
     })
+}
+
+/// The fast tier's kernels could not be loaded in some context (said once on stderr, and in
+/// the exit note of the device's bytes).
+static SPARSE_FAILED: AtomicBool = AtomicBool::new(false);
+
+pub fn sparse_failed() -> bool {
+    SPARSE_FAILED.load(Relaxed)
 }
 
 /// The release stream's side of context `ctx` (current), made on first use; `None` where the

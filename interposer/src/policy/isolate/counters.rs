@@ -141,7 +141,9 @@ fn device_bytes_notes(frees: u64) {
         format!("freed into quarantine: {freed} bytes in {frees} frees"),
     );
     let (written, read) = (WRITTEN_BYTES.load(Relaxed), CHECKED_BYTES.load(Relaxed));
-    let tier = if config::get().check_fast {
+    let tier = if config::get().check_fast && crate::policy::device::sparse_failed() {
+        "ISOLATE_CHECK=fast, but its kernels could not be loaded: every byte"
+    } else if config::get().check_fast {
         "ISOLATE_CHECK=fast: large blocks at their canaries"
     } else {
         "ISOLATE_CHECK=full: every byte"

@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Isolation's tiers on real models (issue 31): step time, the floor, memory, losses, findings.
+
+    python3 tests/gpu/tier_bench.py --lib target/gpu/libisolate.so --isolate target/gpu/isolate \\
+        [--rounds 3] [--steps 20] [--warmup 5] [--models gpt2,resnet50,bert,vit]
+    python3 tests/gpu/tier_bench.py --table $OUT/tier_bench.json     # the table again, from the file
+
+Models (random weights, fixed seeds, fixed batches):
+  gpt2      transformers GPT2LMHeadModel, 6 layers, d512, 8 heads, batch 16 x 256, AdamW
+  resnet50  torchvision resnet50, batch 32 x 128^2, SGD with momentum
+  bert      transformers BertForMaskedLM, 6 layers, d512, 8 heads, batch 32 x 128, AdamW, under
+            torch.autocast(bfloat16)
+  vit       timm vit_small_patch16_224, batch 32 x 224^2, AdamW
+Configurations: default (no preload, PyTorch's caching allocator), log (ISOLATE_MODE=log),
+isolate (ISOLATE_MODE=isolate: full coverage, the default tier), fast (isolate with
+ISOLATE_CHECK=fast). Each round runs every configuration once (the order rotated by round);
+a configuration's run is one Python process that imports torch, transformers, torchvision and
+timm once and then forks one child per model before any CUDA call (so every model has a fresh
+CUDA context and its own trace and exit notes, without paying the imports four times). Each
+child: 5 warm-up steps, 20 timed ones, each timed to torch.cuda.synchronize; deterministic
+algorithms (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8) so that every
+configuration's losses can be compared bit for bit with the default's.
+
+Reported per model and configuration: the median step time over the rounds and its ratio to
+the default's in the same round (median of the per-round ratios, each round listed), peak
+device memory (cudaMemGetInfo, sampled every step) and torch.cuda.max_memory_allocated, whether
+every loss equals the default's of the same round, findings (`isolate summary --json`:
+stale writes, stale launches, leaks, invalid frees, device faults; 0 expected), and the floor:
+the bytes the library's exit notes say its poisons wrote and its checks read (`device_work`),
+a step's share of them (the trace's steps as the summary finds them, else the run's steps),
+over the device's bandwidth as measured here once (a device-to-device copy of 1 GiB, bytes
+read plus written over the time), and the floor's ratio: 1 + floor / default step.
+
+Time: 4 configurations x 3 rounds = 12 processes of ~20-25 s (imports ~6 s, then per model a
+CUDA context, the model, 25 steps and the exit) = about 4.5 minutes on the H200, plus the
+bandwidth probe (~3 s). BUDGET_S (default 330) stops starting runs once spent; the JSON is
+rewritten after every run, so a call cut short keeps what finished.
+
+Writes $OUT/tier_bench.json (every child's result, the summaries' device work and findings,
+the bandwidth) and $OUT/tier_bench-logs.tgz; prints the table (tier_bench_table.py renders it
+as markdown for docs/performance.md).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import tier_bench_table  # noqa: E402
+
+CONFIGS = {
+    "default": None,
+    "log": {"ISOLATE_MODE": "log"},
+    "isolate": {"ISOLATE_MODE": "isolate"},
+    "fast": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast"},
+}
+
+WORKER = r'''
+import json, os, statistics, sys, time
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+import torch, torchvision, timm, transformers  # once, before any CUDA call: the children share them
+models, warmup, steps, outdir, probe = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
+
+def build(work):
+    torch.manual_seed(0)
+    dev = "cuda"
+    g = torch.Generator().manual_seed(1)
+    if work == "gpt2":
+        m = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=6, n_embd=512, n_head=8)).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+        x = torch.randint(0, 50257, (16, 256), generator=g).to(dev)
+        def step():
+            return m(input_ids=x, labels=x).loss
+    elif work == "bert":
+        cfg = transformers.BertConfig(hidden_size=512, num_hidden_layers=6, num_attention_heads=8,
+                                      intermediate_size=2048)
+        m = transformers.BertForMaskedLM(cfg).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+        x = torch.randint(0, 30000, (32, 128), generator=g).to(dev)
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return m(input_ids=x, labels=x).loss
+    elif work == "resnet50":
+        m = torchvision.models.resnet50(weights=None).to(dev)
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        x = torch.randn(32, 3, 128, 128, generator=g).to(dev)
+        y = torch.randint(0, 1000, (32,), generator=g).to(dev)
+        def step():
+            return torch.nn.functional.cross_entropy(m(x), y)
+    else:
+        m = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=1000).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+        x = torch.randn(32, 3, 224, 224, generator=g).to(dev)
+        y = torch.randint(0, 1000, (32,), generator=g).to(dev)
+        def step():
+            return torch.nn.functional.cross_entropy(m(x), y)
+    m.train()
+    return opt, step
+
+def bandwidth():
+    """Bytes read plus written a second by a device-to-device copy of 1 GiB (median of 10)."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    out = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); b.copy_(a); e.record(); e.synchronize()
+        out.append(2 * a.numel() / (s.elapsed_time(e) / 1e3))
+    return statistics.median(out)
+
+def child(work):
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True)
+    torch.zeros(1, device="cuda")
+    used = lambda: (lambda f, t: t - f)(*torch.cuda.mem_get_info())
+    start_used = used()
+    peak = start_used
+    res = {"model": work}
+    if probe:
+        res["bandwidth"] = bandwidth()
+    opt, step = build(work)
+    losses, times, host = [], [], []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = step()
+        loss.backward()
+        opt.step()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+            host.append((t1 - t0) * 1e3)
+        losses.append(float(loss.detach().float().item()))
+        peak = max(peak, used())
+    res.update(ms_per_step=statistics.median(times), host_ms_per_step=statistics.median(host),
+               ms_steps=times, losses=[repr(v) for v in losses], total_steps=warmup + steps,
+               device_used_start=start_used, device_used_peak=peak,
+               max_memory_allocated=torch.cuda.max_memory_allocated())
+    with open(os.path.join(outdir, f"result-{work}.json"), "w") as f:
+        json.dump(res, f)
+
+for work in models:
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            child(work)
+        except BaseException as e:
+            print(f"child {work}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            code = 1
+        sys.stdout.flush(); sys.stderr.flush()
+        sys.exit(code)  # a normal exit: the library's exit check and notes run
+    _, status = os.waitpid(pid, 0)
+    print(f"model {work} pid {pid} status {status}", flush=True)
+'''
+
+
+def summary(isolate, traces):
+    if not traces:
+        return None, ""
+    js = subprocess.run([isolate, "summary", "--json"] + traces, capture_output=True, text=True)
+    text = subprocess.run([isolate, "summary"] + traces, capture_output=True, text=True).stdout
+    try:
+        return json.loads(js.stdout), text
+    except ValueError:
+        return None, text + js.stderr
+
+
+def findings(s):
+    if s is None:
+        return None
+    return int(s.get("findings") or 0)
+
+
+def run_config(args, cfg, rnd, models, work, logs, probe):
+    d = tempfile.mkdtemp(dir=work, prefix=f"{cfg}-r{rnd}-")
+    env = dict(os.environ)
+    for k in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
+              "LD_PRELOAD", "ISOLATE_MODE", "ISOLATE_CHECK"):
+        env.pop(k, None)
+    if CONFIGS[cfg] is not None:
+        env.update(CONFIGS[cfg])
+        env["LD_PRELOAD"] = os.path.abspath(args.lib)
+        env["ISOLATE_TRACE"] = os.path.join(d, "t-%p.trace")
+    t0 = time.time()
+    p = subprocess.run([sys.executable, os.path.join(work, "worker.py"), ",".join(models),
+                        str(args.warmup), str(args.steps), d, "1" if probe else "0"],
+                       env=env, capture_output=True, text=True, timeout=240)
+    wall = time.time() - t0
+    out = []
+    traces = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".trace"):
+            pid = f[2:-6]
+            traces[pid] = os.path.join(d, f)
+    texts = []
+    for work_ in models:
+        rpath = os.path.join(d, f"result-{work_}.json")
+        r = {"config": cfg, "round": rnd, "model": work_, "rc": p.returncode}
+        if os.path.exists(rpath):
+            r.update(json.load(open(rpath)))
+        out.append(r)
+    # Each child's trace, by the pid the worker printed for it.
+    child_pid = {}
+    for line in p.stdout.splitlines():
+        f = line.split()
+        if len(f) >= 6 and f[0] == "model" and f[2] == "pid":
+            child_pid[f[1]] = f[3]
+    for r in out:
+        pid = child_pid.get(r["model"])
+        if pid not in traces:
+            continue
+        s, text = summary(args.isolate, [traces[pid]])
+        texts.append(f"--- {r['model']} ({traces[pid]})\n{text}")
+        r["findings"] = findings(s)
+        r["device_work"] = (s or {}).get("device_work")
+        r["trace_bytes"] = os.path.getsize(traces[pid])
+        os.remove(traces[pid])
+    with open(os.path.join(logs, f"{cfg}-r{rnd}.log"), "w") as f:
+        f.write(f"wall {wall:.1f}s rc {p.returncode}\n{p.stdout}\n--- stderr\n{p.stderr[-30000:]}\n" + "\n".join(texts))
+    for r in out:
+        r["wall_s"] = wall
+    return out
+
+
+def save(path, data, logs, out):
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+    with tarfile.open(os.path.join(out, "tier_bench-logs.tgz"), "w:gz") as t:
+        t.add(logs, arcname="logs")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lib", default="target/gpu/libisolate.so")
+    ap.add_argument("--isolate", default="target/gpu/isolate")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--models", default="gpt2,resnet50,bert,vit")
+    ap.add_argument("--configs", default="default,log,isolate,fast")
+    ap.add_argument("--table", help="print the table of this JSON file and stop")
+    args = ap.parse_args()
+    if args.table:
+        print(tier_bench_table.render(json.load(open(args.table))))
+        return 0
+    out = os.environ.get("OUT", "/tmp/tier-bench-out")
+    os.makedirs(out, exist_ok=True)
+    budget = float(os.environ.get("BUDGET_S", "330"))
+    work = tempfile.mkdtemp(prefix="tier-bench-")
+    logs = os.path.join(work, "logs")
+    os.makedirs(logs)
+    open(os.path.join(work, "worker.py"), "w").write(WORKER)
+    models = args.models.split(",")
+    configs = args.configs.split(",")
+    data = {"command": " ".join(sys.argv), "models": models, "configs": configs,
+            "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "runs": []}
+    path = os.path.join(out, "tier_bench.json")
+    t_start = time.time()
+    for rnd in range(args.rounds):
+        order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
+        for cfg in order:
+            if time.time() - t_start > budget:
+                print(f"budget of {budget:.0f} s spent: {cfg} round {rnd} and later not run", flush=True)
+                data["cut_short"] = True
+                save(path, data, logs, out)
+                print(tier_bench_table.render(data))
+                return 0
+            probe = cfg == "default" and rnd == 0
+            try:
+                rs = run_config(args, cfg, rnd, models, work, logs, probe)
+            except subprocess.TimeoutExpired:
+                rs = [{"config": cfg, "round": rnd, "model": m, "rc": "timeout"} for m in models]
+            for r in rs:
+                if "bandwidth" in r:
+                    data.setdefault("bandwidth_samples", []).append(r["bandwidth"])
+                print(f"round {rnd} {cfg:8} {r['model']:9} rc={r['rc']} ms={r.get('ms_per_step', float('nan')):.2f} "
+                      f"findings={r.get('findings')} wall={r.get('wall_s', 0):.0f}s", flush=True)
+            data["runs"].extend(rs)
+            save(path, data, logs, out)
+    data["elapsed_s"] = time.time() - t_start
+    save(path, data, logs, out)
+    print(tier_bench_table.render(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue 31 in one GPU call: the fast tier's kernels assembled, the planted-write detection table
+# on the GPU, then the tiers on four real models (default / log / isolate / fast, 3 interleaved
+# rounds), printed as one table from $OUT/tier_bench.json.
+#   bash tests/gpu/tier_bench.sh            (from the repository root)
+# Needs target/gpu/{libisolate.so,isolate} (or LIB/ISOLATE set). Estimated time on the H200:
+# ptxas ~1 s, planted ~40 s (three processes), the benchmark ~4.5 min (12 processes of ~20-25 s;
+# BUDGET_S, default 330, stops starting new runs once spent): about 5.5 minutes in all.
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/isolate-gpu-out}
+LIB=${LIB:-$PWD/target/gpu/libisolate.so}
+ISOLATE=${ISOLATE:-$PWD/target/gpu/isolate}
+mkdir -p "$OUT"
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+echo "=== ptxas: the fast tier's module (interposer/src/policy/sparse.ptx)"
+if command -v ptxas >/dev/null; then
+    ptxas -arch=sm_90 interposer/src/policy/sparse.ptx -o /dev/null && echo "PASS sparse.ptx assembles"
+else
+    echo "SKIP no ptxas"
+fi
+echo "=== planted stale writes ($(( $(date +%s) - t0 )) s)"
+timeout -k 5 150 python3 tests/gpu/planted_gpu.py --lib "$LIB" --isolate "$ISOLATE" 2>&1 | tee "$OUT/planted_gpu.log" | grep -v '^$'
+echo "=== tiers on real models ($(( $(date +%s) - t0 )) s)"
+BUDGET_S=${BUDGET_S:-330} OUT="$OUT" timeout -k 5 420 python3 tests/gpu/tier_bench.py --lib "$LIB" --isolate "$ISOLATE" 2>&1 | tee "$OUT/tier_bench.log" | grep -Ev '^round '
+echo "=== done in $(( $(date +%s) - t0 )) s; files in $OUT"
+ls -la "$OUT"

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""The table of tests/gpu/tier_bench.py, rendered from its JSON file as markdown (to paste into
+docs/performance.md, "Tiers on real models"):
+
+    python3 tests/gpu/tier_bench_table.py $OUT/tier_bench.json
+
+Per model and configuration: median ms/step over the rounds; the median of the per-round
+ratios to the default's step in the same round, each round's listed; the floor, a step's share
+of the bytes the library's exit notes say its poisons wrote and its checks read, over the
+device's measured bandwidth, as ms and as the least ratio it allows (1 + floor / default step);
+for the fast tier, full coverage's floor beside it; peak device memory (cudaMemGetInfo) and
+torch.cuda.max_memory_allocated, medians; whether every loss equals the default's of the same
+round bit for bit; findings summed over the rounds.
+"""
+import json
+import statistics
+import sys
+
+GIB = 1 << 30
+ASSUMED_BANDWIDTH = 4.3e12
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _bytes_per_step(r):
+    """(written + read, 2 x freed) bytes a step from the run's device work, or None."""
+    d = r.get("device_work")
+    if not d or not d.get("frees"):
+        return None
+    steps = d.get("steps") or r.get("total_steps") or 1
+    return ((d["written_bytes"] + d["read_bytes"]) / steps, 2 * d["freed_bytes"] / steps)
+
+
+def _losses(r, base):
+    if not r.get("losses") or not base or not base.get("losses"):
+        return "–"
+    for i, (a, b) in enumerate(zip(r["losses"], base["losses"])):
+        if a != b:
+            return f"differ at step {i} ({float(a):.6g} vs {float(b):.6g})"
+    return "equal" if len(r["losses"]) == len(base["losses"]) else "shorter"
+
+
+def rows(data):
+    runs = [r for r in data["runs"] if r.get("ms_per_step")]
+    bw = _median(data.get("bandwidth_samples") or []) or ASSUMED_BANDWIDTH
+    out = []
+    for model in data["models"]:
+        base = {r["round"]: r for r in runs if r["model"] == model and r["config"] == "default"}
+        base_ms = _median(r["ms_per_step"] for r in base.values())
+        for cfg in data["configs"]:
+            rs = [r for r in runs if r["model"] == model and r["config"] == cfg]
+            if not rs:
+                out.append({"model": model, "config": cfg, "missing": True})
+                continue
+            per = [r["ms_per_step"] / base[r["round"]]["ms_per_step"] for r in rs if r["round"] in base]
+            bps = [b for b in (_bytes_per_step(r) for r in rs) if b]
+            floor_ms = _median(b[0] / bw * 1e3 for b in bps) if bps else None
+            full_ms = _median(b[1] / bw * 1e3 for b in bps) if bps else None
+            losses = [_losses(r, base.get(r["round"])) for r in rs]
+            finds = [r.get("findings") for r in rs]
+            out.append({
+                "model": model,
+                "config": cfg,
+                "ms_per_step": _median(r["ms_per_step"] for r in rs),
+                "ratio": _median(per),
+                "per_round": per,
+                "floor_ms": floor_ms,
+                "floor_ratio": (1 + floor_ms / base_ms) if floor_ms is not None and base_ms else None,
+                "full_floor_ms": full_ms,
+                "device_peak_gib": _median(r.get("device_used_peak") for r in rs) / GIB,
+                "max_allocated_gib": _median(r.get("max_memory_allocated") for r in rs) / GIB,
+                "losses": "equal" if cfg == "default" or all(x == "equal" for x in losses)
+                else "; ".join(sorted(set(losses))),
+                "findings": None if cfg == "default" or any(f is None for f in finds) else sum(finds),
+                "rounds": len(rs),
+            })
+    return out, bw
+
+
+def render(data):
+    table, bw = rows(data)
+    measured = bool(data.get("bandwidth_samples"))
+    lines = [
+        f"{data.get('rounds')} interleaved rounds, {data.get('warmup')} warm-up + "
+        f"{data.get('steps')} timed steps; bandwidth {bw / 1e12:.2f} TB/s "
+        f"({'measured: a 1 GiB device copy' if measured else 'assumed, not measured'})"
+        + ("; CUT SHORT by the time budget" if data.get("cut_short") else ""),
+        "",
+        "| model | config | ms/step | × default (per round) | floor ms/step (× default) | "
+        "full-coverage floor ms | device peak GiB | max allocated GiB | losses | findings |",
+        "|---|---|---:|---|---:|---:|---:|---:|---|---:|",
+    ]
+    f2 = lambda x: "–" if x is None else f"{x:.2f}"
+    for r in table:
+        if r.get("missing"):
+            lines.append(f"| {r['model']} | {r['config']} | no run | | | | | | | |")
+            continue
+        ratio = "1" if r["config"] == "default" else (
+            f"**{r['ratio']:.3f}×** ({', '.join(f'{x:.2f}' for x in r['per_round'])})"
+            if r["ratio"] else "–")
+        floor = "–" if r["floor_ms"] is None else f"{r['floor_ms']:.2f} ({r['floor_ratio']:.3f}×)"
+        full = "–" if r["config"] != "fast" or r["full_floor_ms"] is None else f"{r['full_floor_ms']:.2f}"
+        finds = "–" if r["findings"] is None else str(r["findings"])
+        lines.append(
+            f"| {r['model']} | {r['config']} | {f2(r['ms_per_step'])} | {ratio} | {floor} | {full} | "
+            f"{f2(r['device_peak_gib'])} | {f2(r['max_allocated_gib'])} | {r['losses']} | {finds} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(render(json.load(open(sys.argv[1]))))
