@@ -315,7 +315,7 @@ impl DeviceWork {
         let ns = |bytes: u64| (bytes as u128 * 1_000_000_000 / BANDWIDTH as u128) as u64;
         self.floor_ns = ns(self.written_bytes.saturating_add(self.read_bytes));
         self.full_floor_ns = ns(self.freed_bytes.saturating_mul(2));
-        let per = |v: u64| if self.steps == 0 { 0 } else { v / self.steps };
+        let per = |v: u64| v.checked_div(self.steps).unwrap_or(0);
         self.floor_ns_per_step = per(self.floor_ns);
         self.full_floor_ns_per_step = per(self.full_floor_ns);
     }

@@ -27,13 +27,12 @@ pub(super) static POISON_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// Bytes the poisons wrote (all of [`POISON_BYTES`] in the full tier; each large block's
 /// pattern in the fast one, [`crate::policy::tier`]).
-
-/// Of those frees, the ones poisoned by the library's fill kernel (`ISOLATE_TEST_POISON_BY=kernel`).
 pub(super) static WRITTEN_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// Bytes the checks read (every byte of a checked block, or its pattern in the fast tier).
 pub(super) static CHECKED_BYTES: AtomicU64 = AtomicU64::new(0);
 
+/// Of those frees, the ones poisoned by the library's fill kernel (`ISOLATE_TEST_POISON_BY=kernel`).
 pub(super) static BY_KERNEL: AtomicU64 = AtomicU64::new(0);
 
 pub(super) static POISON_NS: AtomicU64 = AtomicU64::new(0);
