@@ -324,6 +324,11 @@ impl DeviceWork {
     pub fn any(&self) -> bool {
         self.frees > 0 || self.written_bytes > 0 || self.read_bytes > 0
     }
+
+    /// Nothing said (what serde leaves out).
+    pub fn is_empty(&self) -> bool {
+        !self.any()
+    }
 }
 
 /// Host memory, kept apart from device memory.
@@ -581,7 +586,9 @@ pub struct Totals {
     /// libraries); for several traces, the sum.
     pub device_fault_count: u64,
     pub quarantine: Quarantine,
-    /// What isolation asked of the device, and the floor of its time.
+    /// What isolation asked of the device, and the floor of its time; absent from the JSON
+    /// when the trace says nothing of it (older libraries, log mode).
+    #[serde(skip_serializing_if = "DeviceWork::is_empty")]
     pub device_work: DeviceWork,
     /// The library's account of its own cost, as its exit notes give it (isolation's time,
     /// call stacks, kept memory, the hooks' time with `ISOLATE_PROFILE=on`), in trace order.

@@ -494,8 +494,12 @@ pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Op
         EVENT_CREATE.get()?;
         EVENT_RECORD.get()?;
         // A block with a pattern is checked by the fast tier's kernel, found before anything
-        // is queued.
+        // is queued; its 128-bit loads need every start of the batch 16-byte aligned (else the
+        // synchronous way, whose host check takes any).
         let sparse = if items[..n].iter().any(|i| tier::decode(i.1).1 != 0) {
+            if !items[..n].iter().all(|i| i.0.is_multiple_of(16)) {
+                return None;
+            }
             Some(device::sparse(ctx)?.verify)
         } else {
             None
