@@ -123,17 +123,20 @@ def one(args, name, env_add, work):
     trials = json.load(open(res))["trials"]
     found = s["poison_violations"]
     # In check order, which is free order (the quarantine is a FIFO): each finding belongs to
-    # the next trial at its address.
+    # the next trial at its address whose write holds the finding's first offset (an address
+    # comes back once its block left quarantine, so one address can be several trials').
     match, j, unmatched, wrong = {}, 0, 0, []
     for v in found:
         ptr = int(v["ptr"], 16) if isinstance(v["ptr"], str) else v["ptr"]
-        while j < len(trials) and trials[j][3] != ptr:
-            j += 1
-        if j == len(trials):
+        k = j
+        while k < len(trials) and not (trials[k][3] == ptr and
+                                       trials[k][2] <= v["first_offset"] < trials[k][2] + trials[k][0]):
+            k += 1
+        if k == len(trials):
             unmatched += 1
             continue
-        match[j] = (v["first_offset"], v["changed_bytes"])
-        j += 1
+        match[k] = (v["first_offset"], v["changed_bytes"])
+        j = k + 1
     table = {}
     for i, (size, block, off, ptr) in enumerate(trials):
         spans = pattern(fast, block)

@@ -63,7 +63,12 @@ CONFIGS = {
 WORKER = r'''
 import json, os, statistics, sys, time
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+# torch.cuda.is_available() through NVML, not cuInit: nothing may initialise CUDA before the fork.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 import torch, torchvision, timm, transformers  # once, before any CUDA call: the children share them
+single = sys.argv[1] == "single"
+if single:
+    del sys.argv[1]
 models, warmup, steps, outdir, probe = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
 
 def build(work):
@@ -117,7 +122,9 @@ def bandwidth():
 def child(work):
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
-    torch.use_deterministic_algorithms(True)
+    # warn_only: an operator without a deterministic version runs anyway (its losses may then
+    # differ from the default's, which the table says) instead of stopping the run.
+    torch.use_deterministic_algorithms(True, warn_only=True)
     torch.zeros(1, device="cuda")
     used = lambda: (lambda f, t: t - f)(*torch.cuda.mem_get_info())
     start_used = used()
@@ -147,6 +154,12 @@ def child(work):
     with open(os.path.join(outdir, f"result-{work}.json"), "w") as f:
         json.dump(res, f)
 
+if single:  # the fallback: this process runs the one model itself
+    child(models[0])
+    sys.exit(0)
+if torch.cuda.is_initialized():
+    print("CUDA was initialised before the fork: the children cannot use it", file=sys.stderr)
+    sys.exit(3)
 for work in models:
     sys.stdout.flush(); sys.stderr.flush()
     pid = os.fork()
@@ -203,9 +216,23 @@ def run_config(args, cfg, rnd, models, work, logs, probe):
             pid = f[2:-6]
             traces[pid] = os.path.join(d, f)
     texts = []
+    extra = ""
     for work_ in models:
         rpath = os.path.join(d, f"result-{work_}.json")
         r = {"config": cfg, "round": rnd, "model": work_, "rc": p.returncode}
+        if not os.path.exists(rpath) and time.time() - t0 < 200:
+            # The forked child failed (CUDA initialised before the fork?): the model again in
+            # a process of its own, said in the log and the result.
+            q = subprocess.run([sys.executable, os.path.join(work, "worker.py"), "single", work_,
+                                str(args.warmup), str(args.steps), d, "1" if probe else "0"],
+                               env=env, capture_output=True, text=True, timeout=240)
+            extra += f"\n--- {work_} again in a process of its own: rc {q.returncode}\n{q.stdout}\n{q.stderr[-20000:]}"
+            r["own_process"] = True
+            r["rc"] = q.returncode
+            for f in os.listdir(d):
+                if f.endswith(".trace") and f[2:-6] not in traces:
+                    traces[f[2:-6]] = os.path.join(d, f)
+                    r["_pid"] = f[2:-6]
         if os.path.exists(rpath):
             r.update(json.load(open(rpath)))
         out.append(r)
@@ -216,7 +243,7 @@ def run_config(args, cfg, rnd, models, work, logs, probe):
         if len(f) >= 6 and f[0] == "model" and f[2] == "pid":
             child_pid[f[1]] = f[3]
     for r in out:
-        pid = child_pid.get(r["model"])
+        pid = r.pop("_pid", None) or child_pid.get(r["model"])
         if pid not in traces:
             continue
         s, text = summary(args.isolate, [traces[pid]])
@@ -226,7 +253,7 @@ def run_config(args, cfg, rnd, models, work, logs, probe):
         r["trace_bytes"] = os.path.getsize(traces[pid])
         os.remove(traces[pid])
     with open(os.path.join(logs, f"{cfg}-r{rnd}.log"), "w") as f:
-        f.write(f"wall {wall:.1f}s rc {p.returncode}\n{p.stdout}\n--- stderr\n{p.stderr[-30000:]}\n" + "\n".join(texts))
+        f.write(f"wall {wall:.1f}s rc {p.returncode}\n{p.stdout}\n--- stderr\n{p.stderr[-30000:]}\n{extra}\n" + "\n".join(texts))
     for r in out:
         r["wall_s"] = wall
     return out
