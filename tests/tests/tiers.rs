@@ -279,3 +279,34 @@ fn a_malformed_tier_names_the_variable() {
         out.stderr
     );
 }
+
+/// Unmapped ranges isolation holds back count as freed, and are written and read whole: in
+/// programs that free through the virtual-memory API too (`rt_vmm`: expandable segments;
+/// `vmm_remap`), the notes' bytes written and read equal the bytes freed and unmapped.
+#[test]
+fn unmapped_ranges_count_as_freed_and_are_written_and_read_whole() {
+    for program in ["rt_vmm", "vmm_remap"] {
+        let out = Run::program(program).env("ISOLATE_MODE", "isolate").run();
+        out.assert_success();
+        let t = out.only_trace();
+        let notes: Vec<Note> = t
+            .records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Note(n) if n.kind == NoteKind::Cost => Some(n.clone()),
+                _ => None,
+            })
+            .collect();
+        let (freed, frees) = cost(&notes, CostTopic::Freed);
+        let unmaps = t.count("cuMemUnmap");
+        assert!(
+            freed > 0 && frees > 0 && unmaps > 0,
+            "{program}: {freed} in {frees}"
+        );
+        assert_eq!(
+            cost(&notes, CostTopic::DeviceBytes),
+            (freed, freed),
+            "{program}"
+        );
+    }
+}

@@ -29,6 +29,12 @@ pub(super) static POISON_BYTES: AtomicU64 = AtomicU64::new(0);
 /// pattern in the fast one, [`crate::policy::tier`]).
 pub(super) static WRITTEN_BYTES: AtomicU64 = AtomicU64::new(0);
 
+/// Ranges the program unmapped that isolation holds back mapped (poisoned whole), and their
+/// bytes: freed into quarantine as much as a free's.
+pub(super) static UNMAPPED: AtomicU64 = AtomicU64::new(0);
+
+pub(super) static UNMAPPED_BYTES: AtomicU64 = AtomicU64::new(0);
+
 /// Bytes the checks read (every byte of a checked block, or its pattern in the fast tier).
 pub(super) static CHECKED_BYTES: AtomicU64 = AtomicU64::new(0);
 
@@ -89,8 +95,8 @@ pub fn exit_notes() {
         );
     }
     let poisoned = POISONED.load(Relaxed);
-    if poisoned > 0 {
-        device_bytes_notes(poisoned);
+    if poisoned + UNMAPPED.load(Relaxed) > 0 {
+        device_bytes_notes();
     }
     if poisoned > 0 {
         let (done, bytes) = if config::get().poison.is_some() {
@@ -131,13 +137,14 @@ pub fn exit_notes() {
 /// The notes of what isolation asked of the device: bytes freed into quarantine, and bytes the
 /// poisons wrote and the checks read (the floor of isolation's device time is the latter two
 /// over the device's bandwidth: `isolate summary` says it, per step where it finds steps).
-fn device_bytes_notes(frees: u64) {
-    let freed = POISON_BYTES.load(Relaxed);
+fn device_bytes_notes() {
+    let frees = POISONED.load(Relaxed) + UNMAPPED.load(Relaxed);
+    let freed = POISON_BYTES.load(Relaxed) + UNMAPPED_BYTES.load(Relaxed);
     event::cost_note(
         isolate_trace::CostTopic::Freed,
         freed,
         frees,
-        format!("freed into quarantine: {freed} bytes in {frees} frees"),
+        format!("freed into quarantine: {freed} bytes in {frees} frees and unmaps"),
     );
     let (written, read) = (WRITTEN_BYTES.load(Relaxed), CHECKED_BYTES.load(Relaxed));
     let tier = if config::get().check_fast && crate::policy::device::sparse_failed() {

@@ -5,6 +5,7 @@
 //! Layer: policies. Uses the base, recording, [`crate::policy::log`] and the folder's state,
 //! poison and quarantine.
 
+use super::counters::{UNMAPPED, UNMAPPED_BYTES, WRITTEN_BYTES};
 use super::poison::poison;
 use super::quarantine::{quarantine, release_overlapping};
 use super::state::{Held, Live, freed, st, state};
@@ -12,6 +13,7 @@ use crate::base::cuda::*;
 use crate::policy::log;
 use crate::record::event::Pending;
 use isolate_trace::{Event, Kind};
+use std::sync::atomic::Ordering::Relaxed;
 
 pub fn other(
     proto: Event,
@@ -77,6 +79,11 @@ pub(super) fn unmap(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     }
     let free_stack = p.stack();
     p.finish(CUDA_SUCCESS);
+    UNMAPPED.fetch_add(1, Relaxed);
+    UNMAPPED_BYTES.fetch_add(proto.size, Relaxed);
+    if crate::base::config::get().poison.is_some() {
+        WRITTEN_BYTES.fetch_add(proto.size, Relaxed); // every byte: a mapping has no pattern
+    }
     let mapping = Live {
         size: proto.size,
         seq: u64::MAX,
