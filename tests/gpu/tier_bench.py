@@ -13,7 +13,9 @@ Models (random weights, fixed seeds, fixed batches):
   vit       timm vit_small_patch16_224, batch 32 x 224^2, AdamW
 Configurations: default (no preload, PyTorch's caching allocator), log (ISOLATE_MODE=log),
 isolate (ISOLATE_MODE=isolate: full coverage, the default tier), fast (isolate with
-ISOLATE_CHECK=fast). Each round runs every configuration once (the order rotated by round);
+ISOLATE_CHECK=fast); with --configs also fast-nostacks (ISOLATE_STACKS=none), fast-python
+(ISOLATE_STACKS=python) and isolate-nopoison (ISOLATE_POISON=off: the quarantine without its
+device work), to say where a tier's remaining time goes. Each round runs every configuration once (the order rotated by round);
 a configuration's run is one Python process that imports torch, transformers, torchvision and
 timm once and then forks one child per model before any CUDA call (so every model has a fresh
 CUDA context and its own trace and exit notes, without paying the imports four times). Each
@@ -58,6 +60,10 @@ CONFIGS = {
     "log": {"ISOLATE_MODE": "log"},
     "isolate": {"ISOLATE_MODE": "isolate"},
     "fast": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast"},
+    # Not run by default (--configs): where the rest of a tier's time goes, for a second call.
+    "fast-nostacks": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "ISOLATE_STACKS": "none"},
+    "fast-python": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "ISOLATE_STACKS": "python"},
+    "isolate-nopoison": {"ISOLATE_MODE": "isolate", "ISOLATE_POISON": "off"},
 }
 
 WORKER = r'''
@@ -198,7 +204,7 @@ def run_config(args, cfg, rnd, models, work, logs, probe):
     d = tempfile.mkdtemp(dir=work, prefix=f"{cfg}-r{rnd}-")
     env = dict(os.environ)
     for k in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
-              "LD_PRELOAD", "ISOLATE_MODE", "ISOLATE_CHECK"):
+              "LD_PRELOAD", "ISOLATE_MODE", "ISOLATE_CHECK", "ISOLATE_STACKS", "ISOLATE_POISON"):
         env.pop(k, None)
     if CONFIGS[cfg] is not None:
         env.update(CONFIGS[cfg])
