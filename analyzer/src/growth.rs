@@ -264,12 +264,6 @@ impl Growth {
         })
     }
 
-    /// How many steps the trace has and what they are (as [`Growth::judge`] follows them);
-    /// `None` when there are too few to tell.
-    pub fn step_count(&self, table: &StackTable) -> Option<(String, u64)> {
-        self.steps(table).map(|(what, v)| (what, v.len() as u64))
-    }
-
     /// The sites that leak, by the rule of the module docs: `still` is the device memory live
     /// at exit. Largest first.
     pub fn judge(&self, table: &StackTable, still: &[Node]) -> Vec<Grown> {

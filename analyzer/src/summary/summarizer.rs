@@ -782,9 +782,9 @@ impl Observer for Summarizer {
             x.returned = self.first_fault.clone();
         }
         if self.device_work.any() {
-            if let Some((what, n)) = self.growth.step_count(&self.stacks) {
-                self.device_work.steps = n;
-                self.device_work.steps_from = Some(what);
+            if let Some(steps) = self.growth.steps(&self.stacks) {
+                self.device_work.steps = steps.spans.len() as u64;
+                self.device_work.steps_from = Some(steps.what);
             }
             let last = self.last_ts.max(self.end_ts);
             self.device_work.run_ns = self.first_ts.map_or(0, |f| last.saturating_sub(f));
