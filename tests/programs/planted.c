@@ -30,14 +30,22 @@ static uint64_t next(void) {
 
 static int bad;
 static unsigned long trial;
+/* The library's regions (absent without it): each trial is a region "trial", the steps the
+ * summary's floor is given per. */
+static int (*region_push)(const char *);
+static int (*region_pop)(void);
 
 static void plant(cudaStream_t s, size_t size, size_t block) {
     void *p = NULL;
+    if (region_push)
+        region_push("trial");
     bad += cudaMallocAsync(&p, block, s) != 0;
     bad += cudaFreeAsync(p, s) != 0;
     size_t off = (size_t)(next() % (uint64_t)(block - size + 1));
     bad += cudaMemsetAsync((char *)p + off, 0x5A, size, s) != 0;
     printf("trial %lu %zu %zu %zu\n", trial++, size, block, off);
+    if (region_pop)
+        region_pop();
 }
 
 int main(int argc, char **argv) {
@@ -49,6 +57,8 @@ int main(int argc, char **argv) {
     g_rng = strtoull(argv[1], NULL, 0) | 1;
     int trials = atoi(argv[2]);
     int big = argc > 3 ? atoi(argv[3]) : trials;
+    region_push = (int (*)(const char *))dlsym(RTLD_DEFAULT, "isolate_region_push");
+    region_pop = (int (*)(void))dlsym(RTLD_DEFAULT, "isolate_region_pop");
     static const size_t SIZES[] = {4, 64, 1 << 10, 4 << 10, 64 << 10, 1 << 20, 16 << 20};
     cudaStream_t s = NULL;
     bad += cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != 0;

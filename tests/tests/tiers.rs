@@ -203,6 +203,28 @@ fn planted(tier: &str, trials_each: u32, big: u32) -> Vec<(u64, u64, u32, u32, f
     );
     assert_eq!(s["device_work"]["written_bytes"].as_u64(), Some(written));
     assert_eq!(s["device_work"]["read_bytes"].as_u64(), Some(written));
+    // Per step: each trial is a region "trial" (the program's), so the floor is given per trial.
+    let d = &s["device_work"];
+    let n = planted.len() as u64;
+    assert_eq!(d["steps"].as_u64(), Some(n), "{d:#}");
+    assert_eq!(d["steps_from"].as_str(), Some("region \"trial\""));
+    let bw = d["bandwidth"].as_u64().unwrap() as u128;
+    let floor = (2 * written as u128 * 1_000_000_000 / bw) as u64;
+    assert_eq!(d["floor_ns"].as_u64(), Some(floor));
+    assert_eq!(d["floor_ns_per_step"].as_u64(), Some(floor / n));
+    let full = (2 * freed as u128 * 1_000_000_000 / bw) as u64;
+    assert_eq!(d["full_floor_ns"].as_u64(), Some(full));
+    let text = std::process::Command::new(isolate_tests::analyzer_path())
+        .arg("summary")
+        .arg(&t.path)
+        .output()
+        .expect("running the analyzer");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("floor    a step (") && l.contains(" of region \"trial\")")),
+        "{text}"
+    );
     rows
 }
 
