@@ -3,7 +3,8 @@
 //!
 //! Layer: policies. The modules below this file, from the bottom (each uses only those before
 //! it, the base and recording; none uses this file): [`sync`] (device-wide synchronisations,
-//! numbered), [`device`] (each context's module, kernels, result buffers and release stream),
+//! numbered), [`tier`] (which bytes of a freed block the poison and check cover), [`device`]
+//! (each context's module, kernels, result buffers and release stream),
 //! [`log`], [`reuse`] (checked memory kept for reuse), [`frameworks`] (their pools off);
 //! [`guard`] (uses sync); [`release`] (the release stream's work; uses device); [`isolate`], a
 //! folder (uses log, guard, release, reuse and device); [`launch`] (the launch check; uses

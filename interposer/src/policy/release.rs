@@ -15,7 +15,8 @@
 //! slots of a module global ([`device`]: the context's module, kernels, buffers and release
 //! stream), so the library makes no allocation of device memory through the API it hooks.
 //!
-//! Layer: policies. Uses the base and [`super::device`].
+//! Layer: policies. Uses the base, [`super::device`] and [`super::tier`] (a block's pattern in
+//! the fast tier).
 
 use super::device::{self, BATCH, SLOT_BYTES, SLOTS, launch_kernel};
 use super::tier;

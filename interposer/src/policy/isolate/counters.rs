@@ -1,8 +1,9 @@
 //! Isolation's counters (what was verified where, poisoned, captured, and the time it took) and
 //! the notes that report them at exit.
 //!
-//! Layer: policies. Uses the base, recording, [`crate::policy::release`] and
-//! [`crate::policy::reuse`].
+//! Layer: policies. Uses the base, recording, [`crate::policy::release`],
+//! [`crate::policy::reuse`] and [`crate::policy::device`] (whether the fast tier's kernels
+//! loaded).
 
 use crate::base::config;
 use crate::policy::{release, reuse};

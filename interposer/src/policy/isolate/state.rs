@@ -2,7 +2,7 @@
 //! back ([`Entry`]: the queue, the index the launch check reads, the bytes held), and the
 //! current context. Every other file of the folder reads and changes it under [`STATE`]'s lock.
 //!
-//! Layer: policies. Uses the base and recording.
+//! Layer: policies. Uses the base, recording and [`crate::policy::tier`] (an entry's pattern).
 
 use crate::base::cu;
 use crate::base::sys::{ForkLock, ForkLockGuard, now_ns};

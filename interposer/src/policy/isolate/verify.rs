@@ -3,7 +3,7 @@
 //! the host; a changed byte is a stale write, recorded as a `Violation` and said on stderr.
 //!
 //! Layer: policies. Uses the base, recording, [`crate::policy::device`] (the context's kernel
-//! and result buffer) and the folder's state.
+//! and result buffer), [`crate::policy::tier`] (a block's pattern) and the folder's state.
 
 use super::state::{Entry, current_ctx};
 use crate::base::cu;

@@ -3,7 +3,7 @@
 //! a held range is really unmapped before its reservation is freed or mapped into again.
 //!
 //! Layer: policies. Uses the base, recording, [`crate::policy::log`] and the folder's state,
-//! poison and quarantine.
+//! counters, poison and quarantine.
 
 use super::counters::{UNMAPPED, UNMAPPED_BYTES, WRITTEN_BYTES};
 use super::poison::poison;
