@@ -222,7 +222,7 @@ fn planted(tier: &str, trials_each: u32, big: u32) -> Vec<(u64, u64, u32, u32, f
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
         text.lines()
-            .any(|l| l.starts_with("floor    a step (") && l.contains(" of region \"trial\")")),
+            .any(|l| l.starts_with("  floor: a step (") && l.contains(" of region \"trial\")")),
         "{text}"
     );
     rows

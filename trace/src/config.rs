@@ -468,6 +468,24 @@ mod tests {
         from_env(|k| m.get(k).cloned(), names.into_iter())
     }
 
+    /// `ISOLATE_CHECK`: `full` unless set, `fast` the one other value, recorded in the header.
+    #[test]
+    fn the_check_tier_is_full_unless_fast() {
+        assert!(!cfg(&[]).unwrap().check_fast);
+        let fast = cfg(&[("ISOLATE_CHECK", "fast")]).unwrap();
+        assert!(fast.check_fast);
+        assert!(
+            fast.pairs
+                .iter()
+                .any(|(k, v)| k == "ISOLATE_CHECK" && v == "fast")
+        );
+        assert!(!cfg(&[("ISOLATE_CHECK", "full")]).unwrap().check_fast);
+        assert_eq!(
+            cfg(&[("ISOLATE_CHECK", "Fast")]).unwrap_err(),
+            "ISOLATE_CHECK=\"Fast\" is not valid; accepted: full, fast"
+        );
+    }
+
     #[test]
     fn defaults() {
         let c = cfg(&[]).unwrap();

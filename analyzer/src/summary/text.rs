@@ -1047,7 +1047,7 @@ fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, Dev
     }
     // The library's notes on its own time: information under a heading of its own, never
     // lines that read as problems of the program.
-    if !t.library_cost.is_empty() {
+    if !t.library_cost.is_empty() || t.device_work.any() {
         let _ = writeln!(
             o,
             "the library's own time (information, not a problem of the program):"
@@ -1055,8 +1055,8 @@ fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, Dev
         for c in &t.library_cost {
             let _ = writeln!(o, "  {c}");
         }
+        device_work(o, &t.device_work);
     }
-    device_work(o, &t.device_work);
     if t.stale_value_count > 0 {
         // Suspects (docs/analyzer.md, "Suspects"): listed apart, never counted.
         let _ = writeln!(
@@ -1086,7 +1086,8 @@ fn totals_text(o: &mut String, t: &Totals, devices: Option<&BTreeMap<String, Dev
     }
 }
 
-/// The `floor` lines: what isolation asked of the device and the least time it takes.
+/// The `floor:` lines (under the library's own time): what isolation asked of the device and
+/// the least time it takes.
 fn device_work(o: &mut String, d: &super::DeviceWork) {
     if !d.any() {
         return;
@@ -1094,7 +1095,7 @@ fn device_work(o: &mut String, d: &super::DeviceWork) {
     let tb = d.bandwidth as f64 / 1e12;
     let _ = writeln!(
         o,
-        "floor    {} freed into quarantine ({}); the poisons wrote {}, the checks read {}: \
+        "  floor: {} freed into quarantine ({}); the poisons wrote {}, the checks read {}: \
          at least {} of device time at {tb:.1} TB/s (full coverage: {})",
         size(d.freed_bytes),
         plural(d.frees, "free"),
@@ -1106,7 +1107,7 @@ fn device_work(o: &mut String, d: &super::DeviceWork) {
     if d.steps > 0 {
         let _ = writeln!(
             o,
-            "floor    a step ({} of {}): {} freed, {} written, {} read: at least {} (full \
+            "  floor: a step ({} of {}): {} freed, {} written, {} read: at least {} (full \
              coverage: {})",
             count(d.steps),
             d.steps_from.as_deref().unwrap_or("steps"),
@@ -1120,7 +1121,7 @@ fn device_work(o: &mut String, d: &super::DeviceWork) {
         let secs = d.run_ns as f64 / 1e9;
         let _ = writeln!(
             o,
-            "floor    no steps found: a second of the run ({secs:.2} s) freed {}, at least {} \
+            "  floor: no steps found: a second of the run ({secs:.2} s) freed {}, at least {} \
              of device time a second",
             size((d.freed_bytes as f64 / secs) as u64),
             human_ns((d.floor_ns as f64 / secs) as u64)

@@ -153,24 +153,6 @@ fn die(msg: &str) -> ! {
 mod tests {
     use super::*;
 
-    /// `ISOLATE_CHECK`: `full` unless set, `fast` the one other value, recorded in the header.
-    #[test]
-    fn the_check_tier_is_full_unless_fast() {
-        assert!(!cfg(&[]).unwrap().check_fast);
-        let fast = cfg(&[("ISOLATE_CHECK", "fast")]).unwrap();
-        assert!(fast.check_fast);
-        assert!(
-            fast.pairs
-                .iter()
-                .any(|(k, v)| k == "ISOLATE_CHECK" && v == "fast")
-        );
-        assert!(!cfg(&[("ISOLATE_CHECK", "full")]).unwrap().check_fast);
-        assert_eq!(
-            cfg(&[("ISOLATE_CHECK", "Fast")]).unwrap_err(),
-            "ISOLATE_CHECK=\"Fast\" is not valid; accepted: full, fast"
-        );
-    }
-
     #[test]
     fn secure_reads_nothing() {
         let c = secure_config();
