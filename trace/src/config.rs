@@ -94,6 +94,10 @@ pub struct Config {
     /// The hooks time themselves and note where the calling threads' time went at exit
     /// (`ISOLATE_PROFILE=on`; off by default).
     pub profile: bool,
+    /// The stream-order check (the library's policy/order.rs: a free while a use on another
+    /// stream may still run is a finding), in isolate mode with the launch check on.
+    /// `ISOLATE_TEST_ORDER=off` exists only to measure its cost (on by default).
+    pub order: bool,
     /// Test hook: make recording panic, to prove panics never cross into C.
     pub test_panic: bool,
     /// Internal test hook: the writer sleeps this long after writing the header.
@@ -175,6 +179,12 @@ const CHECK: TwoWay = TwoWay {
     yes: "fast",
     no: "full",
     default: false,
+};
+const ORDER: TwoWay = TwoWay {
+    name: "ISOLATE_TEST_ORDER",
+    yes: "on",
+    no: "off",
+    default: true,
 };
 const PROFILE: TwoWay = TwoWay {
     name: "ISOLATE_PROFILE",
@@ -281,6 +291,7 @@ pub fn from_env(
     let reuse = REUSE.read(&var)?;
     let check_fast = CHECK.read(&var)?;
     let profile = PROFILE.read(&var)?;
+    let order = ORDER.read(&var)?;
     let stacks = match var("ISOLATE_STACKS")
         .map(|v| v.to_ascii_lowercase())
         .as_deref()
@@ -360,6 +371,7 @@ pub fn from_env(
         REUSE.pair(reuse),
         CHECK.pair(check_fast),
         PROFILE.pair(profile),
+        ORDER.pair(order),
         ("ISOLATE_STACKS".to_string(), stacks.name().to_string()),
         ("ISOLATE_STACK_DEPTH".to_string(), stack_depth.to_string()),
         (
@@ -399,6 +411,7 @@ pub fn from_env(
         reuse,
         check_fast,
         profile,
+        order,
         test_panic,
         test_writer_stall_ms,
         test_exit_check_ms,
@@ -494,6 +507,24 @@ mod tests {
         assert_eq!(c.poison, Some(0xFF));
         assert!(!c.check_launch);
         assert!(cfg(&[("ISOLATE_MODE", "isolate")]).unwrap().check_launch);
+    }
+
+    /// The stream-order check's test switch: on by default, `off` turns it off, anything else
+    /// is refused naming the variable; the header records it.
+    #[test]
+    fn the_order_check_switch() {
+        assert!(cfg(&[]).unwrap().order);
+        assert!(cfg(&[("ISOLATE_TEST_ORDER", "on")]).unwrap().order);
+        let off = cfg(&[("ISOLATE_TEST_ORDER", "off")]).unwrap();
+        assert!(!off.order);
+        assert!(
+            off.pairs
+                .contains(&("ISOLATE_TEST_ORDER".to_string(), "off".to_string()))
+        );
+        assert_eq!(
+            cfg(&[("ISOLATE_TEST_ORDER", "maybe")]).unwrap_err(),
+            "ISOLATE_TEST_ORDER=\"maybe\" is not valid; accepted: on, off"
+        );
     }
 
     #[test]

@@ -71,7 +71,8 @@ pub fn host_in_path(host: &str) -> String {
 pub const MAGIC: [u8; 8] = *b"ISOTRACE";
 /// The format version this crate writes and the newest it reads (every older one too).
 /// 3: [`Violation`] and [`StaleLaunch`] carry the allocation's and the free's stacks.
-pub const FORMAT_VERSION: u32 = 3;
+/// 4: [`FreedInUse`] (freed while still in use on another stream), a record of its own.
+pub const FORMAT_VERSION: u32 = 4;
 /// The name of a CUDA error code that means the device faulted (a kernel touched memory it
 /// may not, or died); `None` for every other code. Driver and runtime share these numbers.
 pub fn device_fault_name(code: u64) -> Option<&'static str> {

@@ -120,6 +120,49 @@ pub struct StaleLaunch {
     pub free_stack: u32,
 }
 
+/// Format version 4: an allocation freed on one stream while a use of it on another stream
+/// (a kernel launched with it as a pointer parameter, a copy or a set of it) was not ordered
+/// before the free by anything the library saw: no event recorded after the use and waited on
+/// by the freeing stream, no synchronisation of the using stream, the device or the context
+/// (a missing `record_stream`). Decided by happens-before at the free (the library's
+/// `policy/order.rs`), whether or not the timing let the use see other data.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode)]
+pub struct FreedInUse {
+    pub seq: u64,
+    pub ts_ns: u64,
+    /// The freeing thread.
+    pub tid: u32,
+    pub device: i32,
+    /// The allocation: its start, size, event and stack.
+    pub alloc_ptr: u64,
+    pub alloc_size: u64,
+    pub alloc_seq: u64,
+    pub alloc_stack: u32,
+    /// The free: its event, the API (`cudaFreeAsync`, `cuMemFreeAsync`, …), its stream (0 the
+    /// legacy default stream, 2 the per-thread one) and its stack.
+    pub free_seq: u64,
+    pub free_api: Api,
+    pub free_stream: u64,
+    pub free_stack: u32,
+    /// The use: a kernel's name (`use_kernel`), else the export of the copy or set
+    /// (`cuMemcpyDtoDAsync_v2`, …).
+    pub use_name: String,
+    pub use_kernel: bool,
+    /// The stream the use was queued on (as `free_stream`).
+    pub use_stream: u64,
+    /// The last sequence number taken before the use (uses are not events of their own).
+    pub use_after_seq: u64,
+    pub use_ts_ns: u64,
+    /// The use's stack (0 when none was captured: uses on the allocation's own stream are not
+    /// captured, to keep single-stream programs cheap).
+    pub use_stack: u32,
+    /// The missing edge: the use was operation `use_tick` of its stream, and at the free the
+    /// freeing stream was ordered after that stream's operations up to `seen_tick` only
+    /// (`seen_tick < use_tick`).
+    pub use_tick: u64,
+    pub seen_tick: u64,
+}
+
 /// What a [`Note`] tells.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Encode, Decode)]
 pub enum NoteKind {
@@ -195,10 +238,13 @@ pub enum CostTopic {
     DeviceBytes = 10,
     /// What was freed into quarantine (tenth session): `size` = bytes, `value` = frees.
     Freed = 11,
+    /// The stream-order check (format version 4): `size` = allocations freed while in use on
+    /// another stream, `value` = streams seen.
+    StreamOrder = 12,
 }
 
 impl CostTopic {
-    pub const ALL: [CostTopic; 11] = [
+    pub const ALL: [CostTopic; 12] = [
         CostTopic::Isolation,
         CostTopic::Stacks,
         CostTopic::Reuse,
@@ -210,6 +256,7 @@ impl CostTopic {
         CostTopic::SmallStacks,
         CostTopic::DeviceBytes,
         CostTopic::Freed,
+        CostTopic::StreamOrder,
     ];
 
     /// The topic of a note: `None` unless it is a [`NoteKind::Cost`] note of a known topic.
@@ -365,6 +412,8 @@ pub enum Record {
     Stack(Stack),
     PyCode(PyCode),
     StackOf(StackOf),
+    /// Format version 4: freed while still in use on another stream.
+    FreedInUse(FreedInUse),
 }
 
 impl Record {
@@ -378,6 +427,7 @@ impl Record {
             Record::Violation(v) => Some(v.seq),
             Record::StaleLaunch(s) | Record::StaleValue(s) => Some(s.seq),
             Record::Note(n) => Some(n.seq),
+            Record::FreedInUse(f) => Some(f.seq),
             Record::Stats(_)
             | Record::End(_)
             | Record::Module(_)

@@ -87,6 +87,7 @@ pub const SETTINGS: &[Setting] = &[
     s("ISOLATE_TEST_RELEASE", LibraryTest, "async, sync"),
     s("ISOLATE_TEST_POISON_BY", LibraryTest, "memset, kernel"),
     s("ISOLATE_TEST_POISON_BATCH", LibraryTest, "on, off"),
+    s("ISOLATE_TEST_ORDER", LibraryTest, "on, off"),
     s(
         "ISOLATE_TEST_WRITER_STALL_MS",
         LibraryTest,

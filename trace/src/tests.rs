@@ -326,11 +326,14 @@ fn version_2_violations_and_stale_launches_still_read() {
     let back: Vec<Record> = (&mut r).map(|x| x.unwrap()).collect();
     assert_eq!(back, want);
 
-    // Version 3 writes the stacks, and reads them back.
+    // Version 3 (and every later one) writes the stacks, and reads them back.
     let mut v = Violation::from(v1_again());
     (v.alloc_stack, v.free_stack) = (3, 4);
     let bytes = encode_all(&[Record::Violation(v.clone())]);
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 3);
+    assert_eq!(
+        u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+        FORMAT_VERSION
+    );
     let back: Vec<Record> = Reader::new(&bytes[..], None)
         .unwrap()
         .map(|x| x.unwrap())
@@ -378,4 +381,51 @@ fn the_documented_bytes_of_a_version_3_violation() {
         hex.join(" "),
         "12 0d 09 00 00 fb 00 01 fb 00 01 00 01 01 02 00 01 03 04"
     );
+}
+
+/// Format version 4's record, a free while a use on another stream may still run, reads back
+/// as written through both readers; a version-3 trace (no such record) still reads.
+#[test]
+fn version_4_freed_in_use_round_trips() {
+    let f = FreedInUse {
+        seq: 9,
+        ts_ns: 77,
+        tid: 1234,
+        device: 0,
+        alloc_ptr: 0x7f00_0000_0000,
+        alloc_size: 4 << 20,
+        alloc_seq: 3,
+        alloc_stack: 5,
+        free_seq: 9,
+        free_api: Api::CudaFreeAsync,
+        free_stream: 0x5555_0000_1000,
+        free_stack: 6,
+        use_name: "mul_kernel".into(),
+        use_kernel: true,
+        use_stream: 0x5555_0000_2000,
+        use_after_seq: 4,
+        use_ts_ns: 50,
+        use_stack: 7,
+        use_tick: 12,
+        seen_tick: 0,
+    };
+    let mut recs = events();
+    recs.insert(10, Record::FreedInUse(f.clone()));
+    let bytes = encode_all(&recs);
+    let back: Vec<Record> = Reader::new(&bytes[..], None)
+        .unwrap()
+        .map(|x| x.unwrap())
+        .collect();
+    assert_eq!(back, recs);
+    assert_eq!(Record::FreedInUse(f).seq(), Some(9));
+    let slow: Vec<Record> = crate::reference::Reader::new(&bytes[..], None)
+        .unwrap()
+        .map(|x| x.unwrap())
+        .collect();
+    assert_eq!(slow, recs);
+    let mut v3 = encode_all(&events());
+    v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+    let r = Reader::new(&v3[..], None).unwrap();
+    assert_eq!(r.version(), 3);
+    assert_eq!(r.map(|x| x.unwrap()).count(), events().len());
 }

@@ -69,6 +69,8 @@ pub(crate) enum WireRecord {
     ViolationStacks(Violation),
     StaleLaunchStacks(StaleLaunch),
     StaleValueStacks(StaleLaunch),
+    // Format version 4 (appended): freed while still in use on another stream.
+    FreedInUse(FreedInUse),
 }
 
 /// A [`Violation`] as versions 1 and 2 store it: no stack ids.
@@ -169,6 +171,7 @@ pub(crate) fn plain_record(wire: WireRecord) -> Result<Record, WireRecord> {
         WireRecord::ViolationStacks(v) => Record::Violation(v),
         WireRecord::StaleLaunchStacks(s) => Record::StaleLaunch(s),
         WireRecord::StaleValueStacks(s) => Record::StaleValue(s),
+        WireRecord::FreedInUse(f) => Record::FreedInUse(f),
     })
 }
 
@@ -320,6 +323,7 @@ impl Encoder {
             Record::Stack(s) => WireRecord::Stack(s.clone()),
             Record::PyCode(c) => WireRecord::PyCode(c.clone()),
             Record::StackOf(s) => WireRecord::StackOf(*s),
+            Record::FreedInUse(f) => WireRecord::FreedInUse(f.clone()),
         };
         push_frame(out, &wire);
     }

@@ -11,7 +11,7 @@
 
 use super::cuda::*;
 use super::real::{self, Real};
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 /// Why a call the library made did not succeed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -327,6 +327,18 @@ pub unsafe fn stream_is_capturing(stream: CUstream) -> Result<bool> {
     // SAFETY: the out-parameter is a local; the caller vouches for the stream.
     check(unsafe { f(stream, &mut status) })?;
     Ok(status != 0)
+}
+
+/// The flags `stream` was created with (`CU_STREAM_NON_BLOCKING` = 1).
+///
+/// # Safety
+/// `stream` is a stream of the program's (or a default stream's handle).
+pub unsafe fn stream_get_flags(stream: CUstream) -> Result<u32> {
+    let f = get(&real::STREAM_GET_FLAGS)?;
+    let mut flags: c_uint = 0;
+    // SAFETY: the out-parameter is a local; the caller vouches for the stream.
+    check(unsafe { f(stream, &mut flags) })?;
+    Ok(flags)
 }
 
 /// A new event with `flags` (2: without timing), for the library's own use.

@@ -139,25 +139,25 @@ hooks! {
 
     /// Handed out only when the launch check is on; checks the parameters, then launches.
     cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra)
-        = LAUNCH_KERNEL [launch CuLaunchKernel, f, params, extra];
+        = LAUNCH_KERNEL [launch CuLaunchKernel, f, stream, params, extra];
     /// Handed out only when the launch check is on; checks the parameters, then launches.
     cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
         shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
-        [launch CuLaunchKernelPtsz, f, params, extra];
+        [launch CuLaunchKernelPtsz, f, stream, params, extra];
     /// Handed out only when the launch check is on; checks the parameters, then launches.
     cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void)
-        [launch CuLaunchKernelEx, f, params, extra];
+        [launch CuLaunchKernelEx, f, launch_stream(config), params, extra];
     /// Handed out only when the launch check is on; checks the parameters, then launches.
     cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void)
-        [launch CuLaunchKernelExPtsz, f, params, extra];
+        [launch CuLaunchKernelExPtsz, f, launch_stream(config), params, extra];
     /// Handed out only when the launch check is on; checks the parameters, then launches.
     cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
         shmem: c_uint, stream: CUstream, params: *mut *mut c_void)
-        [launch CuLaunchCooperativeKernel, f, params, std::ptr::null_mut()];
+        [launch CuLaunchCooperativeKernel, f, stream, params, std::ptr::null_mut()];
     /// Handed out only when the launch check is on; checks the parameters, then launches.
     cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
         shmem: c_uint, stream: CUstream, params: *mut *mut c_void)
-        [launch CuLaunchCooperativeKernelPtsz, f, params, std::ptr::null_mut()];
+        [launch CuLaunchCooperativeKernelPtsz, f, stream, params, std::ptr::null_mut()];
 
     /// A device's memory pool set: stream-ordered allocations may come from another pool now,
     /// so isolate mode serves none from memory it kept (`ISOLATE_REUSE`).
@@ -188,6 +188,16 @@ hooks! {
     cuDevicePrimaryCtxRelease(dev: CUdevice) [ctx_ends];
 }
 
+/// The stream of a `cuLaunchKernelEx` (the legacy default stream's handle, 0, for a null
+/// configuration, which the driver refuses anyway).
+fn launch_stream(config: *const CUlaunchConfig) -> CUstream {
+    if config.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: non-null, the caller's launch configuration (the CUDA function's contract).
+    unsafe { (*config).h_stream }
+}
+
 /// Whether hook `h` is handed out now: the hooks of stream work other than launches
 /// (hooks/stream.rs) only while poisons are deferred; the launch check's hooks while launches
 /// are checked or poisons deferred (a launch queues the deferred poisons first); the rest always.
@@ -196,7 +206,7 @@ pub fn handed_out(h: &Hooked) -> bool {
         .iter()
         .any(|x| std::ptr::eq(x, h))
     {
-        return crate::policy::defers_poison();
+        return crate::policy::defers_poison() || crate::policy::order::active();
     }
     !h.launch || crate::policy::check_launches() || crate::policy::defers_poison()
 }

@@ -16,9 +16,11 @@
 //! - `[Api, kind, |e| fill]` (optionally `, then |e| after`): a recorded call; `kind` is a
 //!   [`crate::policy::Call`], `fill` puts the arguments in the event, `after` what only the
 //!   result tells;
-//! - `[launch Api, f, params, extra]`: a kernel launch, checked when the launch check is on
-//!   (after the deferred poisons are queued);
+//! - `[launch Api, f, stream, params, extra]`: a kernel launch, checked when the launch check
+//!   is on (after the deferred poisons are queued), and told to the stream-order check;
 //! - `[stream_work]`: other work on a stream: the deferred poisons are queued, then the call;
+//! - `[order op]`: as `[stream_work]`, and the stream-order check is told the call
+//!   (`op`, a [`crate::policy::order::Op`]) before it and its result after it;
 //! - `[capture_start]`: a stream capture's start: as `[stream_work]`, and the streams' events
 //!   recorded after their poisons while nothing captures;
 //! - `[unloads]`: a call that can end kernels' lives (module and library unloads), passed
@@ -65,7 +67,7 @@ macro_rules! body {
             || unsafe { $real($($a),*) },
         )
     };
-    ($real:ident, ($($a:ident),*), [launch $api:ident, $f:ident, $params:ident, $extra:expr]) => {{
+    ($real:ident, ($($a:ident),*), [launch $api:ident, $f:ident, $stream:expr, $params:ident, $extra:expr]) => {{
         let _span = $crate::record::profile::span($crate::record::profile::Class::Launch);
         // Deferred poisons go first: the launch runs after them.
         $crate::policy::stream_work();
@@ -75,7 +77,9 @@ macro_rules! body {
             return $crate::record::profile::real(|| unsafe { $real($($a),*) });
         }
         // SAFETY: the arguments of the launch the driver is about to receive.
-        let found = unsafe { $crate::policy::launch_check(isolate_trace::Api::$api, $f, $params, $extra) };
+        let found = unsafe {
+            $crate::policy::launch_check(isolate_trace::Api::$api, $f, $stream, $params, $extra)
+        };
         // SAFETY: the real function of this export, called with the caller's arguments as
         // they came: the caller's contract (the CUDA function's) is the real function's.
         let r = $crate::record::profile::real(|| unsafe { $real($($a),*) });
@@ -92,12 +96,26 @@ macro_rules! body {
         $crate::policy::saw_code(HOOK_NAME, r);
         r
     }};
+    ($real:ident, ($($a:ident),*), [order $op:expr]) => {{
+        let _span = $crate::record::profile::span($crate::record::profile::Class::StreamWork);
+        #[allow(unused_unsafe)]
+        let op: $crate::policy::order::Op = $op;
+        $crate::policy::stream_op(&op);
+        // SAFETY: the real function of this export, called with the caller's arguments as
+        // they came: the caller's contract (the CUDA function's) is the real function's.
+        let r = $crate::record::profile::real(|| unsafe { $real($($a),*) });
+        // A synchronisation is where a kernel's fault comes back (`cudaDeviceSynchronize`).
+        $crate::policy::stream_op_done(HOOK_NAME, &op, r);
+        r
+    }};
     ($real:ident, ($($a:ident),*), [capture_start]) => {{
         let _span = $crate::record::profile::span($crate::record::profile::Class::StreamWork);
         $crate::policy::capture_start();
         // SAFETY: the real function of this export, called with the caller's arguments as
         // they came: the caller's contract (the CUDA function's) is the real function's.
-        $crate::record::profile::real(|| unsafe { $real($($a),*) })
+        let r = $crate::record::profile::real(|| unsafe { $real($($a),*) });
+        $crate::policy::order::after(&$crate::policy::order::Op::CaptureBegin, r);
+        r
     }};
     ($real:ident, ($($a:ident),*), [stream_gone $s:ident]) => {{
         // Before the call: after it the handle may already name another stream.

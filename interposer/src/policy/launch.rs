@@ -10,10 +10,13 @@
 //! succeeds; when a call returns a device fault first, the suspects are named as the stale
 //! launches that caused it.
 //!
-//! Layer: policies. Uses the base, recording, [`super::isolate`] (its quarantine index) and
-//! [`super::sync`].
+//! Every launch is also told to the stream-order check ([`super::order`]), with the whole 8-byte
+//! parameters it was handed (the same evidence rule: a use of an allocation is its start there).
+//!
+//! Layer: policies. Uses the base, recording, [`super::isolate`] (its quarantine index),
+//! [`super::order`] and [`super::sync`].
 
-use super::{isolate, sync};
+use super::{isolate, order, sync};
 use crate::base::cu;
 use crate::base::cuda::*;
 use crate::base::sys::ForkLock;
@@ -249,6 +252,23 @@ pub struct Guarded(Vec<Hit>);
 /// Words looked up under one lock: (value, parameter index, byte offset).
 const BATCH: usize = 64;
 
+/// The whole 8-byte parameters of one launch, for the stream-order check (at most
+/// [`order::WORDS`]).
+struct Whole {
+    on: bool,
+    n: usize,
+    words: [u64; order::WORDS],
+}
+
+impl Whole {
+    fn push(&mut self, word: u64) {
+        if self.on && word != 0 && self.n < order::WORDS {
+            self.words[self.n] = word;
+            self.n += 1;
+        }
+    }
+}
+
 struct Words {
     n: usize,
     words: [u64; BATCH],
@@ -386,18 +406,47 @@ impl Hit {
 }
 
 /// Checks a launch's parameters; returns its guard-mode hits, to be handed to [`launched`].
+/// The launch and its whole 8-byte parameters go to the stream-order check too.
 ///
 /// # Safety
 /// `params` and `extra` are a launch's arguments, as the driver reads them.
 pub unsafe fn check(
     api: Api,
     f: CUfunction,
+    stream: CUstream,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> Option<Guarded> {
     CHECKED.fetch_add(1, Relaxed);
-    if isolate::HIGH.load(Relaxed) == 0 {
-        return None; // nothing freed yet
+    let mut whole = Whole {
+        on: order::active(),
+        n: 0,
+        words: [0; order::WORDS],
+    };
+    let mut name = "";
+    // SAFETY: the caller's contract.
+    let found = unsafe { walk(api, f, params, extra, &mut whole, &mut name) };
+    if whole.on {
+        order::launch(stream, api.per_thread_stream(), &whole.words[..whole.n], name);
+    }
+    found
+}
+
+/// The walk of [`check`]: `whole` gets the whole 8-byte parameters (when on), `name` the
+/// kernel's name (when its layout was looked up).
+///
+/// # Safety
+/// As [`check`].
+unsafe fn walk(
+    api: Api,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    whole_words: &mut Whole,
+    name: &mut &'static str,
+) -> Option<Guarded> {
+    if isolate::HIGH.load(Relaxed) == 0 && !whole_words.on {
+        return None; // nothing freed yet, and no order check
     }
     let mut words = Words {
         n: 0,
@@ -406,6 +455,7 @@ pub unsafe fn check(
     };
     if !params.is_null() {
         let layout = layout(f)?;
+        *name = layout.name.as_str();
         if !layout.known {
             UNCHECKED.fetch_add(1, Relaxed);
             return None; // the array's length is the parameter count, which nothing gave
@@ -430,6 +480,9 @@ pub unsafe fn check(
                     unsafe { std::ptr::read_unaligned(value.add(at as usize) as *const u64) };
                 // The whole parameter only when it is exactly 8 bytes at an 8-aligned offset.
                 let whole = size == 8 && off % 8 == 0;
+                if whole {
+                    whole_words.push(word);
+                }
                 words.push(word, i as u32, off + at, whole, &mut out);
                 at += 8;
             }
@@ -464,6 +517,7 @@ pub unsafe fn check(
         return None;
     }
     let layout = layout(f)?;
+    *name = layout.name.as_str();
     let mut out = Found {
         api,
         layout,
@@ -493,6 +547,9 @@ pub unsafe fn check(
         } else {
             (0, false) // no layout: never a whole parameter, so never evidence
         };
+        if whole {
+            whole_words.push(word);
+        }
         words.push(word, index, at as u32, whole, &mut out);
         at += 8;
     }

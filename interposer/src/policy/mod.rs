@@ -6,9 +6,10 @@
 //! numbered), [`tier`] (which bytes of a freed block the poison and check cover), [`device`]
 //! (each context's module, kernels, result buffers and release stream),
 //! [`log`], [`reuse`] (checked memory kept for reuse), [`frameworks`] (their pools off);
-//! [`guard`] (uses sync); [`release`] (the release stream's work; uses device); [`isolate`], a
-//! folder (uses log, guard, release, reuse and device); [`launch`] (the launch check; uses
-//! isolate's quarantine index and sync).
+//! [`guard`] (uses sync); [`release`] (the release stream's work; uses device); [`order`] (the
+//! stream-order check: vector clocks over streams, uses, frees); [`isolate`], a folder (uses
+//! log, guard, release, reuse, device and order); [`launch`] (the launch check; uses isolate's
+//! quarantine index, order and sync).
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -18,6 +19,7 @@ pub mod guard;
 pub mod isolate;
 pub mod launch;
 pub mod log;
+pub mod order;
 pub mod release;
 pub mod reuse;
 pub mod sync;
@@ -164,6 +166,7 @@ pub fn at_exit() {
         isolate::exit_notes();
         if check_launches() && crate::record::writer::started() {
             launch::note_at_exit();
+            order::note_at_exit();
         }
     }
     if !crate::record::writer::started() {
@@ -224,6 +227,7 @@ fn exit_note(topic: isolate_trace::CostTopic, size: u64, value: u64, text: Strin
 /// of the parent held is waited for.
 pub fn after_fork_child() {
     launch::after_fork_child();
+    order::after_fork_child();
     guard::after_fork_child();
     isolate::after_fork_child();
     device::after_fork_child();
@@ -237,16 +241,33 @@ pub fn after_fork_child() {
 pub unsafe fn launch_check(
     api: isolate_trace::Api,
     f: CUfunction,
+    stream: CUstream,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> Option<launch::Guarded> {
     // SAFETY: the caller's contract is `launch::check`'s.
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
         profile::timed(profile::Part::LaunchCheck, || {
-            launch::check(api, f, params, extra)
+            launch::check(api, f, stream, params, extra)
         })
     }))
     .unwrap_or(None)
+}
+
+/// A hook of stream work is about to make its real call (never fails, never changes the call):
+/// the deferred poisons are queued, and the stream-order check sees the call's uses and waits.
+#[inline]
+pub fn stream_op(op: &order::Op) {
+    stream_work();
+    order::before(op);
+}
+
+/// A hook of stream work's real call returned `r` (never changes it): what it ordered, and a
+/// device fault it returned.
+#[inline]
+pub fn stream_op_done(by: &str, op: &order::Op, r: CUresult) {
+    order::after(op, r);
+    saw_code(by, r);
 }
 
 /// A stream capture is about to begin on a stream of the current context (never fails, never
@@ -262,6 +283,7 @@ pub fn capture_start() {
 
 /// The program is about to destroy `stream` (never fails, never changes the call).
 pub fn stream_gone(stream: usize) {
+    order::stream_gone(stream);
     if isolating() {
         let _ = std::panic::catch_unwind(|| release::stream_gone(stream));
     }

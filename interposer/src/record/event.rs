@@ -17,6 +17,13 @@ pub fn next_seq() -> u64 {
     SEQ.fetch_add(1, Relaxed)
 }
 
+/// The last sequence number taken so far (0 before any): what a use that is no event of its
+/// own names as "after event N" (policy/order.rs).
+#[inline]
+pub fn last_seq() -> u64 {
+    SEQ.load(Relaxed).saturating_sub(1)
+}
+
 /// In a fork child: its trace starts again at 0.
 pub fn after_fork_child() {
     SEQ.store(0, Relaxed);

@@ -26,6 +26,7 @@ static FREES: AtomicU64 = AtomicU64::new(0);
 static STALE_WRITES: AtomicU64 = AtomicU64::new(0);
 static STALE_LAUNCHES: AtomicU64 = AtomicU64::new(0);
 static INVALID_FREES: AtomicU64 = AtomicU64::new(0);
+static FREED_IN_USE: AtomicU64 = AtomicU64::new(0);
 
 /// The counters at one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -40,6 +41,8 @@ pub struct Counters {
     pub stale_writes: u64,
     pub stale_launches: u64,
     pub invalid_frees: u64,
+    /// Allocations freed while still in use on another stream (policy/order.rs).
+    pub freed_in_use: u64,
 }
 
 pub fn get() -> Counters {
@@ -53,6 +56,7 @@ pub fn get() -> Counters {
         stale_writes: STALE_WRITES.load(Relaxed),
         stale_launches: STALE_LAUNCHES.load(Relaxed),
         invalid_frees: INVALID_FREES.load(Relaxed),
+        freed_in_use: FREED_IN_USE.load(Relaxed),
     }
 }
 
@@ -78,6 +82,9 @@ pub fn see(rec: &Record) {
         }
         Record::StaleLaunch(_) | Record::StaleValue(_) => {
             STALE_LAUNCHES.fetch_add(1, Relaxed);
+        }
+        Record::FreedInUse(_) => {
+            FREED_IN_USE.fetch_add(1, Relaxed);
         }
         _ => {}
     }

@@ -5,7 +5,7 @@
 //! program holds, for its pool statistics.
 //!
 //! Layer: policies. Uses the base, recording, [`crate::policy::guard`], [`crate::policy::reuse`],
-//! [`crate::policy::release`] and the folder's state, poison, quarantine, release paths, exit
+//! [`crate::policy::release`], [`crate::policy::order`] and the folder's state, poison, quarantine, release paths, exit
 //! check and counters.
 
 use super::counters::{CAPTURED, POISON_BYTES, POISON_NS, POISONED, WRITTEN_BYTES};
@@ -23,7 +23,7 @@ use crate::base::cu;
 use crate::base::cuda::*;
 use crate::base::real::{self, *};
 use crate::base::sys::now_ns;
-use crate::policy::{guard, release, reuse};
+use crate::policy::{guard, order, release, reuse};
 use crate::record::event::{self, Pending};
 use crate::record::profile::{self, Part};
 use isolate_trace::{Api, Event, Memory, NoteKind, Source};
@@ -125,6 +125,14 @@ pub fn alloc(
             stack: p.stack(),
         };
         profile::timed(Part::Live, || st!(state()).live.insert(p.ev.ptr, live));
+        order::allocated(
+            p.ev.ptr,
+            live.size,
+            live.seq,
+            live.stack,
+            proto.api,
+            proto.stream,
+        );
     }
     p.finish(r);
     r
@@ -178,6 +186,12 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         return r;
     }
     p.ev.size = live.size;
+    // The stream-order check, at the free and before its poison is queued: a use on another
+    // stream not ordered before it is a finding (the free's stack is taken once either way).
+    if order::active() {
+        let free_stack = p.stack();
+        order::freed(proto.ptr, proto.api, proto.stream, seq, free_stack);
+    }
     let ordered = proto.api.stream_ordered();
     if live.pooled {
         let _ = POOL_LIVE.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(live.size)));

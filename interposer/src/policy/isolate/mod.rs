@@ -12,7 +12,8 @@
 //! is what the rest of the policies see.
 //!
 //! Layer: policies. Uses the base, recording, [`super::log`], [`super::guard`],
-//! [`super::release`], [`super::reuse`] and [`super::device`].
+//! [`super::release`], [`super::reuse`], [`super::device`] and [`super::order`] (told of each
+//! allocation and free).
 
 mod alloc;
 mod counters;

@@ -1,0 +1,928 @@
+//! The stream-order check: an allocation freed on one stream while a use of it on another
+//! stream is not ordered before the free (a missing `record_stream`, a missing event wait) is a
+//! finding, decided by happens-before at the free whether or not the bytes changed
+//! (docs/ordering.md).
+//!
+//! Vector clocks: one per stream (streams indexed in a small table, the legacy default stream
+//! index 0, each thread's per-thread default stream one of its own) and one for the host,
+//! shared by every host thread. Host threads order each other through locks the library cannot
+//! see; one clock for all of them only adds edges, so it can hide a finding but never make one.
+//! Every operation queued on stream S first joins the host clock into S (work queued after the
+//! host saw something is ordered after it); a use then ticks S's own component, and its
+//! timestamp is `S.vc[S]`. Edges: an event record copies the stream's clock into the event; a
+//! stream wait joins the event's into the stream; an event or stream synchronisation (or a query
+//! that says done) joins it into the host; a context synchronisation and a synchronous free join
+//! every stream into the host. The legacy default stream waits for every blocking stream before
+//! each of its operations, and every blocking stream waits for it (both joins are made lazily,
+//! when the other side changed: generation counters, so a launch costs a hash lookup).
+//!
+//! A use is a launch with a whole 8-byte parameter exactly equal to a tracked allocation's
+//! start (the launch check's evidence rule), or a copy or set whose destination or source is
+//! an allocation's start. Each allocation keeps the latest use per stream; a use on a stream
+//! other than the allocation's own (its allocating stream, or its first use's for a plain
+//! allocation) also gets the launching thread's stack, captured after the lock is let go.
+//!
+//! A free on stream A of an allocation with a use on B ≠ A whose tick is above `A.vc[B]` is a
+//! [`FreedInUse`] record and one `FREED IN USE` line on stderr, once per allocation. Nothing is
+//! decided while any stream captures a graph for the capturing streams (their work runs at the
+//! graph's launches; a graph launch is an operation ordered after every stream, uses inside
+//! graphs are not tracked).
+//!
+//! Never a CUDA call while the lock is held: a stream's flags (`cuStreamGetFlags`) and whether it
+//! captures (`cuStreamIsCapturing`) are asked before it is taken.
+//!
+//! Layer: policies. Uses the base and recording.
+
+use crate::base::config::{self, Mode};
+use crate::base::cu;
+use crate::base::cuda::*;
+use crate::base::sys::{ForkLock, gettid, now_ns, warn};
+use crate::record::{event, stacks, writer};
+use isolate_trace::{Api, FreedInUse, Record};
+use rustc_hash::FxHashMap;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+/// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`, the handles that name the default streams.
+const HANDLE_LEGACY: u64 = 0x1;
+const HANDLE_PER_THREAD: u64 = 0x2;
+/// `CU_STREAM_NON_BLOCKING`.
+const NON_BLOCKING: u32 = 0x1;
+/// The legacy default stream's index.
+const LEGACY: u32 = 0;
+/// No stream yet (a plain allocation's own stream before its first use).
+const NONE: u32 = u32::MAX;
+/// Most addresses of one launch looked at.
+pub const WORDS: usize = 64;
+
+/// True when the check runs: isolate mode with the launch check on (the uses come from its
+/// walk of the parameters, and its hooks are handed out) and `ISOLATE_TEST_ORDER` not off.
+#[inline]
+pub fn active() -> bool {
+    let c = config::get();
+    c.mode == Mode::Isolate && c.check_launch && c.order
+}
+
+/// Which stream a handle names, as the program passed it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Key {
+    Legacy,
+    /// The calling thread's own default stream (by Linux thread id).
+    PerThread(u32),
+    /// A stream the program created.
+    Created(u64),
+}
+
+impl Key {
+    /// The stream `handle` names on an entry point whose null stream is the per-thread one
+    /// (`ptsz`, the `_ptsz`/`_ptds` exports) or the legacy one.
+    pub fn of(handle: u64, ptsz: bool) -> Key {
+        match handle {
+            0 if ptsz => Key::PerThread(gettid()),
+            0 | HANDLE_LEGACY => Key::Legacy,
+            HANDLE_PER_THREAD => Key::PerThread(gettid()),
+            h => Key::Created(h),
+        }
+    }
+
+    fn map_key(self) -> Option<u64> {
+        match self {
+            Key::Legacy => None,
+            Key::PerThread(tid) => Some(1 << 63 | tid as u64),
+            Key::Created(h) => Some(h),
+        }
+    }
+
+    /// The handle a record names: 0 the legacy stream, 2 the per-thread one, else the handle.
+    fn handle(self) -> u64 {
+        match self {
+            Key::Legacy => 0,
+            Key::PerThread(_) => HANDLE_PER_THREAD,
+            Key::Created(h) => h,
+        }
+    }
+
+    /// The handle to ask the driver about it with (`cuStreamIsCapturing`).
+    fn query_handle(self) -> CUstream {
+        match self {
+            Key::Legacy => std::ptr::null_mut(),
+            Key::PerThread(_) => HANDLE_PER_THREAD as CUstream,
+            Key::Created(h) => h as CUstream,
+        }
+    }
+}
+
+/// One stream's clock and what it has seen of the others.
+struct Stream {
+    vc: Vec<u64>,
+    /// Synchronises with the legacy default stream (not created `CU_STREAM_NON_BLOCKING`).
+    blocking: bool,
+    /// Bumped whenever `vc` grows.
+    generation: u64,
+    /// The host's, the legacy stream's and (for the legacy stream) the blocking streams'
+    /// generation last joined in.
+    host_seen: u64,
+    legacy_seen: u64,
+    blocking_seen: u64,
+    handle: u64,
+}
+
+impl Stream {
+    fn new(blocking: bool, handle: u64) -> Stream {
+        Stream {
+            vc: Vec::new(),
+            blocking,
+            generation: 1,
+            host_seen: 0,
+            legacy_seen: 0,
+            blocking_seen: 0,
+            handle,
+        }
+    }
+}
+
+/// `a ⊔= b`; true when `a` grew.
+fn join(a: &mut Vec<u64>, b: &[u64]) -> bool {
+    if a.len() < b.len() {
+        a.resize(b.len(), 0);
+    }
+    let mut grew = false;
+    for (x, &y) in a.iter_mut().zip(b) {
+        if y > *x {
+            *x = y;
+            grew = true;
+        }
+    }
+    grew
+}
+
+/// A use of an allocation: the latest on its stream.
+#[derive(Clone, Copy, Debug)]
+struct Use {
+    stream: u32,
+    handle: u64,
+    tick: u64,
+    after_seq: u64,
+    ts: u64,
+    stack: u32,
+    name: &'static str,
+    kernel: bool,
+}
+
+/// A tracked allocation.
+struct Alloc {
+    size: u64,
+    seq: u64,
+    stack: u32,
+    own: u32,
+    uses: Vec<Use>,
+}
+
+/// What an unordered use at a free is, for the record.
+#[derive(Debug)]
+pub struct Race {
+    alloc: (u64, u64, u64, u32),
+    free_handle: u64,
+    seen: u64,
+    u: Use,
+}
+
+#[derive(Default)]
+struct State {
+    streams: Vec<Stream>,
+    by_key: FxHashMap<u64, u32>,
+    /// Indices of destroyed streams, given to the next new stream with their clocks (each
+    /// component only grows, so a reused index never makes a finding).
+    spare: Vec<u32>,
+    host: Vec<u64>,
+    host_generation: u64,
+    /// Bumped whenever a blocking stream's clock grows.
+    blocking_generation: u64,
+    events: FxHashMap<usize, Vec<u64>>,
+    allocs: FxHashMap<u64, Alloc>,
+}
+
+impl State {
+    fn new() -> State {
+        let mut s = State::default();
+        s.streams.push(Stream::new(true, 0));
+        s.host_generation = 1;
+        s.blocking_generation = 1;
+        s
+    }
+
+    /// The index of a known stream, `None` for a created stream not seen yet (its flags must be
+    /// asked first, without the lock).
+    fn index(&self, key: Key) -> Option<u32> {
+        match key.map_key() {
+            None => Some(LEGACY),
+            Some(k) => self.by_key.get(&k).copied(),
+        }
+    }
+
+    /// Adds a stream (its flags known); returns its index.
+    fn add(&mut self, key: Key, blocking: bool) -> u32 {
+        if let Some(i) = self.index(key) {
+            return i;
+        }
+        let handle = key.handle();
+        let i = match self.spare.pop() {
+            Some(i) => {
+                let s = &mut self.streams[i as usize];
+                s.blocking = blocking;
+                s.handle = handle;
+                s.generation += 1;
+                i
+            }
+            None => {
+                self.streams.push(Stream::new(blocking, handle));
+                (self.streams.len() - 1) as u32
+            }
+        };
+        if let Some(k) = key.map_key() {
+            self.by_key.insert(k, i);
+        }
+        i
+    }
+
+    /// The stream was destroyed: its handle may name another stream from now on.
+    fn gone(&mut self, key: Key) {
+        if let Some(k) = key.map_key()
+            && let Some(i) = self.by_key.remove(&k)
+        {
+            self.spare.push(i);
+        }
+    }
+
+    /// `streams[i].vc ⊔= src` (a clone of another's); keeps the generations.
+    fn grow(&mut self, i: u32, src: &[u64]) {
+        let s = &mut self.streams[i as usize];
+        if join(&mut s.vc, src) {
+            s.generation += 1;
+            if s.blocking && i != LEGACY {
+                self.blocking_generation += 1;
+            }
+        }
+    }
+
+    /// What every operation queued on stream `i` first does: it is ordered after what the host
+    /// saw, the legacy stream after every blocking stream, a blocking stream after the legacy
+    /// stream. Each join only when the other side changed since.
+    fn enter(&mut self, i: u32) {
+        if self.streams[i as usize].host_seen != self.host_generation {
+            let host = std::mem::take(&mut self.host);
+            self.grow(i, &host);
+            self.host = host;
+            self.streams[i as usize].host_seen = self.host_generation;
+        }
+        if i == LEGACY {
+            if self.streams[0].blocking_seen != self.blocking_generation {
+                for j in 1..self.streams.len() {
+                    if self.streams[j].blocking {
+                        let vc = std::mem::take(&mut self.streams[j].vc);
+                        self.grow(LEGACY, &vc);
+                        self.streams[j].vc = vc;
+                    }
+                }
+                self.streams[0].blocking_seen = self.blocking_generation;
+            }
+        } else if self.streams[i as usize].blocking
+            && self.streams[i as usize].legacy_seen != self.streams[0].generation
+        {
+            let vc = std::mem::take(&mut self.streams[0].vc);
+            self.grow(i, &vc);
+            self.streams[0].vc = vc;
+            self.streams[i as usize].legacy_seen = self.streams[0].generation;
+        }
+    }
+
+    /// A use on stream `i`: its own component ticks; returns the tick.
+    fn tick(&mut self, i: u32) -> u64 {
+        let s = &mut self.streams[i as usize];
+        if s.vc.len() <= i as usize {
+            s.vc.resize(i as usize + 1, 0);
+        }
+        s.vc[i as usize] += 1;
+        s.generation += 1;
+        if s.blocking && i != LEGACY {
+            self.blocking_generation += 1;
+        }
+        self.streams[i as usize].vc[i as usize]
+    }
+
+    /// The host is ordered after stream `i`'s work so far (for the legacy stream, also after
+    /// every blocking stream's: its work waited for theirs).
+    fn host_after(&mut self, i: u32) {
+        let mut grew = join(&mut self.host, &self.streams[i as usize].vc);
+        if i == LEGACY {
+            for s in &self.streams {
+                if s.blocking {
+                    grew |= join(&mut self.host, &s.vc);
+                }
+            }
+        }
+        if grew {
+            self.host_generation += 1;
+        }
+    }
+
+    fn host_after_all(&mut self) {
+        let mut grew = false;
+        for s in &self.streams {
+            grew |= join(&mut self.host, &s.vc);
+        }
+        if grew {
+            self.host_generation += 1;
+        }
+    }
+
+    fn host_after_event(&mut self, e: usize) {
+        if let Some(vc) = self.events.get(&e)
+            && join(&mut self.host, vc)
+        {
+            self.host_generation += 1;
+        }
+    }
+
+    fn record(&mut self, e: usize, i: u32) {
+        self.enter(i);
+        let vc = self.events.entry(e).or_default();
+        vc.clear();
+        vc.extend_from_slice(&self.streams[i as usize].vc);
+    }
+
+    fn wait(&mut self, i: u32, e: usize) {
+        self.enter(i);
+        if let Some(vc) = self.events.remove(&e) {
+            self.grow(i, &vc);
+            self.events.insert(e, vc);
+        }
+    }
+
+    /// Stream `i` waits for what nothing here shows (a memory value, a graph's own waits):
+    /// ordered after every stream, which can only hide findings.
+    fn wait_all(&mut self, i: u32) {
+        self.enter(i);
+        for j in 0..self.streams.len() {
+            if j != i as usize {
+                let vc = std::mem::take(&mut self.streams[j].vc);
+                self.grow(i, &vc);
+                self.streams[j].vc = vc;
+            }
+        }
+    }
+
+    /// Uses of the allocations among `words` by an operation on stream `i`; returns the
+    /// (allocation, tick) of those that need a stack (not on the allocation's own stream).
+    #[allow(clippy::too_many_arguments)]
+    fn uses(
+        &mut self,
+        i: u32,
+        words: &[u64],
+        name: &'static str,
+        kernel: bool,
+        after_seq: u64,
+        ts: u64,
+        need_stack: &mut Vec<(u64, u64)>,
+    ) {
+        self.enter(i);
+        let mut tick = 0;
+        let handle = self.streams[i as usize].handle;
+        for &w in words {
+            if w == 0 || !self.allocs.contains_key(&w) {
+                continue;
+            }
+            if tick == 0 {
+                tick = self.tick(i);
+            }
+            let a = self.allocs.get_mut(&w).expect("looked up above");
+            if a.own == NONE {
+                a.own = i;
+            }
+            let u = Use {
+                stream: i,
+                handle,
+                tick,
+                after_seq,
+                ts,
+                stack: 0,
+                name,
+                kernel,
+            };
+            if a.own != i {
+                need_stack.push((w, tick));
+            }
+            match a.uses.iter_mut().find(|u| u.stream == i) {
+                Some(old) => *old = u,
+                None => a.uses.push(u),
+            }
+        }
+    }
+
+    /// The allocation at `ptr` is freed on stream `i` (`None`: a synchronous free, which waits
+    /// for the device): the first use not ordered before the free, if any.
+    fn free(&mut self, ptr: u64, i: Option<u32>) -> Option<Race> {
+        let a = self.allocs.remove(&ptr)?;
+        let Some(i) = i else {
+            self.host_after_all();
+            return None;
+        };
+        self.enter(i);
+        let vc = &self.streams[i as usize].vc;
+        let race = a.uses.iter().find(|u| {
+            u.stream != i && vc.get(u.stream as usize).copied().unwrap_or(0) < u.tick
+        })?;
+        Some(Race {
+            alloc: (ptr, a.size, a.seq, a.stack),
+            free_handle: self.streams[i as usize].handle,
+            seen: vc.get(race.stream as usize).copied().unwrap_or(0),
+            u: *race,
+        })
+    }
+}
+
+static STATE: ForkLock<Option<State>> = ForkLock::new(None);
+
+/// Streams capturing a graph now (begun and not yet ended): while any does, each operation asks
+/// whether its stream is one of them.
+static CAPTURES: AtomicU64 = AtomicU64::new(0);
+/// Findings so far (the exit note).
+pub static FOUND: AtomicU64 = AtomicU64::new(0);
+/// Uses recorded (the exit note).
+static USES: AtomicU64 = AtomicU64::new(0);
+
+fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
+    let mut g = STATE.lock();
+    f(g.get_or_insert_with(State::new))
+}
+
+/// Whether work on `key` is recorded into a graph now (nothing of it runs until a launch).
+fn capturing(key: Key) -> bool {
+    if CAPTURES.load(Relaxed) == 0 {
+        return false;
+    }
+    // SAFETY: the stream the program passed to the call it is making.
+    unsafe { cu::stream_is_capturing(key.query_handle()) }.unwrap_or(false)
+}
+
+/// The index of `key`'s stream, added with its flags (asked without the lock) when new.
+fn index(key: Key) -> u32 {
+    if let Some(i) = with(|s| s.index(key)) {
+        return i;
+    }
+    let blocking = match key {
+        Key::Legacy | Key::PerThread(_) => true,
+        // SAFETY: the stream the program passed to the call it is making. A handle the driver
+        // does not know (the call fails anyway) counts as blocking: more edges, never a finding.
+        Key::Created(h) => unsafe { cu::stream_get_flags(h as CUstream) }
+            .map_or(true, |f| f & NON_BLOCKING == 0),
+    };
+    with(|s| s.add(key, blocking))
+}
+
+/// What a hook of stream work tells the check: the call's kind and arguments.
+#[derive(Clone, Copy)]
+pub enum Op {
+    /// Work queued on a stream that may touch a destination and a source (copies; a set has
+    /// no source): each a use when it is an allocation's start.
+    Work {
+        stream: CUstream,
+        ptsz: bool,
+        name: &'static str,
+        dst: u64,
+        src: u64,
+    },
+    /// A synchronous copy or set: work on the legacy default stream (the thread's own with the
+    /// `_ptds` exports), after which the host is ordered after that stream.
+    SyncWork {
+        ptds: bool,
+        name: &'static str,
+        dst: u64,
+        src: u64,
+    },
+    Record {
+        event: usize,
+        stream: CUstream,
+        ptsz: bool,
+    },
+    Wait {
+        stream: CUstream,
+        event: usize,
+        ptsz: bool,
+    },
+    /// Work whose waits the library cannot see (memory-value waits, batched memory operations,
+    /// graph launches): the stream is ordered after every stream.
+    WaitAll { stream: CUstream, ptsz: bool },
+    /// A host function or callback: its body may tell a host thread the stream got there, so the
+    /// host is ordered after the stream at once (more edges, never a finding).
+    HostFunc { stream: CUstream, ptsz: bool },
+    /// `cuStreamSynchronize`, and `cuStreamQuery` when it says done.
+    StreamSync { stream: CUstream, ptsz: bool },
+    /// `cuEventSynchronize`, and `cuEventQuery` when it says done.
+    EventSync { event: usize },
+    CtxSync,
+    CaptureBegin,
+    CaptureEnd,
+}
+
+impl Op {
+    fn key(&self) -> Option<Key> {
+        Some(match *self {
+            Op::Work { stream, ptsz, .. }
+            | Op::Record { stream, ptsz, .. }
+            | Op::Wait { stream, ptsz, .. }
+            | Op::WaitAll { stream, ptsz }
+            | Op::HostFunc { stream, ptsz }
+            | Op::StreamSync { stream, ptsz } => Key::of(stream as u64, ptsz),
+            Op::SyncWork { ptds, .. } => Key::of(0, ptds),
+            Op::EventSync { .. } | Op::CtxSync | Op::CaptureBegin | Op::CaptureEnd => return None,
+        })
+    }
+}
+
+/// Before the real call of stream work: uses, and the joins that order the stream's later work.
+pub fn before(op: &Op) {
+    if !active() {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| {
+        let Some(key) = op.key() else { return };
+        if matches!(op, Op::StreamSync { .. }) || capturing(key) {
+            return;
+        }
+        let i = index(key);
+        match *op {
+            Op::Work { name, dst, src, .. } | Op::SyncWork { name, dst, src, .. } => {
+                uses(i, &[dst, src], name, false)
+            }
+            Op::Wait { event, .. } => with(|s| s.wait(i, event)),
+            Op::WaitAll { .. } => with(|s| s.wait_all(i)),
+            _ => with(|s| s.enter(i)),
+        }
+    });
+}
+
+/// After the real call returned `r`: what the call made true once it was made (an event's
+/// capture, the host's waits).
+pub fn after(op: &Op, r: CUresult) {
+    if !active() {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| {
+        match *op {
+            Op::CaptureBegin if r == CUDA_SUCCESS => {
+                CAPTURES.fetch_add(1, AcqRel);
+                return;
+            }
+            Op::CaptureEnd => {
+                let _ = CAPTURES.fetch_update(AcqRel, Acquire, |n| Some(n.saturating_sub(1)));
+                return;
+            }
+            Op::CtxSync if r == CUDA_SUCCESS => return with(|s| s.host_after_all()),
+            Op::EventSync { event } if r == CUDA_SUCCESS => {
+                return with(|s| s.host_after_event(event));
+            }
+            _ => {}
+        }
+        if r != CUDA_SUCCESS {
+            return;
+        }
+        let Some(key) = op.key() else { return };
+        if capturing(key) {
+            return;
+        }
+        let i = index(key);
+        match *op {
+            Op::Record { event, .. } => with(|s| s.record(event, i)),
+            Op::Wait { event, .. } => with(|s| s.wait(i, event)),
+            Op::WaitAll { .. } => with(|s| s.wait_all(i)),
+            Op::SyncWork { .. } | Op::HostFunc { .. } | Op::StreamSync { .. } => {
+                with(|s| s.host_after(i))
+            }
+            _ => {}
+        }
+    });
+}
+
+/// A kernel launch on `stream` with the whole 8-byte parameters `words` (the launch check's
+/// evidence: each a use when it is an allocation's start). Every launch comes here, with or
+/// without words: on the legacy stream it is ordered after the blocking streams.
+pub fn launch(stream: CUstream, ptsz: bool, words: &[u64], name: &'static str) {
+    let key = Key::of(stream as u64, ptsz);
+    if capturing(key) {
+        return;
+    }
+    let i = index(key);
+    uses(i, words, name, true);
+}
+
+fn uses(i: u32, words: &[u64], name: &'static str, kernel: bool) {
+    let mut need = Vec::new();
+    let (after_seq, ts) = (event::last_seq(), now_ns());
+    with(|s| s.uses(i, words, name, kernel, after_seq, ts, &mut need));
+    if need.is_empty() {
+        return;
+    }
+    USES.fetch_add(need.len() as u64, Relaxed);
+    // On another stream than the allocation's own: where it was queued, captured without the
+    // lock and put in the use if it is still the latest.
+    let stack = stacks::capture();
+    with(|s| {
+        for (ptr, tick) in need {
+            if let Some(a) = s.allocs.get_mut(&ptr)
+                && let Some(u) = a.uses.iter_mut().find(|u| u.stream == i && u.tick == tick)
+            {
+                u.stack = stack;
+            }
+        }
+    });
+}
+
+/// A device allocation (quarantinable memory) was made: tracked until its free. A
+/// stream-ordered one's own stream is its stream; a plain one's, its first use's.
+pub fn allocated(ptr: u64, size: u64, seq: u64, stack: u32, api: Api, stream: u64) {
+    if !active() {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| {
+        let own = if api.stream_ordered() {
+            let key = Key::of(stream, api.per_thread_stream());
+            if capturing(key) { NONE } else { index(key) }
+        } else {
+            NONE
+        };
+        with(|s| {
+            s.allocs.insert(
+                ptr,
+                Alloc {
+                    size,
+                    seq,
+                    stack,
+                    own,
+                    uses: Vec::new(),
+                },
+            )
+        });
+    });
+}
+
+/// The allocation at `ptr` is being freed by `api` (on `stream` when stream-ordered; event
+/// `seq`, stack `free_stack`), before the real call and before its poison is queued: a use on
+/// another stream not ordered before it is a finding.
+pub fn freed(ptr: u64, api: Api, stream: u64, seq: u64, free_stack: u32) {
+    if !active() {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| {
+        let key = api
+            .stream_ordered()
+            .then(|| Key::of(stream, api.per_thread_stream()));
+        if let Some(k) = key
+            && capturing(k)
+        {
+            // Recorded into a graph: freed when the graph runs (uses in graphs are not tracked).
+            with(|s| s.allocs.remove(&ptr));
+            return;
+        }
+        let i = key.map(index);
+        let Some(race) = with(|s| s.free(ptr, i)) else {
+            return;
+        };
+        report(race, api, seq, free_stack);
+    });
+}
+
+/// The finding: its record, and one line on stderr.
+fn report(race: Race, api: Api, seq: u64, free_stack: u32) {
+    FOUND.fetch_add(1, Relaxed);
+    let (ptr, size, alloc_seq, alloc_stack) = race.alloc;
+    let u = race.u;
+    let what = if u.kernel {
+        format!("kernel {}", u.name)
+    } else {
+        u.name.to_string()
+    };
+    warn(&format!(
+        "FREED IN USE: allocation 0x{ptr:x} ({size} bytes, allocated at event {alloc_seq}) freed \
+         by {api} on stream 0x{:x} at event {seq} while {what} on stream 0x{:x} (queued after \
+         event {}) may still use it: nothing orders that use before the free (no event recorded \
+         on stream 0x{:x} after it was waited on by stream 0x{:x}, no synchronisation). In \
+         PyTorch: x.record_stream(s) or torch.cuda.current_stream().wait_stream(s) before del x. \
+         `isolate summary` names the lines",
+        race.free_handle, u.handle, u.after_seq, u.handle, race.free_handle
+    ));
+    writer::submit(Record::FreedInUse(FreedInUse {
+        seq: event::next_seq(),
+        ts_ns: now_ns(),
+        tid: gettid(),
+        device: event::current_device(),
+        alloc_ptr: ptr,
+        alloc_size: size,
+        alloc_seq,
+        alloc_stack,
+        free_seq: seq,
+        free_api: api,
+        free_stream: race.free_handle,
+        free_stack,
+        use_name: u.name.to_string(),
+        use_kernel: u.kernel,
+        use_stream: u.handle,
+        use_after_seq: u.after_seq,
+        use_ts_ns: u.ts,
+        use_stack: u.stack,
+        use_tick: u.tick,
+        seen_tick: race.seen,
+    }));
+}
+
+/// The program is about to destroy `stream`.
+pub fn stream_gone(stream: usize) {
+    if !active() {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| with(|s| s.gone(Key::of(stream as u64, false))));
+}
+
+/// In a fork child: the parent's streams and allocations are not the child's.
+pub fn after_fork_child() {
+    STATE.reset_in_child(None);
+    CAPTURES.store(0, Relaxed);
+}
+
+/// The note written at exit: the check ran, and what it saw.
+pub fn note_at_exit() {
+    if !active() {
+        return;
+    }
+    let (streams, tracked) = {
+        let g = STATE.lock();
+        g.as_ref()
+            .map_or((1, 0), |s| (s.streams.len(), s.allocs.len()))
+    };
+    let found = FOUND.load(Relaxed);
+    event::cost_note(
+        isolate_trace::CostTopic::StreamOrder,
+        found,
+        streams as u64,
+        format!(
+            "stream order: {streams} streams, {} uses on another stream than their \
+             allocation's, {found} freed while in use on another stream; {tracked} allocations \
+             still tracked",
+            USES.load(Relaxed)
+        ),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const X: u64 = 0x1000;
+
+    fn state_with(streams: &[(u64, bool)]) -> (State, Vec<u32>) {
+        let mut s = State::new();
+        let ids = streams
+            .iter()
+            .map(|&(h, blocking)| s.add(Key::Created(h), blocking))
+            .collect();
+        (s, ids)
+    }
+
+    fn alloc(s: &mut State, own: u32) {
+        s.allocs.insert(
+            X,
+            Alloc {
+                size: 64,
+                seq: 1,
+                stack: 0,
+                own,
+                uses: Vec::new(),
+            },
+        );
+    }
+
+    fn used(s: &mut State, i: u32) {
+        let mut need = Vec::new();
+        s.uses(i, &[X], "k", true, 0, 0, &mut need);
+    }
+
+    /// Used on B, freed on A with nothing between: a race; an event recorded on B after the use
+    /// and waited on by A orders it; recorded before the use, it does not.
+    #[test]
+    fn an_event_orders_only_what_was_queued_before_its_record() {
+        let (mut s, id) = state_with(&[(0xa, false), (0xb, false)]);
+        let (a, b) = (id[0], id[1]);
+        alloc(&mut s, a);
+        used(&mut s, b);
+        let r = s.free(X, Some(a)).expect("a race");
+        assert_eq!((r.u.stream, r.u.tick, r.seen), (b, 1, 0));
+
+        alloc(&mut s, a);
+        used(&mut s, b);
+        s.record(7, b);
+        s.wait(a, 7);
+        assert!(s.free(X, Some(a)).is_none());
+
+        alloc(&mut s, a);
+        s.record(8, b);
+        used(&mut s, b);
+        s.wait(a, 8);
+        assert!(s.free(X, Some(a)).is_some());
+    }
+
+    /// The host's waits: a stream synchronised, an event synchronised, the context; a
+    /// synchronous free is never a finding.
+    #[test]
+    fn the_hosts_waits_order_later_work() {
+        let (mut s, id) = state_with(&[(0xa, false), (0xb, false)]);
+        let (a, b) = (id[0], id[1]);
+        for how in 0..4 {
+            alloc(&mut s, a);
+            used(&mut s, b);
+            match how {
+                0 => s.host_after(b),
+                1 => {
+                    s.record(3, b);
+                    s.host_after_event(3)
+                }
+                2 => s.host_after_all(),
+                _ => {
+                    assert!(s.free(X, None).is_none());
+                    continue;
+                }
+            }
+            assert!(s.free(X, Some(a)).is_none(), "{how}");
+        }
+    }
+
+    /// The legacy default stream waits for blocking streams and they for it; a non-blocking
+    /// stream does neither.
+    #[test]
+    fn the_legacy_stream_orders_blocking_streams_only() {
+        let (mut s, id) = state_with(&[(0xa, true), (0xb, true), (0xc, false)]);
+        let (a, b, c) = (id[0], id[1], id[2]);
+        // Used on blocking B, then anything on the legacy stream, then freed on blocking A.
+        alloc(&mut s, a);
+        used(&mut s, b);
+        s.enter(LEGACY);
+        assert!(s.free(X, Some(a)).is_none());
+        // Used on non-blocking C: the legacy stream does not wait for it.
+        alloc(&mut s, a);
+        used(&mut s, c);
+        s.enter(LEGACY);
+        assert!(s.free(X, Some(a)).is_some());
+        // Freed on the legacy stream itself after a use on blocking B: ordered.
+        alloc(&mut s, LEGACY);
+        used(&mut s, b);
+        assert!(s.free(X, Some(LEGACY)).is_none());
+        // Used on the legacy stream, freed on blocking A: A's work waits for it.
+        alloc(&mut s, a);
+        used(&mut s, LEGACY);
+        assert!(s.free(X, Some(a)).is_none());
+        // ... but not on non-blocking C.
+        alloc(&mut s, c);
+        used(&mut s, LEGACY);
+        assert!(s.free(X, Some(c)).is_some());
+    }
+
+    /// Uses on the allocation's own stream need no stack; the latest use per stream is kept.
+    #[test]
+    fn only_uses_on_other_streams_ask_for_a_stack() {
+        let (mut s, id) = state_with(&[(0xa, false), (0xb, false)]);
+        let (a, b) = (id[0], id[1]);
+        alloc(&mut s, a);
+        let mut need = Vec::new();
+        s.uses(a, &[X, 0, 5], "k", true, 0, 0, &mut need);
+        assert!(need.is_empty());
+        s.uses(b, &[X], "k", true, 0, 0, &mut need);
+        s.uses(b, &[X], "k2", true, 0, 0, &mut need);
+        assert_eq!(need, [(X, 1), (X, 2)]);
+        assert_eq!(s.allocs[&X].uses.len(), 2);
+        assert_eq!(s.free(X, Some(a)).unwrap().u.name, "k2");
+    }
+
+    /// A destroyed stream's index goes to the next new stream with its clock: components only
+    /// grow, so an old use stays unordered until something orders it.
+    #[test]
+    fn a_reused_index_keeps_its_clock() {
+        let (mut s, id) = state_with(&[(0xa, false), (0xb, false)]);
+        let (a, b) = (id[0], id[1]);
+        alloc(&mut s, a);
+        used(&mut s, b);
+        s.gone(Key::Created(0xb));
+        let b2 = s.add(Key::Created(0xd), false);
+        assert_eq!(b2, b);
+        assert_eq!(s.streams[b as usize].vc[b as usize], 1);
+        assert!(s.free(X, Some(a)).is_some());
+    }
+
+    /// Waits the library cannot see order the stream after every stream.
+    #[test]
+    fn an_unseen_wait_orders_after_everything() {
+        let (mut s, id) = state_with(&[(0xa, false), (0xb, false)]);
+        let (a, b) = (id[0], id[1]);
+        alloc(&mut s, a);
+        used(&mut s, b);
+        s.wait_all(a);
+        assert!(s.free(X, Some(a)).is_none());
+    }
+}
