@@ -215,7 +215,11 @@ impl<W: Write> Exporter<'_, W> {
 /// trace); one would be named like the others.
 fn instant_name(k: Kind, what: &str) -> String {
     match k {
-        Kind::StaleWrite | Kind::StaleLaunch | Kind::DeviceFault | Kind::Leak => {
+        Kind::StaleWrite
+        | Kind::StaleLaunch
+        | Kind::UnorderedFree
+        | Kind::DeviceFault
+        | Kind::Leak => {
             format!("{} {what}", k.word())
         }
         Kind::InvalidFree | Kind::DoubleFree => format!("invalid {what}"),

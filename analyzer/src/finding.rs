@@ -13,7 +13,9 @@
 //!
 //! A finding **counts** (makes `--error-exitcode` and `check --no-violations` fail, and is
 //! what the summary's `FINDINGS:` headline adds up) when it is certainly a bug of the program:
-//! a stale write, a stale launch, an invalid free, a double free, a device fault. A leak (a site
+//! a stale write, a stale launch, an unordered free (freed on one stream while a use on another
+//! stream was not ordered before it: by CUDA's rules the use may run after the free, whatever
+//! the timing did in this run), an invalid free, a double free, a device fault. A leak (a site
 //! whose live memory grows at every step, see [`crate::growth`]) is shown with the findings but
 //! not counted: a program may keep per-step results on the device on purpose (predictions
 //! gathered for an evaluation), which looks the same. [`Kind::counts`] says it;
@@ -42,15 +44,15 @@
 //! assert_eq!(f.get(Kind::InvalidFree), 2); // invalid frees that are not double frees
 //! assert_eq!(f.counted(), 4);
 //! assert_eq!(f.describe_counted(), "1 stale write, 2 invalid frees, 1 double free");
-//! assert_eq!(Tally::default().describe_counted(), "no stale writes, stale launches, invalid or double frees or device faults");
+//! assert_eq!(Tally::default().describe_counted(), "no stale writes, stale launches, unordered, invalid or double frees or device faults");
 //! assert!(!Kind::Leak.counts());
 //! ```
 
 use crate::stacks::ShownStack;
 use crate::summary::Summarizer;
 use crate::summary::{
-    DeviceFault, FaultedCall, InvalidFree, LeakEntry, PoisonViolation, StaleLaunchEntry, Totals,
-    TraceSummary,
+    DeviceFault, FaultedCall, FreedInUseEntry, InvalidFree, LeakEntry, PoisonViolation,
+    StaleLaunchEntry, Totals, TraceSummary,
 };
 use crate::track::{Ended, Invalid, Live, Node, Observer};
 use crate::words;
@@ -63,6 +65,9 @@ pub enum Kind {
     StaleWrite,
     /// A kernel launched with a pointer into freed memory that it used (a StaleLaunch record).
     StaleLaunch,
+    /// A free on one stream while a use on another stream was not ordered before it (a
+    /// FreedInUse record: freed while still in use on another stream).
+    UnorderedFree,
     /// A free of something that was not live and had not been freed before.
     InvalidFree,
     /// A free of something already freed.
@@ -76,9 +81,10 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order outputs name them.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::StaleWrite,
         Kind::StaleLaunch,
+        Kind::UnorderedFree,
         Kind::InvalidFree,
         Kind::DoubleFree,
         Kind::DeviceFault,
@@ -90,6 +96,7 @@ impl Kind {
         match self {
             Kind::StaleWrite => words::STALE_WRITE,
             Kind::StaleLaunch => words::STALE_LAUNCH,
+            Kind::UnorderedFree => words::UNORDERED_FREE,
             Kind::InvalidFree => words::INVALID_FREE,
             Kind::DoubleFree => words::DOUBLE_FREE,
             Kind::DeviceFault => words::DEVICE_FAULT,
@@ -102,6 +109,7 @@ impl Kind {
         match self {
             Kind::StaleWrite => "stale_write",
             Kind::StaleLaunch => "stale_launch",
+            Kind::UnorderedFree => "unordered_free",
             Kind::InvalidFree => "invalid_free",
             Kind::DoubleFree => "double_free",
             Kind::DeviceFault => "device_fault",
@@ -115,6 +123,7 @@ impl Kind {
         match self {
             Kind::StaleWrite
             | Kind::StaleLaunch
+            | Kind::UnorderedFree
             | Kind::InvalidFree
             | Kind::DoubleFree
             | Kind::DeviceFault => true,
@@ -141,6 +150,7 @@ pub enum Fault<'a> {
 pub enum Finding<'a> {
     StaleWrite(&'a PoisonViolation),
     StaleLaunch(&'a StaleLaunchEntry),
+    UnorderedFree(&'a FreedInUseEntry),
     InvalidFree(&'a InvalidFree),
     DoubleFree(&'a InvalidFree),
     DeviceFault(Fault<'a>),
@@ -156,6 +166,8 @@ pub enum Role {
     Freed,
     /// A double free's first free.
     FirstFreed,
+    /// An unordered free's use on another stream (the launch, copy or set).
+    Used,
 }
 
 /// A call a finding is about: its event, its API when known and its stack id (trace format 2
@@ -174,6 +186,7 @@ impl<'a> Finding<'a> {
         match self {
             Finding::StaleWrite(_) => Kind::StaleWrite,
             Finding::StaleLaunch(_) => Kind::StaleLaunch,
+            Finding::UnorderedFree(_) => Kind::UnorderedFree,
             Finding::InvalidFree(_) => Kind::InvalidFree,
             Finding::DoubleFree(_) => Kind::DoubleFree,
             Finding::DeviceFault(_) => Kind::DeviceFault,
@@ -223,6 +236,16 @@ impl<'a> Finding<'a> {
                     s.freed_at.seq,
                     s.free_api.as_deref(),
                     s.stack_ids[2],
+                ),
+            ],
+            Finding::UnorderedFree(f) => vec![
+                site(Role::Freed, f.free_seq, Some(&f.free_api), f.stack_ids[1]),
+                site(Role::Used, f.use_after_seq, None, f.stack_ids[2]),
+                site(
+                    Role::Allocated,
+                    f.alloc_seq,
+                    f.alloc_api.as_deref(),
+                    f.stack_ids[0],
                 ),
             ],
             Finding::InvalidFree(f) | Finding::DoubleFree(f) => {
@@ -279,6 +302,11 @@ impl Finding<'_> {
                 at("allocated", &s.alloc_stack),
                 at("freed", &s.free_stack),
             ],
+            Finding::UnorderedFree(f) => vec![
+                at("freed", &f.free_stack),
+                at(if f.use_kernel { "launched" } else { "used" }, &f.use_stack),
+                at("allocated", &f.alloc_stack),
+            ],
             Finding::InvalidFree(f) => vec![at("freed", &f.stack), at("allocated", &f.alloc_stack)],
             Finding::DoubleFree(f) => vec![
                 at("freed again", &f.stack),
@@ -293,7 +321,7 @@ impl Finding<'_> {
 }
 
 /// The findings of one trace that the summary lists, in the order outputs list them: stale
-/// writes, stale launches, device faults, invalid and double frees (in the order they
+/// writes, stale launches, unordered frees, device faults, invalid and double frees (in the order they
 /// happened), leaks. At most [`LIST_CAP`](crate::summary::LIST_CAP) of each list;
 /// [`Tally`] has the full counts.
 pub fn findings(t: &TraceSummary) -> Vec<Finding<'_>> {
@@ -301,6 +329,7 @@ pub fn findings(t: &TraceSummary) -> Vec<Finding<'_>> {
     let mut v: Vec<Finding> = Vec::new();
     v.extend(x.poison_violations.iter().map(Finding::StaleWrite));
     v.extend(x.stale_launches.iter().map(Finding::StaleLaunch));
+    v.extend(x.freed_in_use.iter().map(Finding::UnorderedFree));
     if x.device_faults.is_empty() {
         v.extend(
             t.first_faulted_call
@@ -402,7 +431,7 @@ impl<O: Renders> Observer for Streamed<O> {
 
 /// What `--error-exitcode` says when no finding counts.
 const NONE_COUNTED: &str =
-    "no stale writes, stale launches, invalid or double frees or device faults";
+    "no stale writes, stale launches, unordered, invalid or double frees or device faults";
 
 /// How many findings of each kind (of one trace, or several added up), and the bytes a step
 /// the leaks grow by.
@@ -420,6 +449,7 @@ impl Tally {
             f.n[k.index()] = match k {
                 Kind::StaleWrite => t.poison_violation_count,
                 Kind::StaleLaunch => t.stale_launch_count,
+                Kind::UnorderedFree => t.freed_in_use_count,
                 Kind::InvalidFree => t.invalid_free_count.saturating_sub(t.double_free_count),
                 Kind::DoubleFree => t.double_free_count,
                 Kind::DeviceFault => t.device_fault_count,
@@ -479,6 +509,7 @@ impl Tally {
                 ),
                 Kind::StaleWrite
                 | Kind::StaleLaunch
+                | Kind::UnorderedFree
                 | Kind::InvalidFree
                 | Kind::DoubleFree
                 | Kind::DeviceFault => words::plural(n, k.word()),
@@ -511,6 +542,7 @@ mod tests {
             [
                 Kind::StaleWrite,
                 Kind::StaleLaunch,
+                Kind::UnorderedFree,
                 Kind::InvalidFree,
                 Kind::DoubleFree,
                 Kind::DeviceFault

@@ -93,6 +93,7 @@ fn incident_kind(k: Kind) -> &'static str {
         Kind::StaleWrite => "poison_violation",
         Kind::StaleLaunch => "stale_launch",
         Kind::InvalidFree | Kind::DoubleFree => "invalid_free",
+        Kind::UnorderedFree => "freed_in_use",
         Kind::DeviceFault | Kind::Leak => k.key(),
     }
 }

@@ -21,6 +21,23 @@ pub const STALE_WRITE: &str = "stale write";
 pub const STALE_LAUNCH: &str = "stale launch";
 /// A read of a freed allocation that returned what the freed allocation had held.
 pub const STALE_VALUE: &str = "stale value";
+/// A free on one stream while a use of the allocation on another stream was not ordered before
+/// it: freed while still in use on another stream (a missing `record_stream` or event wait).
+pub const UNORDERED_FREE: &str = "unordered free";
+/// What fixes an unordered free, in words.
+pub const UNORDERED_FREE_FIX: &str = "in PyTorch: x.record_stream(s) or \
+     torch.cuda.current_stream().wait_stream(s) before del x (in CUDA: an event recorded on \
+     the using stream after the use, waited on by the freeing stream before the free)";
+
+/// A stream named for people: the legacy default stream, the per-thread one, or its handle.
+pub fn stream_name(h: u64) -> String {
+    match h {
+        0 | 1 => "the legacy default stream".to_string(),
+        2 => "the per-thread default stream".to_string(),
+        h => format!("stream {}", crate::util::hex(h)),
+    }
+}
+
 /// A free of an address that was never allocated (or not the start of an allocation).
 pub const INVALID_FREE: &str = "invalid free";
 /// A second free of an allocation that was already freed.

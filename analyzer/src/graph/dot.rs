@@ -177,7 +177,12 @@ fn victim_of(a: &Anomaly) -> Option<(u64, &'static str)> {
     let k = a.finding()?;
     match k {
         Kind::StaleWrite | Kind::StaleLaunch => a.nodes().first().map(|n| (*n, k.word())),
-        Kind::InvalidFree | Kind::DoubleFree | Kind::DeviceFault | Kind::Leak => None,
+        // An unordered free is no anomaly of the graph (anomaly_of): nothing to mark.
+        Kind::UnorderedFree
+        | Kind::InvalidFree
+        | Kind::DoubleFree
+        | Kind::DeviceFault
+        | Kind::Leak => None,
     }
 }
 

@@ -205,13 +205,15 @@ pub enum Anomaly {
 
 /// The anomaly (its `kind` tag) under which the graph shows findings of kind `k`, or `None`
 /// when the graph does not show them: a device fault names no allocation, and the graph shows
-/// every allocation held at exit (`never_freed`), not only the possible leaks.
+/// every allocation held at exit (`never_freed`), not only the possible leaks. An unordered
+/// free is about the order of streams, which the graph (allocations and their lifetimes) does
+/// not draw: the summary and the report name it with its three calls.
 pub fn anomaly_of(k: Kind) -> Option<&'static str> {
     match k {
         Kind::StaleWrite => Some("poison_violation"),
         Kind::StaleLaunch => Some("stale_launch"),
         Kind::InvalidFree | Kind::DoubleFree => Some("invalid_free"),
-        Kind::DeviceFault | Kind::Leak => None,
+        Kind::UnorderedFree | Kind::DeviceFault | Kind::Leak => None,
     }
 }
 

@@ -10,7 +10,7 @@
 use super::timeline::{Seen, Timeline};
 use crate::finding::{self, Finding, Kind};
 use crate::graph::Anomaly;
-use crate::summary::{InvalidFree, LeakEntry, StaleLaunchEntry, TraceSummary};
+use crate::summary::{FreedInUseEntry, InvalidFree, LeakEntry, StaleLaunchEntry, TraceSummary};
 use crate::util::{hex, human_ns};
 use crate::words::{
     self, DEVICE_FAULT, DOUBLE_FREE, INVALID_FREE, LEAK, STALE_LAUNCH, STALE_WRITE, call_result,
@@ -186,6 +186,7 @@ pub(super) fn verdict(
     let mut victims: BTreeMap<u64, Victim> = BTreeMap::new();
     let mut frees: Vec<(&InvalidFree, Vec<String>)> = Vec::new();
     let mut leaks: Vec<&LeakEntry> = Vec::new();
+    let mut unordered: Vec<(&FreedInUseEntry, Vec<String>)> = Vec::new();
     for f in finding::findings(s) {
         match f {
             Finding::StaleWrite(v) => {
@@ -224,6 +225,7 @@ pub(super) fn verdict(
                 e.free_api = e.free_api.or(l.free_api.as_deref());
                 e.launches.push(l);
             }
+            Finding::UnorderedFree(u) => unordered.push((u, f.places())),
             Finding::DeviceFault(_) => {}
             Finding::InvalidFree(i) | Finding::DoubleFree(i) => frees.push((i, f.places())),
             Finding::Leak(l) => leaks.push(l),
@@ -310,6 +312,46 @@ pub(super) fn verdict(
             places: v.places.clone(),
             text,
             t_ns: Some(rel(v.freed_ns)),
+        });
+    }
+
+    // Frees while a use on another stream was not ordered before them.
+    for (u, places) in &unordered {
+        let stream = words::stream_name;
+        let (free_s, use_s) = (stream(u.free_stream), stream(u.use_stream));
+        let what = if u.use_kernel {
+            format!("kernel {}", u.use_name)
+        } else {
+            u.use_name.clone()
+        };
+        let mut text = format!(
+            "The {} allocation at {} ({}{}) was freed by {} ({}) on {free_s} {} while {what} on \
+             {use_s} (queued after {}) may still use it: no event recorded on {use_s} after that \
+             use was waited on by {free_s}, and nothing synchronised with it. Whatever the timing \
+             did in this run, CUDA lets the use run after the free and the memory go to the next \
+             allocation. Fix: {}.",
+            size(u.alloc_size),
+            hex(u.alloc_ptr),
+            u.alloc_api
+                .as_deref()
+                .map(|a| format!("{a}, "))
+                .unwrap_or_default(),
+            event(u.alloc_seq),
+            u.free_api,
+            event(u.free_seq),
+            at(rel(u.ts_ns)),
+            event(u.use_after_seq),
+            words::UNORDERED_FREE_FIX
+        );
+        text.push_str(&code_text(places));
+        findings.push(Entry {
+            kind: Kind::UnorderedFree.key(),
+            title: format!(
+                "{}: freed while still in use on another stream",
+                capital(words::UNORDERED_FREE)
+            ),
+            text,
+            t_ns: Some(rel(u.ts_ns)),
         });
     }
 

@@ -124,6 +124,8 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
         add(&mut t.stale_launch_count, x.stale_launch_count);
         t.stale_launches.extend(x.stale_launches.iter().cloned());
         add(&mut t.stale_value_count, x.stale_value_count);
+        add(&mut t.freed_in_use_count, x.freed_in_use_count);
+        t.freed_in_use.extend(x.freed_in_use.iter().cloned());
         t.stale_values.extend(x.stale_values.iter().cloned());
         t.device_faults.extend(x.device_faults.iter().cloned());
         add(&mut t.device_fault_count, x.device_fault_count);
@@ -205,6 +207,7 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
     t.poison_violations.truncate(LIST_CAP);
     t.stale_launches.truncate(LIST_CAP);
     t.stale_values.truncate(LIST_CAP);
+    t.freed_in_use.truncate(LIST_CAP);
     t.device_faults.truncate(LIST_CAP);
     last.sort_by_key(|e| (e.ts_ns, e.trace, e.seq));
     let skip = last.len().saturating_sub(LAST_EVENTS);

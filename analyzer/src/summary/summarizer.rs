@@ -53,6 +53,8 @@ pub struct Summarizer {
     violations: Vec<PoisonViolation>,
     stale_count: u64,
     stale: Vec<StaleLaunchEntry>,
+    in_use_count: u64,
+    in_use: Vec<FreedInUseEntry>,
     /// Guarded stale values not (yet) followed by a fault, most recent last, at most
     /// [`PENDING_CAP`].
     pending_values: std::collections::VecDeque<StaleLaunchEntry>,
@@ -224,6 +226,8 @@ impl Summarizer {
             violations: Vec::new(),
             stale_count: 0,
             stale: Vec::new(),
+            in_use_count: 0,
+            in_use: Vec::new(),
             pending_values: Default::default(),
             value_count: 0,
             faults: Vec::new(),
@@ -442,6 +446,8 @@ impl Summarizer {
             poison_violations: self.violations,
             stale_launch_count: self.stale_count,
             stale_launches: self.stale,
+            freed_in_use_count: self.in_use_count,
+            freed_in_use: self.in_use,
             stale_value_count: self.value_count,
             stale_values: self.pending_values.into_iter().take(LIST_CAP).collect(),
             device_faults: faults,
@@ -685,6 +691,38 @@ impl Observer for Summarizer {
                 }
                 if self.stale.len() < LIST_CAP {
                     self.stale.push(self.stale_entry(s, fault));
+                }
+            }
+            Record::FreedInUse(f) => {
+                self.in_use_count += 1;
+                if self.in_use.len() < LIST_CAP {
+                    let freed = self.freed(f.alloc_seq, [f.alloc_stack, f.free_stack]);
+                    self.in_use.push(FreedInUseEntry {
+                        trace: self.trace,
+                        pid: self.pid,
+                        seq: f.seq,
+                        ts_ns: f.ts_ns,
+                        tid: f.tid,
+                        device: f.device,
+                        alloc_ptr: f.alloc_ptr,
+                        alloc_size: f.alloc_size,
+                        alloc_seq: f.alloc_seq,
+                        alloc_api: freed.alloc_api.map(|a| a.name().into()),
+                        free_seq: f.free_seq,
+                        free_api: f.free_api.name().into(),
+                        free_stream: f.free_stream,
+                        use_name: f.use_name.clone(),
+                        use_kernel: f.use_kernel,
+                        use_stream: f.use_stream,
+                        use_after_seq: f.use_after_seq,
+                        use_ts_ns: f.use_ts_ns,
+                        use_tick: f.use_tick,
+                        seen_tick: f.seen_tick,
+                        alloc_stack: None,
+                        free_stack: None,
+                        use_stack: None,
+                        stack_ids: [freed.alloc_stack, freed.free_stack, stack_id(f.use_stack)],
+                    });
                 }
             }
             Record::StaleValue(s) => {
@@ -969,6 +1007,11 @@ impl Summarizer {
             s.launch_stack = show(s.stack_ids[0]);
             s.alloc_stack = show(s.stack_ids[1]);
             s.free_stack = show(s.stack_ids[2]);
+        }
+        for f in &mut self.in_use {
+            f.alloc_stack = show(f.stack_ids[0]);
+            f.free_stack = show(f.stack_ids[1]);
+            f.use_stack = show(f.stack_ids[2]);
         }
         for f in &mut self.invalid {
             f.stack = show(f.stack_ids[0]);

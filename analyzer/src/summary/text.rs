@@ -6,14 +6,14 @@
 
 use super::{
     CategoryStats, DEVICE_MEMORY, DeviceFault, DeviceStats, FaultedCall, HeldAtExit, InvalidFree,
-    LeakEntry, PoisonViolation, StaleLaunchEntry, Summary, Totals, TraceSummary,
+    FreedInUseEntry, LeakEntry, PoisonViolation, StaleLaunchEntry, Summary, Totals, TraceSummary,
 };
 use crate::finding::{self, Fault, Finding, Kind, Tally};
 use crate::track::Category;
 use crate::util::{hex, human_ns};
 use crate::words::{
     self, DEVICE_FAULT, DOUBLE_FREE, HELD_AT_EXIT, HELD_BY_CACHE, HELD_BY_PROGRAM, INVALID_FREE,
-    LEAK, STALE_LAUNCH, STALE_WRITE, call_result, count, cuda_error, event, heading, plural, size,
+    LEAK, STALE_LAUNCH, STALE_WRITE, UNORDERED_FREE, call_result, count, cuda_error, event, heading, plural, size,
 };
 use isolate_trace::Api;
 use std::collections::BTreeMap;
@@ -437,9 +437,10 @@ fn list_of(k: Kind, x: &Totals) -> (u8, &'static str, u64) {
     match k {
         Kind::StaleWrite => (0, STALE_WRITE, x.poison_violation_count),
         Kind::StaleLaunch => (1, STALE_LAUNCH, x.stale_launch_count),
-        Kind::DeviceFault => (2, DEVICE_FAULT, x.device_fault_count),
-        Kind::InvalidFree | Kind::DoubleFree => (3, "invalid or double free", x.invalid_free_count),
-        Kind::Leak => (4, LEAK, x.leak_count),
+        Kind::UnorderedFree => (2, UNORDERED_FREE, x.freed_in_use_count),
+        Kind::DeviceFault => (3, DEVICE_FAULT, x.device_fault_count),
+        Kind::InvalidFree | Kind::DoubleFree => (4, "invalid or double free", x.invalid_free_count),
+        Kind::Leak => (5, LEAK, x.leak_count),
     }
 }
 
@@ -478,6 +479,19 @@ fn finding_lines(f: &Finding) -> (String, Vec<String>) {
             d.extend(stack_lines("allocated at", s.alloc_stack.as_ref()));
             d.extend(stack_lines("freed at", s.free_stack.as_ref()));
             (stale_launch_line(s), d)
+        }
+        Finding::UnorderedFree(u) => {
+            let mut d = stack_lines("freed at", u.free_stack.as_ref());
+            d.extend(stack_lines(
+                if u.use_kernel {
+                    "launched at"
+                } else {
+                    "used at"
+                },
+                u.use_stack.as_ref(),
+            ));
+            d.extend(stack_lines("allocated at", u.alloc_stack.as_ref()));
+            (unordered_free_line(u), d)
         }
         Finding::DeviceFault(Fault::Noted(d)) => (device_fault_line(d), Vec::new()),
         Finding::DeviceFault(Fault::Returned(c)) => (faulted_call_line(c), Vec::new()),
@@ -535,6 +549,9 @@ fn stack_problems(t: &Totals) -> Vec<String> {
                 .chain(&s.alloc_stack)
                 .chain(&s.free_stack),
         );
+    }
+    for f in &t.freed_in_use {
+        all.extend(f.free_stack.iter().chain(&f.use_stack).chain(&f.alloc_stack));
     }
     for f in &t.invalid_frees {
         all.extend(
@@ -602,6 +619,32 @@ fn stale_write_line(v: &PoisonViolation) -> String {
         allocation(v.size, v.ptr, v.alloc_api.as_deref(), v.alloc_seq),
         v.free_api,
         event(v.free_seq)
+    )
+}
+
+fn unordered_free_line(u: &FreedInUseEntry) -> String {
+    let (free_s, use_s) = (
+        words::stream_name(u.free_stream),
+        words::stream_name(u.use_stream),
+    );
+    format!(
+        "{}: {} was freed by {} ({}) on {free_s} while {} on {use_s} (queued after {}) may \
+         still use it: no event recorded on {use_s} after that use was waited on by {free_s}, \
+         and nothing synchronised with it ({free_s} had seen {use_s}'s work up to its \
+         operation {}, the use was its operation {}); {}",
+        heading(UNORDERED_FREE),
+        allocation(u.alloc_size, u.alloc_ptr, u.alloc_api.as_deref(), u.alloc_seq),
+        u.free_api,
+        event(u.free_seq),
+        if u.use_kernel {
+            format!("kernel {}", u.use_name.escape_debug())
+        } else {
+            u.use_name.escape_debug().to_string()
+        },
+        event(u.use_after_seq),
+        u.seen_tick,
+        u.use_tick,
+        words::UNORDERED_FREE_FIX
     )
 }
 

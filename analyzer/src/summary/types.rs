@@ -124,6 +124,54 @@ pub struct StaleLaunchEntry {
     pub(crate) stack_ids: [Option<u32>; 3],
 }
 
+/// An allocation freed on one stream while a use of it on another stream was not ordered before
+/// the free (trace format 4's `FreedInUse`: a missing `record_stream` or event wait), decided by
+/// the library at the free from the order of streams, events and synchronisations it saw.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FreedInUseEntry {
+    pub trace: usize,
+    /// The process (the trace header's pid).
+    pub pid: u32,
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub tid: u32,
+    pub device: i32,
+    #[serde(serialize_with = "ser_hex")]
+    pub alloc_ptr: u64,
+    pub alloc_size: u64,
+    /// The allocation's event, and the call that made it when the summary still knew it.
+    pub alloc_seq: u64,
+    pub alloc_api: Option<String>,
+    pub free_seq: u64,
+    pub free_api: String,
+    /// The freeing stream (0: the legacy default stream, 2: the per-thread one).
+    #[serde(serialize_with = "ser_hex")]
+    pub free_stream: u64,
+    /// The use: a kernel's name (`use_kernel`), else the copy's or set's export.
+    pub use_name: String,
+    pub use_kernel: bool,
+    #[serde(serialize_with = "ser_hex")]
+    pub use_stream: u64,
+    /// The last event before the use (a use is no event of its own).
+    pub use_after_seq: u64,
+    pub use_ts_ns: u64,
+    /// The missing edge: the use was operation `use_tick` of its stream, the freeing stream was
+    /// ordered after that stream's operations up to `seen_tick` only.
+    pub use_tick: u64,
+    pub seen_tick: u64,
+    /// The stacks of the allocation, the free and the use (absent when unknown; a use on the
+    /// allocation's own stream has none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alloc_stack: Option<ShownStack>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub free_stack: Option<ShownStack>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub use_stack: Option<ShownStack>,
+    /// Stack ids (allocation, free, use) until the stacks are symbolised.
+    #[serde(skip)]
+    pub(crate) stack_ids: [Option<u32>; 3],
+}
+
 /// A device fault that a call the library saw returned.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DeviceFault {
@@ -580,6 +628,10 @@ pub struct Totals {
     /// followed, never dereferenced (stale fields a kernel ignores). Not errors.
     pub stale_value_count: u64,
     pub stale_values: Vec<StaleLaunchEntry>,
+    /// Allocations freed on one stream while a use on another stream was not ordered before
+    /// the free (trace format 4).
+    pub freed_in_use_count: u64,
+    pub freed_in_use: Vec<FreedInUseEntry>,
     pub device_faults: Vec<DeviceFault>,
     /// Device faults as findings: per trace, its noted device faults, or 1 when none was noted
     /// but a call returned a device-fault code (`first_faulted_call`: traces of older
