@@ -359,6 +359,7 @@ CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags);
 CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
 CUresult cuStreamDestroy(CUstream hStream); /* pre-4.0 export, same ABI */
 CUresult cuStreamDestroy_v2(CUstream hStream);
+CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags);
 CUresult cuStreamSynchronize(CUstream hStream);
 CUresult cuStreamSynchronize_ptsz(CUstream hStream);
 CUresult cuStreamQuery(CUstream hStream);

@@ -96,6 +96,7 @@ static const struct proc g_procs[] = {
     {"cuStreamCreateWithPriority", 5050, F(cuStreamCreateWithPriority), NULL},
     {"cuStreamDestroy", 2000, F(cuStreamDestroy), NULL},
     {"cuStreamDestroy", 4000, F(cuStreamDestroy_v2), NULL},
+    {"cuStreamGetFlags", 5050, F(cuStreamGetFlags), F(cuStreamGetFlags)},
     {"cuStreamSynchronize", 2000, F(cuStreamSynchronize), F(cuStreamSynchronize_ptsz)},
     {"cuStreamQuery", 2000, F(cuStreamQuery), F(cuStreamQuery_ptsz)},
     {"cuStreamIsCapturing", 10000, F(cuStreamIsCapturing), NULL},

@@ -286,6 +286,20 @@ static CUresult stream_destroy(CUstream h) {
     return CUDA_SUCCESS;
 }
 
+/* The flags a stream was created with; the default streams' handles are blocking (0). */
+CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags) {
+    NEED_CTX();
+    if (!flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    enum stream_kind kind;
+    struct CUstream_st *s;
+    CUresult r = resolve_stream(hStream, 0, &kind, &s);
+    if (r)
+        return r;
+    *flags = s ? s->flags : 0;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuStreamDestroy(CUstream hStream) { return stream_destroy(hStream); }
 CUresult cuStreamDestroy_v2(CUstream hStream) { return stream_destroy(hStream); }
 

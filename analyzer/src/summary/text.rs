@@ -5,15 +5,17 @@
 //! Every name comes from [`crate::words`].
 
 use super::{
-    CategoryStats, DEVICE_MEMORY, DeviceFault, DeviceStats, FaultedCall, HeldAtExit, InvalidFree,
-    FreedInUseEntry, LeakEntry, PoisonViolation, StaleLaunchEntry, Summary, Totals, TraceSummary,
+    CategoryStats, DEVICE_MEMORY, DeviceFault, DeviceStats, FaultedCall, FreedInUseEntry,
+    HeldAtExit, InvalidFree, LeakEntry, PoisonViolation, StaleLaunchEntry, Summary, Totals,
+    TraceSummary,
 };
 use crate::finding::{self, Fault, Finding, Kind, Tally};
 use crate::track::Category;
 use crate::util::{hex, human_ns};
 use crate::words::{
     self, DEVICE_FAULT, DOUBLE_FREE, HELD_AT_EXIT, HELD_BY_CACHE, HELD_BY_PROGRAM, INVALID_FREE,
-    LEAK, STALE_LAUNCH, STALE_WRITE, UNORDERED_FREE, call_result, count, cuda_error, event, heading, plural, size,
+    LEAK, STALE_LAUNCH, STALE_WRITE, UNORDERED_FREE, call_result, count, cuda_error, event,
+    heading, plural, size,
 };
 use isolate_trace::Api;
 use std::collections::BTreeMap;
@@ -551,7 +553,12 @@ fn stack_problems(t: &Totals) -> Vec<String> {
         );
     }
     for f in &t.freed_in_use {
-        all.extend(f.free_stack.iter().chain(&f.use_stack).chain(&f.alloc_stack));
+        all.extend(
+            f.free_stack
+                .iter()
+                .chain(&f.use_stack)
+                .chain(&f.alloc_stack),
+        );
     }
     for f in &t.invalid_frees {
         all.extend(
@@ -622,6 +629,15 @@ fn stale_write_line(v: &PoisonViolation) -> String {
     )
 }
 
+/// How far the freeing stream had seen the using stream's work: the missing edge in words.
+fn seen(free_s: &str, use_s: &str, tick: u64) -> String {
+    if tick == 0 {
+        format!("{free_s} had seen none of {use_s}'s work")
+    } else {
+        format!("{free_s} had seen {use_s}'s work up to its operation {tick}")
+    }
+}
+
 fn unordered_free_line(u: &FreedInUseEntry) -> String {
     let (free_s, use_s) = (
         words::stream_name(u.free_stream),
@@ -630,10 +646,14 @@ fn unordered_free_line(u: &FreedInUseEntry) -> String {
     format!(
         "{}: {} was freed by {} ({}) on {free_s} while {} on {use_s} (queued after {}) may \
          still use it: no event recorded on {use_s} after that use was waited on by {free_s}, \
-         and nothing synchronised with it ({free_s} had seen {use_s}'s work up to its \
-         operation {}, the use was its operation {}); {}",
+         and nothing synchronised with it ({}, the use was its operation {}); {}",
         heading(UNORDERED_FREE),
-        allocation(u.alloc_size, u.alloc_ptr, u.alloc_api.as_deref(), u.alloc_seq),
+        allocation(
+            u.alloc_size,
+            u.alloc_ptr,
+            u.alloc_api.as_deref(),
+            u.alloc_seq
+        ),
         u.free_api,
         event(u.free_seq),
         if u.use_kernel {
@@ -642,7 +662,7 @@ fn unordered_free_line(u: &FreedInUseEntry) -> String {
             u.use_name.escape_debug().to_string()
         },
         event(u.use_after_seq),
-        u.seen_tick,
+        seen(&free_s, &use_s, u.seen_tick),
         u.use_tick,
         words::UNORDERED_FREE_FIX
     )

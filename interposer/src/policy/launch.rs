@@ -427,7 +427,12 @@ pub unsafe fn check(
     // SAFETY: the caller's contract.
     let found = unsafe { walk(api, f, params, extra, &mut whole, &mut name) };
     if whole.on {
-        order::launch(stream, api.per_thread_stream(), &whole.words[..whole.n], name);
+        order::launch(
+            stream,
+            api.per_thread_stream(),
+            &whole.words[..whole.n],
+            name,
+        );
     }
     found
 }

@@ -428,9 +428,10 @@ impl State {
         };
         self.enter(i);
         let vc = &self.streams[i as usize].vc;
-        let race = a.uses.iter().find(|u| {
-            u.stream != i && vc.get(u.stream as usize).copied().unwrap_or(0) < u.tick
-        })?;
+        let race = a
+            .uses
+            .iter()
+            .find(|u| u.stream != i && vc.get(u.stream as usize).copied().unwrap_or(0) < u.tick)?;
         Some(Race {
             alloc: (ptr, a.size, a.seq, a.stack),
             free_handle: self.streams[i as usize].handle,
@@ -473,8 +474,9 @@ fn index(key: Key) -> u32 {
         Key::Legacy | Key::PerThread(_) => true,
         // SAFETY: the stream the program passed to the call it is making. A handle the driver
         // does not know (the call fails anyway) counts as blocking: more edges, never a finding.
-        Key::Created(h) => unsafe { cu::stream_get_flags(h as CUstream) }
-            .map_or(true, |f| f & NON_BLOCKING == 0),
+        Key::Created(h) => {
+            unsafe { cu::stream_get_flags(h as CUstream) }.map_or(true, |f| f & NON_BLOCKING == 0)
+        }
     };
     with(|s| s.add(key, blocking))
 }
@@ -511,14 +513,25 @@ pub enum Op {
     },
     /// Work whose waits the library cannot see (memory-value waits, batched memory operations,
     /// graph launches): the stream is ordered after every stream.
-    WaitAll { stream: CUstream, ptsz: bool },
+    WaitAll {
+        stream: CUstream,
+        ptsz: bool,
+    },
     /// A host function or callback: its body may tell a host thread the stream got there, so the
     /// host is ordered after the stream at once (more edges, never a finding).
-    HostFunc { stream: CUstream, ptsz: bool },
+    HostFunc {
+        stream: CUstream,
+        ptsz: bool,
+    },
     /// `cuStreamSynchronize`, and `cuStreamQuery` when it says done.
-    StreamSync { stream: CUstream, ptsz: bool },
+    StreamSync {
+        stream: CUstream,
+        ptsz: bool,
+    },
     /// `cuEventSynchronize`, and `cuEventQuery` when it says done.
-    EventSync { event: usize },
+    EventSync {
+        event: usize,
+    },
     CtxSync,
     CaptureBegin,
     CaptureEnd,
