@@ -210,8 +210,8 @@ fn a_device_fault_counts_and_held_memory_is_no_finding() {
     );
     assert!(
         o.stderr.contains(
-            "isolate: found no stale writes, stale launches, invalid or double frees or device \
-             faults"
+            "isolate: found no stale writes, stale launches, unordered, invalid or double frees \
+             or device faults"
         ),
         "{}",
         o.stderr
@@ -313,8 +313,8 @@ fn the_report_names_every_kind() {
         .html;
     assert!(
         html.contains(
-            "No stale writes, stale launches, invalid frees, double frees, device faults or \
-             leaks found."
+            "No stale writes, stale launches, unordered frees, invalid frees, double frees, device \
+             faults or leaks found."
         ),
         "no all-clear naming every kind"
     );

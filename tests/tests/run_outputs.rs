@@ -222,7 +222,7 @@ fn no_finding_gives_the_commands_status() {
     assert_eq!(s.stdout.matches("== isolate-").count(), 2, "{}", s.stdout);
     assert!(
         o.line("found ").starts_with(
-            "no stale writes, stale launches, invalid or double frees or device faults"
+            "no stale writes, stale launches, unordered, invalid or double frees or device faults"
         ),
         "{}",
         o.describe()

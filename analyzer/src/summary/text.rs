@@ -379,7 +379,12 @@ fn findings_headline(f: &Tally, of: Option<(usize, usize, usize)>, blind: Option
         if let Some(mode) = blind {
             let seen: Vec<&str> = Kind::ALL
                 .iter()
-                .filter(|k| !matches!(k, Kind::StaleWrite | Kind::StaleLaunch))
+                .filter(|k| {
+                    !matches!(
+                        k,
+                        Kind::StaleWrite | Kind::StaleLaunch | Kind::UnorderedFree
+                    )
+                })
                 .map(|k| k.word())
                 .collect();
             return format!(
@@ -417,7 +422,8 @@ fn findings_headline(f: &Tally, of: Option<(usize, usize, usize)>, blind: Option
     s
 }
 
-/// The mode when it is one that cannot see stale writes or stale launches (`log`, `off`).
+/// The mode when it is one that cannot see stale writes, stale launches or unordered frees
+/// (`log`, `off`).
 fn blind_mode(mode: &str) -> Option<&str> {
     matches!(mode, "log" | "off").then_some(mode)
 }
@@ -426,9 +432,11 @@ fn blind_mode(mode: &str) -> Option<&str> {
 fn blind_caveat(mode: &str) -> String {
     format!(
         "{mode} mode cannot see {} or {} (no poison, no quarantine: a write through a freed \
-         pointer goes unnoticed); run in isolate mode (ISOLATE_MODE=isolate) to check for them",
+         pointer goes unnoticed) or {} (launches do not pass through the library); run in \
+         isolate mode (ISOLATE_MODE=isolate) to check for them",
         words::plural_of(STALE_WRITE),
-        words::plural_of(STALE_LAUNCH)
+        words::plural_of(STALE_LAUNCH),
+        words::plural_of(UNORDERED_FREE)
     )
 }
 
