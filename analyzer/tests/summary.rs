@@ -2,7 +2,7 @@ mod common;
 
 use common::*;
 use isolate_analyzer::{NoProgress, summary};
-use isolate_trace::{Api, Note, NoteKind, Record, StaleLaunch, Stats, Violation};
+use isolate_trace::{Api, FreedInUse, Note, NoteKind, Record, StaleLaunch, Stats, Violation};
 use serde_json::json;
 
 fn summarize(t: &TraceBuilder) -> (tempfile::TempDir, summary::Summary) {
@@ -856,4 +856,79 @@ fn the_librarys_cost_is_information_under_a_heading() {
         "{text}"
     );
     assert!(!text.lines().any(|l| l.starts_with("cost")), "{text}");
+}
+
+/// A trace with one unordered free (format 4's FreedInUse: freed on one stream while a use on
+/// another stream was not ordered before it): its line names the allocation, the free, the use
+/// and the missing edge with the advice, the headline counts it, the JSON has its fields, and
+/// `--error-exitcode` fails (it counts).
+#[test]
+fn an_unordered_free_is_a_finding_that_counts() {
+    let mut h = header(100, &["prog"]);
+    h.mode = "isolate".into();
+    let mut t = TraceBuilder::with_header(h);
+    let a = t.call(Api::CudaMallocAsync, A, 4096);
+    t.record(Record::FreedInUse(FreedInUse {
+        seq: 2,
+        ts_ns: 9_000_000,
+        tid: 1000,
+        device: 0,
+        alloc_ptr: A,
+        alloc_size: 4096,
+        alloc_seq: a,
+        alloc_stack: 0,
+        free_seq: 1,
+        free_api: Api::CudaFreeAsync,
+        free_stream: 0,
+        free_stack: 0,
+        use_name: "mul_kernel".into(),
+        use_kernel: true,
+        use_stream: 0x5555_0000_2000,
+        use_after_seq: 0,
+        use_ts_ns: 8_000_000,
+        use_stack: 0,
+        use_tick: 3,
+        seen_tick: 1,
+    }));
+    t.free(A);
+    t.end(Stats::default());
+    let (d, s) = summarize(&t);
+    let v = serde_json::to_value(&s).unwrap();
+    assert_eq!(v["freed_in_use_count"], json!(1));
+    assert_eq!(v["findings"], json!(1));
+    let f = &v["freed_in_use"][0];
+    assert_eq!(f["alloc_ptr"], json!("0x7f0000000000"));
+    assert_eq!(f["free_api"], json!("cudaFreeAsync"));
+    assert_eq!(f["free_stream"], json!("0x0"));
+    assert_eq!(f["use_stream"], json!("0x555500002000"));
+    assert_eq!(f["use_name"], json!("mul_kernel"));
+    assert_eq!((f["use_tick"].as_u64(), f["seen_tick"].as_u64()), (Some(3), Some(1)));
+    let text = summary::render_text(&s);
+    assert!(text.contains("FINDINGS: 1 unordered free"), "{text}");
+    assert!(
+        text.contains(
+            "UNORDERED FREE: a 4.0 KiB allocation at 0x7f0000000000 (cudaMallocAsync, event 0) \
+             was freed by cudaFreeAsync (event 1) on the legacy default stream while kernel \
+             mul_kernel on stream 0x555500002000 (queued after event 0) may still use it"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "(the legacy default stream had seen stream 0x555500002000's work up to its \
+             operation 1, the use was its operation 3); in PyTorch: x.record_stream(s) or \
+             torch.cuda.current_stream().wait_stream(s) before del x"
+        ),
+        "{text}"
+    );
+    std::fs::rename(d.path().join("t.trace"), d.path().join("u.trace")).unwrap();
+    let o = isolate(d.path(), &["summary", "--error-exitcode", "7", "u.trace"]);
+    assert_eq!(o.code, 7, "{}{}", o.stdout, o.stderr);
+    let html = isolate_analyzer::report::render(&[d.path().join("u.trace")], &mut NoProgress)
+        .unwrap()
+        .html;
+    assert!(
+        html.contains("Unordered free: freed while still in use on another stream"),
+        "the report's entry"
+    );
 }
