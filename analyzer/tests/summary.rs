@@ -902,7 +902,10 @@ fn an_unordered_free_is_a_finding_that_counts() {
     assert_eq!(f["free_stream"], json!("0x0"));
     assert_eq!(f["use_stream"], json!("0x555500002000"));
     assert_eq!(f["use_name"], json!("mul_kernel"));
-    assert_eq!((f["use_tick"].as_u64(), f["seen_tick"].as_u64()), (Some(3), Some(1)));
+    assert_eq!(
+        (f["use_tick"].as_u64(), f["seen_tick"].as_u64()),
+        (Some(3), Some(1))
+    );
     let text = summary::render_text(&s);
     assert!(text.contains("FINDINGS: 1 unordered free"), "{text}");
     assert!(

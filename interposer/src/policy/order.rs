@@ -373,7 +373,6 @@ impl State {
 
     /// Uses of the allocations among `words` by an operation on stream `i`; returns the
     /// (allocation, tick) of those that need a stack (not on the allocation's own stream).
-    #[allow(clippy::too_many_arguments)]
     fn uses(
         &mut self,
         i: u32,
@@ -381,11 +380,11 @@ impl State {
         name: &'static str,
         kernel: bool,
         after_seq: u64,
-        ts: u64,
         need_stack: &mut Vec<(u64, u64)>,
     ) {
         self.enter(i);
         let mut tick = 0;
+        let mut ts = 0;
         let handle = self.streams[i as usize].handle;
         for &w in words {
             if w == 0 || !self.allocs.contains_key(&w) {
@@ -393,6 +392,7 @@ impl State {
             }
             if tick == 0 {
                 tick = self.tick(i);
+                ts = now_ns();
             }
             let a = self.allocs.get_mut(&w).expect("looked up above");
             if a.own == NONE {
@@ -470,15 +470,35 @@ fn index(key: Key) -> u32 {
     if let Some(i) = with(|s| s.index(key)) {
         return i;
     }
-    let blocking = match key {
+    let blocking = flags_blocking(key);
+    with(|s| s.add(key, blocking))
+}
+
+/// `f` with the state and `key`'s stream index, under one lock when the stream is known (the
+/// common case: a launch takes the lock once); a new stream's flags are asked first, without it.
+fn with_stream<R>(key: Key, f: impl FnOnce(&mut State, u32) -> R) -> R {
+    let mut f = Some(f);
+    if let Some(r) = with(|s| s.index(key).map(|i| (f.take().expect("once"))(s, i))) {
+        return r;
+    }
+    let blocking = flags_blocking(key);
+    with(|s| {
+        let i = s.add(key, blocking);
+        (f.take().expect("once"))(s, i)
+    })
+}
+
+/// Whether `key`'s stream synchronises with the legacy default stream (asked of the driver for
+/// a created stream; never under the lock).
+fn flags_blocking(key: Key) -> bool {
+    match key {
         Key::Legacy | Key::PerThread(_) => true,
         // SAFETY: the stream the program passed to the call it is making. A handle the driver
         // does not know (the call fails anyway) counts as blocking: more edges, never a finding.
         Key::Created(h) => {
             unsafe { cu::stream_get_flags(h as CUstream) }.map_or(true, |f| f & NON_BLOCKING == 0)
         }
-    };
-    with(|s| s.add(key, blocking))
+    }
 }
 
 /// What a hook of stream work tells the check: the call's kind and arguments.
@@ -562,14 +582,13 @@ pub fn before(op: &Op) {
         if matches!(op, Op::StreamSync { .. }) || capturing(key) {
             return;
         }
-        let i = index(key);
         match *op {
             Op::Work { name, dst, src, .. } | Op::SyncWork { name, dst, src, .. } => {
-                uses(i, &[dst, src], name, false)
+                uses(key, &[dst, src], name, false)
             }
-            Op::Wait { event, .. } => with(|s| s.wait(i, event)),
-            Op::WaitAll { .. } => with(|s| s.wait_all(i)),
-            _ => with(|s| s.enter(i)),
+            Op::Wait { event, .. } => with_stream(key, |s, i| s.wait(i, event)),
+            Op::WaitAll { .. } => with_stream(key, |s, i| s.wait_all(i)),
+            _ => with_stream(key, |s, i| s.enter(i)),
         }
     });
 }
@@ -603,13 +622,12 @@ pub fn after(op: &Op, r: CUresult) {
         if capturing(key) {
             return;
         }
-        let i = index(key);
         match *op {
-            Op::Record { event, .. } => with(|s| s.record(event, i)),
-            Op::Wait { event, .. } => with(|s| s.wait(i, event)),
-            Op::WaitAll { .. } => with(|s| s.wait_all(i)),
+            Op::Record { event, .. } => with_stream(key, |s, i| s.record(event, i)),
+            Op::Wait { event, .. } => with_stream(key, |s, i| s.wait(i, event)),
+            Op::WaitAll { .. } => with_stream(key, |s, i| s.wait_all(i)),
             Op::SyncWork { .. } | Op::HostFunc { .. } | Op::StreamSync { .. } => {
-                with(|s| s.host_after(i))
+                with_stream(key, |s, i| s.host_after(i))
             }
             _ => {}
         }
@@ -624,14 +642,16 @@ pub fn launch(stream: CUstream, ptsz: bool, words: &[u64], name: &'static str) {
     if capturing(key) {
         return;
     }
-    let i = index(key);
-    uses(i, words, name, true);
+    uses(key, words, name, true);
 }
 
-fn uses(i: u32, words: &[u64], name: &'static str, kernel: bool) {
+fn uses(key: Key, words: &[u64], name: &'static str, kernel: bool) {
     let mut need = Vec::new();
-    let (after_seq, ts) = (event::last_seq(), now_ns());
-    with(|s| s.uses(i, words, name, kernel, after_seq, ts, &mut need));
+    let after_seq = event::last_seq();
+    let i = with_stream(key, |s, i| {
+        s.uses(i, words, name, kernel, after_seq, &mut need);
+        i
+    });
     if need.is_empty() {
         return;
     }
@@ -815,7 +835,7 @@ mod tests {
 
     fn used(s: &mut State, i: u32) {
         let mut need = Vec::new();
-        s.uses(i, &[X], "k", true, 0, 0, &mut need);
+        s.uses(i, &[X], "k", true, 0, &mut need);
     }
 
     /// Used on B, freed on A with nothing between: a race; an event recorded on B after the use
@@ -904,10 +924,10 @@ mod tests {
         let (a, b) = (id[0], id[1]);
         alloc(&mut s, a);
         let mut need = Vec::new();
-        s.uses(a, &[X, 0, 5], "k", true, 0, 0, &mut need);
+        s.uses(a, &[X, 0, 5], "k", true, 0, &mut need);
         assert!(need.is_empty());
-        s.uses(b, &[X], "k", true, 0, 0, &mut need);
-        s.uses(b, &[X], "k2", true, 0, 0, &mut need);
+        s.uses(b, &[X], "k", true, 0, &mut need);
+        s.uses(b, &[X], "k2", true, 0, &mut need);
         assert_eq!(need, [(X, 1), (X, 2)]);
         assert_eq!(s.allocs[&X].uses.len(), 2);
         assert_eq!(s.free(X, Some(a)).unwrap().u.name, "k2");
