@@ -18,7 +18,7 @@ typedef CUresult (*PFN_capture_end)(CUstream, void **);
 
 static void k_nothing(void **params) { (void)params; }
 
-static CUfunction k_use;
+static CUfunction k_use, k_array;
 static PFN_capture_begin capture_begin;
 static PFN_capture_end capture_end;
 static unsigned char host_buf[1 << 20];
@@ -34,6 +34,16 @@ static cudaStream_t stream(int blocking) {
 static void use(void *x, cudaStream_t s) {
     void *args[] = {&x};
     int rc = cudaLaunchKernel((const void *)k_use, (dim3){1, 1, 1}, (dim3){1, 1, 1}, args, 0, s);
+    if (rc)
+        say("launch %d", rc);
+}
+
+/* A kernel taking a 16-byte struct by value, as PyTorch's elementwise kernels take their
+ * operands (at::detail::Array<char*, 2>): {out, in}. */
+static void use_array(uint64_t first, uint64_t second, cudaStream_t s) {
+    uint64_t arr[2] = {first, second};
+    void *args[] = {arr};
+    int rc = cudaLaunchKernel((const void *)k_array, (dim3){1, 1, 1}, (dim3){1, 1, 1}, args, 0, s);
     if (rc)
         say("launch %d", rc);
 }
@@ -92,6 +102,11 @@ static void run(int n, const char *name) {
             cudaMemcpyAsync(host_buf, x, 64, cudaMemcpyDeviceToHost, user);
         else if (!strcmp(name, "set") || !strcmp(name, "set_event"))
             cudaMemsetAsync(x, 0, 64, user);
+        else if (!strcmp(name, "array")) {
+            cudaMallocAsync(&y, 64, user);
+            use_array(U64(y), U64(x), user); /* {out, in}: both allocations' starts */
+        } else if (!strcmp(name, "struct_int"))
+            use_array(U64(x), 7, user); /* an integer beside it: no evidence of a use */
         else
             use(x, user);
     }
@@ -160,7 +175,9 @@ static void run(int n, const char *name) {
         rc = cudaFreeAsync(x, home);
     if (rc)
         say("free %d", rc);
-    if (y)
+    if (y && !strcmp(name, "array"))
+        cudaFreeAsync(y, user);
+    else if (y)
         cudaFree(y); /* after X's free: a synchronous free orders everything before it */
     if (early)
         cudaEventDestroy(early);
@@ -206,6 +223,8 @@ static const char *SCENARIOS[] = {
     "host_thread",        /* 30 right: another host thread synchronised B, then A freed */
     "unifier",            /* 31 right: PyTorch's record_stream free (both streams joined) */
     "unifier_missing",    /* 32 wrong: only the allocating stream joined */
+    "array",              /* 33 wrong: X in a struct of operands {Y, X} on B */
+    "struct_int",         /* 34 not read as a use: X beside an integer in a struct */
 };
 #define N_SCENARIOS ((int)(sizeof SCENARIOS / sizeof SCENARIOS[0]))
 
@@ -213,9 +232,11 @@ int main(int argc, char **argv) {
     setup();
     size_t s8[] = {8};
     k_use = standin_register_kernel_as(0, "k_use", k_nothing, 1, NULL, s8);
+    size_t s16[] = {16};
+    k_array = standin_register_kernel_as(1, "k_array", k_nothing, 1, NULL, s16);
     capture_begin = (PFN_capture_begin)rt_entry("cuStreamBeginCapture", cudaEnableDefault);
     capture_end = (PFN_capture_end)rt_entry("cuStreamEndCapture", cudaEnableDefault);
-    say("registered %d", k_use && capture_begin && capture_end);
+    say("registered %d", k_use && k_array && capture_begin && capture_end);
     for (int n = 1; n < N_SCENARIOS; n++) {
         int chosen = argc < 2;
         for (int i = 1; i < argc; i++)

@@ -6,7 +6,10 @@
 //! (4096 × the scenario's number bytes, which tells the scenarios apart in the trace), used on
 //! stream B (a kernel handed X, a copy from it, a set of it), one edge made or missed, X freed
 //! with `cudaFreeAsync`. The kernels do nothing, so the output is the same with and without the
-//! library; what differs is that the library names the wrong ones.
+//! library; what differs is that the library names the wrong ones. Two more scenarios are about
+//! what a use is: X in a 16-byte struct of operands beside another allocation (PyTorch's
+//! `at::detail::Array<char*, 2>`: a use) and X in a struct beside an integer (no evidence: no
+//! finding).
 
 use isolate_tests::{Output, Run, Trace};
 use isolate_trace::{EndReason, FreedInUse, Record};
@@ -46,6 +49,8 @@ const SCENARIOS: &[(&str, bool)] = &[
     ("host_thread", false),
     ("unifier", false),
     ("unifier_missing", true),
+    ("array", true),
+    ("struct_int", false),
 ];
 
 fn number(name: &str) -> u64 {

@@ -252,20 +252,34 @@ pub struct Guarded(Vec<Hit>);
 /// Words looked up under one lock: (value, parameter index, byte offset).
 const BATCH: usize = 64;
 
-/// The whole 8-byte parameters of one launch, for the stream-order check (at most
-/// [`order::WORDS`]).
+/// The parameters of one launch the stream-order check reads, as groups of words (at most
+/// [`order::WORDS`] words): each whole 8-byte parameter at an 8-aligned offset, and each
+/// 8-aligned parameter of 16 to [`order::GROUP`] × 8 bytes (a struct passed by value, such as
+/// PyTorch's `at::detail::Array<char*, N>` of an elementwise kernel's operands), which is a use
+/// only if every one of its words is an allocation's start or zero (order.rs).
 struct Whole {
     on: bool,
     n: usize,
     words: [u64; order::WORDS],
+    /// Where each group starts in `words`; its end is the next one's start (or `n`).
+    groups: [u8; order::WORDS],
+    ng: usize,
 }
 
 impl Whole {
-    fn push(&mut self, word: u64) {
-        if self.on && word != 0 && self.n < order::WORDS {
-            self.words[self.n] = word;
-            self.n += 1;
+    /// Starts a parameter's group; false when there is no room for `len` more words.
+    fn begin(&mut self, len: usize) -> bool {
+        if !self.on || self.n + len > order::WORDS {
+            return false;
         }
+        self.groups[self.ng] = self.n as u8;
+        self.ng += 1;
+        true
+    }
+
+    fn push(&mut self, word: u64) {
+        self.words[self.n] = word;
+        self.n += 1;
     }
 }
 
@@ -422,6 +436,8 @@ pub unsafe fn check(
         on: order::active(),
         n: 0,
         words: [0; order::WORDS],
+        groups: [0; order::WORDS],
+        ng: 0,
     };
     let mut name = "";
     // SAFETY: the caller's contract.
@@ -431,6 +447,7 @@ pub unsafe fn check(
             stream,
             api.per_thread_stream(),
             &whole.words[..whole.n],
+            &whole.groups[..whole.ng],
             name,
         );
     }
@@ -478,6 +495,12 @@ unsafe fn walk(
                 continue;
             }
             let mut at = 0u32;
+            // The order check's group: a whole pointer-sized parameter, or a small struct of
+            // whole words.
+            let group = off % 8 == 0
+                && size % 8 == 0
+                && (8..=8 * order::GROUP as u32).contains(&size)
+                && whole_words.begin(size as usize / 8);
             while at + 8 <= size {
                 // SAFETY: `value` points at parameter `i`, `size` bytes (the driver's layout),
                 // and `at + 8 <= size`.
@@ -485,7 +508,7 @@ unsafe fn walk(
                     unsafe { std::ptr::read_unaligned(value.add(at as usize) as *const u64) };
                 // The whole parameter only when it is exactly 8 bytes at an 8-aligned offset.
                 let whole = size == 8 && off % 8 == 0;
-                if whole {
+                if group {
                     whole_words.push(word);
                 }
                 words.push(word, i as u32, off + at, whole, &mut out);
@@ -552,7 +575,7 @@ unsafe fn walk(
         } else {
             (0, false) // no layout: never a whole parameter, so never evidence
         };
-        if whole {
+        if whole && whole_words.begin(1) {
             whole_words.push(word);
         }
         words.push(word, index, at as u32, whole, &mut out);

@@ -53,6 +53,8 @@ const LEGACY: u32 = 0;
 const NONE: u32 = u32::MAX;
 /// Most addresses of one launch looked at.
 pub const WORDS: usize = 64;
+/// Most words of a struct parameter read as a group of pointers.
+pub const GROUP: usize = 8;
 
 /// True when the check runs: isolate mode with the launch check on (the uses come from its
 /// walk of the parameters, and its hooks are handed out) and `ISOLATE_TEST_ORDER` not off.
@@ -371,12 +373,16 @@ impl State {
         }
     }
 
-    /// Uses of the allocations among `words` by an operation on stream `i`; returns the
-    /// (allocation, tick) of those that need a stack (not on the allocation's own stream).
+    /// Uses of the allocations among `words` (in groups: `groups` says where each starts) by
+    /// an operation on stream `i`: each word of a group whose every word is an allocation's
+    /// start or zero. Puts the (allocation, tick) of those that need a stack (not on the
+    /// allocation's own stream) in `need_stack`.
+    #[allow(clippy::too_many_arguments)]
     fn uses(
         &mut self,
         i: u32,
         words: &[u64],
+        groups: &[u8],
         name: &'static str,
         kernel: bool,
         after_seq: u64,
@@ -386,34 +392,44 @@ impl State {
         let mut tick = 0;
         let mut ts = 0;
         let handle = self.streams[i as usize].handle;
-        for &w in words {
-            if w == 0 || !self.allocs.contains_key(&w) {
-                continue;
+        for (g, &start) in groups.iter().enumerate() {
+            let end = groups.get(g + 1).map_or(words.len(), |&e| e as usize);
+            let group = &words[start as usize..end];
+            if group
+                .iter()
+                .any(|w| *w != 0 && !self.allocs.contains_key(w))
+            {
+                continue; // an integer, or something else: not an array of operands
             }
-            if tick == 0 {
-                tick = self.tick(i);
-                ts = now_ns();
-            }
-            let a = self.allocs.get_mut(&w).expect("looked up above");
-            if a.own == NONE {
-                a.own = i;
-            }
-            let u = Use {
-                stream: i,
-                handle,
-                tick,
-                after_seq,
-                ts,
-                stack: 0,
-                name,
-                kernel,
-            };
-            if a.own != i {
-                need_stack.push((w, tick));
-            }
-            match a.uses.iter_mut().find(|u| u.stream == i) {
-                Some(old) => *old = u,
-                None => a.uses.push(u),
+            for &w in group {
+                if w == 0 {
+                    continue;
+                }
+                if tick == 0 {
+                    tick = self.tick(i);
+                    ts = now_ns();
+                }
+                let a = self.allocs.get_mut(&w).expect("looked up above");
+                if a.own == NONE {
+                    a.own = i;
+                }
+                let u = Use {
+                    stream: i,
+                    handle,
+                    tick,
+                    after_seq,
+                    ts,
+                    stack: 0,
+                    name,
+                    kernel,
+                };
+                if a.own != i {
+                    need_stack.push((w, tick));
+                }
+                match a.uses.iter_mut().find(|u| u.stream == i) {
+                    Some(old) => *old = u,
+                    None => a.uses.push(u),
+                }
             }
         }
     }
@@ -584,7 +600,8 @@ pub fn before(op: &Op) {
         }
         match *op {
             Op::Work { name, dst, src, .. } | Op::SyncWork { name, dst, src, .. } => {
-                uses(key, &[dst, src], name, false)
+                // Two groups of one: the destination and the source, each named by the call.
+                uses(key, &[dst, src], &[0, 1], name, false)
             }
             Op::Wait { event, .. } => with_stream(key, |s, i| s.wait(i, event)),
             Op::WaitAll { .. } => with_stream(key, |s, i| s.wait_all(i)),
@@ -634,22 +651,26 @@ pub fn after(op: &Op, r: CUresult) {
     });
 }
 
-/// A kernel launch on `stream` with the whole 8-byte parameters `words` (the launch check's
-/// evidence: each a use when it is an allocation's start). Every launch comes here, with or
-/// without words: on the legacy stream it is ordered after the blocking streams.
-pub fn launch(stream: CUstream, ptsz: bool, words: &[u64], name: &'static str) {
+/// A kernel launch on `stream` with the parameters' words in groups (`groups`: where each
+/// starts in `words`): a whole 8-byte parameter (the launch check's evidence: a use when it is
+/// an allocation's start), or a small struct passed by value, a use only when every word of it
+/// is an allocation's start or zero (an array of operands, as PyTorch's elementwise kernels
+/// take them; a struct with an integer or a stale pointer in it is not read as uses). Every
+/// launch comes here, with or without words: on the legacy stream it is ordered after the
+/// blocking streams.
+pub fn launch(stream: CUstream, ptsz: bool, words: &[u64], groups: &[u8], name: &'static str) {
     let key = Key::of(stream as u64, ptsz);
     if capturing(key) {
         return;
     }
-    uses(key, words, name, true);
+    uses(key, words, groups, name, true);
 }
 
-fn uses(key: Key, words: &[u64], name: &'static str, kernel: bool) {
+fn uses(key: Key, words: &[u64], groups: &[u8], name: &'static str, kernel: bool) {
     let mut need = Vec::new();
     let after_seq = event::last_seq();
     let i = with_stream(key, |s, i| {
-        s.uses(i, words, name, kernel, after_seq, &mut need);
+        s.uses(i, words, groups, name, kernel, after_seq, &mut need);
         i
     });
     if need.is_empty() {
@@ -835,7 +856,7 @@ mod tests {
 
     fn used(s: &mut State, i: u32) {
         let mut need = Vec::new();
-        s.uses(i, &[X], "k", true, 0, &mut need);
+        s.uses(i, &[X], &[0], "k", true, 0, &mut need);
     }
 
     /// Used on B, freed on A with nothing between: a race; an event recorded on B after the use
@@ -924,13 +945,30 @@ mod tests {
         let (a, b) = (id[0], id[1]);
         alloc(&mut s, a);
         let mut need = Vec::new();
-        s.uses(a, &[X, 0, 5], "k", true, 0, &mut need);
+        s.uses(a, &[X, 0, 5], &[0, 1, 2], "k", true, 0, &mut need);
         assert!(need.is_empty());
-        s.uses(b, &[X], "k", true, 0, &mut need);
-        s.uses(b, &[X], "k2", true, 0, &mut need);
+        s.uses(b, &[X], &[0], "k", true, 0, &mut need);
+        s.uses(b, &[X], &[0], "k2", true, 0, &mut need);
         assert_eq!(need, [(X, 1), (X, 2)]);
         assert_eq!(s.allocs[&X].uses.len(), 2);
         assert_eq!(s.free(X, Some(a)).unwrap().u.name, "k2");
+    }
+
+    /// A struct of words is a group of uses only when every word is an allocation's start or
+    /// zero: an array of operands, not a struct with an integer in it.
+    #[test]
+    fn a_struct_is_uses_only_when_all_its_words_are_allocations() {
+        let (mut s, id) = state_with(&[(0xa, false), (0xb, false)]);
+        let (a, b) = (id[0], id[1]);
+        alloc(&mut s, a);
+        let mut need = Vec::new();
+        s.uses(b, &[X, 7, 0, X], &[0, 2], "k", true, 0, &mut need);
+        assert_eq!(need, [(X, 1)], "the second group (0, X) only");
+        alloc(&mut s, a);
+        need.clear();
+        s.uses(b, &[X, 7], &[0], "k", true, 0, &mut need);
+        assert!(need.is_empty());
+        assert!(s.free(X, Some(a)).is_none());
     }
 
     /// A destroyed stream's index goes to the next new stream with its clock: components only
