@@ -868,7 +868,7 @@ fn an_unordered_free_is_a_finding_that_counts() {
     h.mode = "isolate".into();
     let mut t = TraceBuilder::with_header(h);
     let a = t.call(Api::CudaMallocAsync, A, 4096);
-    t.record(Record::FreedInUse(FreedInUse {
+    t.record(Record::FreedInUse(Box::new(FreedInUse {
         seq: 2,
         ts_ns: 9_000_000,
         tid: 1000,
@@ -889,7 +889,7 @@ fn an_unordered_free_is_a_finding_that_counts() {
         use_stack: 0,
         use_tick: 3,
         seen_tick: 1,
-    }));
+    })));
     t.free(A);
     t.end(Stats::default());
     let (d, s) = summarize(&t);

@@ -61,7 +61,7 @@ fn findings(t: &Trace) -> Vec<FreedInUse> {
     t.records
         .iter()
         .filter_map(|r| match r {
-            Record::FreedInUse(f) => Some(f.clone()),
+            Record::FreedInUse(f) => Some((**f).clone()),
             _ => None,
         })
         .collect()
@@ -82,7 +82,7 @@ fn isolate(run: Run) -> Run {
     run.env("ISOLATE_MODE", "isolate")
 }
 
-fn lines<'a>(out: &'a Output) -> Vec<&'a str> {
+fn lines(out: &Output) -> Vec<&str> {
     out.stderr
         .lines()
         .filter(|l| l.contains("FREED IN USE"))

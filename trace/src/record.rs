@@ -412,8 +412,9 @@ pub enum Record {
     Stack(Stack),
     PyCode(PyCode),
     StackOf(StackOf),
-    /// Format version 4: freed while still in use on another stream.
-    FreedInUse(FreedInUse),
+    /// Format version 4: freed while still in use on another stream (boxed: the largest record,
+    /// and rare; every record in the writer's queue is as big as the largest variant).
+    FreedInUse(Box<FreedInUse>),
 }
 
 impl Record {

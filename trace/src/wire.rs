@@ -70,7 +70,7 @@ pub(crate) enum WireRecord {
     StaleLaunchStacks(StaleLaunch),
     StaleValueStacks(StaleLaunch),
     // Format version 4 (appended): freed while still in use on another stream.
-    FreedInUse(FreedInUse),
+    FreedInUse(Box<FreedInUse>),
 }
 
 /// A [`Violation`] as versions 1 and 2 store it: no stack ids.

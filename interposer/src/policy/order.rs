@@ -509,10 +509,12 @@ fn with_stream<R>(key: Key, f: impl FnOnce(&mut State, u32) -> R) -> R {
 fn flags_blocking(key: Key) -> bool {
     match key {
         Key::Legacy | Key::PerThread(_) => true,
-        // SAFETY: the stream the program passed to the call it is making. A handle the driver
-        // does not know (the call fails anyway) counts as blocking: more edges, never a finding.
+        // A handle the driver does not know (the call fails anyway) counts as blocking: more
+        // edges, never a finding.
         Key::Created(h) => {
-            unsafe { cu::stream_get_flags(h as CUstream) }.map_or(true, |f| f & NON_BLOCKING == 0)
+            // SAFETY: the stream the program passed to the call it is making.
+            let flags = unsafe { cu::stream_get_flags(h as CUstream) };
+            flags.map_or(true, |f| f & NON_BLOCKING == 0)
         }
     }
 }
@@ -764,7 +766,7 @@ fn report(race: Race, api: Api, seq: u64, free_stack: u32) {
          `isolate summary` names the lines",
         race.free_handle, u.handle, u.after_seq, u.handle, race.free_handle
     ));
-    writer::submit(Record::FreedInUse(FreedInUse {
+    writer::submit(Record::FreedInUse(Box::new(FreedInUse {
         seq: event::next_seq(),
         ts_ns: now_ns(),
         tid: gettid(),
@@ -785,7 +787,7 @@ fn report(race: Race, api: Api, seq: u64, free_stack: u32) {
         use_stack: u.stack,
         use_tick: u.tick,
         seen_tick: race.seen,
-    }));
+    })));
 }
 
 /// The program is about to destroy `stream`.
