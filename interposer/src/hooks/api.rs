@@ -49,6 +49,8 @@ pub struct IsolateCounters {
     pub stale_launches: u64,
     pub invalid_frees: u64,
     pub window_peak_device_bytes: u64,
+    /// Allocations freed while still in use on another stream (unordered frees).
+    pub freed_in_use: u64,
 }
 
 /// True while marks and regions are written (intercepting, and the trace not closed).
@@ -196,6 +198,7 @@ pub unsafe extern "C" fn isolate_counters(out: *mut IsolateCounters, size: usize
             stale_launches: c.stale_launches,
             invalid_frees: c.invalid_frees,
             window_peak_device_bytes: c.window_peak_device_bytes,
+            freed_in_use: c.freed_in_use,
         };
         let n = size.min(std::mem::size_of::<IsolateCounters>()) / 8 * 8;
         let full = IsolateCounters {

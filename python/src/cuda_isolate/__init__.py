@@ -50,6 +50,7 @@ class _Counters(ctypes.Structure):
         ("stale_launches", ctypes.c_uint64),
         ("invalid_frees", ctypes.c_uint64),
         ("window_peak_device_bytes", ctypes.c_uint64),
+        ("freed_in_use", ctypes.c_uint64),
     ]
 
 
