@@ -199,7 +199,13 @@ struct State {
     host_generation: u64,
     /// Bumped whenever a blocking stream's clock grows.
     blocking_generation: u64,
-    events: FxHashMap<usize, Vec<u64>>,
+    /// Each event's clock at its last record the library saw, with the number of graph
+    /// launches before that record.
+    events: FxHashMap<usize, (Vec<u64>, u64)>,
+    /// Graph launches so far: a graph may record an event itself (an event-record node), which
+    /// the library does not see, so an event not recorded since the last graph launch may stand
+    /// for anything a graph ran: waiting for it orders after every stream.
+    graphs: u64,
     allocs: FxHashMap<u64, Alloc>,
 }
 
@@ -337,8 +343,17 @@ impl State {
         }
     }
 
+    /// Whether event `e` may have been recorded by a graph since the library last saw it
+    /// recorded (a graph launched after that, or it was never seen recorded while graphs ran).
+    fn graph_may_have_recorded(&self, e: usize) -> bool {
+        self.graphs > 0 && self.events.get(&e).is_none_or(|(_, g)| *g < self.graphs)
+    }
+
     fn host_after_event(&mut self, e: usize) {
-        if let Some(vc) = self.events.get(&e)
+        if self.graph_may_have_recorded(e) {
+            return self.host_after_all();
+        }
+        if let Some((vc, _)) = self.events.get(&e)
             && join(&mut self.host, vc)
         {
             self.host_generation += 1;
@@ -347,17 +362,29 @@ impl State {
 
     fn record(&mut self, e: usize, i: u32) {
         self.enter(i);
-        let vc = self.events.entry(e).or_default();
+        let graphs = self.graphs;
+        let (vc, g) = self.events.entry(e).or_default();
         vc.clear();
         vc.extend_from_slice(&self.streams[i as usize].vc);
+        *g = graphs;
     }
 
     fn wait(&mut self, i: u32, e: usize) {
-        self.enter(i);
-        if let Some(vc) = self.events.remove(&e) {
-            self.grow(i, &vc);
-            self.events.insert(e, vc);
+        if self.graph_may_have_recorded(e) {
+            return self.wait_all(i);
         }
+        self.enter(i);
+        if let Some((vc, g)) = self.events.remove(&e) {
+            self.grow(i, &vc);
+            self.events.insert(e, (vc, g));
+        }
+    }
+
+    /// A graph launched on stream `i`: what it waits for inside is not seen (ordered after
+    /// every stream), and the events it may record are not either.
+    fn graph(&mut self, i: u32) {
+        self.graphs += 1;
+        self.wait_all(i);
     }
 
     /// Stream `i` waits for what nothing here shows (a memory value, a graph's own waits):
@@ -550,8 +577,14 @@ pub enum Op {
         ptsz: bool,
     },
     /// Work whose waits the library cannot see (memory-value waits, batched memory operations,
-    /// graph launches): the stream is ordered after every stream.
+    /// external semaphores): the stream is ordered after every stream.
     WaitAll {
+        stream: CUstream,
+        ptsz: bool,
+    },
+    /// A graph launch: as `WaitAll`, and every event not recorded since may have been recorded
+    /// by a graph (waiting for one orders after every stream).
+    Graph {
         stream: CUstream,
         ptsz: bool,
     },
@@ -582,6 +615,7 @@ impl Op {
             | Op::Record { stream, ptsz, .. }
             | Op::Wait { stream, ptsz, .. }
             | Op::WaitAll { stream, ptsz }
+            | Op::Graph { stream, ptsz }
             | Op::HostFunc { stream, ptsz }
             | Op::StreamSync { stream, ptsz } => Key::of(stream as u64, ptsz),
             Op::SyncWork { ptds, .. } => Key::of(0, ptds),
@@ -607,6 +641,7 @@ pub fn before(op: &Op) {
             }
             Op::Wait { event, .. } => with_stream(key, |s, i| s.wait(i, event)),
             Op::WaitAll { .. } => with_stream(key, |s, i| s.wait_all(i)),
+            Op::Graph { .. } => with_stream(key, |s, i| s.graph(i)),
             _ => with_stream(key, |s, i| s.enter(i)),
         }
     });
@@ -645,6 +680,7 @@ pub fn after(op: &Op, r: CUresult) {
             Op::Record { event, .. } => with_stream(key, |s, i| s.record(event, i)),
             Op::Wait { event, .. } => with_stream(key, |s, i| s.wait(i, event)),
             Op::WaitAll { .. } => with_stream(key, |s, i| s.wait_all(i)),
+            Op::Graph { .. } => with_stream(key, |s, i| s.graph(i)),
             Op::SyncWork { .. } | Op::HostFunc { .. } | Op::StreamSync { .. } => {
                 with_stream(key, |s, i| s.host_after(i))
             }
@@ -985,6 +1021,26 @@ mod tests {
         let b2 = s.add(Key::Created(0xd), false);
         assert_eq!(b2, b);
         assert_eq!(s.streams[b as usize].vc[b as usize], 1);
+        assert!(s.free(X, Some(a)).is_some());
+    }
+
+    /// After a graph launch, an event the library has not seen recorded since may have been
+    /// recorded by the graph: waiting for it orders after every stream; recorded again, it is
+    /// what the library saw.
+    #[test]
+    fn after_a_graph_an_event_not_seen_recorded_since_orders_after_everything() {
+        let (mut s, id) = state_with(&[(0xa, false), (0xb, false), (0xc, false)]);
+        let (a, b, c) = (id[0], id[1], id[2]);
+        alloc(&mut s, a);
+        used(&mut s, b);
+        s.record(9, c); // before the graph: may be recorded again by it
+        s.graph(c);
+        s.wait(a, 9);
+        assert!(s.free(X, Some(a)).is_none());
+        alloc(&mut s, a);
+        used(&mut s, b);
+        s.record(9, c); // after the graph: exactly what was seen
+        s.wait(a, 9);
         assert!(s.free(X, Some(a)).is_some());
     }
 
