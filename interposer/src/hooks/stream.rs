@@ -107,9 +107,9 @@ hooks! {
     cuEventRecordWithFlags_ptsz(ev: *mut c_void, s: CUstream, flags: c_uint)
         [order Op::Record { event: ev as usize, stream: s, ptsz: true }];
     cuGraphLaunch(exec: *mut c_void, s: CUstream)
-        [order Op::WaitAll { stream: s, ptsz: false }];
+        [order Op::Graph { stream: s, ptsz: false }];
     cuGraphLaunch_ptsz(exec: *mut c_void, s: CUstream)
-        [order Op::WaitAll { stream: s, ptsz: true }];
+        [order Op::Graph { stream: s, ptsz: true }];
     cuLaunchHostFunc(s: CUstream, f: *mut c_void, data: *mut c_void)
         [order Op::HostFunc { stream: s, ptsz: false }];
     cuLaunchHostFunc_ptsz(s: CUstream, f: *mut c_void, data: *mut c_void)
@@ -155,6 +155,12 @@ hooks! {
     cuEventQuery(ev: *mut c_void) [order Op::EventSync { event: ev as usize }];
     cuStreamEndCapture(s: CUstream, graph: *mut *mut c_void) [order Op::CaptureEnd];
     cuStreamEndCapture_ptsz(s: CUstream, graph: *mut *mut c_void) [order Op::CaptureEnd];
+    /// A wait for external semaphores: another API's work, or a CUDA stream's signal the
+    /// library does not follow: ordered after every stream.
+    cuWaitExternalSemaphoresAsync(sems: *const c_void, params: *const c_void, n: c_uint, s: CUstream)
+        [order Op::WaitAll { stream: s, ptsz: false }];
+    cuWaitExternalSemaphoresAsync_ptsz(sems: *const c_void, params: *const c_void, n: c_uint, s: CUstream)
+        [order Op::WaitAll { stream: s, ptsz: true }];
 
     /// The synchronous copies and sets (the legacy default stream's, or with `_ptds` the
     /// thread's own).
