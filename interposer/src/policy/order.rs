@@ -604,6 +604,10 @@ pub enum Op {
         event: usize,
     },
     CtxSync,
+    /// `cuEventDestroy`: the event's clock is forgotten (its handle may name a new event).
+    EventGone {
+        event: usize,
+    },
     CaptureBegin,
     CaptureEnd,
 }
@@ -619,7 +623,11 @@ impl Op {
             | Op::HostFunc { stream, ptsz }
             | Op::StreamSync { stream, ptsz } => Key::of(stream as u64, ptsz),
             Op::SyncWork { ptds, .. } => Key::of(0, ptds),
-            Op::EventSync { .. } | Op::CtxSync | Op::CaptureBegin | Op::CaptureEnd => return None,
+            Op::EventSync { .. }
+            | Op::EventGone { .. }
+            | Op::CtxSync
+            | Op::CaptureBegin
+            | Op::CaptureEnd => return None,
         })
     }
 }
@@ -664,6 +672,11 @@ pub fn after(op: &Op, r: CUresult) {
                 return;
             }
             Op::CtxSync if r == CUDA_SUCCESS => return with(|s| s.host_after_all()),
+            Op::EventGone { event } if r == CUDA_SUCCESS => {
+                return with(|s| {
+                    s.events.remove(&event);
+                });
+            }
             Op::EventSync { event } if r == CUDA_SUCCESS => {
                 return with(|s| s.host_after_event(event));
             }
