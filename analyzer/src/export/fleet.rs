@@ -742,6 +742,18 @@ fn finding_row<'a>(f: &Finding<'a>) -> FindingRow<'a> {
             kernel: Some(&s.kernel),
             ..none(s.seq, s.ts_ns)
         },
+        // The free is the call; the use's code is its `call_at` (Role::Used).
+        Finding::UnorderedFree(x) => FindingRow {
+            tid: Some(u64::from(x.tid)),
+            device: Some(x.device),
+            api: Some(&x.free_api),
+            ptr: Some(x.alloc_ptr),
+            size: Some(x.alloc_size),
+            alloc_seq: Some(x.alloc_seq),
+            free_seq: Some(x.free_seq),
+            kernel: x.use_kernel.then_some(x.use_name.as_str()),
+            ..none(x.seq, x.ts_ns)
+        },
         Finding::InvalidFree(x) | Finding::DoubleFree(x) => FindingRow {
             tid: Some(u64::from(x.tid)),
             device: Some(x.device),
@@ -897,7 +909,7 @@ fn one(
         let mut at: [Option<String>; 4] = Default::default();
         for s in f.sites() {
             let i = match s.role {
-                Role::Call => 0,
+                Role::Call | Role::Used => 0,
                 Role::Allocated => 1,
                 Role::Freed => 2,
                 Role::FirstFreed => 3,

@@ -324,7 +324,7 @@ pub(super) fn verdict(
         } else {
             u.use_name.clone()
         };
-        let mut text = format!(
+        let text = format!(
             "The {} allocation at {} ({}{}) was freed by {} ({}) on {free_s} {} while {what} on \
              {use_s} (queued after {}) may still use it: no event recorded on {use_s} after that \
              use was waited on by {free_s}, and nothing synchronised with it. Whatever the timing \
@@ -343,13 +343,13 @@ pub(super) fn verdict(
             event(u.use_after_seq),
             words::UNORDERED_FREE_FIX
         );
-        text.push_str(&code_text(places));
         findings.push(Entry {
             kind: Kind::UnorderedFree.key(),
             title: format!(
                 "{}: freed while still in use on another stream",
                 capital(words::UNORDERED_FREE)
             ),
+            places: places.clone(),
             text,
             t_ns: Some(rel(u.ts_ns)),
         });
