@@ -508,15 +508,6 @@ fn capturing(key: Key) -> bool {
     unsafe { cu::stream_is_capturing(key.query_handle()) }.unwrap_or(false)
 }
 
-/// The index of `key`'s stream, added with its flags (asked without the lock) when new.
-fn index(key: Key) -> u32 {
-    if let Some(i) = with(|s| s.index(key)) {
-        return i;
-    }
-    let blocking = flags_blocking(key);
-    with(|s| s.add(key, blocking))
-}
-
 /// `f` with the state and `key`'s stream index, under one lock when the stream is known (the
 /// common case: a launch takes the lock once); a new stream's flags are asked first, without it.
 fn with_stream<R>(key: Key, f: impl FnOnce(&mut State, u32) -> R) -> R {
@@ -749,24 +740,19 @@ pub fn allocated(ptr: u64, size: u64, seq: u64, stack: u32, api: Api, stream: u6
         return;
     }
     let _ = std::panic::catch_unwind(|| {
-        let own = if api.stream_ordered() {
-            let key = Key::of(stream, api.per_thread_stream());
-            if capturing(key) { NONE } else { index(key) }
-        } else {
-            NONE
+        let alloc = |own| Alloc {
+            size,
+            seq,
+            stack,
+            own,
+            uses: Vec::new(),
         };
-        with(|s| {
-            s.allocs.insert(
-                ptr,
-                Alloc {
-                    size,
-                    seq,
-                    stack,
-                    own,
-                    uses: Vec::new(),
-                },
-            )
-        });
+        let key = Key::of(stream, api.per_thread_stream());
+        if api.stream_ordered() && !capturing(key) {
+            with_stream(key, |s, i| s.allocs.insert(ptr, alloc(i)));
+        } else {
+            with(|s| s.allocs.insert(ptr, alloc(NONE)));
+        }
     });
 }
 
@@ -788,10 +774,11 @@ pub fn freed(ptr: u64, api: Api, stream: u64, seq: u64, free_stack: u32) {
             with(|s| s.allocs.remove(&ptr));
             return;
         }
-        let i = key.map(index);
-        let Some(race) = with(|s| s.free(ptr, i)) else {
-            return;
+        let race = match key {
+            Some(k) => with_stream(k, |s, i| s.free(ptr, Some(i))),
+            None => with(|s| s.free(ptr, None)),
         };
+        let Some(race) = race else { return };
         report(race, api, seq, free_stack);
     });
 }
