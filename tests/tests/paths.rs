@@ -626,6 +626,8 @@ fn every_program_prints_the_same_with_and_without_the_preload() {
         ("textbook", &["4096", "noreset", "sync"]),
         ("stale_write", &[]),
         ("stream_order", &[]),
+        // tests/tests/ordering.rs: the stream-order check's scenarios (log mode sees no finding).
+        ("stream_race", &[]),
         ("oom", &[]),
         ("threads", &["4", "200"]),
         ("forker", &["fork"]),
