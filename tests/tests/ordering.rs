@@ -223,3 +223,43 @@ fn the_check_is_off_when_asked_and_in_log_mode() {
         .run();
     assert!(findings(log.only_trace()).is_empty(), "{}", log.stderr);
 }
+
+/// The stream hooks the check's edges come through are handed out for it, not only for the
+/// deferred poisons: with a poison at each free (`ISOLATE_TEST_POISON_BATCH=off`) the same
+/// scenarios are wrong; in guard mode (isolate mode with the launch check) too, but for the
+/// wrong copy and set, whose late write into the freed, unmapped memory guard mode turns into
+/// the fault it is meant to be (the stand-in's device is the host: a SIGSEGV).
+#[test]
+fn the_same_with_poisons_at_each_free_and_in_guard_mode() {
+    let all: Vec<&str> = SCENARIOS.iter().map(|s| s.0).collect();
+    let unfaulting: Vec<&str> = all
+        .iter()
+        .copied()
+        .filter(|n| !matches!(*n, "copy" | "set"))
+        .collect();
+    for (k, v, names) in [
+        ("ISOLATE_TEST_POISON_BATCH", "off", &all),
+        ("ISOLATE_GUARD", "on", &unfaulting),
+    ] {
+        let wrong: BTreeSet<&str> = SCENARIOS
+            .iter()
+            .filter(|s| s.1 && names.contains(&s.0))
+            .map(|s| s.0)
+            .collect();
+        let out = isolate(Run::program("stream_race").args(names.iter().copied()))
+            .env(k, v)
+            .run();
+        out.assert_success();
+        assert_eq!(found(out.only_trace()), wrong, "{k}={v}: {}", out.stderr);
+    }
+    let faulted = isolate(Run::program("stream_race").arg("set"))
+        .env("ISOLATE_GUARD", "on")
+        .run();
+    assert_eq!(faulted.signal(), Some(11), "{}", faulted.stderr);
+    assert_eq!(
+        lines(&faulted).len(),
+        1,
+        "named at the free, before the fault: {}",
+        faulted.stderr
+    );
+}
