@@ -23,7 +23,8 @@ section's later runs before the limit):
              and no library: its error count and wall time, beside isolate mode's.
   cost       GPT-2, ResNet-50 and BERT (bf16 autocast) training step times in isolate mode with
              ISOLATE_TEST_ORDER=off and on, 3 interleaved rounds; the unordered frees of each run
-             (0 expected). The models are tests/gpu/models_check.py's.
+             (0 expected). The models are tests/gpu/models_check.py's (ORDER_MODELS picks some,
+             ORDER_WARM and ORDER_STEPS the steps: 8 and 30).
 
 Prints one short table a section; writes $OUT/order_check.json and every run's log under
 $OUT/order/.
@@ -297,7 +298,7 @@ PATTERNS = ["record_stream", "wait_stream", "event_wait", "stream_sync", "event_
             "event_query", "device_sync", "graph", "dataloader", "compile", "fsdp_resize",
             "h2d_side", "legacy_blocking", "nccl"]
 SANITIZED = RACES + ["record_stream", "wait_stream", "event_wait", "fsdp_resize"]
-MODELS = ["gpt2", "resnet50", "bert"]
+MODELS = [m for m in os.environ.get("ORDER_MODELS", "gpt2,resnet50,bert").split(",") if m]
 
 
 class Ctx:
@@ -446,7 +447,8 @@ def section_sanitizer(ctx):
         n, found = unordered(s)
         return name, rc, wall, (int(m.group(1)) if m else None), uaf, prc, pwall, n, iwall
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+    # All at once (one GPU, 16 cores): a sanitized PyTorch start-up takes minutes.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(SANITIZED)) as pool:
         got = list(pool.map(one, SANITIZED))
     for name, rc, wall, errors, uaf, prc, pwall, n, iwall in got:
         rows.append([name, rc, errors if errors is not None else "-", uaf, f"{wall:.1f}",
