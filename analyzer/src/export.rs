@@ -233,10 +233,11 @@ fn place_key(k: Kind, role: Role) -> &'static str {
         Role::Allocated => "allocated_at",
         Role::Freed => "freed_at",
         Role::FirstFreed => "first_freed_at",
+        Role::Used => "used_at",
         Role::Call => match k {
             Kind::StaleLaunch => "launched_at",
             Kind::InvalidFree | Kind::DoubleFree => "freed_at",
-            Kind::StaleWrite | Kind::DeviceFault | Kind::Leak => "at",
+            Kind::StaleWrite | Kind::UnorderedFree | Kind::DeviceFault | Kind::Leak => "at",
         },
     }
 }
@@ -261,6 +262,14 @@ impl<W: Write> Renders for Exporter<'_, W> {
                 instant_name(k, &s.kernel),
                 json!({"ptr":hex(s.ptr),"param_index":s.param_index,"alloc_seq":s.allocation,
                        "free_seq":s.freed_at.seq}),
+            ),
+            Finding::UnorderedFree(u) => (
+                u.ts_ns,
+                u.tid,
+                instant_name(k, &hex(u.alloc_ptr)),
+                json!({"alloc_seq":u.alloc_seq,"free_seq":u.free_seq,
+                       "free_stream":hex(u.free_stream),"use":u.use_name,
+                       "use_stream":hex(u.use_stream),"use_after_seq":u.use_after_seq}),
             ),
             Finding::InvalidFree(i) | Finding::DoubleFree(i) => (
                 i.ts_ns,

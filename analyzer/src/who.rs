@@ -261,6 +261,25 @@ impl Renders for Watch {
                     stack_id: 0,
                 }
             }
+            Finding::UnorderedFree(u) if inside(u.alloc_ptr, u.alloc_size) => Incident {
+                kind: incident_kind(f.kind()),
+                seq: u.seq,
+                ts_ns: u.ts_ns,
+                api: u.free_api.clone(),
+                ptr: u.alloc_ptr,
+                detail: format!(
+                    "freed on stream {:#x} ({}) while {} on stream {:#x} (queued after {}) may \
+                     still use it (allocated at {})",
+                    u.free_stream,
+                    words::event(u.free_seq),
+                    u.use_name,
+                    u.use_stream,
+                    words::event(u.use_after_seq),
+                    words::event(u.alloc_seq)
+                ),
+                stack: None,
+                stack_id: u.stack_ids[1].unwrap_or(0),
+            },
             Finding::InvalidFree(i) | Finding::DoubleFree(i) if i.ptr == a => Incident {
                 kind: incident_kind(f.kind()),
                 seq: i.seq,
@@ -273,6 +292,7 @@ impl Renders for Watch {
             },
             Finding::StaleWrite(_)
             | Finding::StaleLaunch(_)
+            | Finding::UnorderedFree(_)
             | Finding::InvalidFree(_)
             | Finding::DoubleFree(_) => return,
             // A device fault names no address (its launches are stale launches, above).

@@ -286,6 +286,7 @@ impl Renders for MemViz {
         match f {
             Finding::StaleWrite(_)
             | Finding::StaleLaunch(_)
+            | Finding::UnorderedFree(_)
             | Finding::InvalidFree(_)
             | Finding::DoubleFree(_)
             | Finding::DeviceFault(Fault::Noted(_) | Fault::Returned(_)) => {}

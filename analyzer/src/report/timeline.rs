@@ -695,6 +695,27 @@ impl Renders for TimelineObs {
                 ),
                 Some(s.allocation),
             ),
+            Finding::UnorderedFree(u) => self.mark(
+                u.ts_ns,
+                f.kind().key(),
+                "freed while in use".into(),
+                format!(
+                    "the {} at {} freed by {} ({}) on {} while {} on {} may still use it \
+                     (nothing ordered that use before the free)",
+                    size(u.alloc_size),
+                    hex(u.alloc_ptr),
+                    u.free_api,
+                    words::event(u.free_seq),
+                    words::stream_name(u.free_stream),
+                    if u.use_kernel {
+                        format!("kernel {}", short_name(&u.use_name))
+                    } else {
+                        u.use_name.clone()
+                    },
+                    words::stream_name(u.use_stream)
+                ),
+                Some(u.alloc_seq),
+            ),
             Finding::DeviceFault(Fault::Noted(d)) => {
                 let code = i64::try_from(d.code).unwrap_or(i64::MAX);
                 if self.seen.first_fault.is_none() {

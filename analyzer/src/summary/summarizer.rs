@@ -107,6 +107,7 @@ pub struct Summarizer {
 struct Fresh {
     stale_writes: Vec<PoisonViolation>,
     stale_launches: Vec<StaleLaunchEntry>,
+    unordered: Vec<FreedInUseEntry>,
     frees: Vec<InvalidFree>,
     faults: Vec<DeviceFault>,
     returned: Option<FaultedCall>,
@@ -279,6 +280,7 @@ impl Summarizer {
         let Some(x) = self.fresh.as_mut() else { return };
         if x.stale_writes.is_empty()
             && x.stale_launches.is_empty()
+            && x.unordered.is_empty()
             && x.frees.is_empty()
             && x.faults.is_empty()
             && x.returned.is_none()
@@ -293,6 +295,9 @@ impl Summarizer {
         x.stale_launches
             .iter()
             .for_each(|s| f(Finding::StaleLaunch(s)));
+        x.unordered
+            .iter()
+            .for_each(|u| f(Finding::UnorderedFree(u)));
         x.frees.iter().for_each(|i| f(Finding::of_free(i)));
         x.faults
             .iter()
@@ -695,9 +700,9 @@ impl Observer for Summarizer {
             }
             Record::FreedInUse(f) => {
                 self.in_use_count += 1;
-                if self.in_use.len() < LIST_CAP {
+                if self.in_use.len() < LIST_CAP || self.streams() {
                     let freed = self.freed(f.alloc_seq, [f.alloc_stack, f.free_stack]);
-                    self.in_use.push(FreedInUseEntry {
+                    let e = FreedInUseEntry {
                         trace: self.trace,
                         pid: self.pid,
                         seq: f.seq,
@@ -722,7 +727,13 @@ impl Observer for Summarizer {
                         free_stack: None,
                         use_stack: None,
                         stack_ids: [freed.alloc_stack, freed.free_stack, stack_id(f.use_stack)],
-                    });
+                    };
+                    if let Some(x) = self.fresh.as_mut() {
+                        x.unordered.push(e.clone());
+                    }
+                    if self.in_use.len() < LIST_CAP {
+                        self.in_use.push(e);
+                    }
                 }
             }
             Record::StaleValue(s) => {

@@ -154,7 +154,7 @@ hooks! {
     cuEventSynchronize(ev: *mut c_void) [order Op::EventSync { event: ev as usize }];
     cuEventQuery(ev: *mut c_void) [order Op::EventSync { event: ev as usize }];
     /// An event's end: its clock is forgotten (PyTorch makes and destroys one an ordered free).
-    cuEventDestroy_v2(ev: *mut c_void) = EVENT_DESTROY [order Op::EventGone { event: ev as usize }];
+    cuEventDestroy_v2(ev) = EVENT_DESTROY [order Op::EventGone { event: ev as usize }];
     cuEventDestroy(ev: *mut c_void) [order Op::EventGone { event: ev as usize }];
     cuStreamEndCapture(s: CUstream, graph: *mut *mut c_void) [order Op::CaptureEnd];
     cuStreamEndCapture_ptsz(s: CUstream, graph: *mut *mut c_void) [order Op::CaptureEnd];
