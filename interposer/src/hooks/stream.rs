@@ -151,8 +151,8 @@ hooks! {
         [order Op::Wait { stream: s, event: ev as usize, ptsz: false }];
     cuStreamWaitEvent_ptsz(s: CUstream, ev: *mut c_void, flags: c_uint)
         [order Op::Wait { stream: s, event: ev as usize, ptsz: true }];
-    cuEventSynchronize(ev: *mut c_void) [order Op::EventSync { event: ev as usize }];
-    cuEventQuery(ev: *mut c_void) [order Op::EventSync { event: ev as usize }];
+    cuEventSynchronize(ev) = EVENT_SYNCHRONIZE [order Op::EventSync { event: ev as usize }];
+    cuEventQuery(ev) = EVENT_QUERY [order Op::EventSync { event: ev as usize }];
     /// An event's end: its clock is forgotten (PyTorch makes and destroys one an ordered free).
     cuEventDestroy_v2(ev) = EVENT_DESTROY [order Op::EventGone { event: ev as usize }];
     cuEventDestroy(ev: *mut c_void) [order Op::EventGone { event: ev as usize }];
