@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # The tenth session's GPU calls (issues 30, 31, 32, 34): one command, logs to $OUT.
 #   bash tests/gpu/session10_call.sh [parts]
-# parts: models record order uaf tier torchtests memviz (default: models record)
+# parts: models record, or any tests/gpu/<part>.sh by name. The tenth session was lent no GPU;
+# the calls prepared for the next (about 30 minutes of device time in all):
+#   1. session10_call.sh models uaf_check edges        (issue 30 must-shows, 33-style host checks)
+#   2. order_check.sh race patterns ; order_check.sh cost   (issue 34)
+#   3. tier_bench.sh                                   (issue 31)
+#   4. torch_tests.sh --budget 540 --shard 1/2 (then 2/2; carry tests/gpu/ext)   (issue 30.6)
+#   5. memviz_size.sh ; report_gpt2.sh ; order_check.sh sanitizer   (issues 32, 34)
 # Needs target/gpu/{libisolate.so,isolate}.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,6 +34,8 @@ for part in $parts; do
             -o "$OUT/record/gpt2-torch-trace.html" && ls -l "$OUT/record"
         "$G/isolate" summary "$OUT"/record/gpt2-*.trace | head -20
         ;;
-    *) [ -f "$here/$part.sh" ] && bash "$here/$part.sh" || echo "no part $part" ;;
+    *)
+        if [ -f "$here/$part.sh" ]; then bash "$here/$part.sh"; else echo "no part $part"; fi
+        ;;
     esac
 done
