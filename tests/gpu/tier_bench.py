@@ -64,6 +64,8 @@ CONFIGS = {
     "fast-nostacks": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "ISOLATE_STACKS": "none"},
     "fast-python": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "ISOLATE_STACKS": "python"},
     "isolate-nopoison": {"ISOLATE_MODE": "isolate", "ISOLATE_POISON": "off"},
+    # Full coverage without the stream-order check (issue 34: its cost is isolate / this).
+    "isolate-noorder": {"ISOLATE_MODE": "isolate", "ISOLATE_TEST_ORDER": "off"},
 }
 
 WORKER = r'''
@@ -204,7 +206,8 @@ def run_config(args, cfg, rnd, models, work, logs, probe):
     d = tempfile.mkdtemp(dir=work, prefix=f"{cfg}-r{rnd}-")
     env = dict(os.environ)
     for k in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
-              "LD_PRELOAD", "ISOLATE_MODE", "ISOLATE_CHECK", "ISOLATE_STACKS", "ISOLATE_POISON"):
+              "LD_PRELOAD", "ISOLATE_MODE", "ISOLATE_CHECK", "ISOLATE_STACKS", "ISOLATE_POISON",
+              "ISOLATE_TEST_ORDER"):
         env.pop(k, None)
     if CONFIGS[cfg] is not None:
         env.update(CONFIGS[cfg])

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The eleventh session's GPU calls: parts run in order, each under its own time limit, every
+# log into one tarball ($OUT/all.tgz) so that the device tool's 8-file limit holds.
+#   bash tests/gpu/session11_call.sh part[:seconds] ...
+# parts: golden uaf leak race patterns sanitizer models edges tiers memviz report
+# Needs target/gpu/{libisolate.so,isolate} (carry target/gpu).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+FINAL=${OUT:-/tmp/s11-out}
+export OUT=/tmp/s11-work
+rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
+export PATH="$PATH:/usr/local/cuda/bin" PYTHONUNBUFFERED=1
+G="$root/target/gpu"
+t0=$(date +%s)
+for spec in "$@"; do
+    part=${spec%%:*}; lim=${spec#*:}; [ "$lim" = "$spec" ] && lim=300
+    echo "##### $part (limit ${lim}s, at $(( $(date +%s) - t0 ))s)"
+    case $part in
+    golden) cmd=(bash "$here/golden_record.sh") ;;
+    uaf|leak) cmd=(bash "$here/uaf_check.sh" "$part") ;;
+    race|patterns|sanitizer|cost) cmd=(bash "$here/order_check.sh" "$part") ;;
+    models) cmd=(python3 "$here/models_check.py" --lib "$G/libisolate.so" --isolate "$G/isolate"
+                 --runs 1 --steps ${MODEL_STEPS:-12} --jobs ${MODEL_JOBS:-4} --modes ${MODEL_MODES:-isolate}
+                 --workloads ${MODELS:-bert,gpt2,resnet50,vit,compiled,cudagraph,dataloader,growth}) ;;
+    edges) cmd=(bash "$here/edges.sh") ;;
+    tiers) cmd=(bash "$here/tier_bench.sh") ;;
+    memviz) cmd=(bash "$here/memviz_size.sh") ;;
+    report) cmd=(bash "$here/report_gpt2.sh") ;;
+    *) echo "no part $part"; continue ;;
+    esac
+    export ORDER_BUDGET_S=$(( lim - 15 ))
+    (cd "$root" && timeout -k 5 "$lim" "${cmd[@]}") 2>&1 | tee "$OUT/part-$part.log"
+    echo "##### $part rc=${PIPESTATUS[0]} ($(( $(date +%s) - t0 ))s)"
+done
+tar -czf "$FINAL/all.tgz" -C "$OUT" . 2>/dev/null
+ls -l "$FINAL/all.tgz"
