@@ -6,17 +6,7 @@ use std::path::Path;
 
 /// `isolate export --format chrome-trace TRACE` in `dir` (it must succeed), parsed.
 fn chrome_trace(dir: &Path, trace: &str) -> serde_json::Value {
-    let o = isolate(
-        dir,
-        &[
-            "export",
-            "--format",
-            "chrome-trace",
-            trace,
-            "-o",
-            "out.json",
-        ],
-    );
+    let o = export(dir, "chrome-trace", &[trace], "out.json");
     assert_eq!(o.code, 0, "{}", o.stderr);
     serde_json::from_str(&std::fs::read_to_string(dir.join("out.json")).unwrap()).unwrap()
 }
@@ -257,10 +247,7 @@ fn every_finding_past_the_summary_cap_is_rendered() {
     assert_eq!(inc[0]["seq"], N);
 
     // The Parquet export renders the summary's lists, and says how many they left out.
-    let o = isolate(
-        d.path(),
-        &["export", "--format", "parquet", "t.trace", "-o", "fleet"],
-    );
+    let o = export(d.path(), "parquet", &["t.trace"], "fleet");
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert!(
         o.stderr.contains(", findings 10000, ")
@@ -269,17 +256,7 @@ fn every_finding_past_the_summary_cap_is_rendered() {
         o.stderr
     );
 
-    let o = isolate(
-        d.path(),
-        &[
-            "export",
-            "--format",
-            "memory-viz",
-            "t.trace",
-            "-o",
-            "out.pickle",
-        ],
-    );
+    let o = export(d.path(), "memory-viz", &["t.trace"], "out.pickle");
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert!(
         o.stderr.contains(

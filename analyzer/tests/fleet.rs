@@ -215,11 +215,11 @@ fn the_docs_queries_answer_what_the_traces_hold() {
     rank_trace(100, "node-a", Some(0), steps).write(dir, "r0.trace");
     rank_trace(101, "node-a", Some(1), steps).write(dir, "r1.trace");
     rank_trace(102, "node b", Some(2), steps).write(dir, "r2.trace");
-    let o = isolate(
+    let o = export(
         dir,
-        &[
-            "export", "--format", "parquet", "r0.trace", "r1.trace", "r2.trace", "-o", "fleet",
-        ],
+        "parquet",
+        &["r0.trace", "r1.trace", "r2.trace"],
+        "fleet",
     );
     assert_eq!(o.code, 0, "{}", o.stderr);
     // 3 steps of 5 allocations, and rank 1's cleanup allocation.
@@ -385,18 +385,7 @@ fn the_docs_queries_answer_what_the_traces_hold() {
     // A fourth process, without a rank, exported into the same directory: added beside the
     // others; rank 0's trace exported again: replaced, not added twice.
     rank_trace(200, "node-c", None, 1).write(dir, "solo.trace");
-    let o = isolate(
-        dir,
-        &[
-            "export",
-            "--format",
-            "parquet",
-            "solo.trace",
-            "r0.trace",
-            "-o",
-            "fleet",
-        ],
-    );
+    let o = export(dir, "parquet", &["solo.trace", "r0.trace"], "fleet");
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert_eq!(files(&fleet, "allocations").len(), 4);
     assert_eq!(hidden_files(&fleet), Vec::<String>::new());
@@ -418,18 +407,7 @@ fn a_failed_export_leaves_no_file_of_its_own() {
     rank_trace(100, "node-a", Some(0), 2).write(dir, "good.trace");
     // The same trace under two names: refused before anything is written.
     rank_trace(100, "node-a", Some(0), 2).write(dir, "copy.trace");
-    let o = isolate(
-        dir,
-        &[
-            "export",
-            "--format",
-            "parquet",
-            "good.trace",
-            "copy.trace",
-            "-o",
-            "fleet",
-        ],
-    );
+    let o = export(dir, "parquet", &["good.trace", "copy.trace"], "fleet");
     assert_eq!(o.code, 2, "{}", o.stderr);
     assert!(
         o.stderr.contains(
@@ -449,18 +427,7 @@ fn a_failed_export_leaves_no_file_of_its_own() {
         *b = 0xff;
     }
     std::fs::write(dir.join("bad.trace"), &bad).unwrap();
-    let o = isolate(
-        dir,
-        &[
-            "export",
-            "--format",
-            "parquet",
-            "good.trace",
-            "bad.trace",
-            "-o",
-            "fleet",
-        ],
-    );
+    let o = export(dir, "parquet", &["good.trace", "bad.trace"], "fleet");
     assert_eq!(o.code, 2, "{}", o.stderr);
     assert!(o.stderr.contains("bad.trace: at byte "), "{}", o.stderr);
     let fleet = dir.join("fleet");
@@ -500,10 +467,7 @@ fn a_table_longer_than_a_row_group() {
     }
     t.end(Stats::default());
     t.write(dir, "big.trace");
-    let o = isolate(
-        dir,
-        &["export", "--format", "parquet", "big.trace", "-o", "fleet"],
-    );
+    let o = export(dir, "parquet", &["big.trace"], "fleet");
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert!(
         o.stderr.contains(&format!("allocations {n}, frees 0")),

@@ -294,6 +294,14 @@ pub fn isolate<S: AsRef<std::ffi::OsStr>>(dir: &Path, args: &[S]) -> Out {
     }
 }
 
+/// Runs `isolate export --format FORMAT TRACES… -o OUT` in `dir`.
+pub fn export(dir: &Path, format: &str, traces: &[&str], out: &str) -> Out {
+    let mut args = vec!["export", "--format", format];
+    args.extend_from_slice(traces);
+    args.extend(["-o", out]);
+    isolate(dir, &args)
+}
+
 pub const A: u64 = 0x7f00_0000_0000;
 pub const MIB: u64 = 1 << 20;
 
