@@ -534,15 +534,21 @@ impl<'a, W: Write> Pickler<'a, W> {
         self.out.write_all(&[b])
     }
 
-    /// Memoizes the object on top of the stack at index `i`.
-    fn put(&mut self, i: u32) -> std::io::Result<()> {
+    /// A memo opcode with index `i`: its one-byte form (`short`) where `i` fits a byte, else
+    /// its four-byte form (`long`).
+    fn memo_op(&mut self, short: u8, long: u8, i: u32) -> std::io::Result<()> {
         match u8::try_from(i) {
-            Ok(b) => self.out.write_all(&[op::BINPUT, b]),
+            Ok(b) => self.out.write_all(&[short, b]),
             Err(_) => {
-                self.op(op::LONG_BINPUT)?;
+                self.op(long)?;
                 self.out.write_all(&i.to_le_bytes())
             }
         }
+    }
+
+    /// Memoizes the object on top of the stack at index `i`.
+    fn put(&mut self, i: u32) -> std::io::Result<()> {
+        self.memo_op(op::BINPUT, op::LONG_BINPUT, i)
     }
 
     /// Memoizes the object on top of the stack at the next free index; returns it.
@@ -553,14 +559,9 @@ impl<'a, W: Write> Pickler<'a, W> {
         Ok(i)
     }
 
+    /// Pushes the object memoized at index `i`.
     fn get(&mut self, i: u32) -> std::io::Result<()> {
-        match u8::try_from(i) {
-            Ok(b) => self.out.write_all(&[op::BINGET, b]),
-            Err(_) => {
-                self.op(op::LONG_BINGET)?;
-                self.out.write_all(&i.to_le_bytes())
-            }
-        }
+        self.memo_op(op::BINGET, op::LONG_BINGET, i)
     }
 
     fn str(&mut self, s: &str) -> std::io::Result<()> {
@@ -634,17 +635,10 @@ impl<'a, W: Write> Pickler<'a, W> {
             return self.get(i);
         }
         let frames = stacks.frames(id);
-        self.op(op::EMPTY_LIST)?;
+        self.list(frames.iter(), |p, f| p.frame(f))?;
         if frames.is_empty() {
             // A stack with no frames: an empty list of its own, as for no stack.
             return Ok(());
-        }
-        for chunk in frames.chunks(BATCH) {
-            self.op(op::MARK)?;
-            for f in chunk {
-                self.frame(f)?;
-            }
-            self.op(op::APPENDS)?;
         }
         let i = self.memoize()?;
         self.stacks.insert(id, i);
