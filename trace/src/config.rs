@@ -128,6 +128,15 @@ struct TwoWay {
 }
 
 impl TwoWay {
+    const fn new(name: &'static str, yes: &'static str, no: &'static str, default: bool) -> Self {
+        TwoWay {
+            name,
+            yes,
+            no,
+            default,
+        }
+    }
+
     fn read(&self, var: &impl Fn(&str) -> Option<String>) -> Result<bool, String> {
         match var(self.name) {
             None => Ok(self.default),
@@ -144,60 +153,26 @@ impl TwoWay {
     }
 }
 
-const GUARD_SIDE: TwoWay = TwoWay {
-    name: "ISOLATE_GUARD_SIDE",
-    yes: "start",
-    no: "end",
-    default: false,
-};
-const RELEASE: TwoWay = TwoWay {
-    name: "ISOLATE_TEST_RELEASE",
-    yes: "async",
-    no: "sync",
-    default: true,
-};
-const POISON_BY: TwoWay = TwoWay {
-    name: "ISOLATE_TEST_POISON_BY",
-    yes: "kernel",
-    no: "memset",
-    default: false,
-};
-const POISON_BATCH: TwoWay = TwoWay {
-    name: "ISOLATE_TEST_POISON_BATCH",
-    yes: "on",
-    no: "off",
-    default: true,
-};
-const REUSE: TwoWay = TwoWay {
-    name: "ISOLATE_REUSE",
-    yes: "on",
-    no: "off",
-    default: true,
-};
-const CHECK: TwoWay = TwoWay {
-    name: "ISOLATE_CHECK",
-    yes: "fast",
-    no: "full",
-    default: false,
-};
-const ORDER: TwoWay = TwoWay {
-    name: "ISOLATE_TEST_ORDER",
-    yes: "on",
-    no: "off",
-    default: true,
-};
-const PROFILE: TwoWay = TwoWay {
-    name: "ISOLATE_PROFILE",
-    yes: "on",
-    no: "off",
-    default: false,
-};
+// (name, the value that means true, the one that means false, whether it is true when unset)
+const GUARD_SIDE: TwoWay = TwoWay::new("ISOLATE_GUARD_SIDE", "start", "end", false);
+const RELEASE: TwoWay = TwoWay::new("ISOLATE_TEST_RELEASE", "async", "sync", true);
+const POISON_BY: TwoWay = TwoWay::new("ISOLATE_TEST_POISON_BY", "kernel", "memset", false);
+const POISON_BATCH: TwoWay = TwoWay::new("ISOLATE_TEST_POISON_BATCH", "on", "off", true);
+const REUSE: TwoWay = TwoWay::new("ISOLATE_REUSE", "on", "off", true);
+const CHECK: TwoWay = TwoWay::new("ISOLATE_CHECK", "fast", "full", false);
+const ORDER: TwoWay = TwoWay::new("ISOLATE_TEST_ORDER", "on", "off", true);
+const PROFILE: TwoWay = TwoWay::new("ISOLATE_PROFILE", "on", "off", false);
 
-fn on_off(name: &str, v: &str) -> Result<bool, String> {
+/// An on/off setting (`on`, `1`, `yes`, `true` or their opposites, in any case), `unset` when
+/// it is not set.
+fn on_off(var: &impl Fn(&str) -> Option<String>, name: &str, unset: bool) -> Result<bool, String> {
+    let Some(v) = var(name) else {
+        return Ok(unset);
+    };
     match v.to_ascii_lowercase().as_str() {
         "on" | "1" | "yes" | "true" => Ok(true),
         "off" | "0" | "no" | "false" => Ok(false),
-        _ => Err(bad(name, v)),
+        _ => Err(bad(name, &v)),
     }
 }
 
@@ -272,19 +247,13 @@ pub fn from_env(
             None => Budget::Bytes(parse_size(&v).ok_or_else(|| bad("ISOLATE_QUARANTINE", &v))?),
         },
     };
-    let guard = match var("ISOLATE_GUARD") {
-        None => false,
-        Some(v) => on_off("ISOLATE_GUARD", &v)?,
-    };
+    let guard = on_off(&var, "ISOLATE_GUARD", false)?;
     let guard_min_size = match var("ISOLATE_GUARD_MIN_SIZE") {
         None => 0,
         Some(v) => parse_size(&v).ok_or_else(|| bad("ISOLATE_GUARD_MIN_SIZE", &v))?,
     };
     let guard_underflow = GUARD_SIDE.read(&var)?;
-    let check_launch = match var("ISOLATE_CHECK_LAUNCH") {
-        None => mode == Mode::Isolate,
-        Some(v) => on_off("ISOLATE_CHECK_LAUNCH", &v)?,
-    };
+    let check_launch = on_off(&var, "ISOLATE_CHECK_LAUNCH", mode == Mode::Isolate)?;
     let async_release = RELEASE.read(&var)?;
     let poison_kernel = POISON_BY.read(&var)?;
     let poison_batch = POISON_BATCH.read(&var)?;
