@@ -454,37 +454,32 @@ static CUresult param_info(void *handle, int kind, size_t paramIndex, size_t *pa
     return CUDA_SUCCESS;
 }
 
+/* A handle's name, for cuFuncGetName (`kernel` 0: a function of any kind but a library's kernel)
+ * and cuKernelGetName (`kernel` 1: a library's kernel only). */
+static CUresult func_name(const char **name, void *handle, int kernel) {
+    NEED_INIT();
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUfunc_st *f = find_func(handle);
+    if (!f || (f->kind == 1) != kernel)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *name = f->name;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
                             size_t *paramSize) {
     return param_info(func, 0, paramIndex, paramOffset, paramSize);
 }
 
-CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
-    NEED_INIT();
-    if (!name)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct CUfunc_st *f = find_func(hfunc);
-    if (!f || f->kind == 1)
-        return CUDA_ERROR_INVALID_HANDLE;
-    *name = f->name;
-    return CUDA_SUCCESS;
-}
+CUresult cuFuncGetName(const char **name, CUfunction hfunc) { return func_name(name, hfunc, 0); }
 
 CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset,
                               size_t *paramSize) {
     return param_info(kernel, 1, paramIndex, paramOffset, paramSize);
 }
 
-CUresult cuKernelGetName(const char **name, CUkernel hfunc) {
-    NEED_INIT();
-    if (!name)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct CUfunc_st *f = find_func(hfunc);
-    if (!f || f->kind != 1)
-        return CUDA_ERROR_INVALID_HANDLE;
-    *name = f->name;
-    return CUDA_SUCCESS;
-}
+CUresult cuKernelGetName(const char **name, CUkernel hfunc) { return func_name(name, hfunc, 1); }
 
 /* Queues a launch; the parameter values are copied now, as CUDA does. */
 static CUresult launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
