@@ -366,3 +366,16 @@ fn macro_paths_count_too() {
     let found = problems(&arrows(&files));
     assert!(found.iter().any(|p| p.contains("pointing up")), "{found:?}");
 }
+
+/// Issue 29's line: no file of the library over 1,000 lines (tests included), so that each
+/// stays one job a newcomer can read.
+#[test]
+fn no_file_is_over_a_thousand_lines() {
+    let mut paths = Vec::new();
+    rust_files(&src_dir(), &mut paths);
+    assert!(paths.len() > 50, "the tree was read: {paths:?}");
+    for p in paths {
+        let n = std::fs::read_to_string(&p).unwrap().lines().count();
+        assert!(n <= 1000, "{} has {n} lines (at most 1,000)", p.display());
+    }
+}

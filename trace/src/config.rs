@@ -94,7 +94,7 @@ pub struct Config {
     /// The hooks time themselves and note where the calling threads' time went at exit
     /// (`ISOLATE_PROFILE=on`; off by default).
     pub profile: bool,
-    /// The stream-order check (the library's policy/order.rs: a free while a use on another
+    /// The stream-order check (the library's policy/order/: a free while a use on another
     /// stream may still run is a finding), in isolate mode with the launch check on.
     /// `ISOLATE_TEST_ORDER=off` exists only to measure its cost (on by default).
     pub order: bool,

@@ -125,7 +125,7 @@ pub struct StaleLaunch {
 /// before the free by anything the library saw: no event recorded after the use and waited on
 /// by the freeing stream, no synchronisation of the using stream, the device or the context
 /// (a missing `record_stream`). Decided by happens-before at the free (the library's
-/// `policy/order.rs`), whether or not the timing let the use see other data.
+/// `policy/order/`), whether or not the timing let the use see other data.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode)]
 pub struct FreedInUse {
     pub seq: u64,

@@ -256,7 +256,7 @@ const BATCH: usize = 64;
 /// [`order::WORDS`] words): each whole 8-byte parameter at an 8-aligned offset, and each
 /// 8-aligned parameter of 16 to [`order::GROUP`] × 8 bytes (a struct passed by value, such as
 /// PyTorch's `at::detail::Array<char*, N>` of an elementwise kernel's operands), which is a use
-/// only if every one of its words is an allocation's start or zero (order.rs).
+/// only if every one of its words is an allocation's start or zero (order/).
 struct Whole {
     on: bool,
     n: usize,

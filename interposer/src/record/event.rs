@@ -18,7 +18,7 @@ pub fn next_seq() -> u64 {
 }
 
 /// The last sequence number taken so far (0 before any): what a use that is no event of its
-/// own names as "after event N" (policy/order.rs).
+/// own names as "after event N" (policy/order/).
 #[inline]
 pub fn last_seq() -> u64 {
     SEQ.load(Relaxed).saturating_sub(1)

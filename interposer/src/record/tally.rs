@@ -41,7 +41,7 @@ pub struct Counters {
     pub stale_writes: u64,
     pub stale_launches: u64,
     pub invalid_frees: u64,
-    /// Allocations freed while still in use on another stream (policy/order.rs).
+    /// Allocations freed while still in use on another stream (policy/order/).
     pub freed_in_use: u64,
 }
 
