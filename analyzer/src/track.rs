@@ -410,6 +410,10 @@ pub struct Tracker {
     registered: FxHashMap<u64, Node>,
     reservations: BTreeMap<u64, Node>,
     handles: FxHashMap<u64, Node>,
+    /// References taken to a live handle by `cuMemRetainAllocationHandle` and not yet given
+    /// back: a `cuMemRelease` of such a handle gives one back, and the handle lives on (NCCL's
+    /// free retains the handle of the range it frees, releases it, unmaps, releases it again).
+    retained: FxHashMap<u64, u32>,
     mappings: BTreeMap<u64, Node>,
     live: Live,
     scratch: Vec<u64>,
@@ -605,6 +609,27 @@ impl Tracker {
             obs.event(ev, &self.live);
             return;
         }
+        if kind == Kind::Retain {
+            // A reference to a handle this trace saw made; one to a handle made before it (or
+            // never seen) changes nothing the trace can check.
+            if ev.ok() && self.handles.contains_key(&ev.handle) {
+                *self.retained.entry(ev.handle).or_default() += 1;
+            }
+            obs.event(ev, &self.live);
+            return;
+        }
+        if kind == Kind::Release
+            && ev.ok()
+            && let Some(n) = self.retained.get_mut(&ev.handle)
+        {
+            // The retained reference goes; the handle stays live.
+            *n -= 1;
+            if *n == 0 {
+                self.retained.remove(&ev.handle);
+            }
+            obs.event(ev, &self.live);
+            return;
+        }
         if !ev.ok() {
             self.failed(kind, ev, obs);
             return;
@@ -721,7 +746,7 @@ impl Tracker {
                     obs.ended(n, &end(EndHow::Freed), &self.live);
                 }
             }
-            Kind::Launch | Kind::SetAccess => unreachable!("handled above"),
+            Kind::Launch | Kind::SetAccess | Kind::Retain => unreachable!("handled above"),
         }
     }
 

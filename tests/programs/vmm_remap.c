@@ -2,8 +2,11 @@
 /* Address-space calls on ranges that isolate mode holds back (an unmapped range stays mapped,
  * poisoned, in quarantine): map into the same range again without freeing the reservation
  * (PyTorch's expandable segments growing back), and free the reservation, reserve the same
- * address again and map there (XLA's platform allocator, seen under JAX). Every call must return
- * what it returns without isolate mode, and the memory must work. */
+ * address again and map there (XLA's platform allocator, seen under JAX); and free a mapping the
+ * way NCCL's ncclCuMemFree does (retain the handle at the address, release it, unmap, release
+ * it again, free the reservation: two accepted releases of one handle, not a double free; seen
+ * on the H200 as 194 false double frees). Every call must return what it returns without
+ * isolate mode, and the memory must work. */
 #include "common.h"
 
 static PFN_create create;
@@ -89,6 +92,22 @@ int main(void) {
     say("unmap after free %d", unmap(r2, 4 * gran));
     say("release after free %d", memRelease(h5));
     say("address free again %d", addressFree(r2, 4 * gran));
+
+    /* 3. NCCL's free: retain, release, unmap, release, address free. */
+    typedef CUresult (*PFN_retain)(CUmemGenericAllocationHandle *, void *);
+    PFN_retain retain = (PFN_retain)rt_entry("cuMemRetainAllocationHandle", cudaEnableDefault);
+    CUdeviceptr r3 = 0;
+    rc = reserve(&r3, 2 * gran, 0, 0, 0);
+    say("nccl reserve %d", rc);
+    CUmemGenericAllocationHandle h6 = map_fill("nccl", r3, 2 * gran, 0x66);
+    CUmemGenericAllocationHandle got = 0;
+    rc = retain(&got, (void *)(uintptr_t)(r3 + gran));
+    say("nccl retain %d same handle %d", rc, got == h6);
+    say("nccl release retained %d", memRelease(got));
+    say("nccl unmap %d", unmap(r3, 2 * gran));
+    say("nccl release %d", memRelease(h6));
+    say("nccl release once more %d", memRelease(h6));
+    say("nccl address free %d", addressFree(r3, 2 * gran));
     say("done");
     return 0;
 }

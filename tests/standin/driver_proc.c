@@ -75,6 +75,7 @@ static const struct proc g_procs[] = {
     {"cuMemAddressFree", 10020, F(cuMemAddressFree), NULL},
     {"cuMemCreate", 10020, F(cuMemCreate), NULL},
     {"cuMemRelease", 10020, F(cuMemRelease), NULL},
+    {"cuMemRetainAllocationHandle", 10020, F(cuMemRetainAllocationHandle), NULL},
     {"cuMemMap", 10020, F(cuMemMap), NULL},
     {"cuMemSetAccess", 10020, F(cuMemSetAccess), NULL},
     {"cuMemUnmap", 10020, F(cuMemUnmap), NULL},

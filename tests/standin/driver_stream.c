@@ -407,7 +407,9 @@ CUresult cuCtxSynchronize_v2(CUcontext ctx) {
 }
 
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
-    NEED_CTX();
+    /* As on the H200: after a kernel's fault the context's sticky error is every call's answer,
+     * an event's creation too (the library's fault check at exit must read it from there). */
+    NEED_LIVE_CTX();
     if (!phEvent)
         return CUDA_ERROR_INVALID_VALUE;
     if (Flags & ~(unsigned)(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING |

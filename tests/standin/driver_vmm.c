@@ -17,6 +17,7 @@ struct vhandle {
     int fd;
     size_t size;
     int released;
+    int retains; /* references taken by cuMemRetainAllocationHandle, not yet released */
     int maps;
     struct vhandle *next;
 };
@@ -229,9 +230,35 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     NEED_INIT();
     pthread_mutex_lock(&g_lock);
     struct vhandle *h = find_handle(handle);
-    if (h) {
+    if (h && h->retains > 0) {
+        h->retains--; /* a retained reference goes; the handle stays */
+    } else if (h) {
         h->released = 1;
         handle_unref(h);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The handle mapped at addr (anywhere in a mapping), with one more reference: one more
+ * cuMemRelease of it is then valid (NCCL's ncclCuMemFree: retain, release, unmap, release). A
+ * handle already released but still mapped is live again until that release. */
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    NEED_INIT();
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    uintptr_t a = (uintptr_t)addr;
+    struct vhandle *h = NULL;
+    pthread_mutex_lock(&g_lock);
+    for (struct vmap *m = g_maps; m; m = m->next)
+        if (a >= m->base && a < m->base + m->size)
+            h = m->h;
+    if (h) {
+        if (h->released)
+            h->released = 0;
+        else
+            h->retains++;
+        *handle = h->id;
     }
     pthread_mutex_unlock(&g_lock);
     return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;

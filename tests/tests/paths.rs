@@ -746,14 +746,18 @@ fn every_program_prints_the_same_in_isolate_mode() {
 }
 
 /// What the analyzer finds in these programs' traces: nothing, but for the one bad call that
-/// drv_linked and ipc's child make on purpose (a second `cuMemHostUnregister`, a second
-/// `cudaIpcCloseMemHandle`, refused by the driver: a double free). drv_static frees an
+/// drv_linked, ipc's child and vmm_remap make on purpose (a second `cuMemHostUnregister`, a
+/// second `cudaIpcCloseMemHandle`, a third `cuMemRelease` of a handle retained once, refused by
+/// the driver: a double free). drv_static frees an
 /// allocation of the CUDA 3.1 ABI, which is not recorded: the driver accepted it, so it is a free
 /// of an unseen allocation, not an invalid free.
 fn assert_findings(program: &str, t: &isolate_tests::Trace) {
     let planted = match program {
         "drv_linked" => Some("cuMemHostUnregister"),
         "ipc" if t.count("cudaIpcCloseMemHandle") > 0 => Some("cudaIpcCloseMemHandle"),
+        // NCCL's free (retain, release, unmap, release) is not one; the third release, which
+        // the driver refuses, is.
+        "vmm_remap" => Some("cuMemRelease"),
         _ => None,
     };
     let Some(api) = planted else {
@@ -790,4 +794,41 @@ fn nocuda_leaves_no_trace_in_isolate_mode() {
         "no trace expected, got {}",
         out.traces.len()
     );
+}
+
+/// NCCL's free (`ncclCuMemFree`: retain the handle at the address, release it, unmap, release it
+/// again) is recorded with the retain, which names the handle the program made: two accepted
+/// releases of one handle, then, for a third the driver refuses, the one double free (on the
+/// H200 the retain was not hooked and a one-rank NCCL job showed 194 false double frees).
+#[test]
+fn nccls_free_retains_the_handle_it_releases_twice() {
+    for mode in ["log", "isolate"] {
+        let out = Run::program("vmm_remap").env("ISOLATE_MODE", mode).run();
+        out.assert_success();
+        assert!(
+            out.stdout.contains("nccl retain 0 same handle 1"),
+            "{}",
+            out.stdout
+        );
+        let t = out.only_trace();
+        let evs = t.events();
+        let retain = evs
+            .iter()
+            .find(|e| e.api == Api::CuMemRetainAllocationHandle)
+            .unwrap_or_else(|| panic!("{mode}: no retain recorded"));
+        assert_eq!(retain.result, 0);
+        let created = evs
+            .iter()
+            .filter(|e| e.api == Api::CuMemCreate)
+            .last()
+            .unwrap();
+        assert_eq!(retain.handle, created.handle, "{mode}");
+        let releases: Vec<i32> = evs
+            .iter()
+            .filter(|e| e.api == Api::CuMemRelease && e.handle == created.handle)
+            .map(|e| e.result)
+            .collect();
+        assert_eq!(releases, [0, 0, 1], "{mode}");
+        assert_findings("vmm_remap", t);
+    }
 }

@@ -21,6 +21,9 @@ pub enum Kind {
     Create,
     /// Releases a physical memory handle.
     Release,
+    /// Takes one more reference to the physical memory handle mapped at `ptr` (its value in
+    /// `handle`): one more `Release` of it is then a release, not a double one (NCCL's free).
+    Retain,
     /// Maps `size` bytes of `handle` at `offset` to the address `ptr`.
     Map,
     /// Unmaps the range (`ptr`, `size`).
@@ -183,6 +186,7 @@ apis! {
     CuIpcCloseMemHandle = "cuIpcCloseMemHandle", Free, Shared, Sync, Driver, Linear;
     CudaIpcOpenMemHandle = "cudaIpcOpenMemHandle", Alloc, Shared, Sync, Driver, Linear;
     CudaIpcCloseMemHandle = "cudaIpcCloseMemHandle", Free, Shared, Sync, Driver, Linear;
+    CuMemRetainAllocationHandle = "cuMemRetainAllocationHandle", Retain, Virtual, Sync, Driver, Linear;
 }
 
 impl Api {

@@ -91,6 +91,15 @@ hooks! {
         }];
     cuMemRelease(handle) = MEM_RELEASE
         [CuMemRelease, Releases, |e| e.handle = handle];
+    /// NCCL's free (`ncclCuMemFree`) takes a second reference to the handle mapped at `addr`,
+    /// releases it, unmaps, then releases its own: recorded so that the second release is not
+    /// read as a double one.
+    cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void)
+        [CuMemRetainAllocationHandle, Returns, |e| e.ptr = addr as u64,
+        then |e| if e.result == 0 && !handle.is_null() {
+            // SAFETY: the real call succeeded, so it wrote the caller's non-null out-parameter.
+            e.handle = unsafe { *handle };
+        }];
     cuMemMap(ptr, size, offset, handle, flags)
         = MEM_MAP [CuMemMap, Returns,
         |e| (e.ptr, e.size, e.offset, e.handle, e.flags) = (ptr, size as u64, offset as u64, handle, flags)];

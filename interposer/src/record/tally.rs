@@ -66,6 +66,12 @@ pub fn see(rec: &Record) {
         Record::Event(e) => {
             EVENTS.fetch_add(1, Relaxed);
             let kind = e.api.kind();
+            if kind == Kind::Retain {
+                if e.ok() {
+                    retained((true, e.handle));
+                }
+                return;
+            }
             let key = match (kind, e.api.memory()) {
                 (Kind::Alloc | Kind::Free, Memory::Device | Memory::Managed) => (false, e.ptr),
                 (Kind::Create | Kind::Release, Memory::Virtual) => (true, e.handle),
@@ -73,6 +79,7 @@ pub fn see(rec: &Record) {
             };
             match kind {
                 Kind::Alloc | Kind::Create if e.ok() && key.1 != 0 => added(key, e.size),
+                Kind::Release if e.ok() && gave_back_retained(key) => {}
                 Kind::Free | Kind::Release if key.1 != 0 => removed(key, e.ok()),
                 _ => {}
             }
@@ -127,6 +134,29 @@ fn removed(key: (bool, u64), ok: bool) {
         *first = rest.remove(0);
     }
     LIVE_BYTES.store(LIVE_BYTES.load(Relaxed).saturating_sub(size), Relaxed);
+}
+
+/// One more reference to a live handle (`cuMemRetainAllocationHandle`), kept as a 0-byte entry
+/// in front: the next release gives it back ([`gave_back_retained`]), not the handle's memory,
+/// which stays live until the last release.
+fn retained(key: (bool, u64)) {
+    let mut live = LIVE.lock();
+    if let Some((first, rest)) = live.get_or_insert_with(FxHashMap::default).get_mut(&key) {
+        rest.insert(0, *first);
+        *first = 0;
+    }
+}
+
+/// A release of a handle with a retained reference: the reference goes (not a free).
+fn gave_back_retained(key: (bool, u64)) -> bool {
+    let mut live = LIVE.lock();
+    match live.get_or_insert_with(FxHashMap::default).get_mut(&key) {
+        Some((first, rest)) if *first == 0 && !rest.is_empty() => {
+            *first = rest.remove(0);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Starts a new window: its peak is the bytes live now.

@@ -44,8 +44,27 @@ pub(super) fn track_mapping(e: &Event) {
         Kind::Create => {
             st!(state()).created.insert(e.handle);
         }
+        // A retained reference (NCCL's free) is given back by one release; the handle is this
+        // process's until its last.
+        Kind::Retain => {
+            let mut g = state();
+            let s = st!(g);
+            if s.created.contains(&e.handle) {
+                *s.retained.entry(e.handle).or_default() += 1;
+            }
+        }
         Kind::Release => {
-            st!(state()).created.remove(&e.handle);
+            let mut g = state();
+            let s = st!(g);
+            match s.retained.get_mut(&e.handle) {
+                Some(n) if *n > 1 => *n -= 1,
+                Some(_) => {
+                    s.retained.remove(&e.handle);
+                }
+                None => {
+                    s.created.remove(&e.handle);
+                }
+            }
         }
         Kind::Map => {
             let mut g = state();
