@@ -817,11 +817,7 @@ fn nccls_free_retains_the_handle_it_releases_twice() {
             .find(|e| e.api == Api::CuMemRetainAllocationHandle)
             .unwrap_or_else(|| panic!("{mode}: no retain recorded"));
         assert_eq!(retain.result, 0);
-        let created = evs
-            .iter()
-            .filter(|e| e.api == Api::CuMemCreate)
-            .last()
-            .unwrap();
+        let created = evs.iter().rfind(|e| e.api == Api::CuMemCreate).unwrap();
         assert_eq!(retain.handle, created.handle, "{mode}");
         let releases: Vec<i32> = evs
             .iter()
