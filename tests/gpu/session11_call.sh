@@ -2,7 +2,7 @@
 # The eleventh session's GPU calls: parts run in order, each under its own time limit, every
 # log into one tarball ($OUT/all.tgz) so that the device tool's 8-file limit holds.
 #   bash tests/gpu/session11_call.sh part[:seconds] ...
-# parts: golden uaf leak race patterns sanitizer models edges tiers memviz report
+# parts: golden uaf leak race patterns sanitizer models edges tiers memviz report diag
 # Needs target/gpu/{libisolate.so,isolate} (carry target/gpu).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,6 +24,7 @@ for spec in "$@"; do
                  --runs 1 --steps ${MODEL_STEPS:-12} --jobs ${MODEL_JOBS:-4} --modes ${MODEL_MODES:-isolate}
                  --workloads ${MODELS:-bert,gpt2,resnet50,vit,compiled,cudagraph,dataloader,growth}) ;;
     edges) cmd=(bash "$here/edges.sh") ;;
+    diag) cmd=(bash "$here/diag_patterns.sh") ;;
     tiers) cmd=(bash "$here/tier_bench.sh") ;;
     memviz) cmd=(bash "$here/memviz_size.sh") ;;
     report) cmd=(bash "$here/report_gpt2.sh") ;;
