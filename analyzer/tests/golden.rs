@@ -658,7 +658,7 @@ fn all_traces(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// Every trace kept in the repository stays readable by this version of the reader: the kept
-/// traces are format versions 1 and 3, read by a reader of version 4 (call stacks; then the
+/// traces are format versions 1, 3 and 4, read by a reader of version 4 (call stacks; then the
 /// stacks of stale writes and launches; then the unordered free's record) to their End record
 /// without an error.
 #[test]
@@ -673,8 +673,11 @@ fn every_kept_trace_is_readable() {
     );
     for p in &paths {
         let mut r = Reader::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-        // tests/traces/h200-v3 holds the traces of the current format; every other one is 1.
-        let want = if p.parent().is_some_and(|d| d.ends_with("h200-v3")) {
+        // tests/traces/h200-v4 holds the traces of the current format, h200-v3 those of the
+        // one before; every other one is 1.
+        let want = if p.parent().is_some_and(|d| d.ends_with("h200-v4")) {
+            4
+        } else if p.parent().is_some_and(|d| d.ends_with("h200-v3")) {
             3
         } else {
             1
@@ -698,11 +701,12 @@ fn every_kept_trace_is_readable() {
     }
 }
 
-/// The golden traces of the current format (version 3: call stacks, and the stacks of stale
-/// writes and launches in their own records), recorded on the H200 by
-/// `tests/gpu/golden_record.sh` with the library of this session: each one's summary as JSON and
-/// as text must equal `tests/traces/expected-v3/` (or is rewritten there under UPDATE_GOLDEN=1),
-/// after the facts the GPU run showed are asserted on the fresh output.
+/// The golden traces of formats 3 (call stacks, and the stacks of stale writes and launches in
+/// their own records; ninth session) and 4 (the current one: the unordered free's record; the
+/// eleventh session), recorded on the H200 by `tests/gpu/golden_record.sh` with the library of
+/// their session: each one's summary as JSON and as text must equal
+/// `tests/traces/expected-v<N>/` (or is rewritten there under UPDATE_GOLDEN=1), after the facts
+/// the GPU run showed are asserted on the fresh output. The same programs, so the same facts.
 const TRACES_V3: &[&str] = &[
     "stale_isolate",
     "stale_guard",
@@ -713,10 +717,21 @@ const TRACES_V3: &[&str] = &[
 
 #[test]
 fn golden_outputs_of_the_h200_format_3_traces() {
+    golden_outputs_of_format(3);
+}
+
+#[test]
+fn golden_outputs_of_the_h200_format_4_traces() {
+    golden_outputs_of_format(4);
+}
+
+fn golden_outputs_of_format(version: u64) {
     for &name in TRACES_V3 {
-        let path = traces_dir().join("h200-v3").join(format!("{name}.trace"));
+        let path = traces_dir()
+            .join(format!("h200-v{version}"))
+            .join(format!("{name}.trace"));
         let (raw, s) = isolate(&["summary", "--json", path.to_str().unwrap()]);
-        assert_eq!(header(&s)["format_version"], 3, "{name}");
+        assert_eq!(header(&s)["format_version"], version, "{name}");
         assert_eq!(s["complete"], true, "{name}: End record");
         assert_eq!(s["lost"], 0, "{name}");
         let count = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{name}: {k}"));
@@ -791,9 +806,9 @@ fn golden_outputs_of_the_h200_format_3_traces() {
             }
             _ => unreachable!("{name}"),
         }
-        let v3 = format!("../expected-v3/{name}");
-        golden(&v3, "summary", &raw, &s);
+        let expected = format!("../expected-v{version}/{name}");
+        golden(&expected, "summary", &raw, &s);
         let text = summary_text(&[path]);
-        golden_text(&format!("{v3}.summary.txt"), &text);
+        golden_text(&format!("{expected}.summary.txt"), &text);
     }
 }
