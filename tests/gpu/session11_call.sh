@@ -4,6 +4,17 @@
 #   bash tests/gpu/session11_call.sh part[:seconds] ...
 # parts: golden uaf leak race patterns sanitizer models edges tiers memviz report diag
 # Needs target/gpu/{libisolate.so,isolate} (carry target/gpu).
+#
+# Run in the eleventh session (one call; ~21 of its 30 device minutes went to starts that
+# failed): golden:70 uaf:90 race:140 patterns:220. Left for the next session, in this order
+# (about 30 minutes of device time in all; each line one call):
+#   1. diag:90 uaf:50 patterns:220 models:150   the CuPy-stream crash (diag_patterns.sh), the
+#      guard exit's fix, NCCL's double frees gone, issue 30's models with 0 findings
+#   2. TIER_CONFIGS=default,log,isolate,fast,isolate-noorder BUDGET_S=420 BENCH_LIMIT_S=460
+#      tiers:560                                 issue 31's table and issue 34's cost
+#   3. sanitizer:300 memviz:150 report:120      issue 34 beside compute-sanitizer, issue 32
+#   4. torch_tests.sh --budget 540 --shard 1/2, then 2/2 (carry tests/gpu/ext: fetch
+#      PyTorch's test/test_cuda.py at 000e43cd… byte for byte first, README-torch-tests.md)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
