@@ -20,8 +20,9 @@
 //!   not see it (before a late load, or through an entry point that is not recorded, such as
 //!   the CUDA 3.1 `cuMemAlloc` ABI): reported apart ([`Observer::earlier`]), never as invalid.
 //! - `cuMemAddressReserve`/`cuMemAddressFree` start and end reservations (keyed by address),
-//!   `cuMemCreate`/`cuMemRelease` physical handles (keyed by handle), `cuMemMap`/`cuMemUnmap`
-//!   mappings (an unmap ends every mapping that starts inside its range).
+//!   `cuMemCreate`/`cuMemRelease` physical handles (keyed by handle; each
+//!   `cuMemRetainAllocationHandle` of a live handle allows one more release that leaves it live),
+//!   `cuMemMap`/`cuMemUnmap` mappings (an unmap ends every mapping that starts inside its range).
 //! - An allocation handed out at the start of a node that is still live means the trace missed
 //!   that node's free: the old node ends as [`EndHow::Lost`] (just before the new one starts).
 //! - A trace with a [`NoteKind::LateLoad`] note was written by a library loaded after CUDA was

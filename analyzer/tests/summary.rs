@@ -175,6 +175,40 @@ fn vmm_handles_count_reservations_do_not() {
     assert_eq!(s.frees_of_earlier_allocations, 1);
 }
 
+/// NCCL's free (`ncclCuMemFree`): the handle at the address retained, released, the range
+/// unmapped, the handle released again: two accepted releases of one handle, no finding, the
+/// handle's memory live until the second. A third release, refused, is the double free; a
+/// retain of a handle the trace never saw made counts for nothing.
+#[test]
+fn a_retained_handle_takes_one_more_release() {
+    let mut t = TraceBuilder::new();
+    let r = 0x6000_0000_0000;
+    t.vmm(Api::CuMemAddressReserve, r, 1 << 30, 0, 0); // 0
+    t.vmm(Api::CuMemCreate, 0, 2 * MIB, 0x11, 0); // 1
+    t.vmm(Api::CuMemMap, r, 2 * MIB, 0x11, 0); // 2
+    t.vmm(Api::CuMemRetainAllocationHandle, r + 4096, 0, 0x11, 0); // 3
+    t.vmm(Api::CuMemRelease, 0, 0, 0x11, 0); // 4: the retained reference
+    t.vmm(Api::CuMemUnmap, r, 2 * MIB, 0, 0); // 5
+    t.vmm(Api::CuMemRelease, 0, 0, 0x11, 0); // 6: the handle's own
+    let (_d, s) = summarize(&t);
+    assert_eq!(s.invalid_free_count, 0, "{:?}", s.invalid_frees);
+    assert_eq!((s.allocations, s.frees), (1, 1));
+    assert_eq!(s.live_at_end.count, 0);
+    assert_eq!(s.calls["cuMemRetainAllocationHandle"], 1);
+
+    t.vmm_refused(Api::CuMemRelease, 0, 0, 0x11, 1); // 7: a third, refused
+    t.vmm(Api::CuMemRetainAllocationHandle, r, 0, 0x77, 0); // 8: never made here
+    t.vmm(Api::CuMemRelease, 0, 0, 0x77, 0); // 9: accepted: made before the trace
+    let (_d, s) = summarize(&t);
+    assert_eq!(s.double_free_count, 1);
+    assert_eq!(s.invalid_frees[0].seq, 7);
+    assert_eq!(
+        s.invalid_frees[0].first_free.as_ref().map(|f| f.seq),
+        Some(6)
+    );
+    assert_eq!(s.frees_of_earlier_allocations, 1);
+}
+
 #[test]
 fn violations_stale_launches_quarantine_json() {
     let mut h = header(100, &["prog"]);
