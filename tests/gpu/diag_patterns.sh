@@ -19,7 +19,7 @@ src = open(sys.argv[1]).read()
 m = re.search(r"^WORKER = r'''\n(.*?)^'''", src, re.S | re.M)
 open(sys.argv[2], "w").write(m.group(1))
 PY
-pats=${*:-legacy_blocking nccl}
+pats=${*:-legacy_blocking_early_destroy legacy_blocking nccl}
 printf '%-16s %-22s %4s %6s %s\n' pattern config rc wall "findings / last lines"
 for p in $pats; do
     for cfg in plain async isolate isolate-noorder isolate-nolaunch isolate-nostacks; do

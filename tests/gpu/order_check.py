@@ -244,7 +244,7 @@ def p_h2d_side():
     return total
 
 
-def p_legacy_blocking():
+def legacy_blocking(early_destroy):
     import cupy
     cs = cupy.cuda.Stream(non_blocking=False)  # a blocking stream: ordered with the legacy one
     b = torch.cuda.ExternalStream(cs.ptr)
@@ -257,7 +257,24 @@ def p_legacy_blocking():
         del x  # freed on the legacy stream, which waits for the blocking stream's work first
         z = torch.full((N,), -1.0, device=dev)
         total += float((y + z).sum().item())
+    if early_destroy:
+        # As the first version of this pattern ended (SIGSEGV under isolate mode on the H200,
+        # eleventh session): CuPy's stream may be destroyed before `y`, which PyTorch's
+        # stream-ordered backend frees on it (its creation stream) — a free on a destroyed
+        # stream. Kept for diag_patterns.sh: plain / backend alone / isolate say whose crash.
+        del cs
+        return total
+    del y, z  # freed on their streams while CuPy's stream still exists
+    torch.cuda.synchronize()
     return total
+
+
+def p_legacy_blocking():
+    return legacy_blocking(False)
+
+
+def p_legacy_blocking_early_destroy():
+    return legacy_blocking(True)
 
 
 def p_nccl():
