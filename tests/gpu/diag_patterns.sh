@@ -46,8 +46,10 @@ for p in $pats; do
         printf '%-16s %-22s %4s %6s %s | %s\n' "$p" "$cfg" "$rc" "$wall" "$f" "$(grep -v '^isolate: isolate mode' "$log" | grep -m3 -E 'RESULT|Fatal|File|Error|error' | tr '\n' ' ' | cut -c1-150)"
     done
     if command -v gdb >/dev/null; then
-        LD_PRELOAD="$LIB" ISOLATE_MODE=isolate ISOLATE_TRACE="$work/g-%p.trace" timeout 120 \
-            gdb -q -batch -ex 'set pagination off' -ex run -ex bt -ex 'info sharedlibrary' \
+        # The preload is the debuggee's alone (gdb itself runs without it).
+        ISOLATE_MODE=isolate ISOLATE_TRACE="$work/g-%p.trace" timeout 120 \
+            gdb -q -batch -ex 'set pagination off' -ex "set environment LD_PRELOAD=$LIB" \
+            -ex run -ex bt -ex 'info sharedlibrary' \
             --args python3 "$work/worker.py" "$p" >"$OUT/diag/$p-gdb.log" 2>&1
         echo "gdb $p: $(grep -m1 -E 'SIGSEGV|exited' "$OUT/diag/$p-gdb.log")"
         grep -m12 -E '^#[0-9]+' "$OUT/diag/$p-gdb.log"
