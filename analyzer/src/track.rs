@@ -34,7 +34,7 @@
 //! [`Live`] counts bytes per [`Category`]; device memory in use is device + managed + physical
 //! handles ([`Live::device_bytes`]). Reservations and mappings are address space, not memory.
 
-use isolate_trace::{Api, Event, Header, Kind, Memory, NoteKind, Record};
+use isolate_trace::{Api, Event, Header, Kind, Memory, NoteKind, Record, Retained};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -414,7 +414,7 @@ pub struct Tracker {
     /// References taken to a live handle by `cuMemRetainAllocationHandle` and not yet given
     /// back: a `cuMemRelease` of such a handle gives one back, and the handle lives on (NCCL's
     /// free retains the handle of the range it frees, releases it, unmaps, releases it again).
-    retained: FxHashMap<u64, u32>,
+    retained: Retained,
     mappings: BTreeMap<u64, Node>,
     live: Live,
     scratch: Vec<u64>,
@@ -614,20 +614,13 @@ impl Tracker {
             // A reference to a handle this trace saw made; one to a handle made before it (or
             // never seen) changes nothing the trace can check.
             if ev.ok() && self.handles.contains_key(&ev.handle) {
-                *self.retained.entry(ev.handle).or_default() += 1;
+                self.retained.retain(ev.handle);
             }
             obs.event(ev, &self.live);
             return;
         }
-        if kind == Kind::Release
-            && ev.ok()
-            && let Some(n) = self.retained.get_mut(&ev.handle)
-        {
-            // The retained reference goes; the handle stays live.
-            *n -= 1;
-            if *n == 0 {
-                self.retained.remove(&ev.handle);
-            }
+        if kind == Kind::Release && ev.ok() && self.retained.release(ev.handle) {
+            // The retained reference went; the handle stays live.
             obs.event(ev, &self.live);
             return;
         }

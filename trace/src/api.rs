@@ -38,6 +38,38 @@ pub enum Kind {
     Launch,
 }
 
+/// References taken to live physical memory handles by [`Kind::Retain`] calls and not given
+/// back yet: what a [`Kind::Release`] means depends on it. NCCL frees a buffer with
+/// `cuMemRetainAllocationHandle`, `cuMemRelease`, `cuMemUnmap`, `cuMemRelease`: the first
+/// release gives the retained reference back and the handle stays live; the second is the
+/// handle's own. One model for every reader of events (the analyzer's memory model, the
+/// library's counters, isolate mode's handles), each of which keeps its own live handles and
+/// calls [`Retained::retain`] only for one of them.
+#[derive(Clone, Debug, Default)]
+pub struct Retained(std::collections::HashMap<u64, u32>);
+
+impl Retained {
+    /// One more reference to the live `handle`.
+    pub fn retain(&mut self, handle: u64) {
+        *self.0.entry(handle).or_default() += 1;
+    }
+
+    /// An accepted release of `handle`: true when it gave a retained reference back (the handle
+    /// stays live), false when it is the handle's own release.
+    pub fn release(&mut self, handle: u64) -> bool {
+        match self.0.get_mut(&handle) {
+            None => false,
+            Some(n) => {
+                *n -= 1;
+                if *n == 0 {
+                    self.0.remove(&handle);
+                }
+                true
+            }
+        }
+    }
+}
+
 /// Which memory a call deals in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Memory {

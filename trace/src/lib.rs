@@ -29,7 +29,7 @@ pub mod reference;
 mod settings;
 mod wire;
 
-pub use api::{Api, Kind, Layout, Memory, Order, Source};
+pub use api::{Api, Kind, Layout, Memory, Order, Retained, Source};
 pub use error::{ErrorKind, TraceError, io_short};
 pub use read::Reader;
 pub use record::*;

@@ -5,7 +5,7 @@
 //! Layer: recording. Uses the base.
 
 use crate::base::sys::ForkLock;
-use isolate_trace::{Kind, Memory, Record};
+use isolate_trace::{Kind, Memory, Record, Retained};
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
@@ -17,6 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering::*};
 type Live = Option<FxHashMap<(bool, u64), (u64, Vec<u64>)>>;
 
 static LIVE: ForkLock<Live> = ForkLock::new(None);
+/// References to live handles taken by `cuMemRetainAllocationHandle` (NCCL's free): a release
+/// that gives one back frees nothing.
+static RETAINED: ForkLock<Option<Retained>> = ForkLock::new(None);
 static EVENTS: AtomicU64 = AtomicU64::new(0);
 static LIVE_BYTES: AtomicU64 = AtomicU64::new(0);
 static PEAK_BYTES: AtomicU64 = AtomicU64::new(0);
@@ -67,8 +70,8 @@ pub fn see(rec: &Record) {
             EVENTS.fetch_add(1, Relaxed);
             let kind = e.api.kind();
             if kind == Kind::Retain {
-                if e.ok() {
-                    retained((true, e.handle));
+                if e.ok() && is_live((true, e.handle)) {
+                    RETAINED.lock().get_or_insert_default().retain(e.handle);
                 }
                 return;
             }
@@ -79,7 +82,8 @@ pub fn see(rec: &Record) {
             };
             match kind {
                 Kind::Alloc | Kind::Create if e.ok() && key.1 != 0 => added(key, e.size),
-                Kind::Release if e.ok() && gave_back_retained(key) => {}
+                Kind::Release
+                    if e.ok() && RETAINED.lock().get_or_insert_default().release(e.handle) => {}
                 Kind::Free | Kind::Release if key.1 != 0 => removed(key, e.ok()),
                 _ => {}
             }
@@ -136,27 +140,8 @@ fn removed(key: (bool, u64), ok: bool) {
     LIVE_BYTES.store(LIVE_BYTES.load(Relaxed).saturating_sub(size), Relaxed);
 }
 
-/// One more reference to a live handle (`cuMemRetainAllocationHandle`), kept as a 0-byte entry
-/// in front: the next release gives it back ([`gave_back_retained`]), not the handle's memory,
-/// which stays live until the last release.
-fn retained(key: (bool, u64)) {
-    let mut live = LIVE.lock();
-    if let Some((first, rest)) = live.get_or_insert_with(FxHashMap::default).get_mut(&key) {
-        rest.insert(0, *first);
-        *first = 0;
-    }
-}
-
-/// A release of a handle with a retained reference: the reference goes (not a free).
-fn gave_back_retained(key: (bool, u64)) -> bool {
-    let mut live = LIVE.lock();
-    match live.get_or_insert_with(FxHashMap::default).get_mut(&key) {
-        Some((first, rest)) if *first == 0 && !rest.is_empty() => {
-            *first = rest.remove(0);
-            true
-        }
-        _ => false,
-    }
+fn is_live(key: (bool, u64)) -> bool {
+    LIVE.lock().as_ref().is_some_and(|m| m.contains_key(&key))
 }
 
 /// Starts a new window: its peak is the bytes live now.
@@ -169,6 +154,7 @@ pub fn reset_window_peak() {
 /// In a fork child: its trace starts over, and so do the counters.
 pub fn after_fork_child() {
     LIVE.reset_in_child(None);
+    RETAINED.reset_in_child(None);
     for c in [
         &EVENTS,
         &LIVE_BYTES,
@@ -223,5 +209,27 @@ mod tests {
         assert_eq!(c.live_device_bytes - before.live_device_bytes, 70);
         assert!(c.peak_device_bytes >= 150);
         assert_eq!(c.invalid_frees - before.invalid_frees, 1);
+
+        // NCCL's free: a retained handle's first release gives the reference back (its memory
+        // stays live, no free counted), the second is the handle's own.
+        let handle = |api| {
+            Record::Event(Event {
+                api,
+                handle: 0x5ca1_ab1e,
+                size: 1000,
+                ..Event::default()
+            })
+        };
+        see(&handle(Api::CuMemCreate));
+        see(&handle(Api::CuMemRetainAllocationHandle));
+        see(&handle(Api::CuMemRelease));
+        let mid = get();
+        assert_eq!(mid.live_device_bytes - c.live_device_bytes, 1000);
+        assert_eq!(mid.device_frees, c.device_frees);
+        see(&handle(Api::CuMemRelease));
+        let end = get();
+        assert_eq!(end.live_device_bytes, c.live_device_bytes);
+        assert_eq!(end.device_frees - c.device_frees, 1);
+        assert_eq!(end.invalid_frees, c.invalid_frees);
     }
 }

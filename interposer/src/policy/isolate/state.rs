@@ -104,7 +104,7 @@ pub(super) struct State {
     /// Physical handles made by this process's `cuMemCreate` and not yet released.
     pub(super) created: std::collections::HashSet<u64>,
     /// References to `created` handles taken by `cuMemRetainAllocationHandle` and not given back.
-    pub(super) retained: std::collections::HashMap<u64, u32>,
+    pub(super) retained: isolate_trace::Retained,
 }
 
 pub(super) static STATE: ForkLock<Option<State>> = ForkLock::new(None);

@@ -50,20 +50,14 @@ pub(super) fn track_mapping(e: &Event) {
             let mut g = state();
             let s = st!(g);
             if s.created.contains(&e.handle) {
-                *s.retained.entry(e.handle).or_default() += 1;
+                s.retained.retain(e.handle);
             }
         }
         Kind::Release => {
             let mut g = state();
             let s = st!(g);
-            match s.retained.get_mut(&e.handle) {
-                Some(n) if *n > 1 => *n -= 1,
-                Some(_) => {
-                    s.retained.remove(&e.handle);
-                }
-                None => {
-                    s.created.remove(&e.handle);
-                }
+            if !s.retained.release(e.handle) {
+                s.created.remove(&e.handle);
             }
         }
         Kind::Map => {
