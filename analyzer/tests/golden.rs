@@ -707,7 +707,7 @@ fn every_kept_trace_is_readable() {
 /// their session: each one's summary as JSON and as text must equal
 /// `tests/traces/expected-v<N>/` (or is rewritten there under UPDATE_GOLDEN=1), after the facts
 /// the GPU run showed are asserted on the fresh output. The same programs, so the same facts.
-const TRACES_V3: &[&str] = &[
+const TRACES_H200_GOLDEN: &[&str] = &[
     "stale_isolate",
     "stale_guard",
     "probe_isolate",
@@ -726,7 +726,7 @@ fn golden_outputs_of_the_h200_format_4_traces() {
 }
 
 fn golden_outputs_of_format(version: u64) {
-    for &name in TRACES_V3 {
+    for &name in TRACES_H200_GOLDEN {
         let path = traces_dir()
             .join(format!("h200-v{version}"))
             .join(format!("{name}.trace"));

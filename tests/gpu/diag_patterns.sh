@@ -13,12 +13,9 @@ mkdir -p "$OUT/diag"
 LIB="$root/target/gpu/libisolate.so"
 CLI="$root/target/gpu/isolate"
 work=$(mktemp -d)
-python3 - "$here/order_check.py" "$work/worker.py" <<'PY'
-import re, sys
-src = open(sys.argv[1]).read()
-m = re.search(r"^WORKER = r'''\n(.*?)^'''", src, re.S | re.M)
-open(sys.argv[2], "w").write(m.group(1))
-PY
+# order_check.py's own worker (its module runs nothing on import).
+python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import order_check; open(sys.argv[2], "w").write(order_check.WORKER)' \
+    "$here" "$work/worker.py"
 pats=${*:-legacy_blocking_early_destroy legacy_blocking nccl}
 printf '%-16s %-22s %4s %6s %s\n' pattern config rc wall "findings / last lines"
 for p in $pats; do
