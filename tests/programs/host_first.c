@@ -22,6 +22,11 @@
  *                     the same; where each was loaded goes to stderr
  *   trim N SIZE       N allocations of SIZE bytes, all freed (the quarantine trims when over
  *                     budget); the longest single free goes to stderr
+ *   destroyed_stream  an allocation made on a stream, the stream destroyed, then the
+ *                     allocation freed on it (as PyTorch's stream-ordered backend frees a tensor
+ *                     on a CuPy stream the program destroyed first): the free's error printed;
+ *                     then a stream created (which may get the old handle) and a second
+ *                     allocation made and freed on it
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -261,6 +266,30 @@ static int samebase(void) {
     return 0;
 }
 
+/* -------------------------------------------------------------------- destroyed_stream */
+
+static int destroyed_stream(void) {
+    cudaStream_t s = NULL;
+    say("cudaStreamCreate %d", cudaStreamCreate(&s));
+    void *p = NULL;
+    int rc = cudaMallocAsync(&p, 1 << 20, s);
+    ev("cudaMallocAsync", rc, "size=%d ptr=%s", 1 << 20, AP(rc, U64(p), "p"));
+    say("cudaMemsetAsync %d", cudaMemsetAsync(p, 0x42, 1 << 20, s));
+    say("cudaStreamDestroy %d", cudaStreamDestroy(s));
+    say("cudaFreeAsync on the destroyed stream %d", cudaFreeAsync(p, s) != cudaSuccess);
+    (void)cudaGetLastError();
+    say("cudaFree %d", cudaFree(p));
+    cudaStream_t t = NULL;
+    say("cudaStreamCreate %d", cudaStreamCreate(&t));
+    void *q = NULL;
+    rc = cudaMallocAsync(&q, 1 << 20, t);
+    ev("cudaMallocAsync", rc, "size=%d ptr=%s", 1 << 20, AP(rc, U64(q), "q"));
+    say("cudaFreeAsync on the new stream %d", cudaFreeAsync(q, t));
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(t));
+    say("cudaStreamDestroy %d", cudaStreamDestroy(t));
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setup();
     if (argc < 2)
@@ -283,6 +312,8 @@ int main(int argc, char **argv) {
         return stderr_reuse();
     if (!strcmp(s, "samebase"))
         return samebase();
+    if (!strcmp(s, "destroyed_stream"))
+        return destroyed_stream();
     if (!strcmp(s, "trim"))
         return trim(n, argc > 3 ? (size_t)atol(argv[3]) : 768);
     return 2;

@@ -541,17 +541,18 @@ typedef void (*PFN_stuck)(void);
 static void *g_late;
 static cudaStream_t g_late_stream;
 
-/* Runs after isolate's exit check (registered before it: exit handlers run last first), as a
- * library's static destructor freeing its memory would. */
+/* Runs after isolate's exit check (registered before it, at the first free: exit handlers run
+ * last first) and before the runtime's (registered at the first CUDA call), as a library's
+ * static destructor freeing its memory would. */
 static void late_free(void) { say("late cudaFreeAsync %d", cudaFreeAsync(g_late, g_late_stream)); }
 
 static int stuck(void) {
-    atexit(late_free);
     cudaStream_t s = NULL;
     void *a = NULL;
     PFN_stuck hang = (PFN_stuck)switch_and_stream("standin_device_stuck", "stuck", &s, &a);
     if (!hang)
         return 1;
+    atexit(late_free);
     g_late_stream = s;
     say("cudaMallocAsync %d", cudaMallocAsync(&g_late, MIB, s));
     say("cudaFreeAsync %d", cudaFreeAsync(a, s));

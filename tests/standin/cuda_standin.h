@@ -465,6 +465,12 @@ unsigned long standin_kernels_run(void);
  * context) faults with the sticky error CUDA_ERROR_ILLEGAL_ADDRESS (see the top comment of
  * driver_internal.h for the calls that return it from then on). Never raises SIGSEGV. */
 int standin_touch(CUdeviceptr p, size_t n);
+/* The driver's teardown as the CUDA runtime's exit handler does it (the stand-in runtime
+ * registers it with atexit at its first call, as libcudart does): every later call that needs
+ * the driver answers CUDA_ERROR_DEINITIALIZED. On the H100, a check made from the library's
+ * destructor (which runs after the runtime's handler) got no answer from the device any more:
+ * an exit check must run from an atexit handler registered after the runtime's. */
+void standin_shutdown(void);
 /* The address reservations (cuMemAddressReserve) held now; their total size in *bytes. */
 unsigned long standin_reserved(size_t *bytes);
 

@@ -22,6 +22,11 @@ pthread_mutex_t g_exec = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static pthread_once_t g_setup_once = PTHREAD_ONCE_INIT;
 static CUresult g_setup_result;
 atomic_int g_initialized;
+/* Set by standin_shutdown (the runtime's exit handler): every later call that needs the driver
+ * answers CUDA_ERROR_DEINITIALIZED. */
+atomic_int g_unloaded;
+
+void standin_shutdown(void) { atomic_store_explicit(&g_unloaded, 1, memory_order_release); }
 
 int g_ndev = 1;
 size_t g_capacity = (size_t)1 << 30;

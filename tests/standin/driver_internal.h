@@ -89,6 +89,7 @@ HIDDEN extern pthread_mutex_t g_lock;
 HIDDEN extern pthread_mutex_t g_exec;
 
 HIDDEN extern atomic_int g_initialized;
+HIDDEN extern atomic_int g_unloaded;
 HIDDEN extern int g_ndev;
 HIDDEN extern size_t g_capacity;
 HIDDEN extern size_t g_gran;
@@ -119,6 +120,8 @@ HIDDEN int valid_device(CUdevice d);
 
 #define NEED_INIT()                                                                            \
     do {                                                                                       \
+        if (atomic_load_explicit(&g_unloaded, memory_order_acquire))                          \
+            return CUDA_ERROR_DEINITIALIZED;                                                   \
         if (!atomic_load_explicit(&g_initialized, memory_order_acquire))                      \
             return CUDA_ERROR_NOT_INITIALIZED;                                                 \
     } while (0)

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define RUNTIME_VERSION 13000
@@ -151,12 +152,23 @@ static void *resolve(const char *name, cuuint64_t flags) {
     return p;
 }
 
+static void (*g_shutdown)(void);
+
+/* The runtime's exit handler (libcudart registers one at its first call): the driver is torn
+ * down, so that a library destructor that runs later gets no answer from it. */
+static void runtime_exit(void) {
+    if (g_shutdown)
+        g_shutdown();
+}
+
 static void load(void) {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         g_load_err = cudaErrorInsufficientDriver;
         return;
     }
+    g_shutdown = (void (*)(void))dlsym(h, "standin_shutdown");
+    atexit(runtime_exit);
     PFN_cuGetProcAddress_v2 first = (PFN_cuGetProcAddress_v2)dlsym(h, "cuGetProcAddress_v2");
     if (!first) {
         g_load_err = cudaErrorInsufficientDriver;

@@ -285,3 +285,31 @@ fn no_free_waits_for_a_whole_trim() {
         out.describe
     );
 }
+
+// ------------------------------------------------- (12) a free on a stream the program destroyed
+
+/// PyTorch's stream-ordered backend frees a tensor on its creation stream, which the program
+/// (CuPy) may have destroyed first. Without the library the free fails (the program sees the
+/// error, the memory stays allocated); in isolate mode the library must not queue its poison on
+/// the destroyed stream either: the same error, the memory still live (a later `cudaFree` frees
+/// it), no finding. A new stream made afterwards (which may get the old handle) works as usual.
+/// Before the fix the free "succeeded" into quarantine, the poison queued on the dead stream never
+/// ran, and the exit check called the unpoisoned bytes a stale write (on the H100: a false
+/// STALE WRITE of 4 MiB in isolate mode, SIGSEGV with the order check off).
+#[test]
+fn a_free_on_a_destroyed_stream_fails_as_without_the_library() {
+    for out in against_plain(scenario("destroyed_stream"), &["isolate", "log"]) {
+        assert!(
+            out.stdout
+                .contains("cudaFreeAsync on the destroyed stream 1"),
+            "{}:\n{}",
+            out.describe,
+            out.stdout
+        );
+        assert!(out.stdout.contains("cudaFree 0"), "{}", out.stdout);
+        let t = complete(&out);
+        assert_eq!(violations(t), 0, "{}: {}", out.describe, out.stderr);
+        let s = t.analyzer_summary();
+        assert_eq!(s["findings"], 0, "{s:#}");
+    }
+}

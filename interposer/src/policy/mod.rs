@@ -30,6 +30,7 @@ use crate::base::cuda::*;
 use crate::record::profile;
 use isolate_trace::Event;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering::*};
 
 /// What kind of call a hook stands for: how its event is numbered, and what isolation does.
 #[derive(Clone, Copy)]
@@ -57,9 +58,15 @@ pub fn call(
     if isolating() {
         return match kind {
             Call::Alloc(out) => isolate::alloc(proto, out, call, after),
-            Call::Free => isolate::free(proto, call),
+            Call::Free => {
+                exit_check_registered();
+                isolate::free(proto, call)
+            }
             Call::Returns => isolate::other(proto, false, call, after),
-            Call::Releases => isolate::other(proto, true, call, after),
+            Call::Releases => {
+                exit_check_registered();
+                isolate::other(proto, true, call, after)
+            }
         };
     }
     match kind {
@@ -67,6 +74,35 @@ pub fn call(
         Call::Free | Call::Releases => log::other(proto, true, call, after),
         Call::Returns => log::other(proto, false, call, after),
     }
+}
+
+/// Whether [`exit_check`] is registered with `atexit` (at the first free of isolate mode).
+static EXIT_CHECK: AtomicBool = AtomicBool::new(false);
+
+/// Registers [`exit_check`] at the first free: after the CUDA runtime's own exit handler (made
+/// at the runtime's first call), so that it runs before that handler tears the driver down. The
+/// library's destructor runs after it and gets no answer from the device any more (measured on
+/// the H100: guard mode's fault at exit went unseen from there).
+#[inline]
+fn exit_check_registered() {
+    if !EXIT_CHECK.load(Relaxed) && !EXIT_CHECK.swap(true, AcqRel) {
+        // SAFETY: an `extern "C" fn()` of this library, which is never unloaded.
+        unsafe { libc::atexit(exit_check) };
+    }
+}
+
+/// Isolate mode's checks at exit, while the driver still answers: in guard mode, whether a
+/// kernel nobody waited for faulted (first, before the exit check reads memory); then every
+/// allocation still in quarantine is checked.
+extern "C" fn exit_check() {
+    let _inside = crate::record::thread::Inside::enter();
+    if !isolate::exit_is_ours() {
+        return; // a vfork child: the quarantine and the device work are its parent's
+    }
+    if config::get().guard && crate::record::writer::started() {
+        let _ = std::panic::catch_unwind(launch::fault_at_exit);
+    }
+    let _ = std::panic::catch_unwind(isolate::at_exit_bounded);
 }
 
 /// False in `ISOLATE_MODE=off`: every hook passes straight through.
@@ -285,6 +321,7 @@ pub fn capture_start() {
 pub fn stream_gone(stream: usize) {
     order::stream_gone(stream);
     if isolating() {
+        let _ = std::panic::catch_unwind(|| isolate::stream_destroyed(stream as u64));
         let _ = std::panic::catch_unwind(|| release::stream_gone(stream));
     }
 }

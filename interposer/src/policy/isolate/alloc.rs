@@ -22,13 +22,14 @@ use crate::base::config;
 use crate::base::cu;
 use crate::base::cuda::*;
 use crate::base::real::{self, *};
-use crate::base::sys::now_ns;
+use crate::base::sys::{ForkLock, now_ns};
 use crate::policy::{guard, order, release, reuse};
 use crate::record::event::{self, Pending};
 use crate::record::profile::{self, Part};
 use isolate_trace::{Api, Event, Memory, NoteKind, Source};
+use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 pub(super) fn quarantinable(api: Api) -> bool {
     matches!(api.memory(), Memory::Device | Memory::Managed)
@@ -178,6 +179,18 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     if !has_context(proto.api) {
         // No context to poison in, not even the one the runtime would have made current: the
         // real call answers (as without the library); memory it did not free is still live.
+        let r = call();
+        if r != CUDA_SUCCESS {
+            st!(state()).live.insert(proto.ptr, live);
+        }
+        p.finish(r);
+        return r;
+    }
+    if proto.api.stream_ordered() && !stream_usable(proto.stream) {
+        // A stream-ordered free on a stream the program destroyed (PyTorch's stream-ordered
+        // backend frees a tensor on its creation stream; CuPy's stream may be gone by then):
+        // the library queues nothing on it; the real call answers, as without the library
+        // (an error the program sees as it would), and memory it did not free is still live.
         let r = call();
         if r != CUDA_SUCCESS {
             st!(state()).live.insert(proto.ptr, live);
@@ -375,6 +388,56 @@ fn has_context(api: Api) -> bool {
         return current_ctx() != 0;
     }
     false
+}
+
+/// The streams the program destroyed (`cuStreamDestroy`), newest last; at most
+/// [`GONE_KEPT`]. A handle may name a new stream later (the driver reuses them): such a handle is
+/// asked about before it is trusted again.
+static GONE: ForkLock<VecDeque<u64>> = ForkLock::new(VecDeque::new());
+static ANY_GONE: AtomicBool = AtomicBool::new(false);
+const GONE_KEPT: usize = 4096;
+
+/// The program is about to destroy `stream`.
+pub fn stream_destroyed(stream: u64) {
+    if stream <= 2 {
+        return; // the legacy and per-thread default streams are never destroyed
+    }
+    let mut g = GONE.lock();
+    if !g.contains(&stream) {
+        if g.len() == GONE_KEPT {
+            g.pop_front();
+        }
+        g.push_back(stream);
+    }
+    ANY_GONE.store(true, Release);
+}
+
+/// Whether work may be queued on `stream`: not a stream the program destroyed, unless the driver
+/// says the handle names a stream again (asked only for handles once destroyed).
+fn stream_usable(stream: u64) -> bool {
+    if stream <= 2 || !ANY_GONE.load(Acquire) {
+        return true;
+    }
+    let mut g = GONE.lock();
+    let Some(at) = g.iter().position(|&s| s == stream) else {
+        return true;
+    };
+    // SAFETY: the handle the program passed to its own free, which the runtime validates the
+    // same way (a destroyed handle is answered with an error, not followed).
+    match unsafe { cu::stream_get_flags(stream as CUstream) } {
+        Err(cu::CuError::Code(_)) => false,
+        _ => {
+            g.remove(at); // a new stream under the old handle
+            true
+        }
+    }
+}
+
+/// In a fork child: the parent's streams are not the child's (another thread of the parent may
+/// have held the lock at the fork).
+pub fn forget_destroyed_streams() {
+    GONE.reset_in_child(VecDeque::new());
+    ANY_GONE.store(false, Release);
 }
 
 /// Whether the poison of a stream-ordered free by `api` of `ptr` waits for the stream's next

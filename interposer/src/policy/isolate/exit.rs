@@ -16,14 +16,16 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 
 pub(super) static ATEXIT: AtomicBool = AtomicBool::new(false);
 
-pub(super) extern "C" fn verify_all_at_exit() {
-    let _inside = Inside::enter();
-    let _ = std::panic::catch_unwind(at_exit_bounded);
-}
-
 /// The process whose quarantine this is (set when the first free is quarantined, and in a fork
 /// child); a `vfork` child sharing the parent's memory is not it.
 pub(super) static EXIT_OWNER: AtomicU32 = AtomicU32::new(0);
+
+/// Whether this process owns the quarantine it sees: not a `vfork` child of its owner.
+pub fn exit_is_ours() -> bool {
+    let owner = EXIT_OWNER.load(Acquire);
+    // SAFETY: getpid has no preconditions.
+    owner == 0 || owner == unsafe { libc::getpid() } as u32
+}
 
 /// An exit check ran past its limit: later ones (the library's destructor) do not start.
 pub(super) static EXIT_GAVE_UP: AtomicBool = AtomicBool::new(false);
@@ -37,9 +39,7 @@ pub(super) const EXIT_CHECK_LIMIT_NS: u64 = 30_000_000_000;
 /// [`EXIT_CHECK_LIMIT_NS`]; past that the exit goes on without it, says so on stderr and in the
 /// trace, and the unfinished check is left to die with the process.
 pub fn at_exit_bounded() {
-    let owner = EXIT_OWNER.load(Acquire);
-    // SAFETY: getpid has no preconditions.
-    if owner != 0 && owner != unsafe { libc::getpid() } as u32 {
+    if !exit_is_ours() {
         return; // a vfork child: the quarantine is its parent's, and so is the address space
     }
     if EXIT_GAVE_UP.load(Acquire) {

@@ -26,9 +26,9 @@ mod state;
 mod verify;
 mod vmm;
 
-pub use alloc::{alloc, free, pool_peak_reset, pool_used};
+pub use alloc::{alloc, free, pool_peak_reset, pool_used, stream_destroyed};
 pub use counters::exit_notes;
-pub use exit::{at_exit, at_exit_bounded, before_context_ends, verify_now};
+pub use exit::{at_exit, at_exit_bounded, before_context_ends, exit_is_ours, verify_now};
 pub use poison::{capture_start, flush_current};
 pub use pytorch::{Substrate, before_main, pytorch_substrate};
 pub use quarantine::{forget_range, lookup_each};
@@ -42,6 +42,7 @@ use std::sync::atomic::Ordering::*;
 /// of the parent may have held these locks at the fork.
 pub fn after_fork_child() {
     state::STATE.reset_in_child(None);
+    alloc::forget_destroyed_streams();
     leave::INFLIGHT.reset_in_child(VecDeque::new());
     leave::IN_FLIGHT.store(0, Relaxed);
     // SAFETY: getpid has no preconditions.

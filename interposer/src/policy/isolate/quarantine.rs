@@ -6,7 +6,7 @@
 //! Layer: policies. Uses the base, recording and the folder's state, release paths and exit
 //! check.
 
-use super::exit::{ATEXIT, EXIT_OWNER, verify_all_at_exit};
+use super::exit::{ATEXIT, EXIT_OWNER};
 use super::leave::{Release, release_batch};
 use super::state::{Entry, HIGH, Held, LOW, STATE, State, st, state};
 use crate::base::config::{self, Budget};
@@ -100,12 +100,9 @@ pub(super) fn wait_for_leaving(max_ns: u64) -> bool {
 
 pub(super) fn quarantine(entry: Entry) {
     if !ATEXIT.swap(true, AcqRel) {
-        // Registered after the CUDA runtime's own exit handler, so it runs before the context
-        // goes away.
+        // The exit check itself is registered by the policies' free (`policy::call`).
         // SAFETY: getpid has no preconditions.
         EXIT_OWNER.store(unsafe { libc::getpid() } as u32, Release);
-        // SAFETY: an `extern "C" fn()` of this library, which is never unloaded.
-        unsafe { libc::atexit(verify_all_at_exit) };
     }
     let mut over = Vec::new();
     let leaving = {
@@ -145,6 +142,9 @@ pub(super) fn quarantine(entry: Entry) {
 /// A guard-mode free: in the index for the launch check, never released, never verified
 /// (the memory is unmapped: any access faults).
 pub(super) fn quarantine_index_only(entry: Entry) {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() } as u32;
+    let _ = EXIT_OWNER.compare_exchange(0, me, AcqRel, Acquire);
     LOW.fetch_min(entry.ptr, Relaxed);
     HIGH.fetch_max(entry.ptr + entry.size, Relaxed);
     st!(state()).index.insert(entry.ptr, entry);
