@@ -26,6 +26,13 @@
 //! - **Reported**: the site (its stack), the steps, how many bytes it kept a step on average
 //!   and in all.
 //!
+//! Not judged on steps recognised from the call stacks: PyTorch's caching allocator's segments
+//! (where its cache is on). The cache grows while it fills and keeps every segment to the end;
+//! the first step's layers, called in turn from one line, look like a loop's iterations from the
+//! stacks (a new call of a function is not told apart from a back edge in it), so each "step"
+//! would have kept a segment (timm's ViT in log mode on the H100: 3 false leaks a run). Named
+//! regions still judge them; without the cache each tensor is its own allocation and is judged.
+//!
 //! Not counted (see [`crate::finding::Kind::counts`]): a program may collect per-step results
 //! on the device on purpose (predictions gathered for evaluation), which looks the same.
 //!

@@ -8,8 +8,10 @@
  *   quarantine budget   20 x 1 MiB allocated, all freed, then 16 more: where do they come from
  *   quarantine stream   a copy and a kernel read X on a stream, then cudaFreeAsync(X) on it
  *   quarantine double   double frees (runtime, stream-ordered, driver, a thread with no context)
- *   quarantine capture  a stream-ordered free on a stream capturing a CUDA graph (the stand-in's
- *                       standin_set_capturing), then the same size again on that stream
+ *   quarantine capture  stream-ordered frees on a stream capturing a CUDA graph (the stand-in's
+ *                       standin_set_capturing): of memory the capture allocated, and of memory
+ *                       from before it (refused); then the same size again on that stream
+ *   quarantine graph-memory  graph memory through cuStreamBeginCapture_v2: see graph_memory
  *   quarantine pool     the default pool's used-memory counters (what PyTorch's memory_allocated
  *                       reads on its stream-ordered backend) around stream-ordered frees
  *   quarantine async    4 threads, each on its own stream, 300 x cudaMallocAsync, a stream-
@@ -380,6 +382,10 @@ static int double_free(void) {
 }
 
 typedef int (*PFN_set_capturing)(CUstream, int);
+typedef CUresult (*PFN_begin_capture)(CUstream, int);
+typedef CUresult (*PFN_begin_capture_legacy)(CUstream);
+typedef CUresult (*PFN_end_capture)(CUstream, void **);
+
 
 /* The stand-in's switch `fn` (NULL without it), then a non-blocking stream `s` with a 1 MiB
  * stream-ordered allocation `a` on it. */
@@ -396,20 +402,61 @@ static void *switch_and_stream(const char *fn, const char *what, cudaStream_t *s
 
 static int capture(void) {
     cudaStream_t s = NULL;
-    void *a = NULL, *b = NULL;
+    void *a = NULL, *b = NULL, *c = NULL;
     PFN_set_capturing set =
         (PFN_set_capturing)switch_and_stream("standin_set_capturing", "capture", &s, &a);
     if (!set)
         return 1;
     say("capturing %d", set(s, 1));
-    say("cudaFreeAsync %d", cudaFreeAsync(a, s));
+    say("cudaMallocAsync %d", cudaMallocAsync(&c, MIB, s));
+    say("cudaFreeAsync %d", cudaFreeAsync(c, s));
+    /* A capture frees only what it allocated: the driver refuses memory from before it. */
+    say("cudaFreeAsync of earlier memory refused %d", cudaFreeAsync(a, s) != cudaSuccess);
+    (void)cudaGetLastError();
     say("not capturing %d", set(s, 0));
     say("cudaStreamSynchronize %d", cudaStreamSynchronize(s));
     say("cudaMallocAsync %d", cudaMallocAsync(&b, MIB, s));
-    say("b==a %d", a == b);
+    say("b==c %d", c == b);
     say("cudaFreeAsync %d", cudaFreeAsync(b, s));
     say("cudaStreamSynchronize %d", cudaStreamSynchronize(s));
     return 0;
+}
+
+/* Graph memory through the driver's real capture calls (cuStreamBeginCapture_v2, as PyTorch's
+ * CUDA graphs): with ISOLATE_REUSE=on, 64 KiB blocks freed before the capture are kept; the
+ * capture allocates 64 KiB and frees it (legal: the graph frees what it allocated), allocates
+ * another it does not free; after the capture that one is freed outside it, which the driver
+ * refuses ("invalid argument": PyTorch's tests free a captured tensor whose graph never ran).
+ * Prints each free's result; isolate mode must give the same. */
+static int graph_memory(void) {
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
+    PFN_begin_capture begin = drv ? (PFN_begin_capture)dlsym(drv, "cuStreamBeginCapture_v2") : NULL;
+    PFN_end_capture end = drv ? (PFN_end_capture)dlsym(drv, "cuStreamEndCapture") : NULL;
+    if (!begin || !end) {
+        say("no capture functions");
+        return 1;
+    }
+    cudaStream_t s = NULL;
+    say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int bad = 0;
+    for (int i = 0; i < 64; i++) {
+        void *y = NULL;
+        bad += cudaMallocAsync(&y, 64 << 10, s) != 0;
+        bad += cudaFreeAsync(y, s) != 0;
+    }
+    say("before the capture: calls failed %d", bad);
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(s));
+    void *c = NULL, *d = NULL;
+    say("cuStreamBeginCapture_v2 %d", begin((CUstream)s, 0));
+    say("cudaMallocAsync in the capture %d", cudaMallocAsync(&c, 64 << 10, s));
+    say("cudaFreeAsync in the capture %d", cudaFreeAsync(c, s));
+    say("cudaMallocAsync in the capture %d", cudaMallocAsync(&d, 64 << 10, s));
+    say("cuStreamEndCapture %d", end((CUstream)s, NULL));
+    say("cudaFreeAsync of graph memory after the capture refused %d",
+        cudaFreeAsync(d, s) != cudaSuccess);
+    (void)cudaGetLastError();
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(s));
+    return bad != 0;
 }
 
 static void pool_used(cudaMemPool_t pool, const char *when) {
@@ -489,9 +536,6 @@ static void *async_worker(void *arg) {
     return (void *)bad;
 }
 
-typedef CUresult (*PFN_begin_capture)(CUstream, int);
-typedef CUresult (*PFN_begin_capture_legacy)(CUstream);
-typedef CUresult (*PFN_end_capture)(CUstream, void **);
 
 enum late_how { LATE, LATE_DESTROYED, LATE_CAPTURED, LATE_CAPTURED_LEGACY };
 
@@ -682,6 +726,8 @@ int main(int argc, char **argv) {
         r = double_free();
     else if (!strcmp(what, "capture"))
         r = capture();
+    else if (!strcmp(what, "graph-memory"))
+        r = graph_memory();
     else if (!strcmp(what, "pool"))
         r = pool_stats();
     else if (!strcmp(what, "async"))
@@ -701,7 +747,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(what, "late-captured-legacy"))
         r = late(LATE_CAPTURED_LEGACY);
     else {
-        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|pool|async|batch|kept|stuck|late|late-destroyed|late-captured|late-captured-legacy");
+        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|graph-memory|pool|async|batch|kept|stuck|late|late-destroyed|late-captured|late-captured-legacy");
         return 2;
     }
     say("done %d", r);

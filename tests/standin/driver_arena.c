@@ -133,6 +133,7 @@ static struct block *arena_carve(struct block *b, struct arena *a, uintptr_t at,
     b->req = req;
     b->kind = K_PLAIN;
     b->pending_free = 0;
+    b->captured = 0;
     b->pool = NULL;
     b->graph = NULL;
     g_used += size;

@@ -117,6 +117,7 @@ HIDDEN int is_pow2(size_t v);
 /* v rounded up to a multiple of a (a power of two); 0 on overflow. */
 HIDDEN size_t round_up(size_t v, size_t a);
 HIDDEN int valid_device(CUdevice d);
+HIDDEN int stream_capturing(struct CUstream_st *s);
 
 #define NEED_INIT()                                                                            \
     do {                                                                                       \
@@ -153,6 +154,7 @@ struct block {
     int used;
     int kind;
     int pending_free; /* a cuMemFreeAsync for it is queued */
+    int captured;     /* allocated on a capturing stream: graph memory (see free_async) */
     struct CUmemPoolHandle_st *pool;
     struct CUgraph_st *graph;
     struct block *prev, *next;   /* all blocks, in address order */

@@ -291,6 +291,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, i
         if (r == CUDA_SUCCESS) {
             struct block *b = live_block_at(p, NULL);
             b->pool = pool;
+            b->captured = stream_capturing(s);
             pool_account(pool, (long long)b->size);
         }
     }
@@ -330,7 +331,12 @@ static CUresult free_async(CUdeviceptr dptr, CUstream hs, int ptsz) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&g_lock);
     struct block *b = live_block_at((uintptr_t)dptr, NULL);
-    if (b && !b->pending_free)
+    /* As the driver: a free recorded into a graph frees only what that capture allocated, and
+     * memory a capture allocated is the graph's, not freed outside it ("invalid argument",
+     * which PyTorch's stream-ordered backend turns into an abort). Capture is not emulated
+     * otherwise: the free still happens when the stream gets there. */
+    int in_capture = stream_capturing(s);
+    if (b && !b->pending_free && b->captured == in_capture)
         b->pending_free = 1;
     else
         r = CUDA_ERROR_INVALID_VALUE;

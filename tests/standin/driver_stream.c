@@ -355,6 +355,9 @@ int standin_set_capturing(CUstream hStream, int on) {
     return 0;
 }
 
+/* Whether the stream (NULL: a default stream, which never captures here) is capturing. */
+int stream_capturing(struct CUstream_st *s) { return s && s->capturing; }
+
 CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode) {
     NEED_CTX();
     (void)mode;

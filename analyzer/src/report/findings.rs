@@ -625,8 +625,10 @@ pub(super) fn verdict(
     }
     if t.stale_value_count > 0 {
         notes.push(format!(
-            "{} got a pointer into freed memory but no fault followed: values a kernel did not \
-             use, not errors.",
+            "Suspects, not errors: {} had a parameter word whose value falls inside freed \
+             memory, without evidence the kernel was handed that memory (a word inside a struct \
+             passed by value, a packed buffer with no parameter layout, or freed guard memory no \
+             fault followed). `isolate summary` lists them.",
             plural(t.stale_value_count, "kernel launch")
         ));
     }

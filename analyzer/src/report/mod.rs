@@ -133,6 +133,9 @@ fn one(
     summary.totals.invalid_frees.truncate(200);
     summary.totals.poison_violations.truncate(200);
     summary.totals.stale_launches.truncate(200);
+    // The page says how many suspects there were (`stale_value_count`), not which: their three
+    // stacks each made 11 of a GPT-2 run's 12 MB page (398 suspects; H100, report_gpt2.sh).
+    summary.totals.stale_values.clear();
     let chains = sink.chains();
     let leak_count = sink.leak_count;
     sink.leaks.sort_by_key(|l| (Reverse(l.0), l.1));

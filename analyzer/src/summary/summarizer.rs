@@ -894,6 +894,29 @@ pub(super) fn is_python(h: &Header) -> bool {
 /// True unless the header says PyTorch's caching allocator was off: isolate mode turns it off
 /// (`PYTORCH_NO_CUDA_MEMORY_CACHING=1`, unless that was set already), and so do that setting
 /// and `PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync` when the header records them.
+/// PyTorch's caching allocator's segments, where its cache is on: `cudaMalloc`s of whole
+/// multiples of [`SEGMENT_GRAIN`], or (expandable segments, with address reservations in the
+/// trace) physical handles of such sizes.
+#[derive(Clone, Copy)]
+struct CacheSegments {
+    reserved: bool,
+}
+
+impl CacheSegments {
+    fn grain(n: &Node) -> bool {
+        n.size > 0 && n.size.is_multiple_of(SEGMENT_GRAIN)
+    }
+
+    fn expandable(&self, n: &Node) -> bool {
+        self.reserved && n.category == Category::Handle && Self::grain(n)
+    }
+
+    fn is(&self, n: &Node) -> bool {
+        (n.category == Category::Device && n.api == Api::CudaMalloc && Self::grain(n))
+            || self.expandable(n)
+    }
+}
+
 pub(super) fn pytorch_cache_on(h: &Header) -> bool {
     let get = |k: &str| h.config.iter().find(|(n, _)| n == k).map(|(_, v)| v.trim());
     let uncached = match get("PYTORCH_NO_CUDA_MEMORY_CACHING") {
@@ -1067,6 +1090,23 @@ impl Summarizer {
 
     /// The leaks: sites whose memory grew step by step ([`crate::growth`]).
     fn judge_growth(&mut self, still: &[Node]) {
+        // Steps recognised from the call stacks are not judged on a caching allocator's
+        // segments: the cache grows while it fills (the first step's layers, called in turn,
+        // look like a loop's iterations from the stacks) and keeps its segments to the end, so
+        // its growth says nothing about what the program keeps (issue 30: 3 false leaks a run
+        // of timm's ViT in log mode on the H100). Named regions still judge them.
+        let from_stacks = self
+            .growth
+            .steps(&self.stacks)
+            .is_some_and(|s| s.from_stacks);
+        let kept: Vec<Node>;
+        let still = match self.cache_segments().filter(|_| from_stacks) {
+            Some(seg) => {
+                kept = still.iter().filter(|n| !seg.is(n)).copied().collect();
+                &kept[..]
+            }
+            None => still,
+        };
         for g in self.growth.judge(&self.stacks, still) {
             self.grown_count += 1;
             self.grown_bytes_per_step =
@@ -1101,13 +1141,20 @@ impl Summarizer {
         }
     }
 
+    /// How PyTorch's caching allocator's segments look in this trace; `None` when its cache is
+    /// off (isolate mode, `PYTORCH_NO_CUDA_MEMORY_CACHING`, the stream-ordered backend) or the
+    /// program is not Python.
+    fn cache_segments(&self) -> Option<CacheSegments> {
+        (is_python(&self.header) && pytorch_cache_on(&self.header)).then(|| CacheSegments {
+            reserved: self.cats[Category::Reservation as usize].started > 0,
+        })
+    }
+
     /// Tells the device memory still live at the end apart (see [`HeldAtExit`]).
     fn classify_held(&mut self, still: &[Node]) {
         let python = is_python(&self.header);
-        let cache_on = python && pytorch_cache_on(&self.header);
-        let reserved = self.cats[Category::Reservation as usize].started > 0;
+        let cache = self.cache_segments();
         let died = !matches!(self.end_reason.as_deref(), Some("exit" | "exec"));
-        let grain = |n: &Node| n.size > 0 && n.size.is_multiple_of(SEGMENT_GRAIN);
         let h = &mut self.held;
         for n in still {
             let one = CountBytes {
@@ -1123,11 +1170,11 @@ impl Summarizer {
             }
             h.count = h.count.saturating_add(1);
             h.bytes = h.bytes.saturating_add(n.size);
-            if cache_on && n.category == Category::Device && n.api == Api::CudaMalloc && grain(n) {
+            if let Some(c) = cache.filter(|c| c.is(n)) {
                 h.caching_allocator.add(one);
-            } else if cache_on && n.category == Category::Handle && reserved && grain(n) {
-                h.caching_allocator.add(one);
-                h.expandable_segments.add(one);
+                if c.expandable(n) {
+                    h.expandable_segments.add(one);
+                }
             } else if python && n.category == Category::Device && !n.api.is_runtime() {
                 h.library.add(one);
             } else if python && n.stack != 0 && framework_workspace(&self.stacks, n.stack) {

@@ -44,8 +44,15 @@ pub fn alloc(
     let mut p = Pending::after(proto.api);
     p.ev = proto;
     let guarded = guard::guardable(proto.api, proto.size) && !out.is_null();
+    // Made while its stream captures a graph: graph memory, which the driver must make (a kept
+    // allocation handed out here was freed inside the capture by the driver's rules: an
+    // "invalid argument" abort in PyTorch's tests), and no release may synchronise (it would
+    // invalidate the capture).
+    let captured =
+        proto.api.stream_ordered() && order::any_capture() && capturing(proto.stream as CUstream);
     // Checked memory of this size kept by the library (`ISOLATE_REUSE=on`): no driver call.
     let kept = if !guarded
+        && !captured
         && !out.is_null()
         && proto.api.source() == Source::DefaultPool
         && reuse::enabled()
@@ -69,7 +76,7 @@ pub fn alloc(
     };
     let first = attempt();
     let mut r = first;
-    if r == CUDA_ERROR_OUT_OF_MEMORY && quarantinable(proto.api) {
+    if r == CUDA_ERROR_OUT_OF_MEMORY && quarantinable(proto.api) && !captured {
         // Isolation must never cause an out-of-memory a normal run would not have had.
         // Meanwhile what releases free goes to the driver, not into the reuse cache.
         let _short = reuse::Short::start();
@@ -122,6 +129,7 @@ pub fn alloc(
             seq: p.ev.seq,
             pooled: proto.api.from_pool(),
             default_pool: proto.api.source() == Source::DefaultPool,
+            captured,
             // Taken now rather than in `finish` (once either way): the event has the same id.
             stack: p.stack(),
         };
@@ -186,6 +194,20 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         p.finish(r);
         return r;
     }
+    if live.captured {
+        // Graph memory (allocated while its stream captured): the graph owns it. Its free,
+        // in the capture or after it (PyTorch frees a captured tensor whose graph never ran),
+        // goes to the driver as it is: the same answer as without the library, and no poison
+        // written into memory the graph may not have mapped (the H100: 15 false device faults
+        // and 2 false stale writes in PyTorch's graph tests).
+        let r = call();
+        if r != CUDA_SUCCESS {
+            st!(state()).live.insert(proto.ptr, live);
+        }
+        p.finish(r);
+        CAPTURED.fetch_add(1, Relaxed);
+        return r;
+    }
     if proto.api.stream_ordered() && !stream_usable(proto.stream) {
         // A stream-ordered free on a stream the program destroyed (PyTorch's stream-ordered
         // backend frees a tensor on its creation stream; CuPy's stream may be gone by then):
@@ -220,8 +242,12 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     if ordered && capturing(proto.stream as CUstream) {
         // A free recorded into a CUDA graph (stream capture): the graph must free what it
         // allocated, and nothing may be queued on a capturing stream that the graph does not
-        // own, so the free goes to the driver as it is (not quarantined).
+        // own, so the free goes to the driver as it is (not quarantined); memory it did not
+        // free (a capture frees only what it allocated) is still live.
         let r = call();
+        if r != CUDA_SUCCESS {
+            st!(state()).live.insert(proto.ptr, live);
+        }
         p.finish(r);
         CAPTURED.fetch_add(1, Relaxed);
         return r;

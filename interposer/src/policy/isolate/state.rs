@@ -23,6 +23,9 @@ pub(super) struct Live {
     /// From the device's default pool (`cudaMallocAsync`, `cuMemAllocAsync`): what
     /// [`reuse`] may keep once checked.
     pub(super) default_pool: bool,
+    /// Made on a stream capturing a graph: graph memory, which the graph owns (its free is
+    /// the driver's to answer, never quarantined or poisoned).
+    pub(super) captured: bool,
     /// The allocation event's stack id (0: no stack): what a finding about this memory names
     /// as where it was allocated. Free of cost in memory: it fills the struct's padding.
     pub(super) stack: u32,

@@ -102,6 +102,7 @@ pub(super) fn unmap(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         seq: u64::MAX,
         pooled: false,
         default_pool: false,
+        captured: false,
         stack: 0,
     };
     quarantine(freed(&proto, mapping, seq, free_stack, Held::Mapping));

@@ -499,6 +499,12 @@ fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
     f(g.get_or_insert_with(State::new))
 }
 
+/// Whether some stream captures a graph now (begun and not yet ended); false is certain, true
+/// means asking the stream.
+pub fn any_capture() -> bool {
+    CAPTURES.load(Relaxed) > 0
+}
+
 /// Whether work on `key` is recorded into a graph now (nothing of it runs until a launch).
 fn capturing(key: Key) -> bool {
     if CAPTURES.load(Relaxed) == 0 {
@@ -649,19 +655,23 @@ pub fn before(op: &Op) {
 /// After the real call returned `r`: what the call made true once it was made (an event's
 /// capture, the host's waits).
 pub fn after(op: &Op, r: CUresult) {
+    // Counted whether the check runs or not: isolation asks too ([`any_capture`]).
+    match *op {
+        Op::CaptureBegin if r == CUDA_SUCCESS => {
+            CAPTURES.fetch_add(1, AcqRel);
+            return;
+        }
+        Op::CaptureEnd => {
+            let _ = CAPTURES.fetch_update(AcqRel, Acquire, |n| Some(n.saturating_sub(1)));
+            return;
+        }
+        _ => {}
+    }
     if !active() {
         return;
     }
     let _ = std::panic::catch_unwind(|| {
         match *op {
-            Op::CaptureBegin if r == CUDA_SUCCESS => {
-                CAPTURES.fetch_add(1, AcqRel);
-                return;
-            }
-            Op::CaptureEnd => {
-                let _ = CAPTURES.fetch_update(AcqRel, Acquire, |n| Some(n.saturating_sub(1)));
-                return;
-            }
             Op::CtxSync if r == CUDA_SUCCESS => return with(|s| s.host_after_all()),
             Op::EventGone { event } if r == CUDA_SUCCESS => {
                 return with(|s| {
