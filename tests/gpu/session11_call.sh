@@ -6,15 +6,17 @@
 # Needs target/gpu/{libisolate.so,isolate} (carry target/gpu).
 #
 # Run in the eleventh session (one call; ~21 of its 30 device minutes went to starts that
-# failed): golden:70 uaf:90 race:140 patterns:220. Left for the next session, in this order
-# (about 30 minutes of device time in all; each line one call):
-#   1. diag:90 uaf:50 patterns:220 models:150   the CuPy-stream crash (diag_patterns.sh), the
-#      guard exit's fix, NCCL's double frees gone, issue 30's models with 0 findings
-#   2. TIER_CONFIGS=default,log,isolate,fast,isolate-noorder BUDGET_S=420 BENCH_LIMIT_S=460
-#      tiers:560                                 issue 31's table and issue 34's cost
-#   3. sanitizer:300 memviz:150 report:120      issue 34 beside compute-sanitizer, issue 32
-#   4. torch_tests.sh --budget 540 --shard 1/2, then 2/2 (carry tests/gpu/ext: fetch
-#      PyTorch's test/test_cuda.py at 000e43cd… byte for byte first, README-torch-tests.md)
+# failed): golden:70 uaf:90 race:140 patterns:220. Run in the twelfth (H100, all of it, results
+# in docs/gpu-results.md "Twelfth session"): diag:90 uaf:50 patterns:220 models:200; tiers:560
+# (5 configs, 2 rounds fit); sanitizer:260 memviz:120 report:120; torch_tests.sh shard 1/2 and
+# part of 2/2. Left for the next session, in this order (each line one call):
+#   1. diag:60 uaf:50 MODEL_RUNS=3 models:300   the destroyed-stream and guard-exit fixes on the
+#      GPU; issue 30's models, 3 runs each (0 findings; the growth script's leak named)
+#   2. TIER_PLANTED=0 TIER_CONFIGS=default,isolate,isolate-noorder TIER_STEPS=100 tiers:560   issue 34's cost,
+#      3 full rounds in a new order each
+#   3. TIER_PLANTED=0 TIER_CONFIGS=default,log,fast TIER_STEPS=100 tiers:560   issue 31's fast tier and log mode
+#   4. torch_tests.sh --budget 540 --shard 1/2, then 2/2 (carry tests/gpu/ext): the graph-memory
+#      fixes, with the harness's corrected verdicts and TEST_CUDAMALLOCASYNC
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -32,7 +34,7 @@ for spec in "$@"; do
     uaf|leak) cmd=(bash "$here/uaf_check.sh" "$part") ;;
     race|patterns|sanitizer|cost) cmd=(bash "$here/order_check.sh" "$part") ;;
     models) cmd=(python3 "$here/models_check.py" --lib "$G/libisolate.so" --isolate "$G/isolate"
-                 --runs 1 --steps ${MODEL_STEPS:-12} --jobs ${MODEL_JOBS:-4} --modes ${MODEL_MODES:-isolate}
+                 --runs ${MODEL_RUNS:-1} --steps ${MODEL_STEPS:-12} --jobs ${MODEL_JOBS:-4} --modes ${MODEL_MODES:-isolate}
                  --workloads ${MODELS:-bert,gpt2,resnet50,vit,compiled,cudagraph,dataloader,growth}) ;;
     edges) cmd=(bash "$here/edges.sh") ;;
     diag) cmd=(bash "$here/diag_patterns.sh") ;;
