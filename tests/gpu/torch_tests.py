@@ -11,7 +11,11 @@ How it runs:
 1. Collect: one process imports the module (through tests/gpu/torch_tests_shim.py, which
    fills names the installed torch lacks) and lists `Class.test_method` ids with the unittest
    loader (no pytest needed). Tests marked `@serialTest()` / `@largeTensorTest` / skipped
-   without a large GPU are "serial": run alone, after the others.
+   without a large GPU are "serial": run alone, after the others. When the shim fills
+   `TEST_CUDAMALLOCASYNC` (the stored test file imports it from common_utils, which torch 2.11
+   lacks), each worker sets it from the PYTORCH_CUDA_ALLOC_CONF it runs under (True under
+   `backend:cudaMallocAsync`, so under async and isolate), as PyTorch's CI has it for that
+   backend: the tests gated on it upstream skip, or take their other branch, there.
 2. For each configuration, worker processes (`--workers` per configuration, all
    configurations at once, tests handed out one at a time in the same order) each run tests
    in sequence, in-process, and report one JSON line per test (id, outcome
@@ -23,8 +27,10 @@ How it runs:
    cascades.
 3. Serial tests: one worker at a time on the whole GPU.
 4. Confirm: every test whose outcome under isolate differs from plain is re-run alone, in its
-   own process, under isolate and under the backend alone (`results/confirm.jsonl`), which
-   tells flaky/interference from the backend's own behaviour from what isolate adds.
+   own process, under isolate and under the backend alone (`results/confirm.jsonl`), those
+   where isolate also differs from the backend first. A test the backend alone fails too is
+   the backend's; one isolate fails alone too is isolate's; one isolate passes alone depends
+   on earlier tests in its worker (torch_tests_table.verdict).
 5. Everything fits `--budget` seconds: no test starts after its phase's deadline, tests still
    running at the end are stopped, and what was not run is printed.
 
@@ -74,6 +80,14 @@ SERIAL_DECORATORS = re.compile(r"\bserialTest\b|\blargeTensorTest\b|\bTEST_LARGE
 # Environment variables that choose PyTorch's allocator: cleared before each configuration
 # sets its own.
 ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING")
+
+# The flag PyTorch's tests read to know they run on the stream-ordered backend
+# (upstream: `TEST_CUDA and torch.cuda.get_allocator_backend() == "cudaMallocAsync"`).
+ASYNC_FLAG = "TEST_CUDAMALLOCASYNC"
+
+# What a worker keeps of the library's stderr lines per test: findings whole, others cut.
+KEEP_FINDINGS, KEEP_OTHERS = 40, 8
+FINDING_WIDTH, OTHER_WIDTH = 2000, 300
 
 
 def now():
@@ -132,6 +146,53 @@ def _statement_name(stmt):
     return f"statement `{first_line(ast.unparse(stmt), 80)}`"
 
 
+def alloc_backend(env):
+    """(backend, variable): the allocator backend named by `backend:` in PYTORCH_CUDA_ALLOC_CONF
+    (else PYTORCH_ALLOC_CONF), and that variable; ("native", None) when neither names one."""
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        for opt in (env.get(var) or "").split(","):
+            key, sep, value = opt.partition(":")
+            if sep and key.strip() == "backend":
+                return value.strip(), var
+    return "native", None
+
+
+def derive_async_flag(filled, env=None):
+    """Give TEST_CUDAMALLOCASYNC, where the shim filled it (with False), the value PyTorch's CI
+    has for the worker's allocator: True when PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF)
+    names backend:cudaMallocAsync, as under async and under isolate mode (whose library sets it
+    in the environment before Python starts). Rewrites the filled entry's `value` to say what
+    was set and why; notes when torch.cuda.get_allocator_backend() says otherwise."""
+    env = os.environ if env is None else env
+    for f in filled:
+        if f.get("name") != ASYNC_FLAG:
+            continue
+        mod = sys.modules.get(f["module"])
+        backend, var = alloc_backend(env)
+        test_cuda = bool(getattr(mod, "TEST_CUDA", True))
+        value = test_cuda and backend == "cudaMallocAsync"
+        if mod is not None:
+            setattr(mod, ASYNC_FLAG, value)
+        why = f"{var} names backend:{backend}" if var else \
+            "no backend in PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF: native"
+        if not test_cuda:
+            why += "; TEST_CUDA is False"
+        try:
+            torch = sys.modules.get("torch")
+            said = torch.cuda.get_allocator_backend()
+            if isinstance(said, str) and said != backend:
+                why += f"; torch.cuda.get_allocator_backend() says {said}"
+        except Exception:  # noqa: BLE001 - the environment decides; torch's word is a check only
+            pass
+        f["value"] = f"{value} (from the environment: {why})"
+    return filled
+
+
+def shim_strings(filled):
+    return [f"{f['module']}.{f['name']} = {f['value']}" if f["name"] else f"{f['module']}: {f['value']}"
+            for f in filled]
+
+
 def load_module(path):
     """Import the test file at `path` as a module, after the shim.
 
@@ -143,7 +204,7 @@ def load_module(path):
     sys.argv = [path]
     import torch_tests_shim
 
-    filled = torch_tests_shim.install(path)
+    filled = derive_async_flag(torch_tests_shim.install(path))
     cu = sys.modules.get("torch.testing._internal.common_utils")
     if cu is not None and hasattr(cu, "parse_cmd_line_args"):
         try:
@@ -308,21 +369,55 @@ def run_one(mod, tid):
     return rec
 
 
-def isolate_lines(log_path, offset, limit=8):
+def keep_isolate_lines(lines):
+    """The library's lines (`isolate: ...`) among `lines`, in order: up to KEEP_FINDINGS findings,
+    whole (a finding's `allocated at FILE:LINE` comes late in the line), and KEEP_OTHERS others."""
+    out, nf, no = [], 0, 0
+    for line in lines:
+        if "isolate:" not in line:
+            continue
+        if table.FINDING.search(line):
+            if nf < KEEP_FINDINGS:
+                out.append(line[:FINDING_WIDTH])
+                nf += 1
+        elif no < KEEP_OTHERS:
+            out.append(line[:OTHER_WIDTH])
+            no += 1
+    return out
+
+
+def isolate_lines(log_path, offset):
     """Lines the library wrote (`isolate: ...`) to the worker's log since `offset`."""
-    out = []
     try:
         with open(log_path, "rb") as f:
             f.seek(offset)
-            for raw in f:
-                line = raw.decode("utf-8", "replace").rstrip()
-                if "isolate:" in line:
-                    out.append(line[:300])
-                    if len(out) >= limit:
-                        break
+            return keep_isolate_lines(raw.decode("utf-8", "replace").rstrip() for raw in f)
     except OSError:
-        pass
-    return out
+        return []
+
+
+def log_tail(log_path):
+    """What the worker's log says after its last test marker: {"after": the last test that
+    finished, "during": a test that started and never finished (the worker died or was killed
+    in it), "lines": the library's lines since that marker}. The library checks its quarantine
+    again at exit: a finding printed then concerns memory of an earlier test."""
+    tail = {"after": None, "during": None, "lines": []}
+    try:
+        with open(log_path, "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return tail
+    last = 0
+    for i, line in enumerate(lines):
+        m = table.DONE.match(line)
+        if m:
+            tail["after"], tail["during"], last = m.group(1), None, i + 1
+            continue
+        m = table.START.match(line)
+        if m:
+            tail["during"], last = m.group(1), i + 1
+    tail["lines"] = keep_isolate_lines(lines[last:])
+    return tail
 
 
 def worker_main(a):
@@ -347,11 +442,17 @@ def worker_main(a):
         traceback.print_exc()
         send(ev="import_error", error=f"{type(e).__name__}: {first_line(e)}")
         return 3
-    send(ev="ready", pid=os.getpid(), import_s=round(now() - t0, 2), shimmed=len(filled), failed=failed)
+    send(ev="ready", pid=os.getpid(), import_s=round(now() - t0, 2), shimmed=len(filled),
+         shim=shim_strings(filled), failed=failed)
+    end = None  # the log's size after the previous test's last line
     for line in ctl_in:
         tid = line.strip()
         if not tid:
             continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # printed after the previous test ended (a check of memory freed earlier, say)
+        before = isolate_lines(a.log, end) if end is not None else []
         print(f"===== {tid}", flush=True)
         offset = os.fstat(1).st_size
         send(ev="start", id=tid)
@@ -359,7 +460,10 @@ def worker_main(a):
         sys.stdout.flush()
         sys.stderr.flush()
         rec["isolate"] = isolate_lines(a.log, offset)
+        if before:
+            rec["isolate_before"] = before
         print(f"===== {tid}: {rec['outcome']} in {rec['seconds']} s {rec['error']}", flush=True)
+        end = os.fstat(1).st_size
         send(ev="done", **rec)
         if rec["sticky"]:
             return 0
@@ -370,8 +474,7 @@ def collect_main(a):
     out = {"ids": [], "serial": [], "uncollected": [], "shimmed": [], "import_error": None}
     try:
         mod, filled, failed = load_module(a.module)
-        out["shimmed"] = [f"{f['module']}.{f['name']} = {f['value']}" if f["name"] else f"{f['module']}: {f['value']}"
-                          for f in filled]
+        out["shimmed"] = shim_strings(filled)
         ids, broken = list_tests(mod)
         out["ids"] = ids
         out["uncollected"] = failed + broken
@@ -467,6 +570,7 @@ class Worker:
         self.t_start = now()
         self.started = now()
         self.ran = 0
+        self.tail = None
         os.set_blocking(self.proc.stdout.fileno(), False)
         drv.sel.register(self.proc.stdout, selectors.EVENT_READ, self)
 
@@ -531,7 +635,19 @@ class Worker:
             self.kill()
             rc = self.proc.wait()
         self.state = "dead"
+        if self.tail is None:
+            self.tail = dict(log_tail(self.log), config=self.config, worker=self.name)
+            self.drv.tails.append(self.tail)
         return rc
+
+    def take_tail_of(self, tid):
+        """The library's lines printed in `tid` when the worker died or was killed in it (for its
+        crash or timeout record); they are then no longer kept as printed after the last test."""
+        t = self.tail
+        if t is None or t.get("during") != tid:
+            return []
+        lines, t["lines"] = t["lines"], []
+        return lines
 
     def last_words(self):
         """The last meaningful line of the worker's log (what it printed as it died)."""
@@ -586,6 +702,8 @@ class Driver:
         self.collect_failed = []  # statements of the test file that failed at collection
         self.import_failures = {}  # config -> statements that failed only there
         self.startfail = {}
+        self.shim_by_config = {}  # config -> what the shim filled in its workers
+        self.tails = []  # log_tail() of every worker that ended
 
     def elapsed(self):
         return now() - self.t0
@@ -727,6 +845,8 @@ class Driver:
                     if kind == "ready":
                         w.state = "idle" if w.state == "starting" else w.state
                         self.startfail[w.config] = 0
+                        if w.config not in self.shim_by_config and ev.get("shim") is not None:
+                            self.shim_by_config[w.config] = ev["shim"]
                         extra = sorted(set(ev.get("failed", [])) - set(self.collect_failed))
                         if extra and w.config not in self.import_failures:
                             self.import_failures[w.config] = extra
@@ -751,7 +871,7 @@ class Driver:
                                 "id": w.test, "outcome": "crash",
                                 "seconds": round(now() - w.t_start, 3),
                                 "error": f"worker died ({describe_rc(rc)}) during the test; last output: {w.last_words()}",
-                                "worker": w.name})
+                                "worker": w.name, "isolate": w.take_tail_of(w.test)})
                             w.test = None
                         elif w.ran == 0 and w.import_error is None and rc != 0 and not w.closed_by_us:
                             w.import_error = f"worker ended ({describe_rc(rc)}) before it was ready: {w.last_words()}"
@@ -768,7 +888,7 @@ class Driver:
                     self.record(phase, w.config, {
                         "id": w.test, "outcome": "timeout", "seconds": round(now() - w.t_start, 3),
                         "error": f"still running after {self.a.timeout:.0f} s; killed with its worker",
-                        "worker": w.name})
+                        "worker": w.name, "isolate": w.take_tail_of(w.test)})
                     w.test = None
                 elif w.state == "starting" and now() - w.started > self.a.start_timeout:
                     w.kill()
@@ -789,7 +909,7 @@ class Driver:
         a = self.a
         self.say(f"collecting {self.module}")
         info, err = self.collect()
-        meta = {"configs": self.configs, "source": a.source, "budget_s": a.budget,
+        meta = {"configs": self.configs, "source": a.source, "module": self.module, "budget_s": a.budget,
                 "workers_per_config": a.workers, "timeout_s": a.timeout, "ids": [],
                 "uncollected": [], "shimmed": []}
         if info and not err and not info.get("ids"):
@@ -861,8 +981,19 @@ class Driver:
             for t in ids:
                 p = self.results.get(("plain", t))
                 i = self.results.get(("isolate", t))
+                b = self.results.get(("async", t))
                 if p and i and p["outcome"] != i["outcome"]:
+                    if i["outcome"] == "skip" and b and b["outcome"] == "skip":
+                        continue  # skipped under the backend (an upstream gate): nothing to re-run
                     diff.append(t)
+
+            def backend_fails_too(t):
+                b = self.results.get(("async", t))
+                return b is not None and (b["outcome"] in table.BAD
+                                          or b["outcome"] == self.results[("isolate", t)]["outcome"])
+
+            # where isolate differs from the backend too first: the budget may not reach the rest
+            diff.sort(key=backend_fails_too)
         if diff:
             cc = [c for c in ("isolate", "async") if c in self.configs]
             jobs = [(c, t) for t in diff for c in cc]
@@ -886,6 +1017,9 @@ class Driver:
         meta["broken_configs"] = self.broken
         meta["import_failures_by_config"] = self.import_failures
         meta["parallel_env"] = getattr(self, "par_env", {})
+        meta["shimmed_by_config"] = self.shim_by_config
+        meta["after_last_test"] = [{k: t[k] for k in ("config", "worker", "after", "during", "lines")}
+                                   for t in self.tails if t["lines"]]
         meta["elapsed_s"] = round(self.elapsed(), 1)
         with open(os.path.join(self.out, "results", "meta.json"), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=1)

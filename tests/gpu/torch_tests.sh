@@ -7,6 +7,9 @@
 # Needs tests/gpu/ext/test_cuda.py (public code, git-ignored: pass `tests/gpu/ext` in the device
 # tool's carry) and, for the isolate configuration, target/gpu/libisolate.so (carry
 # `target/gpu`). Every option goes to tests/gpu/torch_tests.py (`--help` there lists them).
+# TEST_CUDAMALLOCASYNC, which the stored test file imports and torch 2.11 lacks, follows each
+# configuration's PYTORCH_CUDA_ALLOC_CONF (True under async and isolate, as in PyTorch's CI for
+# that backend): see tests/gpu/README-torch-tests.md.
 # Writes $OUT/results/{plain,async,isolate,confirm}.jsonl, $OUT/results/meta.json,
 # $OUT/summary.txt, $OUT/table.md and $OUT/logs.tar.gz, and prints the tables.
 # Exit status: 0 when the run completed (whatever the tests' outcomes), 2 on bad usage or a

@@ -129,7 +129,7 @@ def full_run(tmp):
     check("counts: isolate", "isolate                         9        4        4        1        1        1        0" in text)
     check("verdict: isolate adds", "FakeCuda.test_isolate_adds: pass / pass / error  [alone: async pass, isolate error]  -> ISOLATE ADDS THIS" in text)
     check("verdict: the backend's", "FakeCuda.test_backend_changes: pass / fail / fail  [alone: async fail, isolate fail]  -> stream-ordered backend" in text)
-    check("verdict: interference", "FakeCuda.test_isolate_flaky: pass / pass / fail  [alone: async pass, isolate pass]  -> flaky or interference" in text)
+    check("verdict: interference", "FakeCuda.test_isolate_flaky: pass / pass / fail  [alone: async pass, isolate pass]  -> depends on earlier tests in the worker" in text)
     check("exactly 3 outcomes differ", "outcomes that differ between configurations (3)" in text)
     check("a class that cannot be defined is reported as not collected",
           "could not be collected (1):" in text
