@@ -460,11 +460,12 @@ static int graph_memory(void) {
 }
 
 static void pool_used(cudaMemPool_t pool, const char *when) {
-    cuuint64_t used = 0, high = 0;
+    cuuint64_t used = 0, high = 0, reserved = 0;
     int a = cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
     int b = cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high);
-    say("%s: used %d %llu high %d %llu", when, a, (unsigned long long)used, b,
-        (unsigned long long)high);
+    int c = cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    say("%s: used %d %llu high %d %llu reserved %d %llu", when, a, (unsigned long long)used, b,
+        (unsigned long long)high, c, (unsigned long long)reserved);
 }
 
 static int pool_stats(void) {

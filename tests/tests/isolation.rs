@@ -799,15 +799,26 @@ fn kept_checked_memory_is_served_again_and_given_back_when_memory_runs_out() {
 /// The pool's used-memory counters (PyTorch's `memory_allocated`/`max_memory_allocated` on its
 /// stream-ordered backend) read the same in isolate mode as without the preload: the freed
 /// allocations isolation holds are not counted as the program's (hooks/pool.rs). The pool
-/// itself does count them: without that hook this run read "1 live: used 0 3145728".
+/// itself does count them: without that hook this run read "1 live: used 0 3145728". The same
+/// for its reserved memory (PyTorch's `memory_reserved()`): without the hook "reserved 0
+/// 3145728" where the plain run has 1048576.
 #[test]
 fn pool_statistics_do_not_count_the_quarantine() {
     let plain = quarantine("pool").preload(false).run();
     plain.assert_success();
-    has_line(&plain, "3 live: used 0 3145728 high 0 3145728");
-    has_line(&plain, "1 live: used 0 1048576 high 0 3145728");
-    has_line(&plain, "after reset: used 0 1048576 high 0 1048576");
-    has_line(&plain, "0 live: used 0 0 high 0 1048576");
+    has_line(
+        &plain,
+        "3 live: used 0 3145728 high 0 3145728 reserved 0 3145728",
+    );
+    has_line(
+        &plain,
+        "1 live: used 0 1048576 high 0 3145728 reserved 0 1048576",
+    );
+    has_line(
+        &plain,
+        "after reset: used 0 1048576 high 0 1048576 reserved 0 1048576",
+    );
+    has_line(&plain, "0 live: used 0 0 high 0 1048576 reserved 0 0");
     let out = isolate(quarantine("pool")).run();
     out.assert_success();
     let lines = |o: &Output| -> Vec<String> {

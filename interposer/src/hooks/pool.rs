@@ -5,8 +5,12 @@
 //! `cudaMemPoolAttrUsedMemCurrent` / `UsedMemHigh` on its `backend:cudaMallocAsync`) would
 //! report the quarantine as the program's memory. In isolate mode these two answers are capped
 //! by what the program itself holds (its live stream-ordered allocations, and their peak since
-//! the last reset of `UsedMemHigh`); every other attribute, every other mode, and every failed
-//! call pass through untouched. Not recorded as events (no memory changes hands).
+//! the last reset of `UsedMemHigh`). `cudaMemPoolAttrReservedMemCurrent` (PyTorch's
+//! `memory_reserved()`) is answered without what the library holds (the pool's used memory
+//! beyond the program's own): PyTorch's `test_max_split_expandable` sizes a memory fraction
+//! from it, and with the quarantine counted got no out-of-memory (the H100's test_cuda.py run).
+//! `ReservedMemHigh`, every other attribute, every other mode, and every failed call pass
+//! through untouched. Not recorded as events (no memory changes hands).
 //!
 //! Layer: hooks. Uses the policies and the base.
 
@@ -21,6 +25,8 @@ use std::ffi::{c_int, c_void};
 /// `CU_MEMPOOL_ATTR_USED_MEM_*` have the same numbers).
 const USED_MEM_CURRENT: c_int = 7;
 const USED_MEM_HIGH: c_int = 8;
+/// `cudaMemPoolAttrReservedMemCurrent`.
+const RESERVED_MEM_CURRENT: c_int = 5;
 
 /// The runtime's pool attribute functions (no policy calls them: declared here, by the hooks
 /// that stand for them).
@@ -51,6 +57,23 @@ pub unsafe extern "C" fn cudaMemPoolGetAttribute(
                 // SAFETY: the real call succeeded and wrote a 64-bit value at the caller's non-null
                 // `value` (these two attributes are cuuint64_t).
                 unsafe { *v = (*v).min(ours) };
+            }
+        });
+    }
+    if r == 0 && !value.is_null() && attr == RESERVED_MEM_CURRENT {
+        let v = value as *mut u64;
+        let _ = std::panic::catch_unwind(|| {
+            let Some(ours) = policy::pool_used(false) else {
+                return;
+            };
+            let mut used = 0u64;
+            // SAFETY: the real function, with the caller's pool and a local of the attribute's
+            // type (cuuint64_t).
+            if unsafe { real(pool, USED_MEM_CURRENT, (&raw mut used).cast()) } == 0 {
+                let held = used.saturating_sub(ours);
+                // SAFETY: the real call succeeded and wrote a 64-bit value at the caller's
+                // non-null `value`.
+                unsafe { *v = (*v).saturating_sub(held) };
             }
         });
     }
