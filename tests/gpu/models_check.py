@@ -14,6 +14,8 @@ Each workload trains a model from an installed library with random weights:
   cudagraph a whole training step of an MLP captured in a CUDA graph (side-stream warm-up), replayed
   dataloader torchvision resnet18 fed by a DataLoader with 2 workers and pin_memory
   growth    a correct step, plus one tensor with its graph kept per step (a leak: must be named)
+  stale_launch  a planted bug: a kept raw pointer of a freed tensor wrapped again and filled by a
+            PyTorch kernel (a stale launch and a stale write: must be named with the fill_ line)
 Each run's trace is summarised (`isolate summary --json`); the table gives the exit status, the
 losses' last value and the findings by kind (stale writes, stale launches, suspects, leaks...).
 Writes $OUT/models_check.json and the logs to $OUT/models/.
@@ -102,6 +104,30 @@ elif work == "dataloader":
         x, y = next(it)
         x = x.to(dev, non_blocking=True); y = y.to(dev, non_blocking=True)
         loss = torch.nn.functional.cross_entropy(m(x), y)
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        return loss
+elif work == "stale_launch":
+    # A planted bug: a raw pointer kept past its tensor's free (a stale data_ptr()), wrapped as a
+    # tensor again (__cuda_array_interface__, zero-copy) and written by a PyTorch kernel: in
+    # isolate mode a STALE LAUNCH naming the fill kernel and this file's fill_ line, and a STALE
+    # WRITE naming the lines of the allocation and the free. Planted once, at the first step.
+    class Raw:
+        def __init__(self, ptr, n):
+            self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (ptr, False),
+                                             "version": 3}
+    m = torch.nn.Linear(256, 256).to(dev)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    x = torch.randn(64, 256, device=dev)
+    planted = []
+    def step():
+        if not planted:
+            dead = torch.empty(1 << 18, device=dev)
+            ptr = dead.data_ptr()
+            del dead  # freed: its memory is quarantined in isolate mode
+            stale = torch.as_tensor(Raw(ptr, 1 << 18), device=dev)
+            stale.fill_(1.0)  # PLANTED: a kernel launched on the freed memory
+            planted.append(ptr)
+        loss = m(x).pow(2).mean()
         loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
         return loss
 elif work == "growth":

@@ -35,7 +35,7 @@ for spec in "$@"; do
     race|patterns|sanitizer|cost) cmd=(bash "$here/order_check.sh" "$part") ;;
     models) cmd=(python3 "$here/models_check.py" --lib "$G/libisolate.so" --isolate "$G/isolate"
                  --runs ${MODEL_RUNS:-1} --steps ${MODEL_STEPS:-12} --jobs ${MODEL_JOBS:-4} --modes ${MODEL_MODES:-isolate}
-                 --workloads ${MODELS:-bert,gpt2,resnet50,vit,compiled,cudagraph,dataloader,growth}) ;;
+                 --workloads ${MODELS:-bert,gpt2,resnet50,vit,compiled,cudagraph,dataloader,growth,stale_launch}) ;;
     edges) cmd=(bash "$here/edges.sh") ;;
     diag) cmd=(bash "$here/diag_patterns.sh") ;;
     tiers) cmd=(bash "$here/tier_bench.sh") ;;
