@@ -332,9 +332,10 @@ static CUresult free_async(CUdeviceptr dptr, CUstream hs, int ptsz) {
     pthread_mutex_lock(&g_lock);
     struct block *b = live_block_at((uintptr_t)dptr, NULL);
     /* As the driver: a free recorded into a graph frees only what that capture allocated, and
-     * memory a capture allocated is the graph's, not freed outside it ("invalid argument",
-     * which PyTorch's stream-ordered backend turns into an abort). Capture is not emulated
-     * otherwise: the free still happens when the stream gets there. */
+     * memory a capture allocated is the graph's until the graph has run; freed outside it before
+     * that, the driver answers "invalid argument" (which PyTorch's stream-ordered backend turns
+     * into an abort). The stand-in's capture makes no graph, so none ever runs. Capture is not
+     * emulated otherwise: the free still happens when the stream gets there. */
     int in_capture = stream_capturing(s);
     if (b && !b->pending_free && b->captured == in_capture)
         b->pending_free = 1;
