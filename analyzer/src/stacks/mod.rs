@@ -252,6 +252,31 @@ impl SymFrame {
     }
 }
 
+/// The autograd node a stack runs in, from its innermost frame of
+/// `torch::autograd::generated::<Node>::apply(…)` (PyTorch's generated backward functions):
+/// `MmBackward0`. `None` when no frame is one.
+pub fn autograd_node(frames: &[SymFrame]) -> Option<String> {
+    const NS: &str = "torch::autograd::generated::";
+    frames.iter().find_map(|f| {
+        let name = f.function.as_deref()?;
+        let rest = &name[name.find(NS)? + NS.len()..];
+        let (node, tail) = rest.split_once("::")?;
+        let ident = !node.is_empty() && node.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        (ident && tail.starts_with("apply(")).then(|| node.to_owned())
+    })
+}
+
+/// `label` of a stack without Python frames, with the autograd node it runs in when it runs
+/// in one (`NllLossBackward0 (the backward pass): at::detail::empty_generic(…)`): PyTorch's
+/// backward pass allocates from autograd's threads, where every tensor's first frames are the
+/// same allocation functions.
+pub fn in_backward(frames: &[SymFrame], label: String) -> String {
+    match autograd_node(frames) {
+        Some(node) => format!("{node} (the backward pass): {label}"),
+        None => label,
+    }
+}
+
 /// Whether a Python frame's file is installed code, not the program's: a package under
 /// `site-packages` or `dist-packages`, the standard library (`…/lib/python3.N/…`), a frozen
 /// module (`<frozen runpy>`).
@@ -305,8 +330,11 @@ impl ShownStack {
         python()
             .find(|f| !installed_python(f.file.as_deref()))
             .or_else(|| python().next())
-            .or_else(|| shown().find(|f| f.kind != "gap"))
             .map(|f| f.label())
+            .or_else(|| {
+                let first = shown().find(|f| f.kind != "gap")?.label();
+                Some(in_backward(frames, first))
+            })
     }
 
     /// The frames the text shows.
@@ -429,6 +457,66 @@ pub fn why_none(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A backward allocation's frames, as symbolised on the H100 (GPT-2's nll_loss backward):
+    /// the node is the innermost `generated::<Node>::apply(`; `_apply_functional` and other
+    /// frames are passed over; a stack without one has none.
+    #[test]
+    fn the_autograd_node_is_read_from_its_apply_frame() {
+        let native = |f: &str| SymFrame {
+            kind: "native",
+            addr: Some("0x1".into()),
+            module: Some("/t/libtorch_cpu.so".into()),
+            offset: Some("0x1".into()),
+            function: Some(f.into()),
+            file: None,
+            line: None,
+            inlined: false,
+            hidden: false,
+        };
+        let frames = [
+            native("at::detail::empty_generic(c10::ArrayRef<long>, c10::Allocator*)"),
+            native("at::_ops::nll_loss_backward::call(at::Tensor const&, at::Tensor const&)"),
+            native(
+                "torch::autograd::generated::NllLossBackward0_apply_functional(std::vector<at::\
+                 Tensor, std::allocator<at::Tensor> >&&, std::array<bool, (unsigned long)2>)",
+            ),
+            native(
+                "torch::autograd::generated::NllLossBackward0::apply(std::vector<at::Tensor, \
+                 std::allocator<at::Tensor> >&&)",
+            ),
+            native("torch::autograd::Node::operator()(std::vector<at::Tensor>&&)"),
+        ];
+        assert_eq!(autograd_node(&frames).as_deref(), Some("NllLossBackward0"));
+        assert_eq!(autograd_node(&frames[..3]), None);
+        assert_eq!(autograd_node(&[]), None);
+        // The place a finding names: the node first, where there is no Python frame.
+        let place = ShownStack::place_of(&frames).unwrap();
+        assert!(
+            place.starts_with("NllLossBackward0 (the backward pass): at::detail::empty_generic("),
+            "{place}"
+        );
+        assert!(
+            !ShownStack::place_of(&frames[..3])
+                .unwrap()
+                .contains("backward pass")
+        );
+        let mut with_python = frames.to_vec();
+        with_python.push(SymFrame {
+            kind: "python",
+            file: Some("train.py".into()),
+            line: Some(12),
+            function: Some("main".into()),
+            addr: None,
+            module: None,
+            offset: None,
+            ..frames[0].clone()
+        });
+        assert_eq!(
+            ShownStack::place_of(&with_python).as_deref(),
+            Some("train.py:12 in main")
+        );
+    }
 
     /// A library loaded where an unloaded one was (the same range): each stack's frames are in
     /// the module defined last before the stack, not in whichever sorts last.

@@ -168,6 +168,14 @@ impl Symbolizer {
             .or_else(|| out.iter().find(|f| !f.hidden))
             .map(|f| f.label())
             .unwrap_or_else(|| "(empty stack)".into());
+        // Without Python frames (PyTorch's backward pass runs on autograd's own threads), the
+        // first frame is the same allocation function for every tensor: the autograd node the
+        // stack runs in tells the sites apart.
+        let site = if has_python {
+            site
+        } else {
+            super::in_backward(&out, site)
+        };
         ShownStack {
             id,
             site,
