@@ -271,15 +271,12 @@ impl Growth {
         })
     }
 
-    /// The sites that leak, by the rule of the module docs: `still` is the device memory live
-    /// at exit. Largest first.
-    pub fn judge(&self, table: &StackTable, still: &[Node]) -> Vec<Grown> {
-        let Some(Steps {
+    /// The sites that leak, by the rule of the module docs, over `steps` (what [`Growth::steps`]
+    /// found): `still` is the device memory live at exit. Largest first.
+    pub fn judge(steps: Steps, table: &StackTable, still: &[Node]) -> Vec<Grown> {
+        let Steps {
             what, spans: steps, ..
-        }) = self.steps(table)
-        else {
-            return Vec::new();
-        };
+        } = steps;
         let n = steps.len();
         let judged = WARM_UP..n - LAST_LEFT_OUT;
         let step_of = |ts: u64| -> Option<usize> {

@@ -9,7 +9,7 @@
 mod common;
 
 use common::{A, MIB, TraceBuilder, isolate};
-use isolate_trace::{Api, Frame, NoteKind, PyCode, Record, Stack, Stats};
+use isolate_trace::{Api, Frame, NoteKind, Stats};
 
 const STEPS: u64 = 10;
 const MAIN: u64 = 100;
@@ -17,16 +17,9 @@ const KEPT: u64 = 4096;
 
 /// `train.py`'s `<module>` (code 1) calling `model.forward` (code 2, model.py) on line 10.
 fn py_stacks(t: &mut TraceBuilder) {
-    for (id, file, name) in [(1, "train.py", "<module>"), (2, "model.py", "forward")] {
-        t.record(Record::PyCode(PyCode {
-            id,
-            file: file.into(),
-            name: name.into(),
-            first_line: 1,
-        }));
-    }
+    t.py_codes(&[(1, "train.py", "<module>"), (2, "model.py", "forward")]);
     let py = |code, line| Frame::Python { code, line };
-    for (id, frames) in [
+    t.stacks(vec![
         (1, vec![py(1, 5)]),             // weights, before the loop
         (2, vec![py(2, 30), py(1, 10)]), // activations in forward
         (3, vec![py(1, 11)]),            // the loss
@@ -34,13 +27,7 @@ fn py_stacks(t: &mut TraceBuilder) {
         (5, vec![py(1, 13)]),            // losses.append(loss): kept
         (6, vec![py(2, 40), py(1, 10)]), // a cache filled once
         (7, vec![py(1, 14)]),            // a ring of the last 3 steps
-    ] {
-        t.record(Record::Stack(Stack {
-            id,
-            frames,
-            truncated: false,
-        }));
-    }
+    ]);
 }
 
 /// The loop; `stacks`: with Python stacks, `regions`: each step in a "step" region, `leak`:
@@ -200,25 +187,12 @@ fn a_caching_allocator_filling_its_cache_is_not_a_leak() {
                 .push(("PYTORCH_NO_CUDA_MEMORY_CACHING".into(), "1".into()));
         }
         let mut t = TraceBuilder::with_header(h);
-        for (id, file, name) in [(1, "train.py", "<module>"), (2, "vit.py", "Block.forward")] {
-            t.record(Record::PyCode(PyCode {
-                id,
-                file: file.into(),
-                name: name.into(),
-                first_line: 1,
-            }));
-        }
+        t.py_codes(&[(1, "train.py", "<module>"), (2, "vit.py", "Block.forward")]);
         let py = |code, line| Frame::Python { code, line };
-        for (id, frames) in [
+        t.stacks(vec![
             (1, vec![py(2, 215), py(1, 10)]),
             (2, vec![py(2, 216), py(1, 10)]),
-        ] {
-            t.record(Record::Stack(Stack {
-                id,
-                frames,
-                truncated: false,
-            }));
-        }
+        ]);
         for block in 0..12 {
             t.call_from(Api::CudaMalloc, A + block * 4 * MIB, 2 * MIB, 1);
             t.call_from(Api::CudaMalloc, A + block * 4 * MIB + 2 * MIB, 2 * MIB, 2);

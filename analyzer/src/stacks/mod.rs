@@ -463,17 +463,7 @@ mod tests {
     /// frames are passed over; a stack without one has none.
     #[test]
     fn the_autograd_node_is_read_from_its_apply_frame() {
-        let native = |f: &str| SymFrame {
-            kind: "native",
-            addr: Some("0x1".into()),
-            module: Some("/t/libtorch_cpu.so".into()),
-            offset: Some("0x1".into()),
-            function: Some(f.into()),
-            file: None,
-            line: None,
-            inlined: false,
-            hidden: false,
-        };
+        let native = |f: &str| native(f, false);
         let frames = [
             native("at::detail::empty_generic(c10::ArrayRef<long>, c10::Allocator*)"),
             native("at::_ops::nll_loss_backward::call(at::Tensor const&, at::Tensor const&)"),
@@ -502,16 +492,7 @@ mod tests {
                 .contains("backward pass")
         );
         let mut with_python = frames.to_vec();
-        with_python.push(SymFrame {
-            kind: "python",
-            file: Some("train.py".into()),
-            line: Some(12),
-            function: Some("main".into()),
-            addr: None,
-            module: None,
-            offset: None,
-            ..frames[0].clone()
-        });
+        with_python.push(python("main", 12));
         assert_eq!(
             ShownStack::place_of(&with_python).as_deref(),
             Some("train.py:12 in main")

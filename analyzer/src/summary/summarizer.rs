@@ -894,6 +894,17 @@ pub(super) fn is_python(h: &Header) -> bool {
 /// True unless the header says PyTorch's caching allocator was off: isolate mode turns it off
 /// (`PYTORCH_NO_CUDA_MEMORY_CACHING=1`, unless that was set already), and so do that setting
 /// and `PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync` when the header records them.
+pub(super) fn pytorch_cache_on(h: &Header) -> bool {
+    let get = |k: &str| h.config.iter().find(|(n, _)| n == k).map(|(_, v)| v.trim());
+    let uncached = match get("PYTORCH_NO_CUDA_MEMORY_CACHING") {
+        Some(v) => !v.is_empty() && v != "0",
+        None => h.mode == "isolate",
+    };
+    let async_backend =
+        get("PYTORCH_CUDA_ALLOC_CONF").is_some_and(|v| v.contains("backend:cudaMallocAsync"));
+    !uncached && !async_backend
+}
+
 /// PyTorch's caching allocator's segments, where its cache is on: `cudaMalloc`s of whole
 /// multiples of [`SEGMENT_GRAIN`], or (expandable segments, with address reservations in the
 /// trace) physical handles of such sizes.
@@ -915,17 +926,6 @@ impl CacheSegments {
         (n.category == Category::Device && n.api == Api::CudaMalloc && Self::grain(n))
             || self.expandable(n)
     }
-}
-
-pub(super) fn pytorch_cache_on(h: &Header) -> bool {
-    let get = |k: &str| h.config.iter().find(|(n, _)| n == k).map(|(_, v)| v.trim());
-    let uncached = match get("PYTORCH_NO_CUDA_MEMORY_CACHING") {
-        Some(v) => !v.is_empty() && v != "0",
-        None => h.mode == "isolate",
-    };
-    let async_backend =
-        get("PYTORCH_CUDA_ALLOC_CONF").is_some_and(|v| v.contains("backend:cudaMallocAsync"));
-    !uncached && !async_backend
 }
 
 impl Summarizer {
@@ -1095,19 +1095,18 @@ impl Summarizer {
         // look like a loop's iterations from the stacks) and keeps its segments to the end, so
         // its growth says nothing about what the program keeps (issue 30: 3 false leaks a run
         // of timm's ViT in log mode on the H100). Named regions still judge them.
-        let from_stacks = self
-            .growth
-            .steps(&self.stacks)
-            .is_some_and(|s| s.from_stacks);
+        let Some(steps) = self.growth.steps(&self.stacks) else {
+            return;
+        };
         let kept: Vec<Node>;
-        let still = match self.cache_segments().filter(|_| from_stacks) {
+        let still = match self.cache_segments().filter(|_| steps.from_stacks) {
             Some(seg) => {
                 kept = still.iter().filter(|n| !seg.is(n)).copied().collect();
                 &kept[..]
             }
             None => still,
         };
-        for g in self.growth.judge(&self.stacks, still) {
+        for g in crate::growth::Growth::judge(steps, &self.stacks, still) {
             self.grown_count += 1;
             self.grown_bytes_per_step =
                 self.grown_bytes_per_step.saturating_add(g.bytes_per_step());

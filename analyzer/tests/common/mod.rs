@@ -200,6 +200,29 @@ impl TraceBuilder {
         self.enc.encode(&r, &mut self.out);
     }
 
+    /// Python code objects `(id, file, name)`, each starting at line 1.
+    pub fn py_codes(&mut self, codes: &[(u32, &str, &str)]) {
+        for &(id, file, name) in codes {
+            self.record(Record::PyCode(isolate_trace::PyCode {
+                id,
+                file: file.into(),
+                name: name.into(),
+                first_line: 1,
+            }));
+        }
+    }
+
+    /// Whole (not truncated) stacks `(id, frames)`, innermost frame first.
+    pub fn stacks(&mut self, stacks: Vec<(u32, Vec<isolate_trace::Frame>)>) {
+        for (id, frames) in stacks {
+            self.record(Record::Stack(isolate_trace::Stack {
+                id,
+                frames,
+                truncated: false,
+            }));
+        }
+    }
+
     pub fn note(&mut self, kind: NoteKind, value: u64) {
         let ts = self.ts;
         self.record(Record::Note(Note {
@@ -313,32 +336,19 @@ pub const MIB: u64 = 1 << 20;
 /// is also a region named `train_step` (as an NVTX range would be); otherwise the trace has
 /// none.
 pub fn loop_trace(regions: bool) -> TraceBuilder {
-    use isolate_trace::{Frame, PyCode, Stack};
+    use isolate_trace::Frame;
     let mut t = TraceBuilder::new();
-    for (id, file, name) in [
+    t.py_codes(&[
         (1, "train.py", "<module>"),
         (2, "model.py", "forward"),
         (3, "load.py", "copy_weights"),
-    ] {
-        t.record(Record::PyCode(PyCode {
-            id,
-            file: file.into(),
-            name: name.into(),
-            first_line: 1,
-        }));
-    }
+    ]);
     let py = |code, line| Frame::Python { code, line };
-    for (id, frames) in [
+    t.stacks(vec![
         (1, vec![py(3, 8), py(1, 5)]),   // the weights
         (2, vec![py(2, 30), py(1, 10)]), // activations
         (3, vec![py(1, 11)]),            // the loss
-    ] {
-        t.record(Record::Stack(Stack {
-            id,
-            frames,
-            truncated: false,
-        }));
-    }
+    ]);
     for i in 0..20 {
         t.call_from(Api::CudaMalloc, A + i * 8 * MIB, 8 * MIB, 1);
         t.ts += 250_000_000;

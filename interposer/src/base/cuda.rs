@@ -22,6 +22,11 @@ pub type CUmemGenericAllocationHandle = u64;
 pub type CUdevice = c_int;
 pub type CUcontext = *mut c_void;
 
+/// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`, the handles that name the default streams
+/// (as 0 does, the legacy one or the thread's, by the entry point).
+pub const STREAM_LEGACY: u64 = 0x1;
+pub const STREAM_PER_THREAD: u64 = 0x2;
+
 pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;

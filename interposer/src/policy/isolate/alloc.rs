@@ -184,15 +184,14 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         p.finish(r);
         return r;
     };
+    p.ev.size = live.size;
+    if live.pooled {
+        let _ = POOL_LIVE.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(live.size)));
+    }
+    let ordered = proto.api.stream_ordered();
     if !has_context(proto.api) {
-        // No context to poison in, not even the one the runtime would have made current: the
-        // real call answers (as without the library); memory it did not free is still live.
-        let r = call();
-        if r != CUDA_SUCCESS {
-            st!(state()).live.insert(proto.ptr, live);
-        }
-        p.finish(r);
-        return r;
+        // No context to poison in, not even the one the runtime would have made current.
+        return to_driver(p, proto.ptr, live, call);
     }
     if live.captured {
         // Graph memory (allocated while its stream captured): the graph owns it. Its free,
@@ -200,36 +199,23 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         // goes to the driver as it is: the same answer as without the library, and no poison
         // written into memory the graph may not have mapped (the H100: 15 false device faults
         // and 2 false stale writes in PyTorch's graph tests).
-        let r = call();
-        if r != CUDA_SUCCESS {
-            st!(state()).live.insert(proto.ptr, live);
+        if ordered && capturing(proto.stream as CUstream) {
+            CAPTURED.fetch_add(1, Relaxed);
         }
-        p.finish(r);
-        CAPTURED.fetch_add(1, Relaxed);
-        return r;
+        return to_driver(p, proto.ptr, live, call);
     }
-    if proto.api.stream_ordered() && !stream_usable(proto.stream) {
+    if ordered && !stream_usable(proto.stream) {
         // A stream-ordered free on a stream the program destroyed (PyTorch's stream-ordered
         // backend frees a tensor on its creation stream; CuPy's stream may be gone by then):
-        // the library queues nothing on it; the real call answers, as without the library
-        // (an error the program sees as it would), and memory it did not free is still live.
-        let r = call();
-        if r != CUDA_SUCCESS {
-            st!(state()).live.insert(proto.ptr, live);
-        }
-        p.finish(r);
-        return r;
+        // the library queues nothing on it, and the program sees the driver's error as it
+        // would without the library.
+        return to_driver(p, proto.ptr, live, call);
     }
-    p.ev.size = live.size;
     // The stream-order check, at the free and before its poison is queued: a use on another
     // stream not ordered before it is a finding (the free's stack is taken once either way).
     if order::active() {
         let free_stack = p.stack();
         order::freed(proto.ptr, proto.api, proto.stream, seq, free_stack);
-    }
-    let ordered = proto.api.stream_ordered();
-    if live.pooled {
-        let _ = POOL_LIVE.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(live.size)));
     }
     if guard::owns(proto.ptr) {
         let r = guard::free(proto.ptr, ordered.then_some(proto.stream as CUstream));
@@ -242,15 +228,9 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     if ordered && capturing(proto.stream as CUstream) {
         // A free recorded into a CUDA graph (stream capture): the graph must free what it
         // allocated, and nothing may be queued on a capturing stream that the graph does not
-        // own, so the free goes to the driver as it is (not quarantined); memory it did not
-        // free (a capture frees only what it allocated) is still live.
-        let r = call();
-        if r != CUDA_SUCCESS {
-            st!(state()).live.insert(proto.ptr, live);
-        }
-        p.finish(r);
+        // own (a capture frees only what it allocated: the driver answers the rest).
         CAPTURED.fetch_add(1, Relaxed);
-        return r;
+        return to_driver(p, proto.ptr, live, call);
     }
     // Taken before the poison's clock starts (`finish` writes the same id in the event).
     let free_stack = p.stack();
@@ -416,6 +396,27 @@ fn has_context(api: Api) -> bool {
     false
 }
 
+/// A free the library leaves to the driver as it is (nothing quarantined, nothing queued): the
+/// caller gets the driver's answer, and memory the driver did not free is still live (and
+/// counted in [`POOL_LIVE`] again).
+fn to_driver(p: Pending, ptr: u64, live: Live, call: impl FnOnce() -> i32) -> i32 {
+    let r = call();
+    if r != CUDA_SUCCESS {
+        st!(state()).live.insert(ptr, live);
+        if live.pooled {
+            POOL_LIVE.fetch_add(live.size, Relaxed);
+        }
+    }
+    p.finish(r);
+    r
+}
+
+/// Whether `stream` names a default stream (0, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`),
+/// which the program never destroys.
+fn default_stream(stream: u64) -> bool {
+    matches!(stream, 0 | STREAM_LEGACY | STREAM_PER_THREAD)
+}
+
 /// The streams the program destroyed (`cuStreamDestroy`), newest last; at most
 /// [`GONE_KEPT`]. A handle may name a new stream later (the driver reuses them): such a handle is
 /// asked about before it is trusted again.
@@ -425,8 +426,8 @@ const GONE_KEPT: usize = 4096;
 
 /// The program is about to destroy `stream`.
 pub fn stream_destroyed(stream: u64) {
-    if stream <= 2 {
-        return; // the legacy and per-thread default streams are never destroyed
+    if default_stream(stream) {
+        return;
     }
     let mut g = GONE.lock();
     if !g.contains(&stream) {
@@ -441,7 +442,7 @@ pub fn stream_destroyed(stream: u64) {
 /// Whether work may be queued on `stream`: not a stream the program destroyed, unless the driver
 /// says the handle names a stream again (asked only for handles once destroyed).
 fn stream_usable(stream: u64) -> bool {
-    if stream <= 2 || !ANY_GONE.load(Acquire) {
+    if default_stream(stream) || !ANY_GONE.load(Acquire) {
         return true;
     }
     let mut g = GONE.lock();

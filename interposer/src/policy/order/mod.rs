@@ -42,9 +42,6 @@ use isolate_trace::{Api, FreedInUse, Record};
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
-/// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`, the handles that name the default streams.
-const HANDLE_LEGACY: u64 = 0x1;
-const HANDLE_PER_THREAD: u64 = 0x2;
 /// `CU_STREAM_NON_BLOCKING`.
 const NON_BLOCKING: u32 = 0x1;
 /// The legacy default stream's index.
@@ -80,8 +77,8 @@ impl Key {
     pub fn of(handle: u64, ptsz: bool) -> Key {
         match handle {
             0 if ptsz => Key::PerThread(gettid()),
-            0 | HANDLE_LEGACY => Key::Legacy,
-            HANDLE_PER_THREAD => Key::PerThread(gettid()),
+            0 | STREAM_LEGACY => Key::Legacy,
+            STREAM_PER_THREAD => Key::PerThread(gettid()),
             h => Key::Created(h),
         }
     }
@@ -98,7 +95,7 @@ impl Key {
     fn handle(self) -> u64 {
         match self {
             Key::Legacy => 0,
-            Key::PerThread(_) => HANDLE_PER_THREAD,
+            Key::PerThread(_) => STREAM_PER_THREAD,
             Key::Created(h) => h,
         }
     }
@@ -107,7 +104,7 @@ impl Key {
     fn query_handle(self) -> CUstream {
         match self {
             Key::Legacy => std::ptr::null_mut(),
-            Key::PerThread(_) => HANDLE_PER_THREAD as CUstream,
+            Key::PerThread(_) => STREAM_PER_THREAD as CUstream,
             Key::Created(h) => h as CUstream,
         }
     }
