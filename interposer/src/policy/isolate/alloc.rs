@@ -27,6 +27,7 @@ use crate::policy::{guard, order, release, reuse};
 use crate::record::event::{self, Pending};
 use crate::record::profile::{self, Part};
 use isolate_trace::{Api, Event, Memory, NoteKind, Source};
+use rustc_hash::FxHashSet;
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
@@ -417,10 +418,17 @@ fn default_stream(stream: u64) -> bool {
     matches!(stream, 0 | STREAM_LEGACY | STREAM_PER_THREAD)
 }
 
-/// The streams the program destroyed (`cuStreamDestroy`), newest last; at most
-/// [`GONE_KEPT`]. A handle may name a new stream later (the driver reuses them): such a handle is
-/// asked about before it is trusted again.
-static GONE: ForkLock<VecDeque<u64>> = ForkLock::new(VecDeque::new());
+/// The streams the program destroyed (`cuStreamDestroy`): looked up at every stream-ordered
+/// free once any was, so a set, with the order they came in to forget the oldest past
+/// [`GONE_KEPT`]. A handle may name a new stream later (the driver reuses them): such a handle
+/// is asked about before it is trusted again.
+#[derive(Default)]
+struct Gone {
+    set: FxHashSet<u64>,
+    order: VecDeque<u64>,
+}
+
+static GONE: ForkLock<Option<Gone>> = ForkLock::new(None);
 static ANY_GONE: AtomicBool = AtomicBool::new(false);
 const GONE_KEPT: usize = 4096;
 
@@ -430,11 +438,14 @@ pub fn stream_destroyed(stream: u64) {
         return;
     }
     let mut g = GONE.lock();
-    if !g.contains(&stream) {
-        if g.len() == GONE_KEPT {
-            g.pop_front();
+    let g = g.get_or_insert_with(Gone::default);
+    if g.set.insert(stream) {
+        if g.order.len() == GONE_KEPT
+            && let Some(old) = g.order.pop_front()
+        {
+            g.set.remove(&old);
         }
-        g.push_back(stream);
+        g.order.push_back(stream);
     }
     ANY_GONE.store(true, Release);
 }
@@ -446,7 +457,7 @@ fn stream_usable(stream: u64) -> bool {
         return true;
     }
     let mut g = GONE.lock();
-    let Some(at) = g.iter().position(|&s| s == stream) else {
+    let Some(g) = g.as_mut().filter(|g| g.set.contains(&stream)) else {
         return true;
     };
     // SAFETY: the handle the program passed to its own free, which the runtime validates the
@@ -454,7 +465,9 @@ fn stream_usable(stream: u64) -> bool {
     match unsafe { cu::stream_get_flags(stream as CUstream) } {
         Err(cu::CuError::Code(_)) => false,
         _ => {
-            g.remove(at); // a new stream under the old handle
+            // A new stream under the old handle.
+            g.set.remove(&stream);
+            g.order.retain(|&s| s != stream);
             true
         }
     }
@@ -463,7 +476,7 @@ fn stream_usable(stream: u64) -> bool {
 /// In a fork child: the parent's streams are not the child's (another thread of the parent may
 /// have held the lock at the fork).
 pub fn forget_destroyed_streams() {
-    GONE.reset_in_child(VecDeque::new());
+    GONE.reset_in_child(None);
     ANY_GONE.store(false, Release);
 }
 
