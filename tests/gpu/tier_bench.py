@@ -67,6 +67,17 @@ CONFIGS = {
     "isolate-nopoison": {"ISOLATE_MODE": "isolate", "ISOLATE_POISON": "off"},
     # Full coverage without the stream-order check (issue 34: its cost is isolate / this).
     "isolate-noorder": {"ISOLATE_MODE": "isolate", "ISOLATE_TEST_ORDER": "off"},
+    # Where the host's time goes (the summary's `cost` lines, in the run's log): not for ratios,
+    # profiling adds two clock reads a hook and a part.
+    "isolate-prof": {"ISOLATE_MODE": "isolate", "ISOLATE_PROFILE": "on"},
+    "fast-prof": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "ISOLATE_PROFILE": "on"},
+    "log-prof": {"ISOLATE_MODE": "log", "ISOLATE_PROFILE": "on"},
+    # Issue 34's cost inside one process: isolate mode, the stream-order check paused on every
+    # other timed step (the library's test-only isolate_test_order_pause); the run reports
+    # the median of the steps with it and of those without, and their ratio. Two processes
+    # (isolate against isolate-noorder) differ by up to 10% on a host-bound model for reasons
+    # of their own; steps of one process, alternated, do not.
+    "isolate-ab": {"ISOLATE_MODE": "isolate", "TIER_AB": "order"},
 }
 
 WORKER = r'''
@@ -143,7 +154,17 @@ def child(work):
         res["bandwidth"] = bandwidth()
     opt, step = build(work)
     losses, times, host = [], [], []
+    # isolate-ab: odd steps without the order check, even ones with it (warm-up steps with).
+    pause = None
+    if os.environ.get("TIER_AB") == "order":
+        import ctypes
+        pause = ctypes.CDLL(None).isolate_test_order_pause
+        res["ab_active"] = pause(0) == 0
+    on_ms, off_ms = [], []
     for i in range(warmup + steps):
+        off = pause is not None and i >= warmup and i % 2 == 1
+        if pause is not None:
+            pause(1 if off else 0)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = step()
@@ -153,9 +174,15 @@ def child(work):
         torch.cuda.synchronize()
         if i >= warmup:
             times.append((time.perf_counter() - t0) * 1e3)
+            (off_ms if off else on_ms).append(times[-1])
             host.append((t1 - t0) * 1e3)
         losses.append(float(loss.detach().float().item()))
         peak = max(peak, used())
+    if pause is not None:
+        pause(0)
+        res.update(ab_on_ms=statistics.median(on_ms), ab_off_ms=statistics.median(off_ms),
+                   ab_ratio=statistics.median(on_ms) / statistics.median(off_ms),
+                   ab_on_steps=on_ms, ab_off_steps=off_ms)
     res.update(ms_per_step=statistics.median(times), host_ms_per_step=statistics.median(host),
                ms_steps=times, losses=[repr(v) for v in losses], total_steps=warmup + steps,
                device_used_start=start_used, device_used_peak=peak,
@@ -208,7 +235,7 @@ def run_config(args, cfg, rnd, models, work, logs, probe):
     env = dict(os.environ)
     for k in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
               "LD_PRELOAD", "ISOLATE_MODE", "ISOLATE_CHECK", "ISOLATE_STACKS", "ISOLATE_POISON",
-              "ISOLATE_TEST_ORDER"):
+              "ISOLATE_TEST_ORDER", "ISOLATE_PROFILE", "TIER_AB"):
         env.pop(k, None)
     if CONFIGS[cfg] is not None:
         env.update(CONFIGS[cfg])

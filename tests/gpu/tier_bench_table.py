@@ -107,7 +107,27 @@ def render(data):
         lines.append(
             f"| {r['model']} | {r['config']} | {f2(r['ms_per_step'])} | {ratio} | {floor} | {full} | "
             f"{f2(r['device_peak_gib'])} | {f2(r['max_allocated_gib'])} | {r['losses']} | {finds} |")
+    ab = ab_rows(data)
+    if ab:
+        lines += ["", "The stream-order check inside one process (`isolate-ab`: isolate mode, the check "
+                  "paused on every other timed step): median ms of the steps with it and without it, "
+                  "and their ratio (the check's cost), per round.", "",
+                  "| model | with the check ms | without ms | cost (per round) |", "|---|---:|---:|---|"]
+        for m, on, off, per in ab:
+            lines.append(f"| {m} | {on:.2f} | {off:.2f} | **{(_median(per) - 1) * 100:+.1f}%** "
+                         f"({', '.join(f'{(x - 1) * 100:+.1f}%' for x in per)}) |")
     return "\n".join(lines)
+
+
+def ab_rows(data):
+    """(model, median ms with, median ms without, per-round ratios) of the isolate-ab runs."""
+    out = []
+    for model in data["models"]:
+        rs = [r for r in data["runs"] if r["model"] == model and r.get("ab_ratio")]
+        if rs:
+            out.append((model, _median(r["ab_on_ms"] for r in rs), _median(r["ab_off_ms"] for r in rs),
+                        [r["ab_ratio"] for r in rs]))
+    return out
 
 
 if __name__ == "__main__":

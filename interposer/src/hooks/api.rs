@@ -217,6 +217,21 @@ pub unsafe extern "C" fn isolate_counters(out: *mut IsolateCounters, size: usize
     })
 }
 
+/// **Test-only, not for users**: pauses (`paused` != 0) or resumes the stream-order check
+/// ([`policy::order::pause`]), so that a benchmark can time steps with and without it in one
+/// process. Returns 0 when the check runs in this process, -1 when it does not (not isolate
+/// mode, or `ISOLATE_TEST_ORDER=off`). A pause can only hide findings, never make one.
+#[unsafe(no_mangle)]
+pub extern "C" fn isolate_test_order_pause(paused: c_int) -> c_int {
+    guarded(|| {
+        if policy::order::pause(paused != 0) {
+            OK
+        } else {
+            OFF
+        }
+    })
+}
+
 /// Checks the quarantine now instead of only when memory leaves it (at the latest at exit): every
 /// freed allocation held so far is compared with its poison. Returns the number of stale writes
 /// found so far in this process, this check's included (0 in log mode, where nothing is held),

@@ -40,7 +40,7 @@ use crate::base::sys::{ForkLock, gettid, now_ns, warn};
 use crate::record::{event, stacks, writer};
 use isolate_trace::{Api, FreedInUse, Record};
 use rustc_hash::FxHashMap;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 /// `CU_STREAM_NON_BLOCKING`.
 const NON_BLOCKING: u32 = 0x1;
@@ -488,6 +488,8 @@ static STATE: ForkLock<Option<State>> = ForkLock::new(None);
 static CAPTURES: AtomicU64 = AtomicU64::new(0);
 /// Findings so far (the exit note).
 pub static FOUND: AtomicU64 = AtomicU64::new(0);
+/// Test-only ([`pause`]): uses and allocations are not tracked while set.
+static PAUSED: AtomicBool = AtomicBool::new(false);
 /// Uses recorded (the exit note).
 static USES: AtomicU64 = AtomicU64::new(0);
 
@@ -716,6 +718,9 @@ pub fn launch(stream: CUstream, ptsz: bool, words: &[u64], groups: &[u8], name: 
 }
 
 fn uses(key: Key, words: &[u64], groups: &[u8], name: &'static str, kernel: bool) {
+    if PAUSED.load(Relaxed) {
+        return;
+    }
     let mut need = Vec::new();
     let after_seq = event::last_seq();
     let i = with_stream(key, |s, i| {
@@ -743,7 +748,7 @@ fn uses(key: Key, words: &[u64], groups: &[u8], name: &'static str, kernel: bool
 /// A device allocation (quarantinable memory) was made: tracked until its free. A
 /// stream-ordered one's own stream is its stream; a plain one's, its first use's.
 pub fn allocated(ptr: u64, size: u64, seq: u64, stack: u32, api: Api, stream: u64) {
-    if !active() {
+    if !active() || PAUSED.load(Relaxed) {
         return;
     }
     let _ = std::panic::catch_unwind(|| {
@@ -831,6 +836,17 @@ fn report(race: Race, api: Api, seq: u64, free_stack: u32) {
         use_tick: u.tick,
         seen_tick: race.seen,
     })));
+}
+
+/// Test-only, for measuring the check's cost inside one process (`tests/gpu/tier_bench.py`'s
+/// `isolate-ab`, steps alternately with and without it): while paused, launches, copies and
+/// sets record no use and allocations are not tracked; the ordering edges (records, waits,
+/// synchronisations) are still followed. A pause can only hide a finding (a use not recorded,
+/// or an allocation whose free is not looked at), never make one. Returns whether the check
+/// runs at all (false outside isolate mode or with `ISOLATE_TEST_ORDER=off`).
+pub fn pause(paused: bool) -> bool {
+    PAUSED.store(paused, Relaxed);
+    active()
 }
 
 /// The program is about to destroy `stream`.
