@@ -7,9 +7,12 @@
  * the bug of a missing record_stream: nothing orders the use before the free.
  *
  * Run with the scenario names to run (in order), or none for all. The kernels do nothing: the
- * same output with and without the library. */
+ * same output with and without the library. With STREAM_RACE_PAUSE=1 the first scenario run
+ * runs with the check paused (the library's test-only isolate_test_order_pause) and the rest
+ * with it resumed. */
 #include "common.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -237,12 +240,22 @@ int main(int argc, char **argv) {
     capture_begin = (PFN_capture_begin)rt_entry("cuStreamBeginCapture", cudaEnableDefault);
     capture_end = (PFN_capture_end)rt_entry("cuStreamEndCapture", cudaEnableDefault);
     say("registered %d", k_use && k_array && capture_begin && capture_end);
+    int (*pause)(int) = NULL;
+    if (getenv("STREAM_RACE_PAUSE")) {
+        pause = (int (*)(int))dlsym(RTLD_DEFAULT, "isolate_test_order_pause");
+        say("pause %d", pause ? pause(1) : -9);
+    }
     for (int n = 1; n < N_SCENARIOS; n++) {
         int chosen = argc < 2;
         for (int i = 1; i < argc; i++)
             chosen |= !strcmp(argv[i], SCENARIOS[n]);
-        if (chosen)
+        if (chosen) {
             run(n, SCENARIOS[n]);
+            if (pause) {
+                say("resume %d", pause(0));
+                pause = NULL;
+            }
+        }
     }
     return 0;
 }

@@ -110,6 +110,26 @@ fn every_edge_orders_its_use_and_every_missing_one_is_named() {
     assert_eq!(s["poison_violation_count"].as_u64(), Some(0));
 }
 
+/// The test-only pause (`isolate_test_order_pause`, for timing steps with and without the
+/// check in one process) hides what happens while it is set and nothing after: the first
+/// scenario, run paused, is not named; the second, after the resume, is. Outside isolate mode
+/// the call says the check does not run.
+#[test]
+fn a_paused_check_hides_only_what_ran_while_paused() {
+    let out = isolate(Run::program("stream_race").args(["none", "copy"]))
+        .env("STREAM_RACE_PAUSE", "1")
+        .run();
+    out.assert_success();
+    assert!(out.stdout.contains("pause 0") && out.stdout.contains("resume 0"), "{}", out.stdout);
+    assert_eq!(found(out.only_trace()), ["copy"].into(), "{}", out.stderr);
+    let log = Run::program("stream_race")
+        .args(["none"])
+        .env("ISOLATE_MODE", "log")
+        .env("STREAM_RACE_PAUSE", "1")
+        .run();
+    assert!(log.stdout.contains("pause -1"), "{}", log.stdout);
+}
+
 /// Each scenario alone, in its own process: a correct program has no finding at all, a wrong
 /// one exactly its own (no scenario leans on another's edges).
 #[test]
