@@ -103,6 +103,25 @@ fn every_edge_orders_its_use_and_every_missing_one_is_named() {
     assert_eq!(found(t), wrong, "{}", out.stderr);
     assert_eq!(findings(t).len(), wrong.len(), "once per allocation");
     assert_eq!(lines(&out).len(), wrong.len(), "{}", out.stderr);
+    // Each wrong free's check and release waited for the stream of its use (isolate mode adds
+    // no use-after-free of its own by giving the memory back while that stream may read it),
+    // except the per-thread default stream's use, which another thread cannot record on.
+    let note = t
+        .records
+        .iter()
+        .find_map(|r| match r {
+            Record::Note(n) if n.text.starts_with("stream order:") => Some(n.text.clone()),
+            _ => None,
+        })
+        .expect("the stream order note");
+    let waited = wrong.len() - usize::from(wrong.contains("per_thread"));
+    assert!(
+        note.contains(&format!(
+            "{} freed while in use on another stream ({waited} of them released only after",
+            wrong.len()
+        )),
+        "{note}"
+    );
     // The analyzer counts them, with the rest of the trace clean.
     let s = t.assert_no_false_findings();
     assert_eq!(s["freed_in_use_count"].as_u64(), Some(wrong.len() as u64));

@@ -173,6 +173,39 @@ pub fn mark(ctx: usize, stream: usize) -> usize {
 /// thread may record on it.
 const PER_THREAD: usize = 2;
 
+/// An unordered free (the stream-order check's finding): `stream` may still use the freed
+/// allocation. Records that stream's event now, after the use and before the free's poison is
+/// queued, and returns it (0 when it cannot be recorded: the per-thread default stream of
+/// another thread, a capturing stream, no events), for the allocation's check and release to
+/// wait for as well as for its freeing stream. Without it the release stream, ordered only
+/// after the freeing stream, gave the memory back to the driver while the other stream's kernel
+/// could still read it: an illegal address in PyTorch's `test_cusparse_multiple_threads_same_device`
+/// that the caching allocator (which keeps the block mapped) never shows. The caller has
+/// checked that the program has not destroyed `stream`.
+pub fn mark_use(ctx: usize, stream: usize) -> usize {
+    if stream == PER_THREAD || EVENT_RECORD.get().is_none() {
+        return 0;
+    }
+    with(|s| {
+        // Poisons deferred on `stream` go first: the event then stands after them too, as
+        // every record of a stream's event does.
+        flush_locked(s, ctx);
+        // SAFETY: the caller checked the program has not destroyed the stream.
+        if !matches!(unsafe { cu::stream_is_capturing(stream as CUstream) }, Ok(false)) {
+            return 0;
+        }
+        let ev = stream_event(s, ctx, stream);
+        // SAFETY: as above; the stream's event is never destroyed.
+        if ev == 0 || !unsafe { record_on(ev, stream) } {
+            return 0;
+        }
+        if let Some(m) = s.marks.get_mut(&(ctx, stream)) {
+            m.behind = false;
+        }
+        ev
+    })
+}
+
 /// Before a check of allocations freed on `stream` of context `ctx` (which must be current):
 /// records the stream's event again, so the check waits for everything queued there so far
 /// (its deferred poisons and a stale write queued after the stream's last free included),

@@ -214,10 +214,12 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     }
     // The stream-order check, at the free and before its poison is queued: a use on another
     // stream not ordered before it is a finding (the free's stack is taken once either way).
-    if order::active() {
+    let unordered = if order::active() {
         let free_stack = p.stack();
-        order::freed(proto.ptr, proto.api, proto.stream, seq, free_stack);
-    }
+        order::freed(proto.ptr, proto.api, proto.stream, seq, free_stack)
+    } else {
+        None
+    };
     if guard::owns(proto.ptr) {
         let r = guard::free(proto.ptr, ordered.then_some(proto.stream as CUstream));
         let entry = freed(&proto, live, seq, p.stack(), Held::Guarded);
@@ -237,6 +239,14 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     let free_stack = p.stack();
     let t0 = now_ns();
     let mut entry = freed(&proto, live, seq, free_stack, Held::Allocation);
+    if let Some(user) = unordered
+        && stream_usable(user)
+    {
+        entry.also = release::mark_use(entry.ctx, user as usize);
+        if entry.also != 0 {
+            order::waited();
+        }
+    }
     // Deferred to the stream's next work: one launch poisons a run of frees (release::defer).
     let deferred = if ordered && defers(proto.api, proto.ptr) {
         profile::timed(Part::Poison, || {

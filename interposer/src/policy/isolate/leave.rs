@@ -107,7 +107,11 @@ pub(super) fn release_async(entries: &[Entry]) -> Vec<Entry> {
         } else {
             refresh_streams(ctx, &group);
             for chunk in group.chunks(BATCH) {
-                let mut waits: Vec<usize> = chunk.iter().map(|e| e.mark).collect();
+                let mut waits: Vec<usize> = chunk
+                    .iter()
+                    .flat_map(|e| [e.mark, e.also])
+                    .filter(|&m| m != 0)
+                    .collect();
                 waits.sort_unstable();
                 waits.dedup();
                 let items: Vec<(u64, u64)> = chunk.iter().map(|e| (e.ptr, e.field())).collect();
@@ -345,7 +349,11 @@ pub(super) fn release_sync(entries: &[Entry], free: bool, repoison: bool) {
             }
         }
         refresh_streams(ctx, &group);
-        let mut marks: Vec<usize> = group.iter().map(|e| e.mark).filter(|&m| m != 0).collect();
+        let mut marks: Vec<usize> = group
+            .iter()
+            .flat_map(|e| [e.mark, e.also])
+            .filter(|&m| m != 0)
+            .collect();
         marks.sort_unstable();
         marks.dedup();
         for m in marks {

@@ -67,6 +67,9 @@ pub struct Entry {
     /// The freeing stream (stream-ordered frees), whose event [`release::refresh`] records
     /// again before the check.
     pub(super) stream: usize,
+    /// For an unordered free: the event of the stream that may still use the allocation
+    /// ([`release::mark_use`]), which its check and release wait for too; else 0.
+    pub(super) also: usize,
     pub(super) held: Held,
     /// As [`Live::default_pool`].
     pub(super) default_pool: bool,
@@ -159,6 +162,7 @@ pub(super) fn freed(proto: &Event, live: Live, seq: u64, free_stack: u32, held: 
         event: 0,
         mark: 0,
         stream: proto.stream as usize,
+        also: 0,
         held,
         default_pool: live.default_pool,
         shift: 0,
@@ -177,10 +181,10 @@ mod tests {
 
     /// What each tracked allocation and each held one costs: the stack ids fill `Live`'s
     /// padding (24 bytes, as without them) and add 8 bytes to an `Entry` (80 before), which
-    /// the queue and the index each hold.
+    /// the queue and the index each hold; an unordered free's use event 8 more (96).
     #[test]
     fn the_stack_ids_cost_live_nothing_and_an_entry_8_bytes() {
         assert_eq!(std::mem::size_of::<Live>(), 24);
-        assert_eq!(std::mem::size_of::<Entry>(), 88);
+        assert_eq!(std::mem::size_of::<Entry>(), 96);
     }
 }

@@ -488,6 +488,8 @@ static STATE: ForkLock<Option<State>> = ForkLock::new(None);
 static CAPTURES: AtomicU64 = AtomicU64::new(0);
 /// Findings so far (the exit note).
 pub static FOUND: AtomicU64 = AtomicU64::new(0);
+/// Unordered frees whose check and release wait for the using stream too ([`waited`]).
+static WAITED: AtomicU64 = AtomicU64::new(0);
 /// Test-only ([`pause`]): uses and allocations are not tracked while set.
 static PAUSED: AtomicBool = AtomicBool::new(false);
 /// Uses recorded (the exit note).
@@ -770,12 +772,15 @@ pub fn allocated(ptr: u64, size: u64, seq: u64, stack: u32, api: Api, stream: u6
 
 /// The allocation at `ptr` is being freed by `api` (on `stream` when stream-ordered; event
 /// `seq`, stack `free_stack`), before the real call and before its poison is queued: a use on
-/// another stream not ordered before it is a finding.
-pub fn freed(ptr: u64, api: Api, stream: u64, seq: u64, free_stack: u32) {
+/// another stream not ordered before it is a finding. Returns the handle of that use's stream
+/// (isolation's release then waits for it too: the program's race is named, and the library
+/// does not add to it by giving the memory back to the driver while that stream may still
+/// read it).
+pub fn freed(ptr: u64, api: Api, stream: u64, seq: u64, free_stack: u32) -> Option<u64> {
     if !active() {
-        return;
+        return None;
     }
-    let _ = std::panic::catch_unwind(|| {
+    std::panic::catch_unwind(|| {
         let key = api
             .stream_ordered()
             .then(|| Key::of(stream, api.per_thread_stream()));
@@ -784,15 +789,18 @@ pub fn freed(ptr: u64, api: Api, stream: u64, seq: u64, free_stack: u32) {
         {
             // Recorded into a graph: freed when the graph runs (uses in graphs are not tracked).
             with(|s| s.allocs.remove(&ptr));
-            return;
+            return None;
         }
         let race = match key {
             Some(k) => with_stream(k, |s, i| s.free(ptr, Some(i))),
             None => with(|s| s.free(ptr, None)),
         };
-        let Some(race) = race else { return };
+        let race = race?;
+        let handle = race.u.handle;
         report(race, api, seq, free_stack);
-    });
+        Some(handle)
+    })
+    .unwrap_or(None)
 }
 
 /// The finding: its record, and one line on stderr.
@@ -838,6 +846,12 @@ fn report(race: Race, api: Api, seq: u64, free_stack: u32) {
     })));
 }
 
+/// Isolation made an unordered free's check and release wait for the stream of its use (the
+/// handle [`freed`] returned), counted for the exit note.
+pub fn waited() {
+    WAITED.fetch_add(1, Relaxed);
+}
+
 /// Test-only, for measuring the check's cost inside one process (`tests/gpu/tier_bench.py`'s
 /// `isolate-ab`, steps alternately with and without it): while paused, launches, copies and
 /// sets record no use and allocations are not tracked; the ordering edges (records, waits,
@@ -880,9 +894,10 @@ pub fn note_at_exit() {
         streams as u64,
         format!(
             "stream order: {streams} streams, {} uses on another stream than their \
-             allocation's, {found} freed while in use on another stream; {tracked} allocations \
-             still tracked",
-            USES.load(Relaxed)
+             allocation's, {found} freed while in use on another stream ({} of them released \
+             only after that stream's use); {tracked} allocations still tracked",
+            USES.load(Relaxed),
+            WAITED.load(Relaxed)
         ),
     );
 }
