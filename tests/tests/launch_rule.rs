@@ -127,6 +127,40 @@ fn a_stale_launch_needs_evidence_and_a_suspect_is_listed_apart() {
     }
 }
 
+/// The fast tier reads only what can be evidence or a use (whole 8-byte parameters and
+/// structs of at most 64 bytes): the same two stale launches, and the suspects but the one in
+/// k_divider's 320-byte struct (a wide parameter block, as cuDNN's, whose words can never be a
+/// finding). Guard mode in the fast tier reads them all (a fault names its suspects).
+#[test]
+fn the_fast_tier_leaves_wide_structs_unread() {
+    let out = isolate(Run::program("launch_rule"))
+        .env("ISOLATE_CHECK", "fast")
+        .run();
+    out.assert_success();
+    let t = out.only_trace();
+    let mut launches: Vec<String> = t.stale_launches().into_iter().map(|l| l.kernel).collect();
+    launches.sort();
+    assert_eq!(launches, ["k_ex", "k_packed"], "{}", out.stderr);
+    let mut values: Vec<String> = t.stale_values().into_iter().map(|l| l.kernel).collect();
+    values.sort();
+    assert_eq!(
+        values,
+        ["k_lib_ptr", "k_nolayout", "k_packed", "k_struct_base"],
+        "{}",
+        out.stderr
+    );
+    let guarded = isolate(Run::program("launch_rule"))
+        .env("ISOLATE_CHECK", "fast")
+        .env("ISOLATE_GUARD", "on")
+        .run();
+    let t = guarded.only_trace();
+    assert!(
+        t.stale_values().iter().any(|l| l.kernel == "k_divider"),
+        "{}",
+        guarded.stderr
+    );
+}
+
 /// The textbook program in isolate mode, with `cudaDeviceReset()` before `return 0`: the
 /// launch is a stale launch (the kernel's only parameter is exactly the freed pointer, a
 /// library kernel named k_write42), and the write is found before the reset takes the memory:

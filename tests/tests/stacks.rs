@@ -521,6 +521,29 @@ fn python_frames_name_function_file_and_line_with_and_without_the_gil() {
             words.iter().any(|w| w == "_PyEval_EvalFrameDefault"),
             "{version}: {words:#?}"
         );
+        // The fast tier walks at most 4 native frames before a thread's Python frames (then
+        // the frame that says the rest were left out); the Python frames are all there. The
+        // full tier walks more of them here (ctypes, libffi).
+        let native_before_python = |env: &[(&str, &str)]| {
+            let (_, t) = run_python(python, &["cdll"], env);
+            let s = Stacks::of(&t);
+            let e = &events_of(&t, Api::CudaMalloc)[0];
+            let st = s.get(e.stack);
+            let n = st
+                .frames
+                .iter()
+                .position(|f| matches!(f, Frame::Python { .. }))
+                .expect("Python frames");
+            let py = st.frames[n..]
+                .iter()
+                .filter(|f| matches!(f, Frame::Python { .. }))
+                .count();
+            (n, py)
+        };
+        let full = native_before_python(&[("ISOLATE_MODE", "isolate")]);
+        let fast = native_before_python(&[("ISOLATE_MODE", "isolate"), ("ISOLATE_CHECK", "fast")]);
+        assert!(full.0 > 5, "{version}: full tier {full:?}");
+        assert_eq!(fast, (5, full.1), "{version}: fast tier {fast:?}, full {full:?}");
     }
 }
 
