@@ -139,7 +139,11 @@ fn a_paused_check_hides_only_what_ran_while_paused() {
         .env("STREAM_RACE_PAUSE", "1")
         .run();
     out.assert_success();
-    assert!(out.stdout.contains("pause 0") && out.stdout.contains("resume 0"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("pause 0") && out.stdout.contains("resume 0"),
+        "{}",
+        out.stdout
+    );
     assert_eq!(found(out.only_trace()), ["copy"].into(), "{}", out.stderr);
     let log = Run::program("stream_race")
         .args(["none"])

@@ -543,7 +543,11 @@ fn python_frames_name_function_file_and_line_with_and_without_the_gil() {
         let full = native_before_python(&[("ISOLATE_MODE", "isolate")]);
         let fast = native_before_python(&[("ISOLATE_MODE", "isolate"), ("ISOLATE_CHECK", "fast")]);
         assert!(full.0 > 5, "{version}: full tier {full:?}");
-        assert_eq!(fast, (5, full.1), "{version}: fast tier {fast:?}, full {full:?}");
+        assert_eq!(
+            fast,
+            (5, full.1),
+            "{version}: fast tier {fast:?}, full {full:?}"
+        );
     }
 }
 
