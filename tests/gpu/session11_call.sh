@@ -9,14 +9,17 @@
 # failed): golden:70 uaf:90 race:140 patterns:220. Run in the twelfth (H100, all of it, results
 # in docs/gpu-results.md "Twelfth session"): diag:90 uaf:50 patterns:220 models:200; tiers:560
 # (5 configs, 2 rounds fit); sanitizer:260 memviz:120 report:120; torch_tests.sh shard 1/2 and
-# part of 2/2. Left for the next session, in this order (each line one call):
-#   1. diag:60 uaf:50 MODEL_RUNS=3 models:300   the destroyed-stream and guard-exit fixes on the
-#      GPU; issue 30's models, 3 runs each (0 findings; the growth script's leak named)
-#   2. TIER_PLANTED=0 TIER_CONFIGS=default,isolate,isolate-noorder TIER_STEPS=100 tiers:560   issue 34's cost,
-#      3 full rounds in a new order each
-#   3. TIER_PLANTED=0 TIER_CONFIGS=default,log,fast TIER_STEPS=100 tiers:560   issue 31's fast tier and log mode
-#   4. torch_tests.sh --budget 540 --shard 1/2, then 2/2 (carry tests/gpu/ext): the graph-memory
-#      fixes, with the harness's corrected verdicts and TEST_CUDAMALLOCASYNC
+# part of 2/2. Run in the thirteenth (H100, results in docs/gpu-results.md "Thirteenth
+# session"): MODEL_RUNS=3 TIER_CONFIGS=default,isolate-ab,fast-prof,log-prof
+# TIER_MODELS=resnet50,bert TIER_ROUNDS=1 TIER_STEPS=60 TIER_PLANTED=0 BUDGET_S=120
+# BENCH_LIMIT_S=150 ... diag:55 uaf:50 models:290 tiers:165; TIER_CONFIGS=default,log,isolate-ab,fast
+# TIER_MODELS=gpt2,resnet50,bert,vit TIER_ROUNDS=3 TIER_STEPS=100 TIER_PLANTED=0 BUDGET_S=470
+# BENCH_LIMIT_S=540 ... tiers:560; torch_tests.sh --only (the 23 tests isolate changed).
+# Left for the next call: the fast tier's lighter launch check and stacks (82100e4) and the
+# unordered free's release (b32d0ca):
+#   torch_tests.sh --budget 120 --only 'test_cusparse_multiple_threads_same_device|test_streaming_backwards_multiple_streams|test_cudnn_multiple_threads_same_device'
+#   TIER_CONFIGS=default,fast TIER_MODELS=gpt2,resnet50,bert,vit TIER_ROUNDS=3 TIER_STEPS=100
+#     TIER_PLANTED=1 BUDGET_S=260 BENCH_LIMIT_S=290 ... tiers:340
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
