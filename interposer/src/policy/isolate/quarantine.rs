@@ -226,6 +226,12 @@ pub fn lookup_each(words: &[u64], mut found: impl FnMut(usize, Entry)) {
             .iter()
             .enumerate()
             .filter_map(|(i, &addr)| {
+                // A live allocation's start (most pointer words of a launch: its tensors) is in
+                // no quarantined range, which never overlaps live memory: one hash look-up
+                // instead of the ordered index's walk.
+                if s.live.contains_key(&addr) {
+                    return None;
+                }
                 let (_, e) = s.index.range(..=addr).next_back()?;
                 (addr < e.ptr + e.size).then_some((i, *e))
             })
