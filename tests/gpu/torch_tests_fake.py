@@ -118,6 +118,16 @@ class FakeCuda(unittest.TestCase):
         if _under_isolate() and os.environ.get("TORCH_TESTS_ALONE") != "1":
             self.fail("planted interference failure")
 
+    def test_race_named(self):
+        # fails under isolate only, and the library named why: the test's own use-after-free
+        # across streams (a FREED IN USE line during the test), whose reads then read poison
+        if _under_isolate():
+            sys.stderr.write("isolate: FREED IN USE: allocation 0x7f00 (64 bytes, allocated at event 1) "
+                             "freed by cudaFreeAsync on stream 0x1 at event 2 while kernel k on stream 0x2 "
+                             "(queued after event 1) may still use it (planted)\n")
+            sys.stderr.flush()
+            self.fail("Scalars are not close! (planted)")
+
     def test_finding_printed(self):
         # passes, and the library (here: the test itself) says it found something
         if _under_isolate():

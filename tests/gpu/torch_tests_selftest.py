@@ -80,6 +80,7 @@ EXPECTED = {
     "FakeCuda.test_serial_alone": ("pass", "pass", "pass"),
     "FakeCudaOther.test_pass_other": ("pass", "pass", "pass"),
     "FakeCuda.test_finding_printed": ("pass", "pass", "pass"),
+    "FakeCuda.test_race_named": ("pass", "pass", "fail"),
     "FakeCudaAfterBroken.test_pass_after_broken_class": ("pass", "pass", "pass"),
 }
 CONFIGS = ("plain", "async", "isolate")
@@ -117,26 +118,29 @@ def full_run(tmp):
     # the re-runs alone: exactly the three tests whose isolate outcome differs from plain
     alone = sorted({tid for (k, tid) in recs if k.startswith("confirm-")})
     check("re-run alone: the tests isolate changes",
-          alone == ["FakeCuda.test_backend_changes", "FakeCuda.test_isolate_adds", "FakeCuda.test_isolate_flaky"], alone)
+          alone == ["FakeCuda.test_backend_changes", "FakeCuda.test_isolate_adds", "FakeCuda.test_isolate_flaky",
+                    "FakeCuda.test_race_named"], alone)
     for tid, iso, be in (("FakeCuda.test_isolate_adds", "error", "pass"),
                          ("FakeCuda.test_backend_changes", "fail", "fail"),
                          ("FakeCuda.test_isolate_flaky", "pass", "pass")):
         got = (recs.get(("confirm-isolate", tid), {}).get("outcome"), recs.get(("confirm-async", tid), {}).get("outcome"))
         check(f"alone {tid}: isolate {iso}, backend {be}", got == (iso, be), got)
     text = p.stdout
-    check("counts: plain", "plain                          12        2        3        1        1        1        0" in text, text[-3000:])
-    check("counts: backend", "stream-ordered backend         11        3        3        1        1        1        0" in text)
-    check("counts: isolate", "isolate                         9        4        4        1        1        1        0" in text)
+    check("counts: plain", "plain                          13        2        3        1        1        1        0" in text, text[-3000:])
+    check("counts: backend", "stream-ordered backend         12        3        3        1        1        1        0" in text)
+    check("counts: isolate", "isolate                         9        5        4        1        1        1        0" in text)
     check("verdict: isolate adds", "FakeCuda.test_isolate_adds: pass / pass / error  [alone: async pass, isolate error]  -> ISOLATE ADDS THIS" in text)
     check("verdict: the backend's", "FakeCuda.test_backend_changes: pass / fail / fail  [alone: async fail, isolate fail]  -> stream-ordered backend" in text)
     check("verdict: interference", "FakeCuda.test_isolate_flaky: pass / pass / fail  [alone: async pass, isolate pass]  -> depends on earlier tests in the worker" in text)
-    check("exactly 3 outcomes differ", "outcomes that differ between configurations (3)" in text)
+    check("verdict: the test's own race, named",
+          "FakeCuda.test_race_named: pass / pass / fail  [alone: async pass, isolate fail]  -> the test's own use-after-free across streams, named by isolate mode" in text, text[-3000:])
+    check("exactly 4 outcomes differ", "outcomes that differ between configurations (4)" in text)
     check("a class that cannot be defined is reported as not collected",
           "could not be collected (1):" in text
           and "class FakeCudaLaterBroken (line" in text and "KeyError: 'FAKE_NO_SUCH_VARIABLE'" in text, text[:1500])
     check("nothing listed as not run", "not run (budget" not in text)
     check("a finding printed during a test is listed with the test",
-          "tests during which isolate mode printed a finding (1):\n  FakeCuda.test_finding_printed: "
+          "tests during which isolate mode printed a finding (2):\n  FakeCuda.test_finding_printed: "
           "isolate: STALE WRITE: 4 bytes of freed allocation 0x7f00 (planted)" in text, text[-1500:])
     files = sorted(os.listdir(out)) + sorted("results/" + n for n in os.listdir(os.path.join(out, "results")))
     want = ["logs.tar.gz", "results", "summary.txt", "table.md", "results/async.jsonl", "results/confirm.jsonl",
@@ -146,7 +150,7 @@ def full_run(tmp):
     p2, _ = run([TABLE, os.path.join(out, "results")])
     md = p2.stdout
     check("table.py renders Markdown", p2.returncode == 0 and md.startswith("| configuration |"), p2.stderr)
-    check("table.py: counts row", "| plain | 12 | 2 | 3 | 1 | 1 | 1 | 0 |" in md, md[:800])
+    check("table.py: counts row", "| plain | 13 | 2 | 3 | 1 | 1 | 1 | 0 |" in md, md[:800])
     check("table.py: the isolate-added row",
           "| `FakeCuda.test_isolate_adds` | pass | pass | error | error | pass | ISOLATE ADDS THIS (ours to fix) |" in md, md)
     check("table.py: every test listed", md.count("| `FakeCuda") >= len(EXPECTED) - 1 + 3)

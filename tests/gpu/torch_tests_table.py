@@ -55,6 +55,8 @@ V_DEPENDS_OTHER = "depends on earlier tests in the worker (isolate alone matches
 V_ADDS = "ISOLATE ADDS THIS (ours to fix)"
 V_UNCONFIRMED = "isolate differs from the backend; not confirmed (no re-run alone)"
 V_NO_BACKEND_ALONE = "isolate alone differs; backend alone not re-run"
+V_RACE_NAMED = ("the test's own use-after-free across streams, named by isolate mode (FREED IN USE); "
+                "its reads of the freed memory then read poison")
 ISOLATE_VERDICTS = (V_ADDS, V_DEPENDS, V_DEPENDS_OTHER, V_UNCONFIRMED, V_NO_BACKEND_ALONE)
 
 def load(dirs):
@@ -540,6 +542,8 @@ def verdict(main, confirm, tid):
         return V_BACKEND_FAILS + ("" if how == iso else f" (there: {how})")
     if iso == be:
         return V_BACKEND_SKIPS if iso == "skip" else V_BACKEND_SAME
+    if iso in ("fail", "error") and be == "pass" and _race_named(main, confirm, tid):
+        return V_RACE_NAMED
     if iso_alone is None:
         return V_UNCONFIRMED
     if iso_alone == plain:
@@ -549,6 +553,22 @@ def verdict(main, confirm, tid):
     if be_alone == iso_alone:
         return V_BACKEND_SAME
     return V_ADDS
+
+
+def _race_named(main, confirm, tid):
+    """Whether isolate mode named an unordered free during the test (a FREED IN USE line) and
+    the test then failed by its values, not by a device error: the test frees memory another
+    stream still uses, and the poison makes the stale read show. A device error (an illegal
+    address, say) is never put down to that: the library must not add one."""
+    for rec in (main.get("isolate", {}).get(tid), confirm.get(tid, {}).get("isolate")):
+        if not rec:
+            continue
+        err = rec.get("error") or ""
+        if "CUDA error" in err or "illegal" in err:
+            return False
+        if any("FREED IN USE" in line for line in rec.get("isolate", []) or []):
+            return True
+    return False
 
 
 def isolate_differences(main, confirm, meta):
