@@ -191,10 +191,8 @@ pub fn mark_use(ctx: usize, stream: usize) -> usize {
         // every record of a stream's event does.
         flush_locked(s, ctx);
         // SAFETY: the caller checked the program has not destroyed the stream.
-        if !matches!(
-            unsafe { cu::stream_is_capturing(stream as CUstream) },
-            Ok(false)
-        ) {
+        let capturing = unsafe { cu::stream_is_capturing(stream as CUstream) };
+        if !matches!(capturing, Ok(false)) {
             return 0;
         }
         let ev = stream_event(s, ctx, stream);
