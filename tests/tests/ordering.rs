@@ -127,6 +127,16 @@ fn every_edge_orders_its_use_and_every_missing_one_is_named() {
     assert_eq!(s["freed_in_use_count"].as_u64(), Some(wrong.len() as u64));
     assert_eq!(s["stale_launch_count"].as_u64(), Some(0));
     assert_eq!(s["poison_violation_count"].as_u64(), Some(0));
+    // The summary shows the check's line (it ran, what it saw, the releases that waited).
+    assert!(
+        s["library_cost"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l.as_str() == Some(note.as_str())),
+        "{:#}",
+        s["library_cost"]
+    );
 }
 
 /// The test-only pause (`isolate_test_order_pause`, for timing steps with and without the

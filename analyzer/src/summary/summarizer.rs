@@ -784,8 +784,11 @@ impl Observer for Summarizer {
                         self.device_work.read_bytes = n.value;
                     }
                     NoteKind::Cost
-                        if isolate_trace::CostTopic::of(n).is_some_and(|t| t.is_time())
-                            && self.library_cost.len() < LIST_CAP =>
+                        if isolate_trace::CostTopic::of(n).is_some_and(|t| {
+                            // The order check's line says it ran, what it saw, and how many
+                            // unordered frees' releases waited for their use.
+                            t.is_time() || t == isolate_trace::CostTopic::StreamOrder
+                        }) && self.library_cost.len() < LIST_CAP =>
                     {
                         self.library_cost.push(n.text.clone())
                     }
