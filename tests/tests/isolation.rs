@@ -731,11 +731,13 @@ fn the_profile_note_counts_the_hooked_calls_by_kind() {
         .iter()
         .map(|c| c.as_str().unwrap())
         .collect();
-    // isolation's time, the call stacks, the hooks' time and its parts: each once.
-    assert_eq!(cost.len(), 4, "{cost:?}");
-    assert!(cost[2].starts_with("hooks' time"), "{cost:?}");
-    assert!(cost[3].starts_with("hooks' own time by part"), "{cost:?}");
-    assert!(cost[3].contains("quarantining 8, "), "{cost:?}");
+    // isolation's time, the stream-order check's line, the call stacks, the hooks' time and
+    // its parts: each once.
+    assert_eq!(cost.len(), 5, "{cost:?}");
+    assert!(cost[1].starts_with("stream order: "), "{cost:?}");
+    assert!(cost[3].starts_with("hooks' time"), "{cost:?}");
+    assert!(cost[4].starts_with("hooks' own time by part"), "{cost:?}");
+    assert!(cost[4].contains("quarantining 8, "), "{cost:?}");
     let off = isolate(quarantine("batch")).run();
     off.assert_success();
     assert!(
