@@ -316,8 +316,10 @@ fn capture_inner(mode: Stacks, depth: usize) -> u32 {
     // frames before them are the allocator's and the operator's own: at most FAST_NATIVE are
     // walked (0.52 µs for 16 on the H100; a thread without Python, PyTorch's autograd engine,
     // still gets its 16: its autograd node names it).
-    let native_budget = match config::get().native_frames {
-        n if n > 0 && !py.is_empty() && config::get().check_fast => (n as usize).min(FAST_NATIVE),
+    let cfg = config::get();
+    let fast = cfg.check_fast && cfg.mode == config::Mode::Isolate;
+    let native_budget = match cfg.native_frames {
+        n if n > 0 && !py.is_empty() && fast => (n as usize).min(FAST_NATIVE),
         n if n > 0 && (!py.is_empty() || python::eval_range(snap.generation).is_some()) => {
             n as usize
         }
