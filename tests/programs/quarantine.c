@@ -386,6 +386,22 @@ typedef CUresult (*PFN_begin_capture)(CUstream, int);
 typedef CUresult (*PFN_begin_capture_legacy)(CUstream);
 typedef CUresult (*PFN_end_capture)(CUstream, void **);
 
+/* A driver export, looked up in libcuda itself (NULL without it). */
+static void *driver_fn(const char *name) {
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
+    return drv ? dlsym(drv, name) : NULL;
+}
+
+/* `n` stream-ordered allocations of 64 KiB on `s`, each freed at once: the calls that failed. */
+static int churn(int n, cudaStream_t s) {
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        void *y = NULL;
+        bad += cudaMallocAsync(&y, 64 << 10, s) != 0;
+        bad += cudaFreeAsync(y, s) != 0;
+    }
+    return bad;
+}
 
 /* The stand-in's switch `fn` (NULL without it), then a non-blocking stream `s` with a 1 MiB
  * stream-ordered allocation `a` on it. */
@@ -429,21 +445,15 @@ static int capture(void) {
  * refuses ("invalid argument": PyTorch's tests free a captured tensor whose graph never ran).
  * Prints each free's result; isolate mode must give the same. */
 static int graph_memory(void) {
-    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
-    PFN_begin_capture begin = drv ? (PFN_begin_capture)dlsym(drv, "cuStreamBeginCapture_v2") : NULL;
-    PFN_end_capture end = drv ? (PFN_end_capture)dlsym(drv, "cuStreamEndCapture") : NULL;
+    PFN_begin_capture begin = (PFN_begin_capture)driver_fn("cuStreamBeginCapture_v2");
+    PFN_end_capture end = (PFN_end_capture)driver_fn("cuStreamEndCapture");
     if (!begin || !end) {
         say("no capture functions");
         return 1;
     }
     cudaStream_t s = NULL;
     say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    int bad = 0;
-    for (int i = 0; i < 64; i++) {
-        void *y = NULL;
-        bad += cudaMallocAsync(&y, 64 << 10, s) != 0;
-        bad += cudaFreeAsync(y, s) != 0;
-    }
+    int bad = churn(64, s);
     say("before the capture: calls failed %d", bad);
     say("cudaStreamSynchronize %d", cudaStreamSynchronize(s));
     void *c = NULL, *d = NULL;
@@ -537,16 +547,13 @@ static void *async_worker(void *arg) {
     return (void *)bad;
 }
 
-
 enum late_how { LATE, LATE_DESTROYED, LATE_CAPTURED, LATE_CAPTURED_LEGACY };
 
 static int late(enum late_how how) {
     int destroy = how == LATE_DESTROYED;
-    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
-    PFN_begin_capture begin = drv ? (PFN_begin_capture)dlsym(drv, "cuStreamBeginCapture_v2") : NULL;
-    PFN_begin_capture_legacy begin0 =
-        drv ? (PFN_begin_capture_legacy)dlsym(drv, "cuStreamBeginCapture") : NULL;
-    PFN_end_capture end = drv ? (PFN_end_capture)dlsym(drv, "cuStreamEndCapture") : NULL;
+    PFN_begin_capture begin = (PFN_begin_capture)driver_fn("cuStreamBeginCapture_v2");
+    PFN_begin_capture_legacy begin0 = (PFN_begin_capture_legacy)driver_fn("cuStreamBeginCapture");
+    PFN_end_capture end = (PFN_end_capture)driver_fn("cuStreamEndCapture");
     int captured = how == LATE_CAPTURED || how == LATE_CAPTURED_LEGACY;
     if (captured && (!begin || !begin0 || !end)) {
         say("no capture functions");
@@ -566,12 +573,7 @@ static int late(enum late_how how) {
         say("cuStreamBeginCapture_v2 %d", begin((CUstream)a, 0));
     if (how == LATE_CAPTURED_LEGACY)
         say("cuStreamBeginCapture %d", begin0((CUstream)a));
-    int bad = 0;
-    for (int i = 0; i < 32; i++) {
-        void *y = NULL;
-        bad += cudaMallocAsync(&y, 64 << 10, b) != 0;
-        bad += cudaFreeAsync(y, b) != 0;
-    }
+    int bad = churn(32, b);
     say("stream b calls failed %d", bad);
     if (captured)
         say("cuStreamEndCapture %d", end((CUstream)a, NULL));

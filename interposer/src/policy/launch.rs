@@ -485,6 +485,7 @@ unsafe fn walk(
         let c = config::get();
         c.check_fast && !c.guard
     };
+    let unread = |size: u32| narrow && size > 8 * order::GROUP as u32;
     if !params.is_null() {
         let layout = layout(f)?;
         *name = layout.name.as_str();
@@ -501,7 +502,7 @@ unsafe fn walk(
             // SAFETY: `params` holds one pointer per parameter of `f` (the caller's contract:
             // the launch's own arguments), and the layout has `f`'s parameter count.
             let value = unsafe { *params.add(i) } as *const u8;
-            if value.is_null() || (narrow && size > 8 * order::GROUP as u32) {
+            if value.is_null() || unread(size) {
                 continue;
             }
             let mut at = 0u32;
@@ -573,7 +574,7 @@ unsafe fn walk(
                 .iter()
                 .position(|&(o, sz)| o as usize <= at && at + 8 <= (o + sz) as usize)
             {
-                Some(i) if narrow && layout.params[i].1 > 8 * order::GROUP as u32 => {
+                Some(i) if unread(layout.params[i].1) => {
                     at += 8;
                     continue;
                 }

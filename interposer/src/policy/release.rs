@@ -171,7 +171,7 @@ pub fn mark(ctx: usize, stream: usize) -> usize {
 
 /// `CU_STREAM_PER_THREAD`: names the calling thread's own default stream, so only the freeing
 /// thread may record on it.
-const PER_THREAD: usize = 2;
+const PER_THREAD: usize = STREAM_PER_THREAD as usize;
 
 /// An unordered free (the stream-order check's finding): `stream` may still use the freed
 /// allocation. Records that stream's event now, after the use and before the free's poison is
@@ -187,24 +187,40 @@ pub fn mark_use(ctx: usize, stream: usize) -> usize {
         return 0;
     }
     with(|s| {
-        // Poisons deferred on `stream` go first: the event then stands after them too, as
-        // every record of a stream's event does.
         flush_locked(s, ctx);
-        // SAFETY: the caller checked the program has not destroyed the stream.
-        let capturing = unsafe { cu::stream_is_capturing(stream as CUstream) };
-        if !matches!(capturing, Ok(false)) {
-            return 0;
-        }
         let ev = stream_event(s, ctx, stream);
-        // SAFETY: as above; the stream's event is never destroyed.
-        if ev == 0 || !unsafe { record_on(ev, stream) } {
-            return 0;
+        // The caller checked the program has not destroyed the stream.
+        if ev != 0 && record_now(s, ctx, stream, ev) {
+            ev
+        } else {
+            0
         }
-        if let Some(m) = s.marks.get_mut(&(ctx, stream)) {
-            m.behind = false;
-        }
-        ev
     })
+}
+
+/// Records `stream`'s event `ev` (context `ctx`, current) now, after the poisons deferred so
+/// far (the caller flushed them), where that can be done: the stream is not capturing a graph,
+/// or the driver cannot say and no capture has begun anywhere. True when recorded; the
+/// stream's mark is then no longer behind its poisons. The caller knows the program has not
+/// destroyed the stream.
+fn record_now(s: &mut State, ctx: usize, stream: usize, ev: usize) -> bool {
+    // SAFETY: the stream exists (the caller's word).
+    match unsafe { cu::stream_is_capturing(stream as CUstream) } {
+        Ok(false) => {}
+        // Capturing: nothing may be queued on it that the graph does not own.
+        Ok(true) => return false,
+        // Cannot tell: record only while no capture has begun anywhere.
+        Err(_) if CAPTURE_SEEN.load(Relaxed) => return false,
+        Err(_) => {}
+    }
+    // SAFETY: as above; a stream's event is never destroyed.
+    if !unsafe { record_on(ev, stream) } {
+        return false;
+    }
+    if let Some(m) = s.marks.get_mut(&(ctx, stream)) {
+        m.behind = false;
+    }
+    true
 }
 
 /// Before a check of allocations freed on `stream` of context `ctx` (which must be current):
@@ -220,25 +236,10 @@ pub fn refresh(ctx: usize, stream: usize) {
     }
     with(|s| {
         flush_locked(s, ctx);
-        let Some(m) = s.marks.get_mut(&(ctx, stream)) else {
-            return;
-        };
-        if !m.live {
-            return;
-        }
-        // SAFETY: the mark is live: the program has not destroyed the stream
-        // (`stream_gone` is told before it does, under this lock).
-        match unsafe { cu::stream_is_capturing(stream as CUstream) } {
-            Ok(false) => {}
-            // Capturing: nothing may be queued on it that the graph does not own.
-            Ok(true) => return,
-            // Cannot tell: record only while no capture has begun anywhere.
-            Err(_) if CAPTURE_SEEN.load(Relaxed) => return,
-            Err(_) => {}
-        }
-        // SAFETY: as above; the mark's event is never destroyed.
-        if unsafe { record_on(m.ev, stream) } {
-            m.behind = false;
+        // A live mark: the program has not destroyed the stream (`stream_gone` is told before
+        // it does, under this lock).
+        if let Some(&Mark { ev, live: true, .. }) = s.marks.get(&(ctx, stream)) {
+            record_now(s, ctx, stream, ev);
         }
     });
 }

@@ -107,13 +107,7 @@ pub(super) fn release_async(entries: &[Entry]) -> Vec<Entry> {
         } else {
             refresh_streams(ctx, &group);
             for chunk in group.chunks(BATCH) {
-                let mut waits: Vec<usize> = chunk
-                    .iter()
-                    .flat_map(|e| [e.mark, e.also])
-                    .filter(|&m| m != 0)
-                    .collect();
-                waits.sort_unstable();
-                waits.dedup();
+                let waits = waits_of(chunk);
                 let items: Vec<(u64, u64)> = chunk.iter().map(|e| (e.ptr, e.field())).collect();
                 // Every slot in flight (here or on another thread): wait for the oldest batch
                 // of this context, then try again; a few tries, then the synchronous way.
@@ -142,6 +136,19 @@ pub(super) fn release_async(entries: &[Entry]) -> Vec<Entry> {
         }
     });
     rest
+}
+
+/// The events a check of `entries` waits for, each once: their freeing streams' marks and,
+/// for unordered frees, the events recorded on the streams that used them.
+fn waits_of<E: std::borrow::Borrow<Entry>>(entries: &[E]) -> Vec<usize> {
+    let mut waits: Vec<usize> = entries
+        .iter()
+        .flat_map(|e| [e.borrow().mark, e.borrow().also])
+        .filter(|&m| m != 0)
+        .collect();
+    waits.sort_unstable();
+    waits.dedup();
+    waits
 }
 
 /// Records again the event of each stream `entries` were freed on (see [`release::refresh`]),
@@ -349,14 +356,7 @@ pub(super) fn release_sync(entries: &[Entry], free: bool, repoison: bool) {
             }
         }
         refresh_streams(ctx, &group);
-        let mut marks: Vec<usize> = group
-            .iter()
-            .flat_map(|e| [e.mark, e.also])
-            .filter(|&m| m != 0)
-            .collect();
-        marks.sort_unstable();
-        marks.dedup();
-        for m in marks {
+        for m in waits_of(&group) {
             // SAFETY: a stream's mark, never destroyed.
             let _ = unsafe { cu::event_synchronize(m as cu::CUevent) };
         }
