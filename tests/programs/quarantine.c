@@ -25,6 +25,9 @@
  *                       stale write until after B's frees (cuStreamBeginCapture_v2 and
  *                       cuStreamEndCapture; the stand-in's capture makes no graph)
  *   quarantine late-captured-legacy  the same through CUDA 10.0's cuStreamBeginCapture (no mode)
+ *   quarantine lazy     the deferred poisons and the launches after a free (see lazy_poisons):
+ *                       stale writes by kernels handed the freed pointer plainly, inside a wide
+ *                       struct, or only through a pointer table in device memory
  *   quarantine stuck    a stream-ordered free, then the device hangs (the stand-in's
  *                       standin_device_stuck: nothing finishes any more) and the program exits;
  *                       an exit handler frees one more allocation after isolate's exit check
@@ -673,6 +676,99 @@ static int batch(void) {
     return bad != 0;
 }
 
+typedef CUresult (*PFN_launch_q)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                 unsigned, unsigned, CUstream, void **, void **);
+
+/* k_write8(p): 8 bytes of 0x01 at p. */
+static void k_write8(void **params) {
+    uint64_t p = *(uint64_t *)params[0];
+    if (standin_touch((CUdeviceptr)p, 8))
+        memset((void *)(uintptr_t)p, 0x01, 8);
+}
+
+/* k_write_wide(96-byte struct): 8 bytes of 0x01 at the pointer in its word 5 (cuDNN's and
+ * CUTLASS's kernels take their tensors so, in parameter blocks wider than 64 bytes). */
+static void k_write_wide(void **params) {
+    const uint64_t *w = (const uint64_t *)params[0];
+    if (standin_touch((CUdeviceptr)w[5], 8))
+        memset((void *)(uintptr_t)w[5], 0x01, 8);
+}
+
+/* k_write_table(t): 8 bytes of 0x01 at the pointer stored at device address t (a pointer table
+ * in device memory: batched GEMMs, nested tensors). */
+static void k_write_table(void **params) {
+    uint64_t t = *(uint64_t *)params[0];
+    if (!standin_touch((CUdeviceptr)t, 8))
+        return;
+    uint64_t p = *(const uint64_t *)(uintptr_t)t;
+    if (standin_touch((CUdeviceptr)p, 8))
+        memset((void *)(uintptr_t)p, 0x01, 8);
+}
+
+/* k_touch(p): reads nothing, writes nothing (a kernel of a live tensor). */
+static void k_touch(void **params) { (void)params; }
+
+/* Stream-ordered frees of 64 KiB blocks on stream s, each followed by kernels on s:
+ *   A  freed, then k_write8(A + 100): a stale write by a kernel handed a pointer into A
+ *   B  freed, then k_write_wide(struct with B + 200 in word 5)
+ *   C  freed, then k_touch(L) three times (L live), then k_write8(C + 300)
+ *   D0..D7  each freed, then k_touch(L)
+ *   E  freed, then k_write_table(T), T a live block holding E + 400
+ * then the stream synchronised. Every write lands after its block's free in stream order; where
+ * it also lands after the poison, the check finds it. Prints the stand-in's count of multi-range
+ * poison launches. */
+static int lazy_poisons(void) {
+    PFN_launch_q launch = (PFN_launch_q)rt_entry("cuLaunchKernel", cudaEnableDefault);
+    size_t s8[] = {8}, s96[] = {96};
+    CUfunction kw = standin_register_kernel("k_write8", k_write8, 1, NULL, s8);
+    CUfunction kwide = standin_register_kernel("k_write_wide", k_write_wide, 1, NULL, s96);
+    CUfunction ktab = standin_register_kernel("k_write_table", k_write_table, 1, NULL, s8);
+    CUfunction kt = standin_register_kernel("k_touch", k_touch, 1, NULL, s8);
+    if (!launch || !kw || !kwide || !ktab || !kt) {
+        say("lazy: no launch");
+        return 1;
+    }
+    cudaStream_t s = NULL;
+    int bad = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != 0;
+    void *a = NULL, *b = NULL, *c = NULL, *e = NULL, *l = NULL, *t = NULL, *d[8];
+    bad += cudaMallocAsync(&a, 64 << 10, s) != 0;
+    bad += cudaMallocAsync(&b, 64 << 10, s) != 0;
+    bad += cudaMallocAsync(&c, 64 << 10, s) != 0;
+    bad += cudaMallocAsync(&e, 64 << 10, s) != 0;
+    bad += cudaMallocAsync(&l, 64 << 10, s) != 0;
+    bad += cudaMallocAsync(&t, 4096, s) != 0;
+    for (int i = 0; i < 8; i++)
+        bad += cudaMallocAsync(&d[i], 64 << 10, s) != 0;
+    uint64_t entry = U64(e) + 400;
+    bad += cudaMemcpy(t, &entry, 8, cudaMemcpyHostToDevice) != 0;
+    uint64_t pa = U64(a) + 100, pc = U64(c) + 300, pl = U64(l), pt = U64(t);
+    uint64_t wide[12] = {1, 2, 3, 4, 5, U64(b) + 200, 7, 8, 9, 10, 11, 12};
+    void *arg_a[] = {&pa}, *arg_c[] = {&pc}, *arg_l[] = {&pl}, *arg_t[] = {&pt};
+    void *arg_wide[] = {wide};
+    CUstream cs = (CUstream)s;
+    bad += cudaFreeAsync(a, s) != 0;
+    bad += launch(kw, 1, 1, 1, 1, 1, 1, 0, cs, arg_a, NULL) != 0;
+    bad += cudaFreeAsync(b, s) != 0;
+    bad += launch(kwide, 1, 1, 1, 1, 1, 1, 0, cs, arg_wide, NULL) != 0;
+    bad += cudaFreeAsync(c, s) != 0;
+    for (int i = 0; i < 3; i++)
+        bad += launch(kt, 1, 1, 1, 1, 1, 1, 0, cs, arg_l, NULL) != 0;
+    bad += launch(kw, 1, 1, 1, 1, 1, 1, 0, cs, arg_c, NULL) != 0;
+    for (int i = 0; i < 8; i++) {
+        bad += cudaFreeAsync(d[i], s) != 0;
+        bad += launch(kt, 1, 1, 1, 1, 1, 1, 0, cs, arg_l, NULL) != 0;
+    }
+    bad += cudaFreeAsync(e, s) != 0;
+    bad += launch(ktab, 1, 1, 1, 1, 1, 1, 0, cs, arg_t, NULL) != 0;
+    bad += cudaStreamSynchronize(s) != 0;
+    say("lazy calls failed %d", bad);
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
+    unsigned long (*runs)(void) =
+        drv ? (unsigned long (*)(void))dlsym(drv, "standin_poison_many_runs") : NULL;
+    say("poison_many_runs %lu", runs ? runs() : 0UL);
+    return bad != 0;
+}
+
 /* Checked allocations kept for reuse (ISOLATE_REUSE=on), then allocations that need their
  * memory: 200 rounds of a 512 KiB block allocated, written and freed on one stream (checked
  * blocks are kept and served again), then blocks of argv[2] KiB (3 MiB) until one fails. Prints how many of
@@ -737,6 +833,8 @@ int main(int argc, char **argv) {
         r = async_release();
     else if (!strcmp(what, "batch"))
         r = batch();
+    else if (!strcmp(what, "lazy"))
+        r = lazy_poisons();
     else if (!strcmp(what, "kept"))
         r = reuse_oom(argc > 2 ? (size_t)atol(argv[2]) << 10 : (size_t)3 << 20);
     else if (!strcmp(what, "stuck"))
@@ -750,7 +848,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(what, "late-captured-legacy"))
         r = late(LATE_CAPTURED_LEGACY);
     else {
-        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|graph-memory|pool|async|batch|kept|stuck|late|late-destroyed|late-captured|late-captured-legacy");
+        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|graph-memory|pool|async|batch|lazy|kept|stuck|late|late-destroyed|late-captured|late-captured-legacy");
         return 2;
     }
     say("done %d", r);

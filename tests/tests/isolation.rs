@@ -680,6 +680,53 @@ fn deferred_poisons_are_queued_before_the_streams_next_work() {
     assert!(plain.only_trace().violations().is_empty());
 }
 
+/// The fast tier queues the deferred poisons before a launch only when the launch may reach one
+/// of their blocks (docs/isolation.md, "The fast tier"); the full tier before every launch. The
+/// `lazy` scenario: stale writes after the free by a kernel handed a pointer into the block (A),
+/// by one handed it inside a 96-byte struct the fast tier does not look up (B), and by one
+/// launched after three kernels of a live tensor (C) are found in both tiers, to the byte; a
+/// write only through a pointer table in device memory (E) lands before its poison in the fast
+/// tier and is not found there (the full tier finds it); and the eight frees each followed by a
+/// kernel of a live tensor (D) cost the full tier a poison launch each, the fast tier none of its
+/// own (D's and E's poisons go out at the synchronisation, in one launch).
+#[test]
+fn the_fast_tier_queues_poisons_only_before_launches_that_may_reach_them() {
+    for (tier, writes, runs) in [
+        ("full", vec![(100, 8), (200, 8), (300, 8), (400, 8)], 12),
+        ("fast", vec![(100, 8), (200, 8), (300, 8)], 4),
+    ] {
+        for sync in ["0", "1"] {
+            let out = isolate(quarantine("lazy"))
+                .env("ISOLATE_CHECK", tier)
+                .env("STANDIN_SYNC", sync)
+                .run();
+            out.assert_success();
+            has_line(&out, "lazy calls failed 0");
+            let t = out.only_trace();
+            t.assert_complete(EndReason::Exit);
+            let mut v: Vec<(u64, u64)> = t
+                .violations()
+                .iter()
+                .map(|v| (v.first_offset, v.changed_bytes))
+                .collect();
+            v.sort_unstable();
+            assert_eq!(v, writes, "{tier} sync {sync}: {}", out.stderr);
+            assert_eq!(
+                isolate_tests::number_after(&out.stdout, "poison_many_runs"),
+                Some(runs),
+                "{tier} sync {sync}: {}",
+                out.stdout
+            );
+            // A's and B's kernels were handed words inside freed blocks: suspects, no stale
+            // launch (none was handed a block's start).
+            assert!(t.stale_launches().is_empty(), "{tier}: {}", out.stderr);
+        }
+    }
+    let plain = quarantine("lazy").run();
+    plain.assert_success();
+    assert!(plain.only_trace().violations().is_empty());
+}
+
 /// `ISOLATE_PROFILE=on`: the hooks time themselves and the exit note counts each kind of call
 /// as the program made it (the `batch` scenario: 8 stream-ordered allocations and frees, the
 /// four runs' poisons queued by four flushes before the stream work that follows them), split

@@ -69,14 +69,15 @@ macro_rules! body {
     };
     ($real:ident, ($($a:ident),*), [launch $api:ident, $f:ident, $stream:expr, $params:ident, $extra:expr]) => {{
         let _span = $crate::record::profile::span($crate::record::profile::Class::Launch);
-        // Deferred poisons go first: the launch runs after them.
-        $crate::policy::stream_work();
         if !$crate::policy::check_launches() || $crate::record::thread::nested() {
+            // Deferred poisons go first: the launch runs after them.
+            $crate::policy::stream_work();
             // SAFETY: the real function of this export, called with the caller's arguments as
             // they came: the caller's contract (the CUDA function's) is the real function's.
             return $crate::record::profile::real(|| unsafe { $real($($a),*) });
         }
-        // SAFETY: the arguments of the launch the driver is about to receive.
+        // SAFETY: the arguments of the launch the driver is about to receive. The deferred
+        // poisons it may reach are queued before it.
         let found = unsafe {
             $crate::policy::launch_check(isolate_trace::Api::$api, $f, $stream, $params, $extra)
         };

@@ -16,7 +16,7 @@
 //! Layer: policies. Uses the base, recording, [`super::isolate`] (its quarantine index),
 //! [`super::order`] and [`super::sync`].
 
-use super::{isolate, order, sync};
+use super::{isolate, order, release, sync};
 use crate::base::config;
 use crate::base::cu;
 use crate::base::cuda::*;
@@ -324,11 +324,14 @@ struct Found {
     api: Api,
     layout: &'static Layout,
     guarded: Vec<Hit>,
+    /// A word was found in quarantine.
+    hit: bool,
 }
 
 impl Found {
     fn found(&mut self, (index, offset, whole): (u32, u32, bool), ptr: u64, e: isolate::Entry) {
         HITS.fetch_add(1, Relaxed);
+        self.hit = true;
         let mut h = Hit {
             api: self.api,
             layout: self.layout,
@@ -420,8 +423,69 @@ impl Hit {
     }
 }
 
-/// Checks a launch's parameters; returns its guard-mode hits, to be handed to [`launched`].
-/// The launch and its whole 8-byte parameters go to the stream-order check too.
+/// What [`check`] saw of one launch.
+pub struct Checked {
+    /// Guard mode's hits, to be handed to [`launched`].
+    pub guarded: Option<Guarded>,
+    /// The launch may reach memory whose poison is still deferred ([`super::release::defer`]):
+    /// a word it was handed lies in quarantine, or one the fast tier does not look up lies in a
+    /// deferred block, or its parameters could not be read. Its poisons must be queued first.
+    pub reaches: bool,
+}
+
+impl Checked {
+    const NOTHING: Checked = Checked {
+        guarded: None,
+        reaches: false,
+    };
+    const UNREAD: Checked = Checked {
+        guarded: None,
+        reaches: true,
+    };
+}
+
+/// Words of the parameters the fast tier does not look up (wide structs) that lie within the
+/// span of the deferred poisons: looked up among them once the walk is done.
+struct Near {
+    n: usize,
+    words: [u64; 16],
+    /// More than fit: taken as reaching.
+    over: bool,
+}
+
+impl Near {
+    /// The words of an unread parameter of `size` bytes at `value`, while poisons wait.
+    ///
+    /// # Safety
+    /// `value` points at `size` readable bytes.
+    unsafe fn scan(&mut self, value: *const u8, size: usize) {
+        if self.over || !release::pending() {
+            return;
+        }
+        let mut at = 0;
+        while at + 8 <= size {
+            // SAFETY: `at + 8 <= size` bytes at `value` (the caller's contract).
+            let word = unsafe { std::ptr::read_unaligned(value.add(at) as *const u64) };
+            if release::within_deferred(word) {
+                if self.n == self.words.len() {
+                    self.over = true;
+                    return;
+                }
+                self.words[self.n] = word;
+                self.n += 1;
+            }
+            at += 8;
+        }
+    }
+
+    fn reaches(&self) -> bool {
+        self.over || (self.n > 0 && release::deferred_holds_any(&self.words[..self.n]))
+    }
+}
+
+/// Checks a launch's parameters: its guard-mode hits, to be handed to [`launched`], and
+/// whether it may reach a deferred poison's memory. The launch and its whole 8-byte parameters
+/// go to the stream-order check too.
 ///
 /// # Safety
 /// `params` and `extra` are a launch's arguments, as the driver reads them.
@@ -431,7 +495,7 @@ pub unsafe fn check(
     stream: CUstream,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
-) -> Option<Guarded> {
+) -> Checked {
     CHECKED.fetch_add(1, Relaxed);
     let mut whole = Whole {
         on: order::active(),
@@ -442,7 +506,7 @@ pub unsafe fn check(
     };
     let mut name = "";
     // SAFETY: the caller's contract.
-    let found = unsafe { walk(api, f, params, extra, &mut whole, &mut name) };
+    let checked = unsafe { walk(api, f, params, extra, &mut whole, &mut name) };
     if whole.on {
         order::launch(
             stream,
@@ -452,7 +516,7 @@ pub unsafe fn check(
             name,
         );
     }
-    found
+    checked
 }
 
 /// The walk of [`check`]: `whole` gets the whole 8-byte parameters (when on), `name` the
@@ -467,10 +531,15 @@ unsafe fn walk(
     extra: *mut *mut c_void,
     whole_words: &mut Whole,
     name: &mut &'static str,
-) -> Option<Guarded> {
+) -> Checked {
     if isolate::HIGH.load(Relaxed) == 0 && !whole_words.on {
-        return None; // nothing freed yet, and no order check
+        return Checked::NOTHING; // nothing freed yet, and no order check
     }
+    let mut near = Near {
+        n: 0,
+        words: [0; 16],
+        over: false,
+    };
     let mut words = Words {
         n: 0,
         words: [0; BATCH],
@@ -487,22 +556,30 @@ unsafe fn walk(
     };
     let unread = |size: u32| narrow && size > 8 * order::GROUP as u32;
     if !params.is_null() {
-        let layout = layout(f)?;
+        let Some(layout) = layout(f) else {
+            return Checked::UNREAD;
+        };
         *name = layout.name.as_str();
         if !layout.known {
             UNCHECKED.fetch_add(1, Relaxed);
-            return None; // the array's length is the parameter count, which nothing gave
+            return Checked::UNREAD; // the array's length is the parameter count, which nothing gave
         }
         let mut out = Found {
             api,
             layout,
             guarded: Vec::new(),
+            hit: false,
         };
         for (i, &(off, size)) in layout.params.iter().enumerate() {
             // SAFETY: `params` holds one pointer per parameter of `f` (the caller's contract:
             // the launch's own arguments), and the layout has `f`'s parameter count.
             let value = unsafe { *params.add(i) } as *const u8;
-            if value.is_null() || unread(size) {
+            if value.is_null() {
+                continue;
+            }
+            if unread(size) {
+                // SAFETY: `value` points at parameter `i`, `size` bytes (the driver's layout).
+                unsafe { near.scan(value, size as usize) };
                 continue;
             }
             let mut at = 0u32;
@@ -527,10 +604,13 @@ unsafe fn walk(
             }
         }
         words.flush(&mut out);
-        return (!out.guarded.is_empty()).then_some(Guarded(out.guarded));
+        return Checked {
+            reaches: out.hit || near.reaches(),
+            guarded: (!out.guarded.is_empty()).then_some(Guarded(out.guarded)),
+        };
     }
     if extra.is_null() {
-        return None;
+        return Checked::NOTHING;
     }
     // CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, END
     let (mut buf, mut size) = (std::ptr::null::<u8>(), 0usize);
@@ -553,14 +633,17 @@ unsafe fn walk(
         }
     }
     if buf.is_null() {
-        return None;
+        return Checked::NOTHING;
     }
-    let layout = layout(f)?;
+    let Some(layout) = layout(f) else {
+        return Checked::UNREAD;
+    };
     *name = layout.name.as_str();
     let mut out = Found {
         api,
         layout,
         guarded: Vec::new(),
+        hit: false,
     };
     let mut at = 0usize;
     while at + 8 <= size {
@@ -575,6 +658,8 @@ unsafe fn walk(
                 .position(|&(o, sz)| o as usize <= at && at + 8 <= (o + sz) as usize)
             {
                 Some(i) if unread(layout.params[i].1) => {
+                    // SAFETY: the packed buffer holds `size` bytes, `at + 8 <= size`.
+                    unsafe { near.scan(buf.add(at), 8) };
                     at += 8;
                     continue;
                 }
@@ -597,7 +682,10 @@ unsafe fn walk(
         at += 8;
     }
     words.flush(&mut out);
-    (!out.guarded.is_empty()).then_some(Guarded(out.guarded))
+    Checked {
+        reaches: out.hit || near.reaches(),
+        guarded: (!out.guarded.is_empty()).then_some(Guarded(out.guarded)),
+    }
 }
 
 /// Guard-mode hits of submitted launches not yet covered by a clean device-wide

@@ -270,8 +270,11 @@ pub fn after_fork_child() {
     reuse::after_fork_child();
 }
 
-/// Checks a launch's parameters against freed memory (isolate mode only; never fails the launch).
-/// What it returns goes to [`launched`] with the launch's result.
+/// Checks a launch's parameters against freed memory (isolate mode only; never fails the
+/// launch), after queueing the deferred poisons before it: in the fast tier only when the launch
+/// may reach one of their blocks ([`launch::Checked::reaches`]; the others wait for the next
+/// launch that may, other stream work, or a full batch). What it returns goes to [`launched`]
+/// with the launch's result.
 /// # Safety
 /// The arguments of a launch the driver is about to receive.
 pub unsafe fn launch_check(
@@ -281,13 +284,32 @@ pub unsafe fn launch_check(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> Option<launch::Guarded> {
+    let lazy = lazy_poisons();
+    if !lazy {
+        stream_work();
+    }
     // SAFETY: the caller's contract is `launch::check`'s.
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+    let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
         profile::timed(profile::Part::LaunchCheck, || {
             launch::check(api, f, stream, params, extra)
         })
     }))
-    .unwrap_or(None)
+    .unwrap_or(launch::Checked {
+        guarded: None,
+        reaches: true,
+    });
+    if lazy && checked.reaches {
+        stream_work();
+    }
+    checked.guarded
+}
+
+/// The fast tier in isolate mode: a launch the launch check sees cannot reach a deferred
+/// poison's block waits no longer for its poisons ([`launch_check`]).
+#[inline]
+fn lazy_poisons() -> bool {
+    let c = config::get();
+    c.check_fast && c.mode == Mode::Isolate
 }
 
 /// A hook of stream work is about to make its real call (never fails, never changes the call):

@@ -62,6 +62,11 @@ struct State {
 /// Deferred poisons, all contexts: read without the lock by every hook of stream work, which
 /// has nothing to do while it is 0.
 static PENDING: AtomicUsize = AtomicUsize::new(0);
+/// The span of the deferred poisons' blocks, all contexts: [lowest start, highest end), empty
+/// (MAX, 0) while none waits. Read without the lock by the fast tier's launch check
+/// ([`within_deferred`]); written under it.
+static SPAN_LOW: AtomicU64 = AtomicU64::new(u64::MAX);
+static SPAN_HIGH: AtomicU64 = AtomicU64::new(0);
 /// Deferred poisons queued, and the launches that queued them (noted at exit).
 static DEFERRED: AtomicU64 = AtomicU64::new(0);
 static FILLS: AtomicU64 = AtomicU64::new(0);
@@ -80,6 +85,8 @@ static STATE: ForkLock<Option<State>> = ForkLock::new(None);
 pub fn after_fork_child() {
     STATE.reset_in_child(None);
     PENDING.store(0, Relaxed);
+    SPAN_LOW.store(u64::MAX, Relaxed);
+    SPAN_HIGH.store(0, Relaxed);
 }
 
 fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
@@ -345,6 +352,8 @@ pub fn defer(ctx: usize, stream: usize, ptr: u64, len: u64) -> Option<(usize, u8
             _ => 0,
         };
         s.pending.push((ctx, stream, ptr, tier::encode(len, shift)));
+        SPAN_LOW.fetch_min(ptr, Relaxed);
+        SPAN_HIGH.fetch_max(ptr + len, Relaxed);
         PENDING.fetch_add(1, Relaxed);
         DEFERRED.fetch_add(1, Relaxed);
         if s.pending.iter().filter(|p| p.0 == ctx).count() >= FILL_RANGES {
@@ -358,6 +367,23 @@ pub fn defer(ctx: usize, stream: usize, ptr: u64, len: u64) -> Option<(usize, u8
 #[inline]
 pub fn pending() -> bool {
     PENDING.load(Relaxed) != 0
+}
+
+/// Whether `word` lies within the span of the deferred poisons' blocks (no lock: a false
+/// "yes" is settled by [`deferred_holds_any`]).
+#[inline]
+pub fn within_deferred(word: u64) -> bool {
+    word >= SPAN_LOW.load(Relaxed) && word < SPAN_HIGH.load(Relaxed)
+}
+
+/// Whether any of `words` lies inside a block whose poison is deferred.
+pub fn deferred_holds_any(words: &[u64]) -> bool {
+    with(|s| {
+        s.pending.iter().any(|&(_, _, p, n)| {
+            let end = p + tier::decode(n).0;
+            words.iter().any(|&w| w >= p && w < end)
+        })
+    })
 }
 
 /// Queues the deferred poisons of context `ctx` (current): before the program's next work on
@@ -387,6 +413,15 @@ fn flush_locked(s: &mut State, ctx: usize) {
         p.0 != ctx
     });
     PENDING.fetch_sub(mine.len(), Relaxed);
+    // The span of what still waits (other contexts' poisons).
+    let (lo, hi) = s
+        .pending
+        .iter()
+        .fold((u64::MAX, 0), |(lo, hi), &(_, _, p, n)| {
+            (lo.min(p), hi.max(p + tier::decode(n).0))
+        });
+    SPAN_LOW.store(lo, Relaxed);
+    SPAN_HIGH.store(hi, Relaxed);
     if let Some(byte) = config::get().poison {
         // By stream, each stream's in the order freed (a stable sort).
         mine.sort_by_key(|p| p.0);
