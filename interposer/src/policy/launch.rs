@@ -22,7 +22,7 @@ use crate::base::cu;
 use crate::base::cuda::*;
 use crate::base::sys::ForkLock;
 use crate::base::sys::{gettid, now_ns, warn};
-use crate::record::{event, stacks, writer};
+use crate::record::{event, profile, stacks, writer};
 use isolate_trace::{Api, NoteKind, Record, StaleLaunch};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::{CStr, c_void};
@@ -52,6 +52,8 @@ static UNLOADS: AtomicU64 = AtomicU64::new(0);
 /// Launches whose kernel's parameter layout no query gave, with a `kernelParams` array: not
 /// checked (said in the exit note).
 static UNCHECKED: AtomicU64 = AtomicU64::new(0);
+/// Cached layouts asked of the driver again because a module unload came since (noted at exit).
+static REFITS: AtomicU64 = AtomicU64::new(0);
 
 /// A module or library was unloaded or a context destroyed: every cached layout is checked
 /// again at its kernel's next launch.
@@ -155,18 +157,66 @@ unsafe fn kernel_name(f: CUfunction) -> String {
 /// it is seen to still fit: the parameter count (one past the last fails) and the last
 /// parameter's place and size. That look costs two driver calls (~3 us on the H200, as much as
 /// the rest of the check); without unloads a launch makes none.
+/// Slots of a thread's cache of layouts ([`layout`]).
+const NEAR_LAYOUTS: usize = 1024;
+
+type NearLayouts = [(usize, usize, u64); NEAR_LAYOUTS];
+
+thread_local! {
+    /// The thread's last layouts: (kernel handle, layout, the [`UNLOADS`] count it was fitted
+    /// at), by the handle's hash. A hit costs no lock and no hash map: a training step's
+    /// launches are a few hundred kernels over and over (the shared map under its lock was
+    /// 0.7 µs a launch on an H100 host, half the launch check). On the heap, made at the
+    /// thread's first launch: a thread's static TLS comes out of its stack, which may be small.
+    static NEAR: std::cell::RefCell<Option<Box<NearLayouts>>> = const { std::cell::RefCell::new(None) };
+}
+
+fn near_slot(f: usize) -> usize {
+    (f.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) % NEAR_LAYOUTS
+}
+
 fn layout(f: CUfunction) -> Option<&'static Layout> {
+    let _t = profile::PartSpan::start(profile::Part::LaunchLayout);
     // Read before looking: an unload counted after this makes the next launch look again.
     let unloads = UNLOADS.load(Acquire);
+    let key = f as usize;
+    let near = NEAR
+        .try_with(|c| {
+            let (k, l, at) = c.try_borrow().ok()?.as_ref()?[near_slot(key)];
+            // SAFETY: `l` was made from a `&'static Layout` by this function (leaked, never
+            // freed).
+            (k == key && at == unloads).then(|| unsafe { &*(l as *const Layout) })
+        })
+        .ok()
+        .flatten();
+    if near.is_some() {
+        return near;
+    }
+    let l = shared_layout(f, unloads);
+    let _ = NEAR.try_with(|c| {
+        if let Ok(mut c) = c.try_borrow_mut() {
+            c.get_or_insert_with(|| Box::new([(0, 0, u64::MAX); NEAR_LAYOUTS]))[near_slot(key)] =
+                (key, l as *const Layout as usize, unloads);
+        }
+    });
+    Some(l)
+}
+
+/// [`layout`] from the process's map (asked of the driver for a kernel not seen yet, or seen
+/// before an unload and no longer fitting).
+fn shared_layout(f: CUfunction, unloads: u64) -> &'static Layout {
+    let _t = profile::PartSpan::start(profile::Part::LaunchShared);
     let mut g = LAYOUTS.lock();
     let map = g.get_or_insert_with(HashMap::new);
     if let Some(l) = map.get(&(f as usize)) {
         if l.fitted.load(Relaxed) == unloads {
-            return Some(*l);
+            return l;
         }
+        REFITS.fetch_add(1, Relaxed);
+        let _t = profile::PartSpan::start(profile::Part::LaunchRefit);
         if still_fits(f, l) {
             l.fitted.store(unloads, Relaxed);
-            return Some(*l);
+            return l;
         }
     }
     // SAFETY: `f` is the kernel the program is launching now: its module is loaded.
@@ -183,7 +233,7 @@ fn layout(f: CUfunction) -> Option<&'static Layout> {
         fitted: AtomicU64::new(unloads),
     }));
     map.insert(f as usize, l);
-    Some(l)
+    l
 }
 
 /// True when kernel `f` still has layout `l`'s parameter count and last parameter.
@@ -294,11 +344,15 @@ struct Words {
     /// the kernel does not read, or two 32-bit integers side by side) or in a packed buffer
     /// whose layout no query gave is never evidence: a suspect.
     at: [(u32, u32, bool); BATCH],
+    /// [`isolate::LOW`] and [`isolate::HIGH`] as the launch began (a free on another thread
+    /// during the launch is a race of the program's either way).
+    low: u64,
+    high: u64,
 }
 
 impl Words {
     fn push(&mut self, word: u64, index: u32, offset: u32, whole: bool, out: &mut Found) {
-        if word < isolate::LOW.load(Relaxed) || word >= isolate::HIGH.load(Relaxed) {
+        if word < self.low || word >= self.high {
             return; // below or above everything ever freed: the common case, no lock
         }
         self.words[self.n] = word;
@@ -315,6 +369,7 @@ impl Words {
         }
         let at = self.at;
         let words = self.words;
+        let _t = profile::PartSpan::start(profile::Part::LaunchLookup);
         isolate::lookup_each(&words[..self.n], |i, e| out.found(at[i], words[i], e));
         self.n = 0;
     }
@@ -462,11 +517,12 @@ impl Near {
         if self.over || !release::pending() {
             return;
         }
+        let (low, high) = release::deferred_span();
         let mut at = 0;
         while at + 8 <= size {
             // SAFETY: `at + 8 <= size` bytes at `value` (the caller's contract).
             let word = unsafe { std::ptr::read_unaligned(value.add(at) as *const u64) };
-            if release::within_deferred(word) {
+            if word >= low && word < high {
                 if self.n == self.words.len() {
                     self.over = true;
                     return;
@@ -508,6 +564,7 @@ pub unsafe fn check(
     // SAFETY: the caller's contract.
     let checked = unsafe { walk(api, f, params, extra, &mut whole, &mut name) };
     if whole.on {
+        let _t = profile::PartSpan::start(profile::Part::LaunchOrder);
         order::launch(
             stream,
             api.per_thread_stream(),
@@ -544,6 +601,8 @@ unsafe fn walk(
         n: 0,
         words: [0; BATCH],
         at: [(0, 0, true); BATCH],
+        low: isolate::LOW.load(Relaxed),
+        high: isolate::HIGH.load(Relaxed),
     };
     // The fast tier reads only what can be evidence or a use: a whole 8-byte parameter and a
     // struct of at most GROUP words (an array of operands). A wider struct's words (cuDNN's
@@ -856,6 +915,13 @@ pub fn note_at_exit() {
         "launch check: {checked} launches of {kernels} kernels checked, {} stale pointers",
         HITS.load(Relaxed)
     );
+    let refits = REFITS.load(Relaxed);
+    if refits > 0 {
+        text.push_str(&format!(
+            "; {refits} cached layouts asked of the driver again after a module unload, context \
+             destruction or library unload"
+        ));
+    }
     if unknown > 0 {
         text.push_str(&format!(
             "; {unknown} kernels had no parameter layout (cuFuncGetParamInfo and \

@@ -90,7 +90,9 @@ pub fn after_fork_child() {
 }
 
 fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
+    let lock = crate::record::profile::PartSpan::start(crate::record::profile::Part::ReleaseLock);
     let mut g = STATE.lock();
+    drop(lock);
     let s = g.get_or_insert_with(|| State {
         busy: Vec::new(),
         marks: FxHashMap::default(),
@@ -369,11 +371,12 @@ pub fn pending() -> bool {
     PENDING.load(Relaxed) != 0
 }
 
-/// Whether `word` lies within the span of the deferred poisons' blocks (no lock: a false
-/// "yes" is settled by [`deferred_holds_any`]).
+/// The span of the deferred poisons' blocks, [low, high) (empty while none waits), read
+/// without the lock: a word inside it may lie in one of them, which [`deferred_holds_any`]
+/// settles.
 #[inline]
-pub fn within_deferred(word: u64) -> bool {
-    word >= SPAN_LOW.load(Relaxed) && word < SPAN_HIGH.load(Relaxed)
+pub fn deferred_span() -> (u64, u64) {
+    (SPAN_LOW.load(Relaxed), SPAN_HIGH.load(Relaxed))
 }
 
 /// Whether any of `words` lies inside a block whose poison is deferred.
@@ -404,6 +407,7 @@ fn flush_locked(s: &mut State, ctx: usize) {
     if !s.pending.iter().any(|p| p.0 == ctx) {
         return;
     }
+    let _t = crate::record::profile::PartSpan::start(crate::record::profile::Part::FlushAll);
     let mut mine = std::mem::take(&mut s.taken);
     mine.clear();
     s.pending.retain(|p| {
@@ -459,6 +463,9 @@ fn flush_locked(s: &mut State, ctx: usize) {
             }
             if let Some(m) = s.marks.get_mut(&(ctx, stream)) {
                 if record {
+                    let _t = crate::record::profile::PartSpan::start(
+                        crate::record::profile::Part::FlushRecord,
+                    );
                     // SAFETY: as the memsets above; the mark's event is never destroyed.
                     unsafe { record_on(m.ev, stream) };
                     m.behind = false;
@@ -493,6 +500,7 @@ fn fill_ranges(fill: CUfunction, stream: usize, ranges: &[(usize, u64, u64)], by
         .max()
         .unwrap_or(0);
     let bx = wide_blocks(longest, ranges.len());
+    let _t = crate::record::profile::PartSpan::start(crate::record::profile::Part::FillLaunch);
     // SAFETY: `isolate_poison_many(ranges, count, pattern)` of this context's module, its
     // parameters pointing at locals of their types (`buf` is the by-value array of 64
     // ranges); every range was freed by the program on `stream` and is quarantined.

@@ -141,9 +141,28 @@ pub enum Part {
     NativeFrames = 11,
     /// Of a call stack: finding its id (the thread's cache, else the process's table).
     Interning = 12,
+    /// Of the launch check: the kernel's parameter layout (the cache, else the driver).
+    LaunchLayout = 13,
+    /// Of the launch check: the words looked up in the quarantine's index.
+    LaunchLookup = 14,
+    /// Of the launch check: the stream-order check of the launch's uses.
+    LaunchOrder = 15,
+    /// Of the launch check's layouts: a cached layout asked of the driver again (an unload came
+    /// since it was last read).
+    LaunchRefit = 16,
+    /// Of the launch check's layouts: not in the thread's cache, looked up in the process's map.
+    LaunchShared = 17,
+    /// Of queueing deferred poisons: the driver's launch of the fill kernel.
+    FillLaunch = 18,
+    /// Waiting for the lock of the release's state (deferred poisons, stream events, slots).
+    ReleaseLock = 19,
+    /// Queueing the deferred poisons, all of it (the fill kernel's launch included).
+    FlushAll = 20,
+    /// Of queueing the deferred poisons: recording the freeing stream's event after them.
+    FlushRecord = 21,
 }
 
-const PARTS: usize = 13;
+const PARTS: usize = 22;
 const PART_NAMES: [&str; PARTS] = [
     "submitting records",
     "context and device queries",
@@ -158,9 +177,23 @@ const PART_NAMES: [&str; PARTS] = [
     "stacks' Python frames",
     "stacks' native frames",
     "stacks' interning",
+    "of the launch check, layouts",
+    "of the launch check, quarantine look-ups",
+    "of the launch check, the stream-order check",
+    "of the layouts, asked of the driver again after an unload",
+    "of the layouts, from the process's map",
+    "of the deferred poisons, the fill kernel's launch",
+    "the release's lock",
+    "queueing the deferred poisons",
+    "of queueing them, the stream's event",
 ];
 static PART_CALLS: [AtomicU64; PARTS] = [const { AtomicU64::new(0) }; PARTS];
 static PART_NS: [AtomicU64; PARTS] = [const { AtomicU64::new(0) }; PARTS];
+/// The longest single time of each part (ns).
+static PART_MAX: [AtomicU64; PARTS] = [const { AtomicU64::new(0) }; PARTS];
+/// Of each part, the times over 20 µs: how many, and their sum (ns).
+static PART_SLOW: [AtomicU64; PARTS] = [const { AtomicU64::new(0) }; PARTS];
+static PART_SLOW_NS: [AtomicU64; PARTS] = [const { AtomicU64::new(0) }; PARTS];
 
 /// Runs `f`, timed as `part` of the hooks' own time when profiling is on.
 #[inline]
@@ -190,8 +223,15 @@ impl Drop for PartSpan {
     #[inline]
     fn drop(&mut self) {
         if self.t0 != 0 {
-            PART_CALLS[self.part as usize].fetch_add(1, Relaxed);
-            PART_NS[self.part as usize].fetch_add(now_ns().saturating_sub(self.t0), Relaxed);
+            let i = self.part as usize;
+            let ns = now_ns().saturating_sub(self.t0);
+            PART_CALLS[i].fetch_add(1, Relaxed);
+            PART_NS[i].fetch_add(ns, Relaxed);
+            PART_MAX[i].fetch_max(ns, Relaxed);
+            if ns > 20_000 {
+                PART_SLOW[i].fetch_add(1, Relaxed);
+                PART_SLOW_NS[i].fetch_add(ns, Relaxed);
+            }
         }
     }
 }
@@ -203,8 +243,18 @@ pub fn parts_text() -> Option<String> {
             let n = PART_CALLS[i].load(Relaxed);
             let ns = PART_NS[i].load(Relaxed);
             (n > 0).then(|| {
+                let slow = PART_SLOW[i].load(Relaxed);
+                let tail = if slow > 0 {
+                    format!(
+                        ", {slow} over 20 us ({:.1} ms), the longest {:.0} us",
+                        PART_SLOW_NS[i].load(Relaxed) as f64 / 1e6,
+                        PART_MAX[i].load(Relaxed) as f64 / 1e3
+                    )
+                } else {
+                    String::new()
+                };
                 format!(
-                    "{} {n}, {:.2} us each ({:.1} ms)",
+                    "{} {n}, {:.2} us each ({:.1} ms{tail})",
                     PART_NAMES[i],
                     ns as f64 / 1e3 / n as f64,
                     ns as f64 / 1e6
