@@ -15,11 +15,16 @@
 # BENCH_LIMIT_S=150 ... diag:55 uaf:50 models:290 tiers:165; TIER_CONFIGS=default,log,isolate-ab,fast
 # TIER_MODELS=gpt2,resnet50,bert,vit TIER_ROUNDS=3 TIER_STEPS=100 TIER_PLANTED=0 BUDGET_S=470
 # BENCH_LIMIT_S=540 ... tiers:560; torch_tests.sh --only (the 23 tests isolate changed).
-# Left for the next call: the fast tier's lighter launch check and stacks (82100e4) and the
-# unordered free's release (b32d0ca):
-#   torch_tests.sh --budget 120 --only 'test_cusparse_multiple_threads_same_device|test_streaming_backwards_multiple_streams|test_cudnn_multiple_threads_same_device'
-#   TIER_CONFIGS=default,fast TIER_MODELS=gpt2,resnet50,bert,vit TIER_ROUNDS=3 TIER_STEPS=100
-#     TIER_PLANTED=1 BUDGET_S=260 BENCH_LIMIT_S=290 ... tiers:340
+# Run in the fourteenth (H100, docs/gpu-results.md "Fourteenth session"): profile calls
+# TIER_CONFIGS=default,fast-prof TIER_MODELS=resnet50[,bert] TIER_ROUNDS=1 TIER_STEPS=30..60
+# ... tiers:100..260; the table: TIER_CONFIGS=default,isolate,fast
+# TIER_MODELS=gpt2,resnet50,bert,vit TIER_ROUNDS=3 TIER_STEPS=60 TIER_PLANTED=0 BUDGET_S=330
+# BENCH_LIMIT_S=360 ... tiers:380 (300 s).
+# Left for the next call: the planted writes with the fast tier's lazy poisons (1a3f2f7; its
+# memsets always queue them, so the table should not move) and the seven-model set:
+#   TIER_CONFIGS=default,fast TIER_MODELS=resnet50 TIER_ROUNDS=1 TIER_STEPS=20 TIER_PLANTED=1
+#     BUDGET_S=200 BENCH_LIMIT_S=230 ... tiers:260
+#   MODEL_RUNS=1 ... models:290
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)

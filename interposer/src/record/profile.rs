@@ -348,5 +348,19 @@ mod tests {
             parts_text().unwrap(),
             "hooks' own time by part (ISOLATE_PROFILE=on): live map 2, 1.50 us each (0.0 ms)"
         );
+        // A part with a first-use cost: its times over 20 us, their sum and the longest.
+        PART_CALLS[Part::FlushAll as usize].store(3, Relaxed);
+        PART_NS[Part::FlushAll as usize].store(2_012_000, Relaxed);
+        PART_SLOW[Part::FlushAll as usize].store(1, Relaxed);
+        PART_SLOW_NS[Part::FlushAll as usize].store(2_000_000, Relaxed);
+        PART_MAX[Part::FlushAll as usize].store(2_000_000, Relaxed);
+        let t = parts_text().unwrap();
+        assert!(
+            t.ends_with(
+                "; queueing the deferred poisons 3, 670.67 us each (2.0 ms, 1 over 20 us \
+                 (2.0 ms), the longest 2000 us)"
+            ),
+            "{t}"
+        );
     }
 }
