@@ -713,6 +713,8 @@ static void k_touch(void **params) { (void)params; }
  *   B  freed, then k_write_wide(struct with B + 200 in word 5)
  *   C  freed, then k_touch(L) three times (L live), then k_write8(C + 300)
  *   D0..D7  each freed, then k_touch(L)
+ *   G  freed, then k_touch(A + 200): a word inside A, long since poisoned (a suspect), not in
+ *      a block whose poison waits
  *   E  freed, then k_write_table(T), T a live block holding E + 400
  * then the stream synchronised. Every write lands after its block's free in stream order; where
  * it also lands after the poison, the check finds it. Prints the stand-in's count of multi-range
@@ -730,20 +732,21 @@ static int lazy_poisons(void) {
     }
     cudaStream_t s = NULL;
     int bad = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != 0;
-    void *a = NULL, *b = NULL, *c = NULL, *e = NULL, *l = NULL, *t = NULL, *d[8];
+    void *a = NULL, *b = NULL, *c = NULL, *e = NULL, *g = NULL, *l = NULL, *t = NULL, *d[8];
     bad += cudaMallocAsync(&a, 64 << 10, s) != 0;
     bad += cudaMallocAsync(&b, 64 << 10, s) != 0;
     bad += cudaMallocAsync(&c, 64 << 10, s) != 0;
     bad += cudaMallocAsync(&e, 64 << 10, s) != 0;
+    bad += cudaMallocAsync(&g, 64 << 10, s) != 0;
     bad += cudaMallocAsync(&l, 64 << 10, s) != 0;
     bad += cudaMallocAsync(&t, 4096, s) != 0;
     for (int i = 0; i < 8; i++)
         bad += cudaMallocAsync(&d[i], 64 << 10, s) != 0;
     uint64_t entry = U64(e) + 400;
     bad += cudaMemcpy(t, &entry, 8, cudaMemcpyHostToDevice) != 0;
-    uint64_t pa = U64(a) + 100, pc = U64(c) + 300, pl = U64(l), pt = U64(t);
+    uint64_t pa = U64(a) + 100, pc = U64(c) + 300, pl = U64(l), pt = U64(t), pa2 = U64(a) + 200;
     uint64_t wide[12] = {1, 2, 3, 4, 5, U64(b) + 200, 7, 8, 9, 10, 11, 12};
-    void *arg_a[] = {&pa}, *arg_c[] = {&pc}, *arg_l[] = {&pl}, *arg_t[] = {&pt};
+    void *arg_a[] = {&pa}, *arg_c[] = {&pc}, *arg_l[] = {&pl}, *arg_t[] = {&pt}, *arg_a2[] = {&pa2};
     void *arg_wide[] = {wide};
     CUstream cs = (CUstream)s;
     bad += cudaFreeAsync(a, s) != 0;
@@ -758,6 +761,8 @@ static int lazy_poisons(void) {
         bad += cudaFreeAsync(d[i], s) != 0;
         bad += launch(kt, 1, 1, 1, 1, 1, 1, 0, cs, arg_l, NULL) != 0;
     }
+    bad += cudaFreeAsync(g, s) != 0;
+    bad += launch(kt, 1, 1, 1, 1, 1, 1, 0, cs, arg_a2, NULL) != 0;
     bad += cudaFreeAsync(e, s) != 0;
     bad += launch(ktab, 1, 1, 1, 1, 1, 1, 0, cs, arg_t, NULL) != 0;
     bad += cudaStreamSynchronize(s) != 0;

@@ -379,14 +379,17 @@ struct Found {
     api: Api,
     layout: &'static Layout,
     guarded: Vec<Hit>,
-    /// A word was found in quarantine.
-    hit: bool,
+    /// Words found in quarantine, and those of unread parameters, that may lie in a block
+    /// whose poison is deferred.
+    near: Near,
 }
 
 impl Found {
     fn found(&mut self, (index, offset, whole): (u32, u32, bool), ptr: u64, e: isolate::Entry) {
         HITS.fetch_add(1, Relaxed);
-        self.hit = true;
+        if release::pending() {
+            self.near.note(ptr, release::deferred_span());
+        }
         let mut h = Hit {
             api: self.api,
             layout: self.layout,
@@ -499,8 +502,12 @@ impl Checked {
     };
 }
 
-/// Words of the parameters the fast tier does not look up (wide structs) that lie within the
-/// span of the deferred poisons: looked up among them once the walk is done.
+/// Words of a launch that may reach a block whose poison is deferred: found in quarantine by the
+/// look-up, or in a parameter the fast tier does not look up (a wide struct), and inside the
+/// span of the deferred poisons ([`release::deferred_span`]). Looked up among the deferred
+/// blocks once the walk is done ([`Near::reaches`]): a word inside a block poisoned long ago
+/// (a small integer that happens to be an address inside a large freed block) does not make
+/// the launch wait for the poisons.
 struct Near {
     n: usize,
     words: [u64; 16],
@@ -509,6 +516,25 @@ struct Near {
 }
 
 impl Near {
+    const EMPTY: Near = Near {
+        n: 0,
+        words: [0; 16],
+        over: false,
+    };
+
+    /// Keeps `word` if it lies in [low, high).
+    fn note(&mut self, word: u64, (low, high): (u64, u64)) {
+        if self.over || word < low || word >= high {
+            return;
+        }
+        if self.n == self.words.len() {
+            self.over = true;
+            return;
+        }
+        self.words[self.n] = word;
+        self.n += 1;
+    }
+
     /// The words of an unread parameter of `size` bytes at `value`, while poisons wait.
     ///
     /// # Safety
@@ -517,19 +543,12 @@ impl Near {
         if self.over || !release::pending() {
             return;
         }
-        let (low, high) = release::deferred_span();
+        let span = release::deferred_span();
         let mut at = 0;
         while at + 8 <= size {
             // SAFETY: `at + 8 <= size` bytes at `value` (the caller's contract).
             let word = unsafe { std::ptr::read_unaligned(value.add(at) as *const u64) };
-            if word >= low && word < high {
-                if self.n == self.words.len() {
-                    self.over = true;
-                    return;
-                }
-                self.words[self.n] = word;
-                self.n += 1;
-            }
+            self.note(word, span);
             at += 8;
         }
     }
@@ -592,11 +611,6 @@ unsafe fn walk(
     if isolate::HIGH.load(Relaxed) == 0 && !whole_words.on {
         return Checked::NOTHING; // nothing freed yet, and no order check
     }
-    let mut near = Near {
-        n: 0,
-        words: [0; 16],
-        over: false,
-    };
     let mut words = Words {
         n: 0,
         words: [0; BATCH],
@@ -627,7 +641,7 @@ unsafe fn walk(
             api,
             layout,
             guarded: Vec::new(),
-            hit: false,
+            near: Near::EMPTY,
         };
         for (i, &(off, size)) in layout.params.iter().enumerate() {
             // SAFETY: `params` holds one pointer per parameter of `f` (the caller's contract:
@@ -638,7 +652,7 @@ unsafe fn walk(
             }
             if unread(size) {
                 // SAFETY: `value` points at parameter `i`, `size` bytes (the driver's layout).
-                unsafe { near.scan(value, size as usize) };
+                unsafe { out.near.scan(value, size as usize) };
                 continue;
             }
             let mut at = 0u32;
@@ -664,7 +678,7 @@ unsafe fn walk(
         }
         words.flush(&mut out);
         return Checked {
-            reaches: out.hit || near.reaches(),
+            reaches: out.near.reaches(),
             guarded: (!out.guarded.is_empty()).then_some(Guarded(out.guarded)),
         };
     }
@@ -702,7 +716,7 @@ unsafe fn walk(
         api,
         layout,
         guarded: Vec::new(),
-        hit: false,
+        near: Near::EMPTY,
     };
     let mut at = 0usize;
     while at + 8 <= size {
@@ -718,7 +732,7 @@ unsafe fn walk(
             {
                 Some(i) if unread(layout.params[i].1) => {
                     // SAFETY: the packed buffer holds `size` bytes, `at + 8 <= size`.
-                    unsafe { near.scan(buf.add(at), 8) };
+                    unsafe { out.near.scan(buf.add(at), 8) };
                     at += 8;
                     continue;
                 }
@@ -742,7 +756,7 @@ unsafe fn walk(
     }
     words.flush(&mut out);
     Checked {
-        reaches: out.hit || near.reaches(),
+        reaches: out.near.reaches(),
         guarded: (!out.guarded.is_empty()).then_some(Guarded(out.guarded)),
     }
 }
