@@ -149,14 +149,6 @@ unsafe fn kernel_name(f: CUfunction) -> String {
         .collect()
 }
 
-/// The layout of kernel `f`, cached by handle. A handle can be reused: a module unloaded and
-/// another loaded (XLA's autotuning does this all the time) may give a new kernel the address
-/// of an old `CUfunction`. Reading parameters with the old kernel's layout walks past the new
-/// kernel's parameter array (a crash in the host process, seen with JAX), so after any call
-/// that can end a kernel's life ([`kernels_unloaded`]) a cached layout is used again only once
-/// it is seen to still fit: the parameter count (one past the last fails) and the last
-/// parameter's place and size. That look costs two driver calls (~3 us on the H200, as much as
-/// the rest of the check); without unloads a launch makes none.
 /// Slots of a thread's cache of layouts ([`layout`]).
 const NEAR_LAYOUTS: usize = 1024;
 
@@ -165,9 +157,9 @@ type NearLayouts = [(usize, usize, u64); NEAR_LAYOUTS];
 thread_local! {
     /// The thread's last layouts: (kernel handle, layout, the [`UNLOADS`] count it was fitted
     /// at), by the handle's hash. A hit costs no lock and no hash map: a training step's
-    /// launches are a few hundred kernels over and over (the shared map under its lock was
-    /// 0.7 µs a launch on an H100 host, half the launch check). On the heap, made at the
-    /// thread's first launch: a thread's static TLS comes out of its stack, which may be small.
+    /// launches are a few hundred kernels over and over (0.10 µs a launch on an H100 host,
+    /// performance.md, fourteenth session). On the heap, made at the thread's first launch: a
+    /// thread's static TLS comes out of its stack, which may be small.
     static NEAR: std::cell::RefCell<Option<Box<NearLayouts>>> = const { std::cell::RefCell::new(None) };
 }
 
@@ -175,7 +167,15 @@ fn near_slot(f: usize) -> usize {
     (f.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) % NEAR_LAYOUTS
 }
 
-fn layout(f: CUfunction) -> Option<&'static Layout> {
+/// The layout of kernel `f`, cached by handle. A handle can be reused: a module unloaded and
+/// another loaded (XLA's autotuning does this all the time) may give a new kernel the address
+/// of an old `CUfunction`. Reading parameters with the old kernel's layout walks past the new
+/// kernel's parameter array (a crash in the host process, seen with JAX), so after any call
+/// that can end a kernel's life ([`kernels_unloaded`]) a cached layout is used again only once
+/// it is seen to still fit: the parameter count (one past the last fails) and the last
+/// parameter's place and size. That look costs two driver calls (~3 us on the H200, as much as
+/// the rest of the check); without unloads a launch makes none.
+fn layout(f: CUfunction) -> &'static Layout {
     let _t = profile::PartSpan::start(profile::Part::LaunchLayout);
     // Read before looking: an unload counted after this makes the next launch look again.
     let unloads = UNLOADS.load(Acquire);
@@ -189,8 +189,8 @@ fn layout(f: CUfunction) -> Option<&'static Layout> {
         })
         .ok()
         .flatten();
-    if near.is_some() {
-        return near;
+    if let Some(l) = near {
+        return l;
     }
     let l = shared_layout(f, unloads);
     let _ = NEAR.try_with(|c| {
@@ -199,7 +199,7 @@ fn layout(f: CUfunction) -> Option<&'static Layout> {
                 (key, l as *const Layout as usize, unloads);
         }
     });
-    Some(l)
+    l
 }
 
 /// [`layout`] from the process's map (asked of the driver for a kernel not seen yet, or seen
@@ -629,9 +629,7 @@ unsafe fn walk(
     };
     let unread = |size: u32| narrow && size > 8 * order::GROUP as u32;
     if !params.is_null() {
-        let Some(layout) = layout(f) else {
-            return Checked::UNREAD;
-        };
+        let layout = layout(f);
         *name = layout.name.as_str();
         if !layout.known {
             UNCHECKED.fetch_add(1, Relaxed);
@@ -708,9 +706,7 @@ unsafe fn walk(
     if buf.is_null() {
         return Checked::NOTHING;
     }
-    let Some(layout) = layout(f) else {
-        return Checked::UNREAD;
-    };
+    let layout = layout(f);
     *name = layout.name.as_str();
     let mut out = Found {
         api,

@@ -64,7 +64,7 @@ struct State {
 static PENDING: AtomicUsize = AtomicUsize::new(0);
 /// The span of the deferred poisons' blocks, all contexts: [lowest start, highest end), empty
 /// (MAX, 0) while none waits. Read without the lock by the fast tier's launch check
-/// ([`within_deferred`]); written under it.
+/// ([`deferred_span`]); written under it.
 static SPAN_LOW: AtomicU64 = AtomicU64::new(u64::MAX);
 static SPAN_HIGH: AtomicU64 = AtomicU64::new(0);
 /// Deferred poisons queued, and the launches that queued them (noted at exit).
@@ -332,7 +332,8 @@ pub fn poison(ctx: usize, stream: usize, ptr: u64, len: u64, byte: u8) -> Option
 
 /// Defers the poison of [ptr, ptr+len) (16-byte aligned), freed on `stream` of context `ctx`
 /// (current), until just before the next work the program queues on any stream of the context
-/// ([`flush`], called by every hook of stream work), so that the poisons of consecutive frees
+/// ([`flush`], called by every hook of stream work; in the fast tier by a launch only when it
+/// may reach a deferred block, `policy::launch_check`), so that the poisons of consecutive frees
 /// are queued by one launch of `isolate_poison_many` instead of a memset each. Returns the
 /// stream's event, which [`refresh`] records after the poison is queued, and the block's
 /// pattern ([`tier`]: in the fast tier, where its kernels loaded, a large block's canaries
