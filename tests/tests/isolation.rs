@@ -620,6 +620,17 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
     }
 }
 
+/// The trace's stale writes as (first changed offset, changed bytes), sorted.
+fn stale_writes(t: &isolate_tests::Trace) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = t
+        .violations()
+        .iter()
+        .map(|v| (v.first_offset, v.changed_bytes))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
 /// Poisons deferred to the stream's next work (`ISOLATE_TEST_POISON_BATCH=on`, the default): four
 /// runs of frees (4, 2, 1 and 1) are each poisoned by one multi-range launch, queued before the
 /// work that follows them (a set, an asynchronous copy, a synchronous copy, an event record
@@ -642,14 +653,8 @@ fn deferred_poisons_are_queued_before_the_streams_next_work() {
         assert_eq!(num("event_records"), 1, "{}", out.stdout);
         let t = out.only_trace();
         t.assert_complete(EndReason::Exit);
-        let mut v: Vec<(u64, u64)> = t
-            .violations()
-            .iter()
-            .map(|v| (v.first_offset, v.changed_bytes))
-            .collect();
-        v.sort_unstable();
         assert_eq!(
-            v,
+            stale_writes(t),
             vec![(100, 8), (200, 8), (300, 8), (400, 8)],
             "sync {sync}"
         );
@@ -705,13 +710,12 @@ fn the_fast_tier_queues_poisons_only_before_launches_that_may_reach_them() {
             has_line(&out, "lazy calls failed 0");
             let t = out.only_trace();
             t.assert_complete(EndReason::Exit);
-            let mut v: Vec<(u64, u64)> = t
-                .violations()
-                .iter()
-                .map(|v| (v.first_offset, v.changed_bytes))
-                .collect();
-            v.sort_unstable();
-            assert_eq!(v, writes, "{tier} sync {sync}: {}", out.stderr);
+            assert_eq!(
+                stale_writes(t),
+                writes,
+                "{tier} sync {sync}: {}",
+                out.stderr
+            );
             assert_eq!(
                 isolate_tests::number_after(&out.stdout, "poison_many_runs"),
                 Some(runs),
