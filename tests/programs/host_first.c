@@ -11,7 +11,7 @@
  *                     rounds of 48/T MiB
  *   probe             1 MiB allocated and freed, a cudaMalloc(1 << 40) memory probe that fails,
  *                     a write through the freed pointer, another allocation
- *   small_stack KIB   a thread with a KIB KiB stack allocates and frees
+ *   small_stack KIB   a thread with a KIB KiB stack allocates, launches a kernel and frees
  *   nofile LIMIT      the soft descriptor limit set to LIMIT, one allocation, then files opened
  *                     until none can be: prints how many
  *   stderr_reuse      a stale write, stderr closed and a file opened in its place
@@ -152,18 +152,33 @@ static int probe(void) {
 
 /* ------------------------------------------------------------------------ small_stack */
 
+typedef CUresult (*PFN_launch_s)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                 unsigned, unsigned, CUstream, void **, void **);
+static PFN_launch_s g_launch;
+static CUfunction g_small_kernel;
+
+static void k_small(void **params) { (void)params; }
+
+/* Allocates, launches a kernel naming the allocation (isolate mode's launch check, its cache
+ * of layouts made at the thread's first launch), frees. */
 static void *small(void *arg) {
     (void)arg;
     void *p = NULL;
     int a = cudaMalloc(&p, 4096);
+    uint64_t word = U64(p);
+    void *params[] = {&word};
+    int l = g_launch(g_small_kernel, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
     int f = cudaFree(p);
     int s = cudaStreamSynchronize(0);
-    return (void *)(intptr_t)(a * 10000 + f * 100 + s);
+    return (void *)(intptr_t)(a * 1000000 + l * 10000 + f * 100 + s);
 }
 
 static int small_stack(int kib) {
     void *p = NULL;
     say("main thread: cudaMalloc %d cudaFree %d", cudaMalloc(&p, 4096), cudaFree(p));
+    size_t s8[] = {8};
+    g_small_kernel = standin_register_kernel("k_small", k_small, 1, NULL, s8);
+    g_launch = (PFN_launch_s)rt_entry("cuLaunchKernel", cudaEnableDefault);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     int rc = pthread_attr_setstacksize(&attr, (size_t)kib << 10);

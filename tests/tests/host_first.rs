@@ -127,7 +127,9 @@ fn a_failed_oversized_allocation_leaves_the_quarantine_alone() {
 // ------------------------------------------------------------------------ (5) small stacks
 
 /// Threads with 16 and 32 KiB stacks (glibc's minimum is 16 KiB) make CUDA calls in every mode
-/// and stack setting. Before the fix: SIGSEGV at the first call, even with `ISOLATE_STACKS=none`.
+/// and stack setting, a kernel launch among them (isolate mode's launch check makes the thread's
+/// cache of layouts there: on the heap, never a 24 KiB array on that stack). Before the fix:
+/// SIGSEGV at the first call, even with `ISOLATE_STACKS=none`.
 #[test]
 fn threads_with_small_stacks_make_cuda_calls() {
     for kib in ["16", "32"] {

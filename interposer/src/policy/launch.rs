@@ -152,7 +152,9 @@ unsafe fn kernel_name(f: CUfunction) -> String {
 /// Slots of a thread's cache of layouts ([`layout`]).
 const NEAR_LAYOUTS: usize = 1024;
 
-type NearLayouts = [(usize, usize, u64); NEAR_LAYOUTS];
+/// [`NEAR_LAYOUTS`] slots, made on the heap in place (`vec!`): a 24 KiB array built on the
+/// stack first would not fit a thread with a small stack.
+type NearLayouts = Box<[(usize, usize, u64)]>;
 
 thread_local! {
     /// The thread's last layouts: (kernel handle, layout, the [`UNLOADS`] count it was fitted
@@ -160,7 +162,7 @@ thread_local! {
     /// launches are a few hundred kernels over and over (0.10 µs a launch on an H100 host,
     /// performance.md, fourteenth session). On the heap, made at the thread's first launch: a
     /// thread's static TLS comes out of its stack, which may be small.
-    static NEAR: std::cell::RefCell<Option<Box<NearLayouts>>> = const { std::cell::RefCell::new(None) };
+    static NEAR: std::cell::RefCell<Option<NearLayouts>> = const { std::cell::RefCell::new(None) };
 }
 
 fn near_slot(f: usize) -> usize {
@@ -195,8 +197,8 @@ fn layout(f: CUfunction) -> &'static Layout {
     let l = shared_layout(f, unloads);
     let _ = NEAR.try_with(|c| {
         if let Ok(mut c) = c.try_borrow_mut() {
-            c.get_or_insert_with(|| Box::new([(0, 0, u64::MAX); NEAR_LAYOUTS]))[near_slot(key)] =
-                (key, l as *const Layout as usize, unloads);
+            c.get_or_insert_with(|| vec![(0, 0, u64::MAX); NEAR_LAYOUTS].into_boxed_slice())
+                [near_slot(key)] = (key, l as *const Layout as usize, unloads);
         }
     });
     l
