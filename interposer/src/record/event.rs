@@ -88,9 +88,9 @@ impl Pending {
     #[inline]
     pub fn stack(&mut self) -> u32 {
         if !self.captured {
-            let c0 = now_ns();
-            self.ev.stack = stacks::capture();
-            self.t0 = self.t0.saturating_add(now_ns().saturating_sub(c0));
+            let (id, ns) = stacks::capture_timed();
+            self.ev.stack = id;
+            self.t0 = self.t0.saturating_add(ns);
             self.captured = true;
         }
         self.ev.stack

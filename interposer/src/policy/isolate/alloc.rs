@@ -222,7 +222,7 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     };
     if guard::owns(proto.ptr) {
         let r = guard::free(proto.ptr, ordered.then_some(proto.stream as CUstream));
-        let entry = freed(&proto, live, seq, p.stack(), Held::Guarded);
+        let entry = freed(&proto, live, seq, p.stack(), Held::Guarded, now_ns());
         p.finish(r);
         // The range stays reserved and unmapped for good: listed so launches into it are named.
         quarantine_index_only(entry);
@@ -238,7 +238,7 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     // Taken before the poison's clock starts (`finish` writes the same id in the event).
     let free_stack = p.stack();
     let t0 = now_ns();
-    let mut entry = freed(&proto, live, seq, free_stack, Held::Allocation);
+    let mut entry = freed(&proto, live, seq, free_stack, Held::Allocation, t0);
     if let Some(user) = unordered
         && stream_usable(user)
     {

@@ -5,7 +5,7 @@
 //! Layer: policies. Uses the base, recording and [`crate::policy::tier`] (an entry's pattern).
 
 use crate::base::cu;
-use crate::base::sys::{ForkLock, ForkLockGuard, now_ns};
+use crate::base::sys::{ForkLock, ForkLockGuard};
 use crate::record::event;
 use crate::record::profile::{self, Part};
 use isolate_trace::{Api, Event};
@@ -146,14 +146,22 @@ macro_rules! st {
 pub(super) use st;
 
 /// The quarantine entry of the allocation `live` (a mapping: no allocation event) that the
-/// free `proto` (event `seq`, stack `free_stack`) gave back.
-pub(super) fn freed(proto: &Event, live: Live, seq: u64, free_stack: u32, held: Held) -> Entry {
+/// free `proto` (event `seq`, stack `free_stack`) gave back at `free_ts` (`now_ns`, read by
+/// the caller, which times what follows from there).
+pub(super) fn freed(
+    proto: &Event,
+    live: Live,
+    seq: u64,
+    free_stack: u32,
+    held: Held,
+    free_ts: u64,
+) -> Entry {
     Entry {
         ptr: proto.ptr,
         size: live.size,
         alloc_seq: live.seq,
         free_seq: seq,
-        free_ts: now_ns(),
+        free_ts,
         free_api: proto.api,
         alloc_stack: live.stack,
         free_stack,

@@ -105,7 +105,14 @@ pub(super) fn unmap(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         captured: false,
         stack: 0,
     };
-    quarantine(freed(&proto, mapping, seq, free_stack, Held::Mapping));
+    quarantine(freed(
+        &proto,
+        mapping,
+        seq,
+        free_stack,
+        Held::Mapping,
+        crate::base::sys::now_ns(),
+    ));
     CUDA_SUCCESS
 }
 

@@ -101,23 +101,28 @@ thread_local! {
 /// has less than [`CAPTURE_ROOM`] left (glibc allows 16 KiB stacks) gets no stack rather
 /// than a fault ([`small_stacks`] counts them).
 pub fn capture() -> u32 {
+    capture_timed().0
+}
+
+/// [`capture`], and the time it took (ns; 0 where nothing was captured): an event that
+/// captures its stack leaves that time out of its own duration without reading the clock
+/// again (two reads of the clock a capture, not four).
+pub fn capture_timed() -> (u32, u64) {
     let cfg = config::get();
     if cfg.stacks == Stacks::None || !writer::active() {
-        return 0;
+        return (0, 0);
     }
     if native::stack_room().is_some_and(|room| room < CAPTURE_ROOM) {
         SMALL_STACKS.fetch_add(1, Relaxed);
-        return 0;
+        return (0, 0);
     }
     let t0 = crate::base::sys::now_ns();
-    let id = std::panic::catch_unwind(|| capture_inner(cfg.stacks, cfg.stack_depth as usize))
+    let id = std::panic::catch_unwind(|| capture_inner(cfg.stacks, cfg.stack_depth as usize, t0))
         .unwrap_or(0);
+    let ns = crate::base::sys::now_ns().saturating_sub(t0);
     CAPTURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    CAPTURE_NS.fetch_add(
-        crate::base::sys::now_ns().saturating_sub(t0),
-        std::sync::atomic::Ordering::Relaxed,
-    );
-    id
+    CAPTURE_NS.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+    (id, ns)
 }
 
 /// The stack a capture may use below its caller: its frame buffers (`MAX_DEPTH` Python and
@@ -283,10 +288,10 @@ impl<'a> Merge<'a> {
 /// Never inlined into [`capture`]: its frame (the buffers) is reserved only once the capture
 /// is known to be wanted and to fit.
 #[inline(never)]
-fn capture_inner(mode: Stacks, depth: usize) -> u32 {
+fn capture_inner(mode: Stacks, depth: usize, t0: u64) -> u32 {
     let want_native = matches!(mode, Stacks::Native | Stacks::All);
     let want_python = matches!(mode, Stacks::Python | Stacks::All);
-    let Some(mut snap) = modules::current(false) else {
+    let Some(mut snap) = modules::current_at(false, t0) else {
         return 0;
     };
     // Python first (cheap): the native walk stops once the merged stack is `depth` deep.

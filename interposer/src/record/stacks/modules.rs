@@ -117,8 +117,13 @@ fn generation_now() -> u64 {
 /// The current snapshot, rebuilt first when objects were loaded or unloaded since it was taken
 /// (looked at most every 10 ms, or now when `now` is set). `None` when none could be built.
 pub fn current(now: bool) -> Option<&'static Snapshot> {
+    current_at(now, now_ns())
+}
+
+/// [`current`] with the time already read by the caller (`t`, [`now_ns`]): a stack's capture
+/// reads the clock once for its own timing and this.
+pub fn current_at(now: bool, t: u64) -> Option<&'static Snapshot> {
     let p = CURRENT.load(Acquire);
-    let t = now_ns();
     let now = now || LOADED_HERE.try_with(|c| c.replace(false)).unwrap_or(false);
     if !p.is_null() && !now && t.saturating_sub(CHECKED_AT.load(Relaxed)) < CHECK_EVERY_NS {
         // SAFETY: a non-null CURRENT is a Box leaked by `current` below (Release, read here with
