@@ -20,8 +20,11 @@
 # ... tiers:100..260; the table: TIER_CONFIGS=default,isolate,fast
 # TIER_MODELS=gpt2,resnet50,bert,vit TIER_ROUNDS=3 TIER_STEPS=60 TIER_PLANTED=0 BUDGET_S=330
 # BENCH_LIMIT_S=360 ... tiers:380 (300 s).
-# Left for the next call: the planted writes with the fast tier's lazy poisons (1a3f2f7; its
-# memsets always queue them, so the table should not move) and the seven-model set:
+# Left for the next call: the table again with what came after 462c58b (a launch waits only
+# for a word inside a still-deferred block: BERT's fill launches; 9 clock reads a tensor), with
+# fast-prof for its parts: TIER_CONFIGS=default,isolate,fast,fast-prof ... (as above, ~400 s);
+# the planted writes with the fast tier's lazy poisons (1a3f2f7; its memsets always queue them,
+# so the table should not move) and the seven-model set:
 #   TIER_CONFIGS=default,fast TIER_MODELS=resnet50 TIER_ROUNDS=1 TIER_STEPS=20 TIER_PLANTED=1
 #     BUDGET_S=200 BENCH_LIMIT_S=230 ... tiers:260
 #   MODEL_RUNS=1 ... models:290
