@@ -406,6 +406,11 @@ fn pythons() -> Vec<(String, PathBuf)> {
 
 /// Runs `tests/programs/stacks.py` under the preload; the output and the one trace.
 fn run_python(python: &Path, args: &[&str], env: &[(&str, &str)]) -> (String, Trace) {
+    run_script(python, "stacks.py", args, env)
+}
+
+/// Runs `tests/programs/<script>` under the preload; the output and the one trace.
+fn run_script(python: &Path, script: &str, args: &[&str], env: &[(&str, &str)]) -> (String, Trace) {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(python);
     for (k, _) in std::env::vars_os() {
@@ -418,7 +423,7 @@ fn run_python(python: &Path, args: &[&str], env: &[(&str, &str)]) -> (String, Tr
         .env("LD_LIBRARY_PATH", standin_dir())
         .env("LD_PRELOAD", preload_path())
         .env("ISOLATE_TRACE", dir.path().join("isolate-%p.trace"))
-        .arg(workspace_root().join("tests/programs/stacks.py"))
+        .arg(workspace_root().join("tests/programs").join(script))
         .args(args);
     for (k, v) in env {
         cmd.env(k, v);
@@ -443,6 +448,36 @@ fn run_python(python: &Path, args: &[&str], env: &[(&str, &str)]) -> (String, Tr
         .collect();
     assert_eq!(traces.len(), 1, "{traces:?}");
     (stdout, Trace::read(&traces[0]))
+}
+
+/// `tests/programs/pystep.py`, the hot path's benchmark from Python (docs/performance.md),
+/// runs in isolate mode's two tiers with every call succeeding and its trace clean: each of
+/// its 10 steps' (5 of warm-up) 32 tensors allocated and freed, no stale write or launch.
+#[test]
+fn the_python_step_benchmark_runs_clean_in_both_tiers() {
+    let Some((_, python)) = pythons().into_iter().next() else {
+        skip("no CPython 3.10 - 3.13 found: pystep.py is not run");
+        return;
+    };
+    for tier in ["full", "fast"] {
+        let env = [
+            ("ISOLATE_MODE", "isolate"),
+            ("ISOLATE_CHECK", tier),
+            ("STANDIN_SYNC", "1"),
+        ];
+        let (stdout, t) = run_script(&python, "pystep.py", &["5", "32", "3", "256"], &env);
+        assert!(
+            stdout.starts_with("steps 5 tensors 32 us_per_step ")
+                && stdout.trim_end().ends_with(" failed 0"),
+            "{tier}: {stdout}"
+        );
+        assert!(t.violations().is_empty(), "{tier}: {:?}", t.violations());
+        assert!(t.stale_launches().is_empty(), "{tier}");
+        let allocs = events_of(&t, Api::CudaMallocAsync);
+        let frees = events_of(&t, Api::CudaFreeAsync);
+        assert_eq!((allocs.len(), frees.len()), (10 * 32, 10 * 32), "{tier}");
+        assert!(allocs.iter().chain(&frees).all(|e| e.result == 0), "{tier}");
+    }
 }
 
 #[test]
