@@ -116,6 +116,15 @@ pub struct Config {
     pub pairs: Vec<(String, String)>,
 }
 
+impl Config {
+    /// Isolate mode in the fast tier (`ISOLATE_CHECK=fast` means nothing in log mode): its
+    /// lighter host work (shorter native stacks, deferred poisons that wait for a launch that
+    /// may reach them) applies.
+    pub fn fast_isolation(&self) -> bool {
+        self.check_fast && self.mode == Mode::Isolate
+    }
+}
+
 /// A setting with exactly two values, spelled once: read by [`TwoWay::read`], written into the
 /// trace header by [`TwoWay::pair`].
 struct TwoWay {

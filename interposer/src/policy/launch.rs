@@ -494,11 +494,13 @@ pub struct Checked {
 }
 
 impl Checked {
+    /// Nothing to look at: no parameters, or nothing freed yet and no order check.
     const NOTHING: Checked = Checked {
         guarded: None,
         reaches: false,
     };
-    const UNREAD: Checked = Checked {
+    /// The parameters could not be read (or the check failed): taken as reaching.
+    pub const UNREAD: Checked = Checked {
         guarded: None,
         reaches: true,
     };

@@ -294,10 +294,7 @@ pub unsafe fn launch_check(
             launch::check(api, f, stream, params, extra)
         })
     }))
-    .unwrap_or(launch::Checked {
-        guarded: None,
-        reaches: true,
-    });
+    .unwrap_or(launch::Checked::UNREAD);
     if lazy && checked.reaches {
         stream_work();
     }
@@ -308,8 +305,7 @@ pub unsafe fn launch_check(
 /// poison's block waits no longer for its poisons ([`launch_check`]).
 #[inline]
 fn lazy_poisons() -> bool {
-    let c = config::get();
-    c.check_fast && c.mode == Mode::Isolate
+    config::get().fast_isolation()
 }
 
 /// A hook of stream work is about to make its real call (never fails, never changes the call):

@@ -322,7 +322,7 @@ fn capture_inner(mode: Stacks, depth: usize, t0: u64) -> u32 {
     // walked (0.52 µs for 16 on the H100; a thread without Python, PyTorch's autograd engine,
     // still gets its 16: its autograd node names it).
     let cfg = config::get();
-    let fast = cfg.check_fast && cfg.mode == config::Mode::Isolate;
+    let fast = cfg.fast_isolation();
     let native_budget = match cfg.native_frames {
         n if n > 0 && !py.is_empty() && fast => (n as usize).min(FAST_NATIVE),
         n if n > 0 && (!py.is_empty() || python::eval_range(snap.generation).is_some()) => {
