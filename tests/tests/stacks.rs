@@ -256,6 +256,20 @@ fn a_million_allocations_from_three_call_sites_are_three_stacks() {
             .map(String::from)
             .into()
     );
+    // Every allocation names its own site. The three call cudaMalloc from the same depth
+    // (the same start of the walk): a walk replayed from another site's would name that one.
+    let mut top = BTreeMap::new();
+    for e in &mallocs {
+        let site = top
+            .entry(e.stack)
+            .or_insert_with(|| s.render(e.stack, &mut syms)[0].clone());
+        let want = match e.size {
+            256 => "stacks_site_a",
+            512 => "stacks_site_b",
+            _ => "stacks_site_c",
+        };
+        assert_eq!(site, want, "allocation {} of {} bytes", e.seq, e.size);
+    }
     let free_stacks: BTreeSet<u32> = events_of(t, Api::CudaFree)
         .iter()
         .map(|e| e.stack)
@@ -292,13 +306,74 @@ fn a_million_allocations_from_three_call_sites_are_three_stacks() {
             .unwrap()
     };
     assert_eq!(num("call stacks: "), 2 * n as u64, "{note}");
-    let (hits, misses) = (num("native frames: "), num("rule cache, "));
-    assert!(hits > 2 * n as u64, "{note}");
+    // Every native walk was replayed or walked; the walked ones' rules came from the rule
+    // cache after the first walk through each site.
+    let (replayed, walked) = (num("native frames: "), num("remembered walks, "));
+    assert_eq!(replayed + walked, 2 * n as u64, "{note}");
+    let (hits, misses) = (num("walked, with "), num("rule cache, "));
+    assert!(hits + misses >= walked, "{note}");
     assert!(misses > 0 && misses < 1000, "{note}");
     // The stacks themselves: each of the 6 looked up in the process's table once, then served
     // by the thread's cache.
     let table = num("looked up; ");
     assert!((6..12).contains(&table), "{note}");
+}
+
+/// A walk from where one was walked before, over the same stack words, is replayed: in a loop
+/// that allocates and frees from one place, every walk after the first of each is, and the
+/// replayed stacks are the walked ones (10 frames of `stacks_bench`, then the C start-up's).
+#[test]
+fn a_repeated_walk_is_replayed_and_names_the_same_frames() {
+    let n = 20_000u64;
+    let out = Run::program("stacks")
+        .args(["bench", &n.to_string(), "10"])
+        .run();
+    out.assert_success();
+    let t = out.only_trace();
+    let s = Stacks::of(t);
+    let mut syms = Symbols::default();
+    let mallocs = events_of(t, Api::CudaMalloc);
+    let frees = events_of(t, Api::CudaFree);
+    assert_eq!((mallocs.len(), frees.len()), (n as usize, n as usize));
+    for events in [&mallocs, &frees] {
+        let ids: BTreeSet<u32> = events.iter().map(|e| e.stack).collect();
+        assert_eq!(
+            ids.len(),
+            1,
+            "one stack for every allocation, one for every free"
+        );
+        let words = s.render(events[0].stack, &mut syms);
+        assert_eq!(
+            words.iter().filter(|w| *w == "stacks_bench").count(),
+            10,
+            "{words:?}"
+        );
+        assert!(!s.get(events[0].stack).truncated, "{words:?}");
+    }
+    let note = t
+        .records
+        .iter()
+        .find_map(|r| match r {
+            Record::Note(n)
+                if isolate_trace::CostTopic::of(n) == Some(isolate_trace::CostTopic::Stacks) =>
+            {
+                Some(n.text.clone())
+            }
+            _ => None,
+        })
+        .expect("a call stacks note");
+    let num = |after: &str| -> u64 {
+        let rest = &note[note.find(after).unwrap_or_else(|| panic!("{note}")) + after.len()..];
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (replayed, walked) = (num("native frames: "), num("remembered walks, "));
+    assert_eq!(replayed + walked, 2 * n, "{note}");
+    // The first allocation's and free's walks, and a few from the program's set-up.
+    assert!(walked <= 10, "{note}");
 }
 
 #[test]

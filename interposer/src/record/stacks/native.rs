@@ -133,9 +133,116 @@ pub fn stack_room() -> Option<u64> {
     Some(sp.saturating_sub(lo))
 }
 
+/// Sets of remembered walks per thread, chosen by where a walk starts; each holds
+/// [`WALK_WAYS`] walks from starts that chose it (the same start reached from different
+/// callers: a model's operators all allocate from the same depth of the same hook).
+const WALK_SETS: usize = 128;
+const WALK_WAYS: usize = 4;
+/// The most stack words a remembered walk read (framehop reads one or two a frame).
+const WALK_READS: usize = 64;
+/// The most return addresses a remembered walk handed on (the full tier's 16 native frames
+/// and the frame after them).
+const WALK_RAS: usize = 32;
+
+/// One walk as it went: where it started (ip, sp, bp and the snapshot), every stack word it
+/// read with the value it found, the return addresses it handed on, and whether the stack ended
+/// there (rather than `visit` saying no).
+///
+/// A walk is a function of its start and of the words it reads: the unwind rules come from the
+/// snapshot's objects for each ip, and each word's address follows from the registers and the
+/// words before it. So a walk from the same start whose words all read the same again hands on
+/// the same return addresses, and replaying them is exact; checking costs one read and compare
+/// a word (~10-20 against ~5 rule look-ups a frame).
+#[derive(Clone, Copy)]
+struct Walk {
+    /// ip, sp, bp, snapshot address; all 0 when the slot is empty.
+    key: [u64; 4],
+    reads: u8,
+    ras: u8,
+    ended: bool,
+    /// A word it could not record (more than [`WALK_READS`]) or a return address past
+    /// [`WALK_RAS`]: the walk is not remembered.
+    overflow: bool,
+    read: [(u64, u64); WALK_READS],
+    ra: [u64; WALK_RAS],
+}
+
+impl Walk {
+    const EMPTY: Walk = Walk {
+        key: [0; 4],
+        reads: 0,
+        ras: 0,
+        ended: false,
+        overflow: false,
+        read: [(0, 0); WALK_READS],
+        ra: [0; WALK_RAS],
+    };
+
+    fn note_read(&mut self, addr: u64, value: u64) {
+        if (self.reads as usize) < WALK_READS {
+            self.read[self.reads as usize] = (addr, value);
+            self.reads += 1;
+        } else {
+            self.overflow = true;
+        }
+    }
+
+    fn note_ra(&mut self, ra: u64) {
+        if (self.ras as usize) < WALK_RAS {
+            self.ra[self.ras as usize] = ra;
+            self.ras += 1;
+        } else {
+            self.overflow = true;
+        }
+    }
+}
+
+/// A thread's remembered walks: [`WALK_SETS`] sets of [`WALK_WAYS`], and for each set the
+/// way the next walk to remember replaces.
+struct Walks {
+    walks: Box<[Walk]>,
+    next: Box<[u8]>,
+}
+
+thread_local! {
+    /// The thread's remembered walks ([`Walk`]), on the heap (~660 KiB: 512 walks of 1,320 bytes), made at its first walk.
+    static WALKS: RefCell<Option<Walks>> = const { RefCell::new(None) };
+}
+
+/// Walks replayed from a thread's remembered walks, and walks done frame by frame.
+static REPLAYED: AtomicU64 = AtomicU64::new(0);
+static WALKED: AtomicU64 = AtomicU64::new(0);
+
+/// (replayed, walked) so far, all threads.
+pub fn walk_stats() -> (u64, u64) {
+    (REPLAYED.load(Relaxed), WALKED.load(Relaxed))
+}
+
+fn set_of(key: &[u64; 4]) -> usize {
+    let h = key
+        .iter()
+        .fold(0u64, |h, &k| (h ^ k).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    (h >> 40) as usize % WALK_SETS
+}
+
+/// What replaying a remembered walk came to.
+enum Replay {
+    /// No remembered walk from here, or a word read differently now.
+    Miss,
+    /// Done: whether `visit` said no to one (as [`unwind`] returns).
+    Done(bool),
+    /// `visit` took every remembered return address and wants more: walk on, leaving out
+    /// that many (the walk hands on the same ones first).
+    More(usize),
+}
+
 /// Hands `visit` the return addresses of the calling thread, innermost first, leaving out the
 /// frames of this library that lead up to here, until `visit` says no to one. Returns whether
 /// it did (the stack went on past what `visit` took).
+///
+/// A thread's walk from the same place over the same stack words is replayed from the
+/// thread's remembered walks ([`Walk`]): a training loop's stacks repeat, so most walks after
+/// the first steps are a check of their words.
 #[inline(never)]
 pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
     let (ip, sp, bp) = registers();
@@ -149,7 +256,7 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
         _ => (ip, sp, bp),
     };
     let lo = sp;
-    let mut read = |addr: u64| -> Result<u64, ()> {
+    let read = |addr: u64| -> Result<u64, ()> {
         if addr >= lo && addr.checked_add(8).is_some_and(|e| e <= hi) && addr.is_multiple_of(8) {
             // SAFETY: the address was just checked to be 8-aligned and within [sp, hi): the calling
             // thread's own stack from this frame's stack pointer up to its top (pthread's bounds),
@@ -160,13 +267,71 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
             Err(())
         }
     };
-    let mut walk = |cache: &mut CacheX86_64, read: &mut dyn FnMut(u64) -> Result<u64, ()>| {
-        let mut read = |a: u64| read(a);
+    let key = [ip, sp, bp, snap as *const Snapshot as u64];
+    let set = set_of(&key);
+    let replay = WALKS
+        .try_with(|w| {
+            let Ok(w) = w.try_borrow() else {
+                return Replay::Miss;
+            };
+            let Some(w) = w.as_ref() else {
+                return Replay::Miss;
+            };
+            let Some(walk) = w.walks[set * WALK_WAYS..(set + 1) * WALK_WAYS]
+                .iter()
+                .find(|walk| {
+                    walk.key == key
+                        && walk.read[..walk.reads as usize]
+                            .iter()
+                            .all(|&(a, v)| read(a) == Ok(v))
+                })
+            else {
+                return Replay::Miss;
+            };
+            for &ra in &walk.ra[..walk.ras as usize] {
+                if !visit(ra) {
+                    return Replay::Done(true);
+                }
+            }
+            if walk.ended {
+                Replay::Done(false)
+            } else {
+                Replay::More(walk.ras as usize)
+            }
+        })
+        .unwrap_or(Replay::Miss);
+    let skip = match replay {
+        Replay::Done(r) => {
+            REPLAYED.fetch_add(1, Relaxed);
+            return r;
+        }
+        Replay::More(n) => n,
+        Replay::Miss => 0,
+    };
+    WALKED.fetch_add(1, Relaxed);
+    let mut seen = Walk::EMPTY;
+    seen.key = key;
+    let mut walk = |cache: &mut CacheX86_64, seen: &mut Walk| {
+        let mut read = |a: u64| {
+            let r = read(a);
+            // A word outside the stack fails again from the same start on this thread (the
+            // same bounds): only the words read need checking.
+            if let Ok(v) = r {
+                seen.note_read(a, v);
+            }
+            r
+        };
         let regs = UnwindRegsX86_64::new(ip, sp, bp);
         let mut it = snap.unwinder.iter_frames(ip, regs, cache, &mut read);
         let mut leading = true;
+        let mut handed = 0usize;
+        let mut ras = [0u64; WALK_RAS];
+        let mut n = 0usize;
         // The first frame is this function's own instruction pointer.
-        while let Ok(Some(f)) = it.next() {
+        let stopped = loop {
+            let Ok(Some(f)) = it.next() else {
+                break false;
+            };
             let FrameAddress::ReturnAddress(ra) = f else {
                 continue;
             };
@@ -175,18 +340,34 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
                 continue;
             }
             leading = false;
-            if !visit(ra) {
-                return true;
+            if n < WALK_RAS {
+                ras[n] = ra;
             }
+            n += 1;
+            handed += 1;
+            if handed <= skip {
+                continue;
+            }
+            if !visit(ra) {
+                break true;
+            }
+        };
+        drop(it);
+        for &ra in &ras[..n.min(WALK_RAS)] {
+            seen.note_ra(ra);
         }
-        false
+        if n > WALK_RAS {
+            seen.overflow = true;
+        }
+        seen.ended = !stopped;
+        stopped
     };
     let from_cache = CACHE.try_with(|c| {
         let Ok(mut c) = c.try_borrow_mut() else {
             return None;
         };
         let cache = c.get_or_insert_with(|| Box::new(CacheX86_64::new()));
-        let r = walk(cache, &mut read);
+        let r = walk(cache, &mut seen);
         let st = cache.stats();
         let (hits, misses) = (st.hits(), st.misses());
         let (h0, m0) = SEEN
@@ -196,9 +377,23 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
         MISSES.fetch_add(misses.saturating_sub(m0), Relaxed);
         Some(r)
     });
-    match from_cache {
+    let r = match from_cache {
         Ok(Some(r)) => r,
         // Thread teardown (the cache is gone) or re-entered: a cache of its own this once.
-        _ => walk(&mut CacheX86_64::new(), &mut read),
+        _ => return walk(&mut CacheX86_64::new(), &mut seen),
+    };
+    if !seen.overflow {
+        let _ = WALKS.try_with(|w| {
+            if let Ok(mut w) = w.try_borrow_mut() {
+                let w = w.get_or_insert_with(|| Walks {
+                    walks: vec![Walk::EMPTY; WALK_SETS * WALK_WAYS].into_boxed_slice(),
+                    next: vec![0; WALK_SETS].into_boxed_slice(),
+                });
+                let way = w.next[set] as usize % WALK_WAYS;
+                w.next[set] = (way + 1) as u8;
+                w.walks[set * WALK_WAYS + way] = seen;
+            }
+        });
     }
+    r
 }
