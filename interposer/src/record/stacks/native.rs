@@ -352,7 +352,6 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
                 break true;
             }
         };
-        drop(it);
         for &ra in &ras[..n.min(WALK_RAS)] {
             seen.note_ra(ra);
         }
