@@ -12,6 +12,9 @@
  *                      frees from the three sites: the write is found at exit, long after
  *   stacks deep D      one allocation D calls deep (stacks_recurse), for the depth limit
  *   stacks bench N D   N allocations and frees D calls deep (isolate-bench: cost per stack)
+ *   stacks rbp N       N allocations and frees from one site that holds a value of its own
+ *                      in rbp (another each call) across them, as code built without frame
+ *                      pointers does: the walks' saved rbp words differ, their frames not
  */
 #include "common.h"
 
@@ -100,6 +103,18 @@ NOINLINE int stacks_bench(int d, long n) {
     return 0;
 }
 
+/* rbp holds i * 7919 across both calls: the hooks' frames save it, so each walk reads a
+ * saved word that differs from the last one's, and starts with another rbp. */
+NOINLINE void stacks_rbp_site(long i) {
+    register long v asm("rbp") = i * 7919;
+    asm volatile("" : "+r"(v));
+    void *p;
+    sink += cudaMalloc(&p, 256);
+    asm volatile("" : "+r"(v));
+    sink += (int)v;
+    sink += cudaFree(p);
+}
+
 int main(int argc, char **argv) {
     setup();
     const char *what = argc > 1 ? argv[1] : "stale";
@@ -117,8 +132,14 @@ int main(int argc, char **argv) {
         int d = argc > 2 ? atoi(argv[2]) : 10;
         return stacks_recurse(d) != 0;
     }
+    if (!strcmp(what, "rbp")) {
+        long n = argc > 2 ? atol(argv[2]) : 1000;
+        for (long i = 0; i < n; i++)
+            stacks_rbp_site(i);
+        return 0;
+    }
     if (!strcmp(what, "bench") && argc > 3)
         return stacks_bench(atoi(argv[3]), atol(argv[2]));
-    fprintf(stderr, "usage: stacks stale | sites N | late N | deep D | bench N D\n");
+    fprintf(stderr, "usage: stacks stale | sites N | late N | deep D | bench N D | rbp N\n");
     return 2;
 }

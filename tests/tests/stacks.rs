@@ -310,7 +310,7 @@ fn a_million_allocations_from_three_call_sites_are_three_stacks() {
     // cache after the first walk through each site.
     let (replayed, walked) = (num("native frames: "), num("remembered walks, "));
     assert_eq!(replayed + walked, 2 * n as u64, "{note}");
-    let (hits, misses) = (num("walked, with "), num("rule cache, "));
+    let (hits, misses) = (num("remember), with "), num("rule cache, "));
     assert!(hits + misses >= walked, "{note}");
     assert!(misses > 0 && misses < 1000, "{note}");
     // The stacks themselves: each of the 6 looked up in the process's table once, then served
@@ -350,8 +350,42 @@ fn a_repeated_walk_is_replayed_and_names_the_same_frames() {
         );
         assert!(!s.get(events[0].stack).truncated, "{words:?}");
     }
-    let note = t
-        .records
+    let note = stacks_note(t);
+    let num = |after: &str| note_number(&note, after);
+    let (replayed, walked) = (num("native frames: "), num("remembered walks, "));
+    assert_eq!(replayed + walked, 2 * n, "{note}");
+    // The first allocation's and free's walks, and a few from the program's set-up.
+    assert!(walked <= 10, "{note}");
+}
+
+/// A walk is replayed when the stack words that differ from the walk it was remembered with
+/// are ones no frame's rule unwinds through: a site whose caller keeps data in rbp (another
+/// value each call, as code built without frame pointers does) starts every walk with another
+/// rbp, and the frames save it; the walks are replayed all the same, and name the site.
+#[test]
+fn walks_whose_saved_rbp_differs_are_replayed() {
+    let n = 20_000u64;
+    let out = Run::program("stacks").args(["rbp", &n.to_string()]).run();
+    out.assert_success();
+    let t = out.only_trace();
+    let s = Stacks::of(t);
+    let mut syms = Symbols::default();
+    let mallocs = events_of(t, Api::CudaMalloc);
+    assert_eq!(mallocs.len(), n as usize);
+    let ids: BTreeSet<u32> = mallocs.iter().map(|e| e.stack).collect();
+    assert_eq!(ids.len(), 1);
+    let words = s.render(mallocs[0].stack, &mut syms);
+    assert_eq!(words[0], "stacks_rbp_site", "{words:?}");
+    let note = stacks_note(t);
+    let num = |after: &str| note_number(&note, after);
+    let (replayed, walked) = (num("native frames: "), num("remembered walks, "));
+    assert_eq!(replayed + walked, 2 * n, "{note}");
+    assert!(walked <= 10, "{note}");
+}
+
+/// The exit note on call stacks.
+fn stacks_note(t: &Trace) -> String {
+    t.records
         .iter()
         .find_map(|r| match r {
             Record::Note(n)
@@ -361,19 +395,17 @@ fn a_repeated_walk_is_replayed_and_names_the_same_frames() {
             }
             _ => None,
         })
-        .expect("a call stacks note");
-    let num = |after: &str| -> u64 {
-        let rest = &note[note.find(after).unwrap_or_else(|| panic!("{note}")) + after.len()..];
-        rest.split(|c: char| !c.is_ascii_digit())
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let (replayed, walked) = (num("native frames: "), num("remembered walks, "));
-    assert_eq!(replayed + walked, 2 * n, "{note}");
-    // The first allocation's and free's walks, and a few from the program's set-up.
-    assert!(walked <= 10, "{note}");
+        .expect("a call stacks note")
+}
+
+/// The number that follows `after` in `note`.
+fn note_number(note: &str, after: &str) -> u64 {
+    let rest = &note[note.find(after).unwrap_or_else(|| panic!("{note}")) + after.len()..];
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 #[test]

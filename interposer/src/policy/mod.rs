@@ -224,18 +224,23 @@ pub fn at_exit() {
     }
     if n > 0 {
         let (hits, misses) = crate::record::stacks::native::cache_stats();
-        let (replayed, walked) = crate::record::stacks::native::walk_stats();
+        let w = crate::record::stacks::native::walk_stats();
         exit_note(
             isolate_trace::CostTopic::Stacks,
             n,
             ns,
             format!(
                 "call stacks: {n} captured, {:.2} us each on the calling threads (native \
-                 frames: {replayed} walks replayed from the thread's remembered walks, \
-                 {walked} walked, with {hits} unwind rules from the rule cache, {misses} \
-                 looked up; {} stacks looked up in the process's table, the rest in the \
-                 thread's cache)",
+                 frames: {} walks replayed from the thread's remembered walks, {} walked \
+                 ({} from a start remembered with other stack words, {} too long to \
+                 remember), with {hits} unwind rules from the rule cache, {misses} looked \
+                 up; {} stacks looked up in the process's table, the rest in the thread's \
+                 cache)",
                 ns as f64 / 1e3 / n as f64,
+                w.replayed,
+                w.walked,
+                w.differed,
+                w.long,
                 crate::record::stacks::looked_up()
             ),
         );

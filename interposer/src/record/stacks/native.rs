@@ -148,15 +148,18 @@ const WALK_RAS: usize = 32;
 /// read with the value it found, the return addresses it handed on, and whether the stack ended
 /// there (rather than `visit` saying no).
 ///
-/// A walk is a function of its start and of the words it reads: the unwind rules come from the
-/// snapshot's objects for each ip, and each word's address follows from the registers and the
-/// words before it. So a walk from the same start whose words all read the same again hands on
+/// A walk is a function of its start (ip, sp, bp) and of the words it reads: the unwind rules
+/// come from the snapshot's objects for each ip, and each word's address follows from the
+/// registers and the words before it. So a walk from the same start whose words all read the same again hands on
 /// the same return addresses, and replaying them is exact; checking costs one read and compare
 /// a word (~10-20 against ~5 rule look-ups a frame).
 #[derive(Clone, Copy)]
 struct Walk {
-    /// ip, sp, bp, snapshot address; all 0 when the slot is empty.
-    key: [u64; 4],
+    /// ip, sp, snapshot address; all 0 when the slot is empty.
+    key: [u64; 3],
+    /// The frame pointer it started with, and whether a replay needs the same ([`must_check`]).
+    bp: u64,
+    bp_must: bool,
     reads: u8,
     ras: u8,
     ended: bool,
@@ -164,17 +167,22 @@ struct Walk {
     /// [`WALK_RAS`]: the walk is not remembered.
     overflow: bool,
     read: [(u64, u64); WALK_READS],
+    /// Which of `read` a replay checks ([`must_check`]).
+    must: u64,
     ra: [u64; WALK_RAS],
 }
 
 impl Walk {
     const EMPTY: Walk = Walk {
-        key: [0; 4],
+        key: [0; 3],
+        bp: 0,
+        bp_must: true,
         reads: 0,
         ras: 0,
         ended: false,
         overflow: false,
         read: [(0, 0); WALK_READS],
+        must: 0,
         ra: [0; WALK_RAS],
     };
 
@@ -209,16 +217,33 @@ thread_local! {
     static WALKS: RefCell<Option<Walks>> = const { RefCell::new(None) };
 }
 
-/// Walks replayed from a thread's remembered walks, and walks done frame by frame.
+/// Walks replayed from a thread's remembered walks, and walks done frame by frame; of those,
+/// the ones from a start remembered with other stack words, and the ones too long to remember.
 static REPLAYED: AtomicU64 = AtomicU64::new(0);
 static WALKED: AtomicU64 = AtomicU64::new(0);
+static DIFFERED: AtomicU64 = AtomicU64::new(0);
+static LONG: AtomicU64 = AtomicU64::new(0);
 
-/// (replayed, walked) so far, all threads.
-pub fn walk_stats() -> (u64, u64) {
-    (REPLAYED.load(Relaxed), WALKED.load(Relaxed))
+/// How native walks went so far, all threads.
+pub struct WalkStats {
+    pub replayed: u64,
+    pub walked: u64,
+    /// Walked from a start remembered with other words (another caller at the same depth).
+    pub differed: u64,
+    /// Walked and not remembered: more than [`WALK_READS`] words or [`WALK_RAS`] frames.
+    pub long: u64,
 }
 
-fn set_of(key: &[u64; 4]) -> usize {
+pub fn walk_stats() -> WalkStats {
+    WalkStats {
+        replayed: REPLAYED.load(Relaxed),
+        walked: WALKED.load(Relaxed),
+        differed: DIFFERED.load(Relaxed),
+        long: LONG.load(Relaxed),
+    }
+}
+
+fn set_of(key: &[u64; 3]) -> usize {
     let h = key
         .iter()
         .fold(0u64, |h, &k| (h ^ k).wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -234,6 +259,75 @@ enum Replay {
     /// `visit` took every remembered return address and wants more: walk on, leaving out
     /// that many (the walk hands on the same ones first).
     More(usize),
+}
+
+/// The most frames (the library's own included) a remembered walk gave.
+const WALK_FRAMES: usize = 48;
+
+/// What a saved word is turned into when [`must_check`] asks whether the walk used it: far
+/// outside any stack, so an address made from it reads nothing the walk read before.
+const PERTURB: u64 = 1 << 46;
+
+/// Which of a walk's words must read the same for a replay to be exact (a bit per word of
+/// `seen.read`). A return address always must. A saved frame pointer (`rbp`, restored frame
+/// by frame) matters only where a later frame's rule unwinds through it, and code built
+/// without frame pointers keeps data in it: checking it would make most of a model's walks
+/// differ; so does the frame pointer the walk starts with, the caller's data as often as
+/// not. So the walk is done again with that frame pointer and every word that is not a
+/// return address changed ([`PERTURB`]): a value the walk used to make an address changes
+/// the addresses it tries or the frames it gives (the only uses the unwind rules make of
+/// one); when neither changed, those values are not used, and only the return addresses are
+/// checked (`(mask, false)`). Else every word and the frame pointer (`(all, true)`).
+fn must_check(
+    snap: &Snapshot,
+    cache: &mut CacheX86_64,
+    (ip, sp, bp): (u64, u64, u64),
+    read: &dyn Fn(u64) -> Result<u64, ()>,
+    tried: &[u64],
+    frames: &[u64],
+    seen: &Walk,
+) -> (u64, bool) {
+    let all = if seen.reads as usize >= 64 {
+        (u64::MAX, true)
+    } else {
+        ((1u64 << seen.reads) - 1, true)
+    };
+    let is_ra = |v: u64| frames.iter().skip(1).any(|&f| f == v);
+    let mut i = 0usize;
+    let mut same = true;
+    let mut probe = |a: u64| {
+        if tried.get(i) != Some(&a) {
+            same = false;
+            return Err(());
+        }
+        i += 1;
+        match read(a) {
+            Ok(v) if !is_ra(v) => Ok(v ^ PERTURB),
+            r => r,
+        }
+    };
+    let regs = UnwindRegsX86_64::new(ip, sp, bp ^ PERTURB);
+    let mut it = snap.unwinder.iter_frames(ip, regs, cache, &mut probe);
+    for &want in frames {
+        match it.next() {
+            Ok(Some(f)) if f.address() == want => {}
+            _ => return all,
+        }
+    }
+    // A walk that ended there must end there again (the reads that ended it are in `tried`).
+    if seen.ended && matches!(it.next(), Ok(Some(_))) {
+        return all;
+    }
+    if !same || i != tried.len() {
+        return all;
+    }
+    let mut must = 0u64;
+    for (k, &(_, v)) in seen.read[..seen.reads as usize].iter().enumerate() {
+        if is_ra(v) {
+            must |= 1 << k;
+        }
+    }
+    (must, false)
 }
 
 /// Hands `visit` the return addresses of the calling thread, innermost first, leaving out the
@@ -267,7 +361,7 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
             Err(())
         }
     };
-    let key = [ip, sp, bp, snap as *const Snapshot as u64];
+    let key = [ip, sp, snap as *const Snapshot as u64];
     let set = set_of(&key);
     let replay = WALKS
         .try_with(|w| {
@@ -277,15 +371,18 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
             let Some(w) = w.as_ref() else {
                 return Replay::Miss;
             };
-            let Some(walk) = w.walks[set * WALK_WAYS..(set + 1) * WALK_WAYS]
-                .iter()
-                .find(|walk| {
-                    walk.key == key
-                        && walk.read[..walk.reads as usize]
-                            .iter()
-                            .all(|&(a, v)| read(a) == Ok(v))
-                })
-            else {
+            let ways = &w.walks[set * WALK_WAYS..(set + 1) * WALK_WAYS];
+            let Some(walk) = ways.iter().find(|walk| {
+                walk.key == key
+                    && (!walk.bp_must || walk.bp == bp)
+                    && walk.read[..walk.reads as usize]
+                        .iter()
+                        .enumerate()
+                        .all(|(k, &(a, v))| walk.must & (1 << k) == 0 || read(a) == Ok(v))
+            }) else {
+                if ways.iter().any(|walk| walk.key == key) {
+                    DIFFERED.fetch_add(1, Relaxed);
+                }
                 return Replay::Miss;
             };
             for &ra in &walk.ra[..walk.ras as usize] {
@@ -311,54 +408,81 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
     WALKED.fetch_add(1, Relaxed);
     let mut seen = Walk::EMPTY;
     seen.key = key;
+    seen.bp = bp;
     let mut walk = |cache: &mut CacheX86_64, seen: &mut Walk| {
-        let mut read = |a: u64| {
-            let r = read(a);
-            // A word outside the stack fails again from the same start on this thread (the
-            // same bounds): only the words read need checking.
-            if let Ok(v) = r {
-                seen.note_read(a, v);
-            }
-            r
-        };
-        let regs = UnwindRegsX86_64::new(ip, sp, bp);
-        let mut it = snap.unwinder.iter_frames(ip, regs, cache, &mut read);
-        let mut leading = true;
-        let mut handed = 0usize;
+        // Every address the walk tried (read or not), and every frame it gave, in order.
+        let mut tried = [0u64; WALK_READS];
+        let mut n_tried = 0usize;
+        let mut frames = [0u64; WALK_FRAMES];
+        let mut n_frames = 0usize;
         let mut ras = [0u64; WALK_RAS];
-        let mut n = 0usize;
-        // The first frame is this function's own instruction pointer.
-        let stopped = loop {
-            let Ok(Some(f)) = it.next() else {
-                break false;
+        let mut n_ras = 0usize;
+        let stopped = {
+            let mut read = |a: u64| {
+                if n_tried < WALK_READS {
+                    tried[n_tried] = a;
+                }
+                n_tried += 1;
+                let r = read(a);
+                // A word outside the stack fails again from the same start on this thread
+                // (the same bounds): only the words read need checking.
+                if let Ok(v) = r {
+                    seen.note_read(a, v);
+                }
+                r
             };
-            let FrameAddress::ReturnAddress(ra) = f else {
-                continue;
-            };
-            let ra = ra.get();
-            if leading && snap.is_own(ra) {
-                continue;
-            }
-            leading = false;
-            if n < WALK_RAS {
-                ras[n] = ra;
-            }
-            n += 1;
-            handed += 1;
-            if handed <= skip {
-                continue;
-            }
-            if !visit(ra) {
-                break true;
+            let regs = UnwindRegsX86_64::new(ip, sp, bp);
+            let mut it = snap.unwinder.iter_frames(ip, regs, cache, &mut read);
+            let mut leading = true;
+            let mut handed = 0usize;
+            // The first frame is this function's own instruction pointer.
+            loop {
+                let Ok(Some(f)) = it.next() else {
+                    break false;
+                };
+                if n_frames < WALK_FRAMES {
+                    frames[n_frames] = f.address();
+                }
+                n_frames += 1;
+                let FrameAddress::ReturnAddress(ra) = f else {
+                    continue;
+                };
+                let ra = ra.get();
+                if leading && snap.is_own(ra) {
+                    continue;
+                }
+                leading = false;
+                if n_ras < WALK_RAS {
+                    ras[n_ras] = ra;
+                }
+                n_ras += 1;
+                handed += 1;
+                if handed <= skip {
+                    continue;
+                }
+                if !visit(ra) {
+                    break true;
+                }
             }
         };
-        for &ra in &ras[..n.min(WALK_RAS)] {
+        for &ra in &ras[..n_ras.min(WALK_RAS)] {
             seen.note_ra(ra);
         }
-        if n > WALK_RAS {
+        seen.ended = !stopped;
+        if n_ras > WALK_RAS || n_tried > WALK_READS || n_frames > WALK_FRAMES {
             seen.overflow = true;
         }
-        seen.ended = !stopped;
+        if !seen.overflow {
+            (seen.must, seen.bp_must) = must_check(
+                snap,
+                cache,
+                (ip, sp, bp),
+                &read,
+                &tried[..n_tried],
+                &frames[..n_frames],
+                seen,
+            );
+        }
         stopped
     };
     let from_cache = CACHE.try_with(|c| {
@@ -381,7 +505,9 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
         // Thread teardown (the cache is gone) or re-entered: a cache of its own this once.
         _ => return walk(&mut CacheX86_64::new(), &mut seen),
     };
-    if !seen.overflow {
+    if seen.overflow {
+        LONG.fetch_add(1, Relaxed);
+    } else {
         let _ = WALKS.try_with(|w| {
             if let Ok(mut w) = w.try_borrow_mut() {
                 let w = w.get_or_insert_with(|| Walks {
