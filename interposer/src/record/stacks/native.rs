@@ -136,8 +136,10 @@ pub fn stack_room() -> Option<u64> {
 /// Sets of remembered walks per thread, chosen by where a walk starts; each holds
 /// [`WALK_WAYS`] walks from starts that chose it (the same start reached from different
 /// callers: a model's operators all allocate from the same depth of the same hook).
-const WALK_SETS: usize = 128;
-const WALK_WAYS: usize = 4;
+const WALK_SETS: usize = 64;
+const WALK_WAYS: usize = 16;
+/// The most words a remembered walk keeps to check (those it uses: [`must_check`]).
+const KEEP_WORDS: usize = 32;
 /// The most stack words a remembered walk read (framehop reads one or two a frame).
 const WALK_READS: usize = 64;
 /// The most return addresses a remembered walk handed on (the full tier's 16 native frames
@@ -205,15 +207,65 @@ impl Walk {
     }
 }
 
-/// A thread's remembered walks: [`WALK_SETS`] sets of [`WALK_WAYS`], and for each set the
-/// way the next walk to remember replaces.
+/// A remembered walk: its start, the words a replay checks (with their values) and the
+/// return addresses it hands on (808 bytes).
+#[derive(Clone, Copy)]
+struct Kept {
+    key: [u64; 3],
+    bp: u64,
+    bp_must: bool,
+    ended: bool,
+    words: u8,
+    ras: u8,
+    word: [(u64, u64); KEEP_WORDS],
+    ra: [u64; WALK_RAS],
+}
+
+impl Kept {
+    const EMPTY: Kept = Kept {
+        key: [0; 3],
+        bp: 0,
+        bp_must: true,
+        ended: false,
+        words: 0,
+        ras: 0,
+        word: [(0, 0); KEEP_WORDS],
+        ra: [0; WALK_RAS],
+    };
+
+    /// The words of `seen` its mask says a replay checks; None when more than fit.
+    fn of(seen: &Walk) -> Option<Kept> {
+        let mut k = Kept {
+            key: seen.key,
+            bp: seen.bp,
+            bp_must: seen.bp_must,
+            ended: seen.ended,
+            words: 0,
+            ras: seen.ras,
+            word: [(0, 0); KEEP_WORDS],
+            ra: seen.ra,
+        };
+        for (i, &w) in seen.read[..seen.reads as usize].iter().enumerate() {
+            if seen.must & (1 << i) != 0 {
+                *k.word.get_mut(k.words as usize)? = w;
+                k.words += 1;
+            }
+        }
+        Some(k)
+    }
+}
+
+/// A thread's remembered walks: [`WALK_SETS`] sets of [`WALK_WAYS`], each made when a walk is
+/// first remembered in it (a thread with few stacks holds few), and for each set the way the
+/// next walk to remember replaces.
 struct Walks {
-    walks: Box<[Walk]>,
-    next: Box<[u8]>,
+    sets: Vec<Option<Box<[Kept; WALK_WAYS]>>>,
+    next: [u8; WALK_SETS],
 }
 
 thread_local! {
-    /// The thread's remembered walks ([`Walk`]), on the heap (~660 KiB: 512 walks of 1,320 bytes), made at its first walk.
+    /// The thread's remembered walks ([`Kept`]), on the heap: 13 KiB a set in use, at most
+    /// 808 KiB.
     static WALKS: RefCell<Option<Walks>> = const { RefCell::new(None) };
 }
 
@@ -223,6 +275,8 @@ static REPLAYED: AtomicU64 = AtomicU64::new(0);
 static WALKED: AtomicU64 = AtomicU64::new(0);
 static DIFFERED: AtomicU64 = AtomicU64::new(0);
 static LONG: AtomicU64 = AtomicU64::new(0);
+/// Walks remembered whose every word a replay checks ([`must_check`] found one used).
+static EVERY_WORD: AtomicU64 = AtomicU64::new(0);
 
 /// How native walks went so far, all threads.
 pub struct WalkStats {
@@ -230,8 +284,11 @@ pub struct WalkStats {
     pub walked: u64,
     /// Walked from a start remembered with other words (another caller at the same depth).
     pub differed: u64,
-    /// Walked and not remembered: more than [`WALK_READS`] words or [`WALK_RAS`] frames.
+    /// Walked and not remembered: more than [`WALK_READS`] words or [`WALK_RAS`] frames, or
+    /// more than [`KEEP_WORDS`] to check.
     pub long: u64,
+    /// Remembered with every word to check.
+    pub every_word: u64,
 }
 
 pub fn walk_stats() -> WalkStats {
@@ -240,6 +297,7 @@ pub fn walk_stats() -> WalkStats {
         walked: WALKED.load(Relaxed),
         differed: DIFFERED.load(Relaxed),
         long: LONG.load(Relaxed),
+        every_word: EVERY_WORD.load(Relaxed),
     }
 }
 
@@ -371,14 +429,15 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
             let Some(w) = w.as_ref() else {
                 return Replay::Miss;
             };
-            let ways = &w.walks[set * WALK_WAYS..(set + 1) * WALK_WAYS];
+            let Some(ways) = w.sets[set].as_deref() else {
+                return Replay::Miss;
+            };
             let Some(walk) = ways.iter().find(|walk| {
                 walk.key == key
                     && (!walk.bp_must || walk.bp == bp)
-                    && walk.read[..walk.reads as usize]
+                    && walk.word[..walk.words as usize]
                         .iter()
-                        .enumerate()
-                        .all(|(k, &(a, v))| walk.must & (1 << k) == 0 || read(a) == Ok(v))
+                        .all(|&(a, v)| read(a) == Ok(v))
             }) else {
                 if ways.iter().any(|walk| walk.key == key) {
                     DIFFERED.fetch_add(1, Relaxed);
@@ -505,20 +564,29 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
         // Thread teardown (the cache is gone) or re-entered: a cache of its own this once.
         _ => return walk(&mut CacheX86_64::new(), &mut seen),
     };
-    if seen.overflow {
+    let kept = if seen.overflow { None } else { Kept::of(&seen) };
+    let Some(kept) = kept else {
         LONG.fetch_add(1, Relaxed);
-    } else {
-        let _ = WALKS.try_with(|w| {
-            if let Ok(mut w) = w.try_borrow_mut() {
-                let w = w.get_or_insert_with(|| Walks {
-                    walks: vec![Walk::EMPTY; WALK_SETS * WALK_WAYS].into_boxed_slice(),
-                    next: vec![0; WALK_SETS].into_boxed_slice(),
-                });
-                let way = w.next[set] as usize % WALK_WAYS;
-                w.next[set] = (way + 1) as u8;
-                w.walks[set * WALK_WAYS + way] = seen;
-            }
-        });
+        return r;
+    };
+    if kept.bp_must {
+        EVERY_WORD.fetch_add(1, Relaxed);
     }
+    let _ = WALKS.try_with(|w| {
+        if let Ok(mut w) = w.try_borrow_mut() {
+            let w = w.get_or_insert_with(|| Walks {
+                sets: (0..WALK_SETS).map(|_| None).collect(),
+                next: [0; WALK_SETS],
+            });
+            let ways = w.sets[set].get_or_insert_with(|| {
+                // Made in place on the heap: the thread's stack may be small.
+                let v: Box<[Kept]> = vec![Kept::EMPTY; WALK_WAYS].into_boxed_slice();
+                v.try_into().unwrap_or_else(|_| unreachable!())
+            });
+            let way = w.next[set] as usize % WALK_WAYS;
+            w.next[set] = (way + 1) as u8;
+            ways[way] = kept;
+        }
+    });
     r
 }
