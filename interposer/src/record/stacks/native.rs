@@ -11,6 +11,7 @@
 use super::modules::Snapshot;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{FrameAddress, Unwinder};
+use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -136,10 +137,13 @@ pub fn stack_room() -> Option<u64> {
 /// Sets of remembered walks per thread, chosen by where a walk starts; each holds
 /// [`WALK_WAYS`] walks from starts that chose it (the same start reached from different
 /// callers: a model's operators all allocate from the same depth of the same hook).
-const WALK_SETS: usize = 64;
-const WALK_WAYS: usize = 16;
+/// The most walks a thread remembers from one start (the same hook at the same depth: a
+/// model's operators all allocate from there, through many callers), and in all; past the
+/// latter it forgets them all and starts again.
+const WALKS_PER_START: usize = 64;
+const WALKS_PER_THREAD: usize = 2048;
 /// The most words a remembered walk keeps to check (those it uses: [`must_check`]).
-const KEEP_WORDS: usize = 32;
+const KEEP_WORDS: usize = 48;
 /// The most stack words a remembered walk read (framehop reads one or two a frame).
 const WALK_READS: usize = 64;
 /// The most return addresses a remembered walk handed on (the full tier's 16 native frames
@@ -208,10 +212,9 @@ impl Walk {
 }
 
 /// A remembered walk: its start, the words a replay checks (with their values) and the
-/// return addresses it hands on (808 bytes).
+/// return addresses it hands on (1,040 bytes).
 #[derive(Clone, Copy)]
 struct Kept {
-    key: [u64; 3],
     bp: u64,
     bp_must: bool,
     ended: bool,
@@ -222,21 +225,9 @@ struct Kept {
 }
 
 impl Kept {
-    const EMPTY: Kept = Kept {
-        key: [0; 3],
-        bp: 0,
-        bp_must: true,
-        ended: false,
-        words: 0,
-        ras: 0,
-        word: [(0, 0); KEEP_WORDS],
-        ra: [0; WALK_RAS],
-    };
-
     /// The words of `seen` its mask says a replay checks; None when more than fit.
     fn of(seen: &Walk) -> Option<Kept> {
         let mut k = Kept {
-            key: seen.key,
             bp: seen.bp,
             bp_must: seen.bp_must,
             ended: seen.ended,
@@ -255,17 +246,19 @@ impl Kept {
     }
 }
 
-/// A thread's remembered walks: [`WALK_SETS`] sets of [`WALK_WAYS`], each made when a walk is
-/// first remembered in it (a thread with few stacks holds few), and for each set the way the
-/// next walk to remember replaces.
+/// A thread's remembered walks by start, each start's last replayed first (a hit moves to
+/// the front; a walk remembered past [`WALKS_PER_START`] replaces the last).
+#[derive(Default)]
 struct Walks {
-    sets: Vec<Option<Box<[Kept; WALK_WAYS]>>>,
-    next: [u8; WALK_SETS],
+    // Boxed: a hit moves pointers, not kilobytes.
+    #[allow(clippy::vec_box)]
+    by_start: FxHashMap<[u64; 3], Vec<Box<Kept>>>,
+    count: usize,
 }
 
 thread_local! {
-    /// The thread's remembered walks ([`Kept`]), on the heap: 13 KiB a set in use, at most
-    /// 808 KiB.
+    /// The thread's remembered walks ([`Kept`], 1,040 bytes each, on the heap; at most
+    /// [`WALKS_PER_THREAD`]: ~2 MiB).
     static WALKS: RefCell<Option<Walks>> = const { RefCell::new(None) };
 }
 
@@ -282,7 +275,7 @@ static EVERY_WORD: AtomicU64 = AtomicU64::new(0);
 pub struct WalkStats {
     pub replayed: u64,
     pub walked: u64,
-    /// Walked from a start remembered with other words (another caller at the same depth).
+    /// Walked from a start remembered, with other words (another caller at the same depth).
     pub differed: u64,
     /// Walked and not remembered: more than [`WALK_READS`] words or [`WALK_RAS`] frames, or
     /// more than [`KEEP_WORDS`] to check.
@@ -299,13 +292,6 @@ pub fn walk_stats() -> WalkStats {
         long: LONG.load(Relaxed),
         every_word: EVERY_WORD.load(Relaxed),
     }
-}
-
-fn set_of(key: &[u64; 3]) -> usize {
-    let h = key
-        .iter()
-        .fold(0u64, |h, &k| (h ^ k).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    (h >> 40) as usize % WALK_SETS
 }
 
 /// What replaying a remembered walk came to.
@@ -420,30 +406,25 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
         }
     };
     let key = [ip, sp, snap as *const Snapshot as u64];
-    let set = set_of(&key);
     let replay = WALKS
         .try_with(|w| {
-            let Ok(w) = w.try_borrow() else {
+            let Ok(mut w) = w.try_borrow_mut() else {
                 return Replay::Miss;
             };
-            let Some(w) = w.as_ref() else {
+            let Some(ways) = w.as_mut().and_then(|w| w.by_start.get_mut(&key)) else {
                 return Replay::Miss;
             };
-            let Some(ways) = w.sets[set].as_deref() else {
-                return Replay::Miss;
-            };
-            let Some(walk) = ways.iter().find(|walk| {
-                walk.key == key
-                    && (!walk.bp_must || walk.bp == bp)
+            let Some(i) = ways.iter().position(|walk| {
+                (!walk.bp_must || walk.bp == bp)
                     && walk.word[..walk.words as usize]
                         .iter()
                         .all(|&(a, v)| read(a) == Ok(v))
             }) else {
-                if ways.iter().any(|walk| walk.key == key) {
-                    DIFFERED.fetch_add(1, Relaxed);
-                }
+                DIFFERED.fetch_add(1, Relaxed);
                 return Replay::Miss;
             };
+            ways[..=i].rotate_right(1);
+            let walk = &ways[0];
             for &ra in &walk.ra[..walk.ras as usize] {
                 if !visit(ra) {
                     return Replay::Done(true);
@@ -574,18 +555,19 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
     }
     let _ = WALKS.try_with(|w| {
         if let Ok(mut w) = w.try_borrow_mut() {
-            let w = w.get_or_insert_with(|| Walks {
-                sets: (0..WALK_SETS).map(|_| None).collect(),
-                next: [0; WALK_SETS],
-            });
-            let ways = w.sets[set].get_or_insert_with(|| {
-                // Made in place on the heap: the thread's stack may be small.
-                let v: Box<[Kept]> = vec![Kept::EMPTY; WALK_WAYS].into_boxed_slice();
-                v.try_into().unwrap_or_else(|_| unreachable!())
-            });
-            let way = w.next[set] as usize % WALK_WAYS;
-            w.next[set] = (way + 1) as u8;
-            ways[way] = kept;
+            let w = w.get_or_insert_with(Walks::default);
+            if w.count >= WALKS_PER_THREAD {
+                w.by_start.clear();
+                w.count = 0;
+            }
+            let ways = w.by_start.entry(key).or_default();
+            if ways.len() >= WALKS_PER_START {
+                ways.pop();
+                w.count -= 1;
+            }
+            // The newest first: a loop's next call is most likely the same.
+            ways.insert(0, Box::new(kept));
+            w.count += 1;
         }
     });
     r
