@@ -310,7 +310,7 @@ fn a_million_allocations_from_three_call_sites_are_three_stacks() {
     // cache after the first walk through each site.
     let (replayed, walked) = (num("native frames: "), num("remembered walks, "));
     assert_eq!(replayed + walked, 2 * n as u64, "{note}");
-    let (hits, misses) = (num("word to check), with "), num("rule cache, "));
+    let (hits, misses) = (num("each time), with "), num("rule cache, "));
     assert!(hits + misses >= walked, "{note}");
     assert!(misses > 0 && misses < 1000, "{note}");
     // The stacks themselves: each of the 6 looked up in the process's table once, then served

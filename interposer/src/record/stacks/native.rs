@@ -250,11 +250,27 @@ impl Kept {
 /// the front; a walk remembered past [`WALKS_PER_START`] replaces the last).
 #[derive(Default)]
 struct Walks {
-    // Boxed: a hit moves pointers, not kilobytes.
-    #[allow(clippy::vec_box)]
-    by_start: FxHashMap<[u64; 3], Vec<Box<Kept>>>,
+    by_start: FxHashMap<[u64; 3], Start>,
     count: usize,
 }
+
+/// The walks remembered from one start.
+#[derive(Default)]
+struct Start {
+    // Boxed: a hit moves pointers, not kilobytes.
+    #[allow(clippy::vec_box)]
+    walks: Vec<Box<Kept>>,
+    /// How many of them had every word to check; past [`UNSTABLE`] the start is one whose
+    /// walks read other words each time (a word the rules use that holds data): no more such
+    /// walks are remembered there, and only one miss in [`PROBE_EVERY`] is probed
+    /// ([`must_check`]) for a walk that can be.
+    every_word: u32,
+    misses: u32,
+}
+
+/// See [`Start::every_word`].
+const UNSTABLE: u32 = 8;
+const PROBE_EVERY: u32 = 16;
 
 thread_local! {
     /// The thread's remembered walks ([`Kept`], 1,040 bytes each, on the heap; at most
@@ -270,6 +286,8 @@ static DIFFERED: AtomicU64 = AtomicU64::new(0);
 static LONG: AtomicU64 = AtomicU64::new(0);
 /// Walks remembered whose every word a replay checks ([`must_check`] found one used).
 static EVERY_WORD: AtomicU64 = AtomicU64::new(0);
+/// Walks not remembered at a start whose walks read other words each time ([`Start`]).
+static UNPROBED: AtomicU64 = AtomicU64::new(0);
 
 /// How native walks went so far, all threads.
 pub struct WalkStats {
@@ -282,6 +300,8 @@ pub struct WalkStats {
     pub long: u64,
     /// Remembered with every word to check.
     pub every_word: u64,
+    /// Not remembered: from a start whose walks read other words each time.
+    pub unstable: u64,
 }
 
 pub fn walk_stats() -> WalkStats {
@@ -291,13 +311,15 @@ pub fn walk_stats() -> WalkStats {
         differed: DIFFERED.load(Relaxed),
         long: LONG.load(Relaxed),
         every_word: EVERY_WORD.load(Relaxed),
+        unstable: UNPROBED.load(Relaxed),
     }
 }
 
 /// What replaying a remembered walk came to.
 enum Replay {
-    /// No remembered walk from here, or a word read differently now.
-    Miss,
+    /// No remembered walk from here, or a word read differently now: walk, and remember the
+    /// walk (probe it: [`must_check`]) when true.
+    Miss(bool),
     /// Done: whether `visit` said no to one (as [`unwind`] returns).
     Done(bool),
     /// `visit` took every remembered return address and wants more: walk on, leaving out
@@ -409,11 +431,12 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
     let replay = WALKS
         .try_with(|w| {
             let Ok(mut w) = w.try_borrow_mut() else {
-                return Replay::Miss;
+                return Replay::Miss(false);
             };
-            let Some(ways) = w.as_mut().and_then(|w| w.by_start.get_mut(&key)) else {
-                return Replay::Miss;
+            let Some(start) = w.as_mut().and_then(|w| w.by_start.get_mut(&key)) else {
+                return Replay::Miss(true);
             };
+            let ways = &mut start.walks;
             let Some(i) = ways.iter().position(|walk| {
                 (!walk.bp_must || walk.bp == bp)
                     && walk.word[..walk.words as usize]
@@ -421,7 +444,10 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
                         .all(|&(a, v)| read(a) == Ok(v))
             }) else {
                 DIFFERED.fetch_add(1, Relaxed);
-                return Replay::Miss;
+                start.misses = start.misses.wrapping_add(1);
+                return Replay::Miss(
+                    start.every_word < UNSTABLE || start.misses.is_multiple_of(PROBE_EVERY),
+                );
             };
             ways[..=i].rotate_right(1);
             let walk = &ways[0];
@@ -436,14 +462,14 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
                 Replay::More(walk.ras as usize)
             }
         })
-        .unwrap_or(Replay::Miss);
-    let skip = match replay {
+        .unwrap_or(Replay::Miss(true));
+    let (skip, probe) = match replay {
         Replay::Done(r) => {
             REPLAYED.fetch_add(1, Relaxed);
             return r;
         }
-        Replay::More(n) => n,
-        Replay::Miss => 0,
+        Replay::More(n) => (n, true),
+        Replay::Miss(probe) => (0, probe),
     };
     WALKED.fetch_add(1, Relaxed);
     let mut seen = Walk::EMPTY;
@@ -512,7 +538,9 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
         if n_ras > WALK_RAS || n_tried > WALK_READS || n_frames > WALK_FRAMES {
             seen.overflow = true;
         }
-        if !seen.overflow {
+        if !probe {
+            seen.overflow = true;
+        } else if !seen.overflow {
             (seen.must, seen.bp_must) = must_check(
                 snap,
                 cache,
@@ -545,14 +573,15 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
         // Thread teardown (the cache is gone) or re-entered: a cache of its own this once.
         _ => return walk(&mut CacheX86_64::new(), &mut seen),
     };
+    if !probe {
+        UNPROBED.fetch_add(1, Relaxed);
+        return r;
+    }
     let kept = if seen.overflow { None } else { Kept::of(&seen) };
     let Some(kept) = kept else {
         LONG.fetch_add(1, Relaxed);
         return r;
     };
-    if kept.bp_must {
-        EVERY_WORD.fetch_add(1, Relaxed);
-    }
     let _ = WALKS.try_with(|w| {
         if let Ok(mut w) = w.try_borrow_mut() {
             let w = w.get_or_insert_with(Walks::default);
@@ -560,7 +589,16 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
                 w.by_start.clear();
                 w.count = 0;
             }
-            let ways = w.by_start.entry(key).or_default();
+            let start = w.by_start.entry(key).or_default();
+            if kept.bp_must {
+                if start.every_word >= UNSTABLE {
+                    UNPROBED.fetch_add(1, Relaxed);
+                    return;
+                }
+                start.every_word += 1;
+                EVERY_WORD.fetch_add(1, Relaxed);
+            }
+            let ways = &mut start.walks;
             if ways.len() >= WALKS_PER_START {
                 ways.pop();
                 w.count -= 1;
