@@ -20,14 +20,16 @@
 # ... tiers:100..260; the table: TIER_CONFIGS=default,isolate,fast
 # TIER_MODELS=gpt2,resnet50,bert,vit TIER_ROUNDS=3 TIER_STEPS=60 TIER_PLANTED=0 BUDGET_S=330
 # BENCH_LIMIT_S=360 ... tiers:380 (300 s).
-# Left for the next call: the table again with what came after 462c58b (a launch waits only
-# for a word inside a still-deferred block: BERT's fill launches; 9 clock reads a tensor), with
-# fast-prof for its parts: TIER_CONFIGS=default,isolate,fast,fast-prof ... (as above, ~400 s);
-# the planted writes with the fast tier's lazy poisons (1a3f2f7; its memsets always queue them,
-# so the table should not move) and the seven-model set:
-#   TIER_CONFIGS=default,fast TIER_MODELS=resnet50 TIER_ROUNDS=1 TIER_STEPS=20 TIER_PLANTED=1
-#     BUDGET_S=200 BENCH_LIMIT_S=230 ... tiers:260
-#   MODEL_RUNS=1 ... models:290
+# Run in the fifteenth (docs/gpu-results.md "Fifteenth session"): MODEL_RUNS=1
+# TIER_CONFIGS=default,fast TIER_MODELS=resnet50 TIER_ROUNDS=1 TIER_STEPS=20 TIER_PLANTED=1
+# BUDGET_S=200 BENCH_LIMIT_S=230 ... tiers:250 models:300 (122 s); profile calls
+# TIER_CONFIGS=default,isolate,fast TIER_MODELS=resnet50,bert TIER_ROUNDS=1 TIER_STEPS=40
+# BUDGET_S=130 BENCH_LIMIT_S=160 ... tiers:170; the table: TIER_CONFIGS=default,log,isolate,fast
+# TIER_MODELS=gpt2,resnet50,bert,vit TIER_ROUNDS=3 TIER_STEPS=60 TIER_PLANTED=0 BUDGET_S=450
+# BENCH_LIMIT_S=480 ... tiers:500 (392 s).
+# Left for the next call: the table again on a normal host with 8bb511a (no probes at starts
+# whose walks differ each time), and the model set in the fast tier (not a mode of
+# models_check.py: its modes are log and isolate, the latter in the default tier).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
