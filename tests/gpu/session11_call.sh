@@ -29,7 +29,7 @@
 # BENCH_LIMIT_S=480 ... tiers:500 (392 s).
 # Left for the next call: the table again on a normal host with 8bb511a (no probes at starts
 # whose walks differ each time), and the model set in the fast tier (not a mode of
-# models_check.py: its modes are log and isolate, the latter in the default tier).
+# models_check.py: isolate, guard, log or none; isolate runs the default tier).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
