@@ -15,6 +15,9 @@
  *   stacks rbp N       N allocations and frees from one site that holds a value of its own
  *                      in rbp (another each call) across them, as code built without frame
  *                      pointers does: the walks' saved rbp words differ, their frames not
+ *   stacks fprbp N     as rbp, called through a function built with frame pointers (its
+ *                      frame's rule unwinds through its saved rbp, a stack address): the walks
+ *                      use one saved rbp and not the other
  */
 #include "common.h"
 
@@ -115,6 +118,13 @@ NOINLINE void stacks_rbp_site(long i) {
     sink += cudaFree(p);
 }
 
+/* Built with a frame pointer: unwinding its frame uses its saved rbp. */
+__attribute__((noinline, noclone, optimize("no-omit-frame-pointer"))) void
+stacks_fp_caller(long i) {
+    stacks_rbp_site(i);
+    sink += 1; /* not a tail call */
+}
+
 int main(int argc, char **argv) {
     setup();
     const char *what = argc > 1 ? argv[1] : "stale";
@@ -138,8 +148,14 @@ int main(int argc, char **argv) {
             stacks_rbp_site(i);
         return 0;
     }
+    if (!strcmp(what, "fprbp")) {
+        long n = argc > 2 ? atol(argv[2]) : 1000;
+        for (long i = 0; i < n; i++)
+            stacks_fp_caller(i);
+        return 0;
+    }
     if (!strcmp(what, "bench") && argc > 3)
         return stacks_bench(atoi(argv[3]), atol(argv[2]));
-    fprintf(stderr, "usage: stacks stale | sites N | late N | deep D | bench N D | rbp N\n");
+    fprintf(stderr, "usage: stacks stale | sites N | late N | deep D | bench N D | rbp N | fprbp N\n");
     return 2;
 }

@@ -233,8 +233,8 @@ pub fn at_exit() {
                 "call stacks: {n} captured, {:.2} us each on the calling threads (native \
                  frames: {} walks replayed from the thread's remembered walks, {} walked \
                  ({} from a start remembered with other stack words, {} too long to \
-                 remember; {} remembered with every word to check, {} not remembered at \
-                 starts whose walks read other words each time), with {hits} unwind rules from the rule cache, {misses} looked \
+                 remember; {} remembered with saved frame pointers to check, {} not \
+                 remembered at starts whose walks keep changing), with {hits} unwind rules from the rule cache, {misses} looked \
                  up; {} stacks looked up in the process's table, the rest in the thread's \
                  cache)",
                 ns as f64 / 1e3 / n as f64,
@@ -242,7 +242,7 @@ pub fn at_exit() {
                 w.walked,
                 w.differed,
                 w.long,
-                w.every_word,
+                w.uses_data,
                 w.unstable,
                 crate::record::stacks::looked_up()
             ),

@@ -175,6 +175,8 @@ struct Walk {
     read: [(u64, u64); WALK_READS],
     /// Which of `read` a replay checks ([`must_check`]).
     must: u64,
+    /// Whether the rules used a value that is not a return address (a saved `rbp`).
+    uses_data: bool,
     ra: [u64; WALK_RAS],
 }
 
@@ -189,6 +191,7 @@ impl Walk {
         overflow: false,
         read: [(0, 0); WALK_READS],
         must: 0,
+        uses_data: false,
         ra: [0; WALK_RAS],
     };
 
@@ -260,16 +263,15 @@ struct Start {
     // Boxed: a hit moves pointers, not kilobytes.
     #[allow(clippy::vec_box)]
     walks: Vec<Box<Kept>>,
-    /// How many of them had every word to check; past [`UNSTABLE`] the start is one whose
-    /// walks read other words each time (a word the rules use that holds data): no more such
-    /// walks are remembered there, and only one miss in [`PROBE_EVERY`] is probed
-    /// ([`must_check`]) for a walk that can be.
-    every_word: u32,
+    /// Walks that had to go to make room ([`WALKS_PER_START`]); past [`CHURN`] the start's
+    /// walks do not repeat or do not fit, and only one miss in [`PROBE_EVERY`] is probed
+    /// ([`must_check`]: a walk again and a few more) and remembered.
+    evicted: u32,
     misses: u32,
 }
 
-/// See [`Start::every_word`].
-const UNSTABLE: u32 = 8;
+/// See [`Start::evicted`].
+const CHURN: u32 = WALKS_PER_START as u32;
 const PROBE_EVERY: u32 = 16;
 
 thread_local! {
@@ -284,9 +286,9 @@ static REPLAYED: AtomicU64 = AtomicU64::new(0);
 static WALKED: AtomicU64 = AtomicU64::new(0);
 static DIFFERED: AtomicU64 = AtomicU64::new(0);
 static LONG: AtomicU64 = AtomicU64::new(0);
-/// Walks remembered whose every word a replay checks ([`must_check`] found one used).
-static EVERY_WORD: AtomicU64 = AtomicU64::new(0);
-/// Walks not remembered at a start whose walks read other words each time ([`Start`]).
+/// Walks remembered whose rules use a value that is not a return address ([`must_check`]).
+static USES_DATA: AtomicU64 = AtomicU64::new(0);
+/// Walks not remembered at a start whose walks keep changing ([`Start`]).
 static UNPROBED: AtomicU64 = AtomicU64::new(0);
 
 /// How native walks went so far, all threads.
@@ -298,9 +300,9 @@ pub struct WalkStats {
     /// Walked and not remembered: more than [`WALK_READS`] words or [`WALK_RAS`] frames, or
     /// more than [`KEEP_WORDS`] to check.
     pub long: u64,
-    /// Remembered with every word to check.
-    pub every_word: u64,
-    /// Not remembered: from a start whose walks read other words each time.
+    /// Remembered with values other than return addresses to check (saved frame pointers).
+    pub uses_data: u64,
+    /// Not remembered: from a start whose walks keep changing.
     pub unstable: u64,
 }
 
@@ -310,7 +312,7 @@ pub fn walk_stats() -> WalkStats {
         walked: WALKED.load(Relaxed),
         differed: DIFFERED.load(Relaxed),
         long: LONG.load(Relaxed),
-        every_word: EVERY_WORD.load(Relaxed),
+        uses_data: USES_DATA.load(Relaxed),
         unstable: UNPROBED.load(Relaxed),
     }
 }
@@ -343,23 +345,65 @@ const PERTURB: u64 = 1 << 46;
 /// return address changed ([`PERTURB`]): a value the walk used to make an address changes
 /// the addresses it tries or the frames it gives (the only uses the unwind rules make of
 /// one); when neither changed, those values are not used, and only the return addresses are
-/// checked (`(mask, false)`). Else every word and the frame pointer (`(all, true)`).
+/// checked (`(mask, false)`). Else (a frame built with frame pointers unwinds through a saved
+/// `rbp`, next to frames whose saved `rbp` is a heap pointer: PyTorch's) each value is
+/// changed alone, and the mask holds those whose change changed the walk.
 fn must_check(
+    snap: &Snapshot,
+    cache: &mut CacheX86_64,
+    start: (u64, u64, u64),
+    read: &dyn Fn(u64) -> Result<u64, ()>,
+    tried: &[u64],
+    frames: &[u64],
+    seen: &Walk,
+) -> (u64, bool, bool) {
+    let is_ra = |v: u64| frames.iter().skip(1).any(|&f| f == v);
+    let words = &seen.read[..seen.reads as usize];
+    let mut must = 0u64;
+    for (k, &(_, v)) in words.iter().enumerate() {
+        if is_ra(v) {
+            must |= 1 << k;
+        }
+    }
+    let mut same = |word: &dyn Fn(usize) -> bool, bp: bool| {
+        probe(
+            snap, cache, start, read, tried, frames, seen.ended, word, bp,
+        )
+    };
+    // Every value that is not a return address changed at once: the common case, one probe.
+    if same(&|k| must & (1 << k) == 0, true) {
+        return (must, false, false);
+    }
+    #[cfg(feature = "walk-dump")]
+    dump::probe(snap, start.1, start.2, "a value is used", frames, seen);
+    // Some value is used: find which, one at a time (a rule uses a value or not whatever the
+    // others hold, the frames being the same: so each found unused alone is unused).
+    for k in 0..words.len() {
+        if must & (1 << k) == 0 && !same(&|j| j == k, false) {
+            must |= 1 << k;
+        }
+    }
+    let bp_must = !same(&|_| false, true);
+    (must, bp_must, true)
+}
+
+/// Whether the walk from `start`, with the `word(k)` words read (the k-th read that succeeded)
+/// and, when `bp`, the starting frame pointer changed to [`PERTURB`]ed values, tries the same
+/// addresses (`tried`), gives the same frames and ends where the walk did.
+#[allow(clippy::too_many_arguments)]
+fn probe(
     snap: &Snapshot,
     cache: &mut CacheX86_64,
     (ip, sp, bp): (u64, u64, u64),
     read: &dyn Fn(u64) -> Result<u64, ()>,
     tried: &[u64],
     frames: &[u64],
-    seen: &Walk,
-) -> (u64, bool) {
-    let all = if seen.reads as usize >= 64 {
-        (u64::MAX, true)
-    } else {
-        ((1u64 << seen.reads) - 1, true)
-    };
-    let is_ra = |v: u64| frames.iter().skip(1).any(|&f| f == v);
+    ended: bool,
+    word: &dyn Fn(usize) -> bool,
+    change_bp: bool,
+) -> bool {
     let mut i = 0usize;
+    let mut ok = 0usize;
     let mut same = true;
     let mut probe = |a: u64| {
         if tried.get(i) != Some(&a) {
@@ -368,32 +412,27 @@ fn must_check(
         }
         i += 1;
         match read(a) {
-            Ok(v) if !is_ra(v) => Ok(v ^ PERTURB),
+            Ok(v) => {
+                ok += 1;
+                Ok(if word(ok - 1) { v ^ PERTURB } else { v })
+            }
             r => r,
         }
     };
-    let regs = UnwindRegsX86_64::new(ip, sp, bp ^ PERTURB);
+    let start_bp = if change_bp { bp ^ PERTURB } else { bp };
+    let regs = UnwindRegsX86_64::new(ip, sp, start_bp);
     let mut it = snap.unwinder.iter_frames(ip, regs, cache, &mut probe);
     for &want in frames {
         match it.next() {
             Ok(Some(f)) if f.address() == want => {}
-            _ => return all,
+            _ => return false,
         }
     }
     // A walk that ended there must end there again (the reads that ended it are in `tried`).
-    if seen.ended && matches!(it.next(), Ok(Some(_))) {
-        return all;
+    if ended && matches!(it.next(), Ok(Some(_))) {
+        return false;
     }
-    if !same || i != tried.len() {
-        return all;
-    }
-    let mut must = 0u64;
-    for (k, &(_, v)) in seen.read[..seen.reads as usize].iter().enumerate() {
-        if is_ra(v) {
-            must |= 1 << k;
-        }
-    }
-    (must, false)
+    same && i == tried.len()
 }
 
 /// Hands `visit` the return addresses of the calling thread, innermost first, leaving out the
@@ -444,9 +483,11 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
                         .all(|&(a, v)| read(a) == Ok(v))
             }) else {
                 DIFFERED.fetch_add(1, Relaxed);
+                #[cfg(feature = "walk-dump")]
+                dump::differed(snap, sp, bp, ways, &read);
                 start.misses = start.misses.wrapping_add(1);
                 return Replay::Miss(
-                    start.every_word < UNSTABLE || start.misses.is_multiple_of(PROBE_EVERY),
+                    start.evicted < CHURN || start.misses.is_multiple_of(PROBE_EVERY),
                 );
             };
             ways[..=i].rotate_right(1);
@@ -541,7 +582,7 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
         if !probe {
             seen.overflow = true;
         } else if !seen.overflow {
-            (seen.must, seen.bp_must) = must_check(
+            (seen.must, seen.bp_must, seen.uses_data) = must_check(
                 snap,
                 cache,
                 (ip, sp, bp),
@@ -590,17 +631,13 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
                 w.count = 0;
             }
             let start = w.by_start.entry(key).or_default();
-            if kept.bp_must {
-                if start.every_word >= UNSTABLE {
-                    UNPROBED.fetch_add(1, Relaxed);
-                    return;
-                }
-                start.every_word += 1;
-                EVERY_WORD.fetch_add(1, Relaxed);
+            if seen.uses_data {
+                USES_DATA.fetch_add(1, Relaxed);
             }
             let ways = &mut start.walks;
             if ways.len() >= WALKS_PER_START {
                 ways.pop();
+                start.evicted += 1;
                 w.count -= 1;
             }
             // The newest first: a loop's next call is most likely the same.
@@ -609,4 +646,72 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
         }
     });
     r
+}
+
+/// The `walk-dump` diagnostic build's printing (stderr, the first 60 of each kind a process).
+#[cfg(feature = "walk-dump")]
+mod dump {
+    use super::{Kept, Snapshot, Walk};
+    use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+    static PROBES: AtomicU32 = AtomicU32::new(0);
+    static DIFFERS: AtomicU32 = AtomicU32::new(0);
+
+    fn name(snap: &Snapshot, a: u64) -> String {
+        match snap.find(a) {
+            Some((_, o)) => format!(
+                "{}+0x{:x}",
+                o.path.rsplit('/').next().unwrap_or(""),
+                a - o.bias
+            ),
+            None => format!("0x{a:x}"),
+        }
+    }
+
+    pub fn probe(snap: &Snapshot, sp: u64, bp: u64, why: &str, frames: &[u64], seen: &Walk) {
+        if PROBES.fetch_add(1, Relaxed) >= 60 {
+            return;
+        }
+        let f: Vec<String> = frames.iter().map(|&a| name(snap, a)).collect();
+        let r: Vec<String> = seen.read[..seen.reads as usize]
+            .iter()
+            .map(|&(a, v)| format!("+{}={}", a.wrapping_sub(sp), name(snap, v)))
+            .collect();
+        eprintln!(
+            "walk-dump probe: {why}; bp=sp+{} frames {f:?} reads {r:?}",
+            bp.wrapping_sub(sp) as i64
+        );
+    }
+
+    #[allow(clippy::vec_box)]
+    pub fn differed(
+        snap: &Snapshot,
+        sp: u64,
+        bp: u64,
+        ways: &[Box<Kept>],
+        read: &dyn Fn(u64) -> Result<u64, ()>,
+    ) {
+        if DIFFERS.fetch_add(1, Relaxed) >= 60 {
+            return;
+        }
+        for w in ways.iter().take(3) {
+            let bad = w.word[..w.words as usize]
+                .iter()
+                .enumerate()
+                .find(|&(_, &(a, v))| read(a) != Ok(v));
+            let ras: Vec<String> = w.ra[..(w.ras as usize).min(6)]
+                .iter()
+                .map(|&a| name(snap, a))
+                .collect();
+            eprintln!(
+                "walk-dump differ: bp_must {} bp {} (now {}), word {:?} of {} now {:?}; ras {ras:?}",
+                w.bp_must,
+                w.bp.wrapping_sub(sp) as i64,
+                bp.wrapping_sub(sp) as i64,
+                bad.map(|(k, &(a, v))| (k, a.wrapping_sub(sp), name(snap, v))),
+                w.words,
+                bad.map(|(_, &(a, _))| read(a).map(|v| name(snap, v))),
+            );
+        }
+    }
 }
