@@ -272,7 +272,7 @@ struct Start {
 
 /// See [`Start::evicted`].
 const CHURN: u32 = WALKS_PER_START as u32;
-const PROBE_EVERY: u32 = 16;
+const PROBE_EVERY: u32 = 64;
 
 thread_local! {
     /// The thread's remembered walks ([`Kept`], 1,040 bytes each, on the heap; at most
