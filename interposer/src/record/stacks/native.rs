@@ -141,7 +141,7 @@ pub fn stack_room() -> Option<u64> {
 /// model's operators all allocate from there, through many callers), and in all; past the
 /// latter it forgets them all and starts again.
 const WALKS_PER_START: usize = 64;
-const WALKS_PER_THREAD: usize = 2048;
+const WALKS_PER_THREAD: usize = 1024;
 /// The most words a remembered walk keeps to check (those it uses: [`must_check`]).
 const KEEP_WORDS: usize = 48;
 /// The most stack words a remembered walk read (framehop reads one or two a frame).
@@ -276,7 +276,7 @@ const PROBE_EVERY: u32 = 64;
 
 thread_local! {
     /// The thread's remembered walks ([`Kept`], 1,040 bytes each, on the heap; at most
-    /// [`WALKS_PER_THREAD`]: ~2 MiB).
+    /// [`WALKS_PER_THREAD`]: ~1 MiB).
     static WALKS: RefCell<Option<Walks>> = const { RefCell::new(None) };
 }
 
