@@ -163,7 +163,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--workloads", default="bert,gpt2,resnet50")
-    ap.add_argument("--modes", default="isolate", help="isolate, guard, log, or none (no library)")
+    ap.add_argument("--modes", default="isolate", help="isolate, fast (isolate mode's fast tier), guard, log, or none (no library)")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (findings, not timings)")
     ap.add_argument("--timeout", type=float, default=300)
     args = ap.parse_args()
@@ -185,6 +185,10 @@ def main() -> int:
                    ISOLATE_TRACE=os.path.join(tdir, "t-%p.trace"))
         if mode == "none":
             env.pop("LD_PRELOAD"); env.pop("ISOLATE_MODE")
+        elif mode == "fast":  # isolate mode's fast tier (docs/isolation.md)
+            env.update(ISOLATE_MODE="isolate", ISOLATE_CHECK="fast")
+        elif mode == "guard":  # guard mode is isolate mode with ISOLATE_GUARD=on
+            env.update(ISOLATE_MODE="isolate", ISOLATE_GUARD="on")
         try:
             p = subprocess.run([sys.executable, wpath, w, str(args.steps)], env=env,
                                capture_output=True, text=True, timeout=args.timeout)

@@ -27,9 +27,10 @@
 # BUDGET_S=130 BENCH_LIMIT_S=160 ... tiers:170; the table: TIER_CONFIGS=default,log,isolate,fast
 # TIER_MODELS=gpt2,resnet50,bert,vit TIER_ROUNDS=3 TIER_STEPS=60 TIER_PLANTED=0 BUDGET_S=450
 # BENCH_LIMIT_S=480 ... tiers:500 (392 s).
-# Left for the next call: the table again on a normal host with 8bb511a (no probes at starts
-# whose walks differ each time), and the model set in the fast tier (not a mode of
-# models_check.py: isolate, guard, log or none; isolate runs the default tier).
+# Left for the next call: the table again on a normal host with the final library (5b50386:
+# walks that use a saved rbp check only the values they use; BERT's and GPT-2's replays should
+# reach ResNet-50's 90%), and the model set in the fast tier: MODEL_MODES=isolate,fast ...
+# models:300 (models_check.py's mode `fast`; `guard` now sets ISOLATE_GUARD=on).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
