@@ -614,6 +614,12 @@ fn the_python_step_benchmark_runs_clean_in_both_tiers() {
         let frees = events_of(&t, Api::CudaFreeAsync);
         assert_eq!((allocs.len(), frees.len()), (10 * 32, 10 * 32), "{tier}");
         assert!(allocs.iter().chain(&frees).all(|e| e.result == 0), "{tier}");
+        // The native walks from Python (through ctypes and libffi, whose frames unwind through
+        // a saved frame pointer) are replayed after the first of each: 3 walked here.
+        let note = stacks_note(&t);
+        let num = |after: &str| note_number(&note, after);
+        let (replayed, walked) = (num("native frames: "), num("remembered walks, "));
+        assert!(replayed >= 600 && walked <= 20, "{tier}: {note}");
     }
 }
 
