@@ -503,7 +503,8 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
                 Replay::More(walk.ras as usize)
             }
         })
-        .unwrap_or(Replay::Miss(true));
+        // Thread teardown (the walks are gone): walk, and remember nothing.
+        .unwrap_or(Replay::Miss(false));
     let (skip, probe) = match replay {
         Replay::Done(r) => {
             REPLAYED.fetch_add(1, Relaxed);
