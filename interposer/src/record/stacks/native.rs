@@ -134,9 +134,6 @@ pub fn stack_room() -> Option<u64> {
     Some(sp.saturating_sub(lo))
 }
 
-/// Sets of remembered walks per thread, chosen by where a walk starts; each holds
-/// [`WALK_WAYS`] walks from starts that chose it (the same start reached from different
-/// callers: a model's operators all allocate from the same depth of the same hook).
 /// The most walks a thread remembers from one start (the same hook at the same depth: a
 /// model's operators all allocate from there, through many callers), and in all; past the
 /// latter it forgets them all and starts again.
@@ -149,28 +146,28 @@ const WALK_READS: usize = 64;
 /// The most return addresses a remembered walk handed on (the full tier's 16 native frames
 /// and the frame after them).
 const WALK_RAS: usize = 32;
+/// The most frames (the library's own included) a remembered walk gave.
+const WALK_FRAMES: usize = 48;
 
-/// One walk as it went: where it started (ip, sp, bp and the snapshot), every stack word it
-/// read with the value it found, the return addresses it handed on, and whether the stack ended
-/// there (rather than `visit` saying no).
+/// One walk as it went (its start's ip, sp and snapshot are the key it is remembered by): the
+/// frame pointer it started with, every stack word it read with the value it found, the return
+/// addresses it handed on, and whether the stack ended there (rather than `visit` saying no).
 ///
 /// A walk is a function of its start (ip, sp, bp) and of the words it reads: the unwind rules
 /// come from the snapshot's objects for each ip, and each word's address follows from the
-/// registers and the words before it. So a walk from the same start whose words all read the same again hands on
-/// the same return addresses, and replaying them is exact; checking costs one read and compare
-/// a word (~10-20 against ~5 rule look-ups a frame).
+/// registers and the words before it. So a walk from the same start whose words all read the
+/// same again hands on the same return addresses, and replaying them is exact; checking costs
+/// one read and compare a word instead of a rule look-up and reads a frame.
 #[derive(Clone, Copy)]
 struct Walk {
-    /// ip, sp, snapshot address; all 0 when the slot is empty.
-    key: [u64; 3],
     /// The frame pointer it started with, and whether a replay needs the same ([`must_check`]).
     bp: u64,
     bp_must: bool,
     reads: u8,
     ras: u8,
     ended: bool,
-    /// A word it could not record (more than [`WALK_READS`]) or a return address past
-    /// [`WALK_RAS`]: the walk is not remembered.
+    /// More than [`WALK_READS`] words, [`WALK_RAS`] return addresses or [`WALK_FRAMES`]
+    /// frames: the walk is not remembered.
     overflow: bool,
     read: [(u64, u64); WALK_READS],
     /// Which of `read` a replay checks ([`must_check`]).
@@ -182,7 +179,6 @@ struct Walk {
 
 impl Walk {
     const EMPTY: Walk = Walk {
-        key: [0; 3],
         bp: 0,
         bp_must: true,
         reads: 0,
@@ -199,15 +195,6 @@ impl Walk {
         if (self.reads as usize) < WALK_READS {
             self.read[self.reads as usize] = (addr, value);
             self.reads += 1;
-        } else {
-            self.overflow = true;
-        }
-    }
-
-    fn note_ra(&mut self, ra: u64) {
-        if (self.ras as usize) < WALK_RAS {
-            self.ra[self.ras as usize] = ra;
-            self.ras += 1;
         } else {
             self.overflow = true;
         }
@@ -328,9 +315,6 @@ enum Replay {
     /// that many (the walk hands on the same ones first).
     More(usize),
 }
-
-/// The most frames (the library's own included) a remembered walk gave.
-const WALK_FRAMES: usize = 48;
 
 /// What a saved word is turned into when [`must_check`] asks whether the walk used it: far
 /// outside any stack, so an address made from it reads nothing the walk read before.
@@ -515,7 +499,6 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
     };
     WALKED.fetch_add(1, Relaxed);
     let mut seen = Walk::EMPTY;
-    seen.key = key;
     seen.bp = bp;
     let mut walk = |cache: &mut CacheX86_64, seen: &mut Walk| {
         // Every address the walk tried (read or not), and every frame it gave, in order.
@@ -523,6 +506,7 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
         let mut n_tried = 0usize;
         let mut frames = [0u64; WALK_FRAMES];
         let mut n_frames = 0usize;
+        // The return addresses handed on: into `seen` once the walk's reads no longer borrow it.
         let mut ras = [0u64; WALK_RAS];
         let mut n_ras = 0usize;
         let stopped = {
@@ -573,16 +557,14 @@ pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
                 }
             }
         };
-        for &ra in &ras[..n_ras.min(WALK_RAS)] {
-            seen.note_ra(ra);
-        }
+        seen.ra = ras;
+        seen.ras = n_ras.min(WALK_RAS) as u8;
         seen.ended = !stopped;
         if n_ras > WALK_RAS || n_tried > WALK_READS || n_frames > WALK_FRAMES {
             seen.overflow = true;
         }
-        if !probe {
-            seen.overflow = true;
-        } else if !seen.overflow {
+        // Probed only where it is to be remembered.
+        if probe && !seen.overflow {
             (seen.must, seen.bp_must, seen.uses_data) = must_check(
                 snap,
                 cache,
