@@ -283,28 +283,10 @@ fn a_million_allocations_from_three_call_sites_are_three_stacks() {
     assert_eq!(s.stacks.len(), 6);
     // The exit note counts the captures and where the native frames' unwind rules came from:
     // after the first walk through each site, from the thread's rule cache.
-    let note = t
-        .records
-        .iter()
-        .find_map(|r| match r {
-            // Told by its kind and topic, not its text.
-            Record::Note(n)
-                if isolate_trace::CostTopic::of(n) == Some(isolate_trace::CostTopic::Stacks) =>
-            {
-                assert!(n.text.starts_with("call stacks: "), "{}", n.text);
-                Some(n.text.clone())
-            }
-            _ => None,
-        })
-        .expect("a call stacks note");
-    let num = |after: &str| -> u64 {
-        let rest = &note[note.find(after).unwrap_or_else(|| panic!("{note}")) + after.len()..];
-        rest.split(|c: char| !c.is_ascii_digit())
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
+    // Told by its kind and topic, not its text.
+    let note = stacks_note(t);
+    assert!(note.starts_with("call stacks: "), "{note}");
+    let num = |after: &str| note_number(&note, after);
     assert_eq!(num("call stacks: "), 2 * n as u64, "{note}");
     // Every native walk was replayed or walked; the walked ones' rules came from the rule
     // cache after the first walk through each site.
@@ -350,12 +332,8 @@ fn a_repeated_walk_is_replayed_and_names_the_same_frames() {
         );
         assert!(!s.get(events[0].stack).truncated, "{words:?}");
     }
-    let note = stacks_note(t);
-    let num = |after: &str| note_number(&note, after);
-    let (replayed, walked) = (num("native frames: "), num("remembered walks, "));
-    assert_eq!(replayed + walked, 2 * n, "{note}");
     // The first allocation's and free's walks, and a few from the program's set-up.
-    assert!(walked <= 10, "{note}");
+    assert_replayed_after_the_first(&stacks_note(t), 2 * n);
 }
 
 /// A walk is replayed when the stack words that differ from the walk it was remembered with
@@ -364,23 +342,8 @@ fn a_repeated_walk_is_replayed_and_names_the_same_frames() {
 /// rbp, and the frames save it; the walks are replayed all the same, and name the site.
 #[test]
 fn walks_whose_saved_rbp_differs_are_replayed() {
-    let n = 20_000u64;
-    let out = Run::program("stacks").args(["rbp", &n.to_string()]).run();
-    out.assert_success();
-    let t = out.only_trace();
-    let s = Stacks::of(t);
-    let mut syms = Symbols::default();
-    let mallocs = events_of(t, Api::CudaMalloc);
-    assert_eq!(mallocs.len(), n as usize);
-    let ids: BTreeSet<u32> = mallocs.iter().map(|e| e.stack).collect();
-    assert_eq!(ids.len(), 1);
-    let words = s.render(mallocs[0].stack, &mut syms);
+    let (words, _) = one_site_replayed("rbp", 20_000);
     assert_eq!(words[0], "stacks_rbp_site", "{words:?}");
-    let note = stacks_note(t);
-    let num = |after: &str| note_number(&note, after);
-    let (replayed, walked) = (num("native frames: "), num("remembered walks, "));
-    assert_eq!(replayed + walked, 2 * n, "{note}");
-    assert!(walked <= 10, "{note}");
 }
 
 /// Where a frame built with frame pointers unwinds through its saved rbp (a stack address, the
@@ -388,8 +351,23 @@ fn walks_whose_saved_rbp_differs_are_replayed() {
 /// checks the one and not the other: each word is tested alone when one is used.
 #[test]
 fn walks_that_use_one_saved_rbp_and_not_another_are_replayed() {
-    let n = 20_000u64;
-    let out = Run::program("stacks").args(["fprbp", &n.to_string()]).run();
+    let (words, note) = one_site_replayed("fprbp", 20_000);
+    assert_eq!(
+        words[..2],
+        ["stacks_rbp_site", "stacks_fp_caller"],
+        "{words:?}"
+    );
+    // The walks used a saved frame pointer.
+    assert!(note_number(&note, "to remember; ") >= 1, "{note}");
+}
+
+/// Runs `stacks SCENARIO n` (one site that allocates and frees `n` times): its allocations
+/// share one stack and its walks were replayed after the first few. That stack's words and the
+/// call stacks note.
+fn one_site_replayed(scenario: &str, n: u64) -> (Vec<String>, String) {
+    let out = Run::program("stacks")
+        .args([scenario, &n.to_string()])
+        .run();
     out.assert_success();
     let t = out.only_trace();
     let s = Stacks::of(t);
@@ -398,19 +376,17 @@ fn walks_that_use_one_saved_rbp_and_not_another_are_replayed() {
     assert_eq!(mallocs.len(), n as usize);
     let ids: BTreeSet<u32> = mallocs.iter().map(|e| e.stack).collect();
     assert_eq!(ids.len(), 1);
-    let words = s.render(mallocs[0].stack, &mut syms);
-    assert_eq!(
-        words[..2],
-        ["stacks_rbp_site", "stacks_fp_caller"],
-        "{words:?}"
-    );
     let note = stacks_note(t);
-    let num = |after: &str| note_number(&note, after);
+    assert_replayed_after_the_first(&note, 2 * n);
+    (s.render(mallocs[0].stack, &mut syms), note)
+}
+
+/// The note counts `walks` native walks, all but at most 10 of them replayed.
+fn assert_replayed_after_the_first(note: &str, walks: u64) {
+    let num = |after: &str| note_number(note, after);
     let (replayed, walked) = (num("native frames: "), num("remembered walks, "));
-    assert_eq!(replayed + walked, 2 * n, "{note}");
+    assert_eq!(replayed + walked, walks, "{note}");
     assert!(walked <= 10, "{note}");
-    // The walks used a saved frame pointer.
-    assert!(num("to remember; ") >= 1, "{note}");
 }
 
 /// The exit note on call stacks.
