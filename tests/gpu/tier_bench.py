@@ -65,6 +65,12 @@ CONFIGS = {
     "fast-nostacks": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "ISOLATE_STACKS": "none"},
     "fast-python": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "ISOLATE_STACKS": "python"},
     "isolate-nopoison": {"ISOLATE_MODE": "isolate", "ISOLATE_POISON": "off"},
+    # The floor of any per-allocation design on a host-bound model: PyTorch's stream-ordered
+    # backend without the library (what isolate mode switches PyTorch to), and the library's
+    # quarantine alone (records and fresh memory; no stacks, poison, check or launch check).
+    "backend": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync", "_NO_LIBRARY": "1"},
+    "isolate-bare": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "ISOLATE_STACKS": "none",
+                     "ISOLATE_POISON": "off", "ISOLATE_CHECK_LAUNCH": "off"},
     # Full coverage without the stream-order check (issue 34: its cost is isolate / this).
     "isolate-noorder": {"ISOLATE_MODE": "isolate", "ISOLATE_TEST_ORDER": "off"},
     # Where the host's time goes (the summary's `cost` lines, in the run's log): not for ratios,
@@ -235,9 +241,11 @@ def run_config(args, cfg, rnd, models, work, logs, probe):
     env = dict(os.environ)
     for k in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
               "LD_PRELOAD", "ISOLATE_MODE", "ISOLATE_CHECK", "ISOLATE_STACKS", "ISOLATE_POISON",
-              "ISOLATE_TEST_ORDER", "ISOLATE_PROFILE", "TIER_AB"):
+              "ISOLATE_TEST_ORDER", "ISOLATE_PROFILE", "ISOLATE_CHECK_LAUNCH", "TIER_AB"):
         env.pop(k, None)
-    if CONFIGS[cfg] is not None:
+    if CONFIGS[cfg] is not None and "_NO_LIBRARY" in CONFIGS[cfg]:
+        env.update({k: v for k, v in CONFIGS[cfg].items() if k != "_NO_LIBRARY"})
+    elif CONFIGS[cfg] is not None:
         env.update(CONFIGS[cfg])
         env["LD_PRELOAD"] = os.path.abspath(args.lib)
         env["ISOLATE_TRACE"] = os.path.join(d, "t-%p.trace")
