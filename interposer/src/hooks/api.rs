@@ -170,6 +170,7 @@ pub fn region_pop() -> Result<usize, c_int> {
 #[unsafe(no_mangle)]
 pub extern "C" fn isolate_peak_reset() -> c_int {
     guarded(|| {
+        writer::caught_up();
         tally::reset_window_peak();
         if recording() { OK } else { OFF }
     })
@@ -186,6 +187,7 @@ pub unsafe extern "C" fn isolate_counters(out: *mut IsolateCounters, size: usize
         if out.is_null() || size < 8 {
             return BAD;
         }
+        writer::caught_up();
         let c = tally::get();
         let full = IsolateCounters {
             size: 0,

@@ -178,6 +178,7 @@ pub fn verify_now() -> u64 {
         if isolating() {
             isolate::verify_now();
         }
+        crate::record::writer::caught_up();
         crate::record::tally::get().stale_writes
     })
     .unwrap_or(0)

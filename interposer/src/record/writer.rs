@@ -150,7 +150,6 @@ pub fn submit(rec: Record) {
     // SAFETY: sessions are leaked, never freed.
     let tx = unsafe { &(*session).tx };
     ACCEPTED.fetch_add(1, AcqRel);
-    super::tally::see(&rec);
     let mut rec = rec;
     let mut waited_since = 0u64;
     let mut spins = 0u32;
@@ -179,6 +178,31 @@ pub fn submit(rec: Record) {
     if waited_since != 0 {
         QUEUE_WAIT_NS.fetch_add(now_ns().saturating_sub(waited_since), Relaxed);
     }
+}
+
+/// Waits (at most 1 s) until the writer has taken every record accepted so far, so that the
+/// counters it keeps ([`super::tally`]: the writer counts each record as it takes it, off the
+/// hooks' threads) count them: for `isolate_counters` and its like, never for a hook. Returns at
+/// once on the writer's own thread, in a fork child whose writer has not started, and where no
+/// writer runs.
+pub fn caught_up() {
+    if OWNER_PID.load(Acquire) != std::process::id() || gettid() == WRITER_TID.load(Relaxed) {
+        return;
+    }
+    let s = STATE.load(Acquire);
+    if s != RUNNING && s != CLOSED {
+        return;
+    }
+    let target = ACCEPTED.load(Acquire);
+    wait_until(now_ns() + 1_000_000_000, || {
+        RECEIVED.load(Acquire) >= target
+    });
+}
+
+/// A record taken from the queue: counted ([`super::tally`]), then encoded.
+fn take(enc: &mut Encoder, rec: &Record, buf: &mut Vec<u8>) {
+    super::tally::see(rec);
+    enc.encode(rec, buf);
 }
 
 /// [`submit`] for a record of the stack table (Module, PyCode, Stack, StackOf), which the
@@ -694,10 +718,10 @@ fn writer_main(rx: Receiver<Record>) {
             idle = IDLE_MIN;
         }
         if let Ok(rec) = first {
-            enc.encode(&rec, &mut out.buf);
+            take(&mut enc, &rec, &mut out.buf);
             let mut n = 1;
             while let Ok(rec) = rx.try_recv() {
-                enc.encode(&rec, &mut out.buf);
+                take(&mut enc, &rec, &mut out.buf);
                 n += 1;
                 // A steady stream never empties the queue: write out every 50 ms (or 256 KiB)
                 // from inside this loop too.
@@ -729,13 +753,13 @@ fn writer_main(rx: Receiver<Record>) {
             let deadline = now_ns() + 1_000_000_000;
             while RECEIVED.load(Acquire) < target && now_ns() < deadline {
                 if let Ok(rec) = rx.recv_timeout(Duration::from_millis(1)) {
-                    enc.encode(&rec, &mut out.buf);
+                    take(&mut enc, &rec, &mut out.buf);
                     RECEIVED.fetch_add(1, AcqRel);
                 }
             }
             // Whatever else is already queued goes too.
             while let Ok(rec) = rx.try_recv() {
-                enc.encode(&rec, &mut out.buf);
+                take(&mut enc, &rec, &mut out.buf);
                 RECEIVED.fetch_add(1, AcqRel);
             }
             let end = match FLUSH_END.load(Acquire) {
@@ -809,7 +833,8 @@ fn wait_for_resume() -> bool {
 fn drain_forever(rx: Receiver<Record>) {
     loop {
         match rx.recv_timeout(Duration::from_millis(10)) {
-            Ok(_) => {
+            Ok(rec) => {
+                super::tally::see(&rec);
                 RECEIVED.fetch_add(1, AcqRel);
             }
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
