@@ -300,18 +300,19 @@ impl State {
         }
     }
 
-    /// A use on stream `i`: its own component ticks; returns the tick.
-    fn tick(&mut self, i: u32) -> u64 {
-        let s = &mut self.streams[i as usize];
+    /// A use on stream `i`: its own component ticks; returns the tick. (Of the streams and the
+    /// blocking generation only, so that it can run while an allocation is borrowed.)
+    fn tick(streams: &mut [Stream], blocking_generation: &mut u64, i: u32) -> u64 {
+        let s = &mut streams[i as usize];
         if s.vc.len() <= i as usize {
             s.vc.resize(i as usize + 1, 0);
         }
         s.vc[i as usize] += 1;
         s.generation += 1;
         if s.blocking && i != LEGACY {
-            self.blocking_generation += 1;
+            *blocking_generation += 1;
         }
-        self.streams[i as usize].vc[i as usize]
+        s.vc[i as usize]
     }
 
     /// The host is ordered after stream `i`'s work so far (for the legacy stream, also after
@@ -416,24 +417,30 @@ impl State {
         let mut tick = 0;
         let mut ts = 0;
         let handle = self.streams[i as usize].handle;
+        let State {
+            streams,
+            blocking_generation,
+            allocs,
+            ..
+        } = self;
         for (g, &start) in groups.iter().enumerate() {
             let end = groups.get(g + 1).map_or(words.len(), |&e| e as usize);
             let group = &words[start as usize..end];
-            if group
-                .iter()
-                .any(|w| *w != 0 && !self.allocs.contains_key(w))
-            {
+            // A group of one word is looked up once, below.
+            if group.len() > 1 && group.iter().any(|w| *w != 0 && !allocs.contains_key(w)) {
                 continue; // an integer, or something else: not an array of operands
             }
             for &w in group {
                 if w == 0 {
                     continue;
                 }
+                let Some(a) = allocs.get_mut(&w) else {
+                    continue; // a single word that is no allocation's start
+                };
                 if tick == 0 {
-                    tick = self.tick(i);
+                    tick = State::tick(streams, blocking_generation, i);
                     ts = now_ns();
                 }
-                let a = self.allocs.get_mut(&w).expect("looked up above");
                 if a.own == NONE {
                     a.own = i;
                 }
