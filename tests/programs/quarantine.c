@@ -28,6 +28,10 @@
  *   quarantine lazy     the deferred poisons and the launches after a free (see lazy_poisons):
  *                       stale writes by kernels handed the freed pointer plainly, inside a wide
  *                       struct, or only through a pointer table in device memory
+ *   quarantine pressure another tenant holds most of the device (one block of 5/8 of it:
+ *                       another process's share), then 400 x 4 MiB allocated, written and
+ *                       freed stream-ordered: the least free memory the program saw after the
+ *                       first 100
  *   quarantine stuck    a stream-ordered free, then the device hangs (the stand-in's
  *                       standin_device_stuck: nothing finishes any more) and the program exits;
  *                       an exit handler frees one more allocation after isolate's exit check
@@ -812,6 +816,35 @@ static int reuse_oom(size_t big_size) {
     return bad != 0;
 }
 
+/* See the header: what isolation leaves free for everyone else while the device is short. */
+static int pressure(void) {
+    cudaStream_t s = NULL;
+    int bad = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != 0;
+    size_t free_b = 0, total_b = 0;
+    bad += cudaMemGetInfo(&free_b, &total_b) != 0;
+    void *tenant = NULL;
+    bad += cudaMalloc(&tenant, total_b / 8 * 5) != 0;
+    size_t least = (size_t)-1;
+    for (int i = 0; i < 400; i++) {
+        void *a = NULL;
+        if (cudaMallocAsync(&a, 4 * MIB, s) != 0) {
+            bad++;
+            cudaGetLastError();
+            continue;
+        }
+        bad += cudaMemsetAsync(a, 0x22, 4 * MIB, s) != 0;
+        bad += cudaFreeAsync(a, s) != 0;
+        bad += cudaMemGetInfo(&free_b, &total_b) != 0;
+        if (i >= 100 && free_b < least)
+            least = free_b;
+    }
+    bad += cudaStreamSynchronize(s) != 0;
+    bad += cudaFree(tenant) != 0;
+    say("pressure calls failed %d", bad);
+    say("pressure least free MiB %zu", least >> 20);
+    return bad != 0;
+}
+
 int main(int argc, char **argv) {
     setup();
     const char *what = argc > 1 ? argv[1] : "";
@@ -844,6 +877,8 @@ int main(int argc, char **argv) {
         r = reuse_oom(argc > 2 ? (size_t)atol(argv[2]) << 10 : (size_t)3 << 20);
     else if (!strcmp(what, "stuck"))
         r = stuck();
+    else if (!strcmp(what, "pressure"))
+        r = pressure();
     else if (!strcmp(what, "late"))
         r = late(LATE);
     else if (!strcmp(what, "late-destroyed"))

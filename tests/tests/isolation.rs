@@ -278,7 +278,11 @@ fn out_of_memory_releases_quarantine_and_retries() {
     has_line(&plain, &format!("driver allocated again {m} of {m}"));
     has_line(&plain, "driver more than there is 2");
 
-    let out = isolate(run).env("ISOLATE_QUARANTINE", "1GiB").run();
+    // The reserve off (ISOLATE_RESERVE=0): only the fallback gives memory back here.
+    let out = isolate(run)
+        .env("ISOLATE_QUARANTINE", "1GiB")
+        .env("ISOLATE_RESERVE", "0")
+        .run();
     out.assert_same_as(&plain);
     let t = isolate_trace(&out);
     let retries = notes(t, NoteKind::OomRetry);
@@ -816,6 +820,8 @@ fn kept_checked_memory_is_served_again_and_given_back_when_memory_runs_out() {
             .env("STANDIN_MEM_BYTES", &mem)
             .env("ISOLATE_QUARANTINE", "8MiB")
             .env("ISOLATE_REUSE", reuse)
+            // The reserve off: what running out of memory does, alone.
+            .env("ISOLATE_RESERVE", "0")
             .run();
         out.assert_success();
         has_line(&out, "reuse calls failed 0");
@@ -1062,4 +1068,51 @@ fn a_stale_write_after_the_streams_last_free_is_seen_by_the_check() {
             "{scenario}: the stale write is the first allocation's: {v:?}"
         );
     }
+}
+
+/// Another tenant holds most of the device (the `pressure` scenario: 1.25 GiB of a 2 GiB
+/// stand-in, as another process would, then 400 stream-ordered 4 MiB tensors freed one after
+/// another): the quarantine (768 MiB allowed here) gives way while the device's free memory is
+/// below the library's reserve (512 MiB: a sixteenth of the device, at least 1 GiB, at most a
+/// quarter), instead of filling the device until nothing is left (four GPT-2 processes on one
+/// H100, each with its quarter for a quarantine, failed with "out of memory" in a kernel
+/// launch). The exit note says how often and how much; a plain run has every byte of the rest.
+#[test]
+fn the_quarantine_gives_way_while_the_device_is_short_of_memory() {
+    let run = || {
+        quarantine("pressure")
+            .env("STANDIN_SYNC", "1")
+            .env("STANDIN_MEM_BYTES", "2147483648")
+            .env("ISOLATE_QUARANTINE", "768MiB")
+    };
+    let out = isolate(run()).run();
+    out.assert_success();
+    has_line(&out, "pressure calls failed 0");
+    let least = isolate_tests::number_after(&out.stdout, "MiB").expect("the least free memory");
+    // Without the reserve the quarantine takes all of it: 0 MiB.
+    assert!(
+        least >= 256,
+        "the least free memory {least} MiB, below half the reserve:\n{}",
+        out.stdout
+    );
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    let (cuts, bytes) = t
+        .records
+        .iter()
+        .find_map(|r| match r {
+            Record::Note(n)
+                if isolate_trace::CostTopic::of(n)
+                    == Some(isolate_trace::CostTopic::MemoryPressure) =>
+            {
+                Some((n.size, n.value))
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no memory-pressure note:\n{}", out.stderr));
+    assert!(cuts > 0 && bytes >= 128 << 20, "{cuts} cuts, {bytes} bytes");
+    assert!(t.violations().is_empty());
+    let plain = run().run();
+    plain.assert_success();
+    has_line(&plain, "pressure least free MiB 768");
 }

@@ -63,6 +63,9 @@ pub struct Config {
     /// Poison byte, `None` for `off`.
     pub poison: Option<u8>,
     pub quarantine: Budget,
+    /// Device memory the library leaves free for everyone else: below it, the quarantine gives
+    /// way (`None`: a sixteenth of the device, at least 1 GiB, at most a quarter).
+    pub reserve: Option<Budget>,
     pub guard: bool,
     pub guard_min_size: u64,
     /// Guard on the low side (left-aligned) instead of past the end.
@@ -246,15 +249,21 @@ pub fn from_env(
             Some(parsed.ok_or_else(|| bad("ISOLATE_POISON", &v))?)
         }
     };
+    let budget = |name: &str, v: String| match v.strip_suffix('%') {
+        Some(p) => match p.trim().parse::<f64>() {
+            Ok(f) if (0.0..=100.0).contains(&f) => Ok(Budget::Percent(f)),
+            _ => Err(bad(name, &v)),
+        },
+        None => Ok(Budget::Bytes(parse_size(&v).ok_or_else(|| bad(name, &v))?)),
+    };
     let quarantine = match var("ISOLATE_QUARANTINE") {
         None => Budget::Percent(25.0),
-        Some(v) => match v.strip_suffix('%') {
-            Some(p) => match p.trim().parse::<f64>() {
-                Ok(f) if (0.0..=100.0).contains(&f) => Budget::Percent(f),
-                _ => return Err(bad("ISOLATE_QUARANTINE", &v)),
-            },
-            None => Budget::Bytes(parse_size(&v).ok_or_else(|| bad("ISOLATE_QUARANTINE", &v))?),
-        },
+        Some(v) => budget("ISOLATE_QUARANTINE", v)?,
+    };
+    let reserve = match var("ISOLATE_RESERVE") {
+        None => None,
+        Some(v) if v.trim().eq_ignore_ascii_case("auto") => None,
+        Some(v) => Some(budget("ISOLATE_RESERVE", v)?),
     };
     let guard = on_off(&var, "ISOLATE_GUARD", false)?;
     let guard_min_size = match var("ISOLATE_GUARD_MIN_SIZE") {
@@ -331,6 +340,14 @@ pub fn from_env(
             },
         ),
         (
+            "ISOLATE_RESERVE".to_string(),
+            match reserve {
+                None => "auto".to_string(),
+                Some(Budget::Bytes(b)) => b.to_string(),
+                Some(Budget::Percent(p)) => format!("{p}%"),
+            },
+        ),
+        (
             "ISOLATE_GUARD".to_string(),
             if guard { "on" } else { "off" }.to_string(),
         ),
@@ -376,6 +393,7 @@ pub fn from_env(
         trace,
         poison,
         quarantine,
+        reserve,
         guard,
         guard_min_size,
         guard_underflow,

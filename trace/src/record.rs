@@ -241,10 +241,14 @@ pub enum CostTopic {
     /// The stream-order check (format version 4): `size` = allocations freed while in use on
     /// another stream, `value` = streams seen.
     StreamOrder = 12,
+    /// The device short of free memory (seventeenth session; appended, so older readers skip
+    /// it): `size` = times the quarantine was cut because the device's free memory was below
+    /// the library's reserve, `value` = bytes released early because of it.
+    MemoryPressure = 13,
 }
 
 impl CostTopic {
-    pub const ALL: [CostTopic; 12] = [
+    pub const ALL: [CostTopic; 13] = [
         CostTopic::Isolation,
         CostTopic::Stacks,
         CostTopic::Reuse,
@@ -257,6 +261,7 @@ impl CostTopic {
         CostTopic::DeviceBytes,
         CostTopic::Freed,
         CostTopic::StreamOrder,
+        CostTopic::MemoryPressure,
     ];
 
     /// The topic of a note: `None` unless it is a [`NoteKind::Cost`] note of a known topic.

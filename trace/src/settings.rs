@@ -61,6 +61,11 @@ pub const SETTINGS: &[Setting] = &[
         Library,
         "a size (8GiB, 512MiB, 1.5G, 1000000) or a share of device memory (25%)",
     ),
+    s(
+        "ISOLATE_RESERVE",
+        Library,
+        "auto, a size (1GiB, 0) or a share of device memory (5%)",
+    ),
     s("ISOLATE_GUARD", Library, "on, off"),
     s("ISOLATE_GUARD_MIN_SIZE", Library, "a size (0, 64KiB, 2MiB)"),
     s(

@@ -786,8 +786,11 @@ impl Observer for Summarizer {
                     NoteKind::Cost
                         if isolate_trace::CostTopic::of(n).is_some_and(|t| {
                             // The order check's line says it ran, what it saw, and how many
-                            // unordered frees' releases waited for their use.
-                            t.is_time() || t == isolate_trace::CostTopic::StreamOrder
+                            // unordered frees' releases waited for their use; the pressure
+                            // line, that the quarantine was cut for the device's sake.
+                            t.is_time()
+                                || t == isolate_trace::CostTopic::StreamOrder
+                                || t == isolate_trace::CostTopic::MemoryPressure
                         }) && self.library_cost.len() < LIST_CAP =>
                     {
                         self.library_cost.push(n.text.clone())

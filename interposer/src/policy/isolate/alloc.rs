@@ -364,8 +364,9 @@ fn room_after_release(size: u64) -> Option<u64> {
 
 /// Gives the device's default pool's unused memory back to the device (the memory released
 /// from quarantine stream-ordered went back there): a plain allocation, or one from another
-/// pool, can then have it. Only on an allocation that ran out of memory.
-fn trim_default_pool() {
+/// pool, can then have it. On an allocation that ran out of memory, and while the device is
+/// short of free memory (quarantine.rs).
+pub(super) fn trim_default_pool() {
     let (Some(get_dev), Some(get_pool), Some(trim)) = (
         CTX_GET_DEVICE.get(),
         DEVICE_GET_DEFAULT_MEM_POOL.get(),

@@ -83,6 +83,22 @@ pub fn exit_notes() {
             ),
         );
     }
+    let (cuts, cut_bytes) = (
+        super::quarantine::PRESSURE_CUTS.load(Relaxed),
+        super::quarantine::PRESSURE_BYTES.load(Relaxed),
+    );
+    if cuts > 0 {
+        event::cost_note(
+            isolate_trace::CostTopic::MemoryPressure,
+            cuts,
+            cut_bytes,
+            format!(
+                "memory pressure: the device's free memory was below the library's reserve \
+                 {cuts} times (other processes, or the program, used the rest): the quarantine \
+                 was cut ({cut_bytes} bytes released early) and memory kept for reuse given back"
+            ),
+        );
+    }
     let captured = CAPTURED.load(Relaxed);
     if captured > 0 {
         event::cost_note(

@@ -1,5 +1,7 @@
 //! The quarantine and its budget: a freed entry goes in (queue and index); over the budget the
-//! oldest go out, down to 80% of it; an allocation that ran out of memory takes the oldest out
+//! oldest go out, down to 80% of it; while the device is short of free memory (below the
+//! library's reserve: other processes share it, and the driver needs room of its own) the
+//! budget shrinks until it is not; an allocation that ran out of memory takes the oldest out
 //! at once; held ranges overlapping a reused reservation go out first. The launch check looks
 //! words up in its index.
 //!
@@ -7,10 +9,11 @@
 //! check.
 
 use super::exit::{ATEXIT, EXIT_OWNER};
-use super::leave::{Release, release_batch};
+use super::leave::{Release, device_memory, free_to_driver, release_batch};
 use super::state::{Entry, HIGH, Held, LOW, STATE, State, st, state};
 use crate::base::config::{self, Budget};
 use crate::base::cu;
+use crate::policy::reuse;
 use crate::record::profile::{self, Part};
 use crate::record::writer::{Q_EARLY, Q_PEAK};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
@@ -98,12 +101,67 @@ pub(super) fn wait_for_leaving(max_ns: u64) -> bool {
     true
 }
 
+/// How often the freeing path asks the driver whether the device is short of free memory (one
+/// `cuMemGetInfo`, on the clock of the frees).
+const PRESSURE_EVERY_NS: u64 = 20_000_000;
+static PRESSURE_AT: AtomicU64 = AtomicU64::new(0);
+/// The quarantine's limit while the device is short of free memory; `u64::MAX` while it is not.
+static PRESSURE_LIMIT: AtomicU64 = AtomicU64::new(u64::MAX);
+/// Times the device was found short, and the bytes released early because of it (the exit
+/// note).
+pub(super) static PRESSURE_CUTS: AtomicU64 = AtomicU64::new(0);
+pub(super) static PRESSURE_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// The device memory the library leaves free for everyone else (`ISOLATE_RESERVE`; by default
+/// a sixteenth of the device, at least 1 GiB, at most a quarter: a small device). Other
+/// processes share the device (four model processes on one 80 GiB H100, each with its quarter
+/// for a quarantine, filled it: GPT-2 failed with "out of memory" in a kernel launch, whose
+/// lazily loaded module the driver had no room for), and the driver needs room of its own
+/// that no allocation asks for.
+pub(super) fn reserve(total: u64) -> u64 {
+    match config::get().reserve {
+        None => (total / 16).max(1 << 30).min(total / 4),
+        Some(Budget::Bytes(b)) => b,
+        Some(Budget::Percent(p)) => (total as f64 * p / 100.0) as u64,
+    }
+}
+
+/// Whether the device is short of free memory, asked at most every [`PRESSURE_EVERY_NS`]
+/// (`now`: the free's time, on context `ctx`): the bytes by which its free memory is below
+/// [`reserve`], after the memory kept for reuse was given back and the default pool trimmed
+/// (neither is quarantine; what was given back reaches the device once the release stream has
+/// run, so the next ask sees it). `None` when it is not short or was not asked.
+fn short_of_memory(now: u64, ctx: usize) -> Option<u64> {
+    let last = PRESSURE_AT.load(Relaxed);
+    if now.saturating_sub(last) < PRESSURE_EVERY_NS
+        || PRESSURE_AT
+            .compare_exchange(last, now, Relaxed, Relaxed)
+            .is_err()
+    {
+        return None;
+    }
+    let (free, total) = device_memory()?;
+    let reserve = reserve(total);
+    if reserve == 0 {
+        return None;
+    }
+    if free >= reserve {
+        PRESSURE_LIMIT.store(u64::MAX, Relaxed);
+        return None;
+    }
+    let kept = reuse::drain(ctx);
+    free_to_driver(ctx, &kept, false);
+    super::alloc::trim_default_pool();
+    Some(reserve - free)
+}
+
 pub(super) fn quarantine(entry: Entry) {
     if !ATEXIT.swap(true, AcqRel) {
         // The exit check itself is registered by the policies' free (`policy::call`).
         // SAFETY: getpid has no preconditions.
         EXIT_OWNER.store(unsafe { libc::getpid() } as u32, Release);
     }
+    let short = short_of_memory(entry.free_ts, entry.ctx);
     let mut over = Vec::new();
     let leaving = {
         let mut g = state();
@@ -114,7 +172,13 @@ pub(super) fn quarantine(entry: Entry) {
         HIGH.fetch_max(entry.ptr + entry.size, Relaxed);
         s.index.insert(entry.ptr, entry);
         s.queue.push_back(entry);
-        let limit = budget(s, entry.device);
+        if let Some(short) = short {
+            // Twice what the device lacks, so that the next ask finds it above the reserve.
+            PRESSURE_LIMIT.store(s.held.saturating_sub(short.saturating_mul(2)), Relaxed);
+            PRESSURE_CUTS.fetch_add(1, Relaxed);
+        }
+        let budget = budget(s, entry.device);
+        let limit = budget.min(PRESSURE_LIMIT.load(Relaxed));
         // Over budget: release down to 80% of it, in batches (each verified with one round
         // trip per 256) of at most TRIM_STEP entries, one a free.
         if s.held > limit {
@@ -127,6 +191,9 @@ pub(super) fn quarantine(entry: Entry) {
                     break;
                 };
                 over.push(old);
+            }
+            if limit < budget {
+                PRESSURE_BYTES.fetch_add(over.iter().map(|e| e.size).sum(), Relaxed);
             }
             if s.held <= low_water {
                 TRIMMING.store(false, Relaxed);
