@@ -241,7 +241,7 @@ pub enum CostTopic {
     /// The stream-order check (format version 4): `size` = allocations freed while in use on
     /// another stream, `value` = streams seen.
     StreamOrder = 12,
-    /// The device short of free memory (seventeenth session; appended, so older readers skip
+    /// The device short of free memory (sixteenth session; appended, so older readers skip
     /// it): `size` = times the quarantine was cut because the device's free memory was below
     /// the library's reserve, `value` = bytes released early because of it.
     MemoryPressure = 13,
