@@ -15,7 +15,10 @@ Configurations: default (no preload, PyTorch's caching allocator), log (ISOLATE_
 isolate (ISOLATE_MODE=isolate: full coverage, the default tier), fast (isolate with
 ISOLATE_CHECK=fast); with --configs also fast-nostacks (ISOLATE_STACKS=none), fast-python
 (ISOLATE_STACKS=python) and isolate-nopoison (ISOLATE_POISON=off: the quarantine without its
-device work), to say where a tier's remaining time goes. Each round runs every configuration once (the order rotated by round);
+device work), to say where a tier's remaining time goes; backend (no library, PyTorch's
+stream-ordered backend, PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync: what isolate mode
+switches PyTorch to, the floor of any design that sees every tensor) and isolate-bare (the
+library's quarantine alone: no stacks, poison, check or launch check). Each round runs every configuration once (the order rotated by round);
 a configuration's run is one Python process that imports torch, transformers, torchvision and
 timm once and then forks one child per model before any CUDA call (so every model has a fresh
 CUDA context and its own trace and exit notes, without paying the imports four times). Each
