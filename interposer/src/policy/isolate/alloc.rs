@@ -12,6 +12,7 @@ use super::counters::{CAPTURED, POISON_BYTES, POISON_NS, POISONED, WRITTEN_BYTES
 use super::exit::EXIT_GAVE_UP;
 use super::leave::{
     IN_FLIGHT, INFLIGHT, POLL_EVERY, SINCE_POLL, device_memory, free_to_driver, reap,
+    trim_default_pool,
 };
 use super::poison::poison;
 use super::quarantine::{
@@ -360,31 +361,6 @@ fn room_after_release(size: u64) -> Option<u64> {
         return None;
     }
     Some(size.saturating_sub(free).max(1))
-}
-
-/// Gives the device's default pool's unused memory back to the device (the memory released
-/// from quarantine stream-ordered went back there): a plain allocation, or one from another
-/// pool, can then have it. On an allocation that ran out of memory, and while the device is
-/// short of free memory (quarantine.rs).
-pub(super) fn trim_default_pool() {
-    let (Some(get_dev), Some(get_pool), Some(trim)) = (
-        CTX_GET_DEVICE.get(),
-        DEVICE_GET_DEFAULT_MEM_POOL.get(),
-        MEM_POOL_TRIM_TO.get(),
-    ) else {
-        return;
-    };
-    let mut dev: CUdevice = 0;
-    let mut pool: *mut c_void = std::ptr::null_mut();
-    // SAFETY: cuCtxGetDevice writes one CUdevice through a pointer to a live local.
-    let got_dev = unsafe { get_dev(&mut dev) } == CUDA_SUCCESS;
-    // SAFETY: cuDeviceGetDefaultMemPool writes one handle through a pointer to a live local;
-    // `dev` is the current context's device.
-    if got_dev && unsafe { get_pool(&mut pool, dev) } == CUDA_SUCCESS && !pool.is_null() {
-        // SAFETY: `pool` is the device's default pool, which lives as long as the device;
-        // trimming releases only memory no allocation holds.
-        unsafe { trim(pool, 0) };
-    }
 }
 
 /// Whether the calling thread has a current context for the library's own driver calls (the

@@ -53,6 +53,11 @@ pub(super) static ASYNC_BATCHES: AtomicU64 = AtomicU64::new(0);
 /// Stream-ordered frees made during stream capture, passed to the driver (noted at exit).
 pub(super) static CAPTURED: AtomicU64 = AtomicU64::new(0);
 
+/// Times the device was found short of free memory (below the reserve: quarantine.rs), and
+/// the bytes released early because of it.
+pub(super) static PRESSURE_CUTS: AtomicU64 = AtomicU64::new(0);
+pub(super) static PRESSURE_BYTES: AtomicU64 = AtomicU64::new(0);
+
 /// The exit notes: what was verified, kept, captured and poisoned, and the time it took. Once,
 /// from the library's own exit (its destructor, or before `_exit`), after the last check: the
 /// `atexit` handler's check ([`at_exit_bounded`]) runs before it and writes none, so that a
@@ -83,10 +88,7 @@ pub fn exit_notes() {
             ),
         );
     }
-    let (cuts, cut_bytes) = (
-        super::quarantine::PRESSURE_CUTS.load(Relaxed),
-        super::quarantine::PRESSURE_BYTES.load(Relaxed),
-    );
+    let (cuts, cut_bytes) = (PRESSURE_CUTS.load(Relaxed), PRESSURE_BYTES.load(Relaxed));
     if cuts > 0 {
         event::cost_note(
             isolate_trace::CostTopic::MemoryPressure,

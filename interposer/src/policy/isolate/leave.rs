@@ -13,6 +13,7 @@ use super::verify::{report, verify_batch_on_device, verify_on_host};
 use crate::base::config;
 use crate::base::cu::{self, CuError};
 use crate::base::cuda::*;
+use crate::base::real::*;
 use crate::base::sys::{ForkLock, now_ns};
 use crate::policy::device::BATCH;
 use crate::policy::{release, reuse};
@@ -404,6 +405,31 @@ pub(super) fn release_sync(entries: &[Entry], free: bool, repoison: bool) {
             }
         }
     });
+}
+
+/// Gives the device's default pool's unused memory back to the device (the memory released
+/// from quarantine stream-ordered went back there): a plain allocation, or one from another
+/// pool, can then have it. On an allocation that ran out of memory, and while the device is
+/// short of free memory (quarantine.rs).
+pub(super) fn trim_default_pool() {
+    let (Some(get_dev), Some(get_pool), Some(trim)) = (
+        CTX_GET_DEVICE.get(),
+        DEVICE_GET_DEFAULT_MEM_POOL.get(),
+        MEM_POOL_TRIM_TO.get(),
+    ) else {
+        return;
+    };
+    let mut dev: CUdevice = 0;
+    let mut pool: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: cuCtxGetDevice writes one CUdevice through a pointer to a live local.
+    let got_dev = unsafe { get_dev(&mut dev) } == CUDA_SUCCESS;
+    // SAFETY: cuDeviceGetDefaultMemPool writes one handle through a pointer to a live local;
+    // `dev` is the current context's device.
+    if got_dev && unsafe { get_pool(&mut pool, dev) } == CUDA_SUCCESS && !pool.is_null() {
+        // SAFETY: `pool` is the device's default pool, which lives as long as the device;
+        // trimming releases only memory no allocation holds.
+        unsafe { trim(pool, 0) };
+    }
 }
 
 #[cfg(test)]

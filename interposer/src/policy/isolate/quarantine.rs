@@ -8,8 +8,9 @@
 //! Layer: policies. Uses the base, recording and the folder's state, release paths and exit
 //! check.
 
+use super::counters::{PRESSURE_BYTES, PRESSURE_CUTS};
 use super::exit::{ATEXIT, EXIT_OWNER};
-use super::leave::{Release, device_memory, free_to_driver, release_batch};
+use super::leave::{Release, device_memory, free_to_driver, release_batch, trim_default_pool};
 use super::state::{Entry, HIGH, Held, LOW, STATE, State, st, state};
 use crate::base::config::{self, Budget};
 use crate::base::cu;
@@ -107,10 +108,6 @@ const PRESSURE_EVERY_NS: u64 = 20_000_000;
 static PRESSURE_AT: AtomicU64 = AtomicU64::new(0);
 /// The quarantine's limit while the device is short of free memory; `u64::MAX` while it is not.
 static PRESSURE_LIMIT: AtomicU64 = AtomicU64::new(u64::MAX);
-/// Times the device was found short, and the bytes released early because of it (the exit
-/// note).
-pub(super) static PRESSURE_CUTS: AtomicU64 = AtomicU64::new(0);
-pub(super) static PRESSURE_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// The device memory the library leaves free for everyone else (`ISOLATE_RESERVE`; by default
 /// a sixteenth of the device, at least 1 GiB, at most a quarter: a small device). Other
@@ -132,6 +129,12 @@ pub(super) fn reserve(total: u64) -> u64 {
 /// (neither is quarantine; what was given back reaches the device once the release stream has
 /// run, so the next ask sees it). `None` when it is not short or was not asked.
 fn short_of_memory(now: u64, ctx: usize) -> Option<u64> {
+    if matches!(
+        config::get().reserve,
+        Some(Budget::Bytes(0)) | Some(Budget::Percent(0.0))
+    ) {
+        return None; // ISOLATE_RESERVE=0: not asked at all
+    }
     let last = PRESSURE_AT.load(Relaxed);
     if now.saturating_sub(last) < PRESSURE_EVERY_NS
         || PRESSURE_AT
@@ -151,7 +154,7 @@ fn short_of_memory(now: u64, ctx: usize) -> Option<u64> {
     }
     let kept = reuse::drain(ctx);
     free_to_driver(ctx, &kept, false);
-    super::alloc::trim_default_pool();
+    trim_default_pool();
     Some(reserve - free)
 }
 
