@@ -32,6 +32,9 @@
  *                       another process's share), then 400 x 4 MiB allocated, written and
  *                       freed stream-ordered: the least free memory the program saw after the
  *                       first 100
+ *   quarantine launch-room  56 x 1 MiB allocated and freed stream-ordered, then the first launch
+ *                       of a kernel (the stand-in's STANDIN_LAUNCH_ROOM: a first launch needs
+ *                       that much free, as a lazily loaded module does): its result
  *   quarantine stuck    a stream-ordered free, then the device hangs (the stand-in's
  *                       standin_device_stuck: nothing finishes any more) and the program exits;
  *                       an exit handler frees one more allocation after isolate's exit check
@@ -816,6 +819,36 @@ static int reuse_oom(size_t big_size) {
     return bad != 0;
 }
 
+/* See the header: a launch the driver needs room for, after frees. */
+static int launch_room(void) {
+    PFN_launch_q launch = (PFN_launch_q)rt_entry("cuLaunchKernel", cudaEnableDefault);
+    size_t s8[] = {8};
+    CUfunction kt = standin_register_kernel("k_touch", k_touch, 1, NULL, s8);
+    if (!launch || !kt) {
+        say("launch-room: no launch");
+        return 1;
+    }
+    cudaStream_t s = NULL;
+    int bad = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != 0;
+    void *keep = NULL;
+    bad += cudaMallocAsync(&keep, 4096, s) != 0;
+    for (int i = 0; i < 56; i++) {
+        void *a = NULL;
+        bad += cudaMallocAsync(&a, MIB, s) != 0;
+        bad += cudaFreeAsync(a, s) != 0;
+    }
+    bad += cudaStreamSynchronize(s) != 0;
+    uint64_t pk = U64(keep);
+    void *args[] = {&pk};
+    int rc = launch(kt, 1, 1, 1, 1, 1, 1, 0, (CUstream)s, args, NULL);
+    say("launch-room first launch %d", rc);
+    bad += cudaStreamSynchronize(s) != 0;
+    bad += cudaFreeAsync(keep, s) != 0;
+    bad += cudaStreamSynchronize(s) != 0;
+    say("launch-room calls failed %d", bad);
+    return bad != 0 || rc != 0;
+}
+
 /* See the header: what isolation leaves free for everyone else while the device is short. */
 static int pressure(void) {
     cudaStream_t s = NULL;
@@ -879,6 +912,8 @@ int main(int argc, char **argv) {
         r = stuck();
     else if (!strcmp(what, "pressure"))
         r = pressure();
+    else if (!strcmp(what, "launch-room"))
+        r = launch_room();
     else if (!strcmp(what, "late"))
         r = late(LATE);
     else if (!strcmp(what, "late-destroyed"))

@@ -30,6 +30,10 @@ void standin_shutdown(void) { atomic_store_explicit(&g_unloaded, 1, memory_order
 
 int g_ndev = 1;
 size_t g_capacity = (size_t)1 << 30;
+/* STANDIN_LAUNCH_ROOM: a launch fails with out of memory while less than this is free, as a
+ * real one does when the driver cannot load its kernel's module (lazy loading) or grow its
+ * local memory. 0: never. */
+size_t g_launch_room = 0;
 size_t g_gran = (size_t)64 << 10;
 int g_sync;
 size_t g_used; /* bytes held: arena blocks + cuMemCreate handles */
@@ -91,6 +95,7 @@ static void setup(void) {
     s = getenv("STANDIN_SYNC");
     g_sync = s && *s && strcmp(s, "0") != 0;
     g_va_limit = parse_size(getenv("STANDIN_VA_BYTES"), 0);
+    g_launch_room = parse_size(getenv("STANDIN_LAUNCH_ROOM"), 0);
     for (int i = 0; i < MAX_DEVICES; i++) {
         g_primary[i].device = i;
         g_primary[i].primary = 1;

@@ -92,6 +92,7 @@ HIDDEN extern atomic_int g_initialized;
 HIDDEN extern atomic_int g_unloaded;
 HIDDEN extern int g_ndev;
 HIDDEN extern size_t g_capacity;
+HIDDEN extern size_t g_launch_room; /* STANDIN_LAUNCH_ROOM (driver_core.c) */
 HIDDEN extern size_t g_gran;
 HIDDEN extern int g_sync;
 HIDDEN extern atomic_int g_stuck; /* standin_device_stuck: nothing on the device ever finishes */

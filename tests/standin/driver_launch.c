@@ -20,6 +20,7 @@ struct CUfunc_st {
     size_t *offsets, *sizes;
     size_t bufsize;
     int kind; /* standin_register_kernel_as: 0 function, 1 library kernel, 2 no layout */
+    int loaded; /* launched once: its "module" is loaded (STANDIN_LAUNCH_ROOM) */
     struct CUfunc_st *next;
 };
 
@@ -494,6 +495,18 @@ static CUresult launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, uns
         return CUDA_ERROR_INVALID_VALUE;
     if ((unsigned long long)bx * by * bz > 1024)
         return CUDA_ERROR_INVALID_VALUE;
+    if (g_launch_room) {
+        /* A kernel's first launch loads its module (lazy loading): it needs room on the
+         * device, and fails with out of memory without it. (Not the library kernels, which
+         * stand for isolate's own module.) */
+        pthread_mutex_lock(&g_lock);
+        int short_of_room = !f->loaded && f->kind != 1 && g_capacity - g_used < g_launch_room;
+        if (!short_of_room)
+            f->loaded = 1;
+        pthread_mutex_unlock(&g_lock);
+        if (short_of_room)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     enum stream_kind kind;
     struct CUstream_st *s;
     CUresult r = resolve_stream(hs, ptsz, &kind, &s);

@@ -1116,3 +1116,35 @@ fn the_quarantine_gives_way_while_the_device_is_short_of_memory() {
     plain.assert_success();
     has_line(&plain, "pressure least free MiB 768");
 }
+
+/// A launch that runs out of memory because the quarantine holds it (the `launch-room`
+/// scenario: 56 MiB freed into quarantine on a 64 MiB stand-in, then a kernel's first launch,
+/// which needs 16 MiB free as a lazily loaded module does: `STANDIN_LAUNCH_ROOM`): the library
+/// gives memory back and launches again, so the program gets what a plain run gets (the H100:
+/// four model processes, GPT-2's and BERT's launches failed with "out of memory" while every
+/// allocation succeeded). One `OomRetry` note, of size 0 (no allocation asked). The reserve is
+/// off here, so that only the retry can help.
+#[test]
+fn a_launch_out_of_memory_gets_the_quarantine_back_and_runs() {
+    let run = || {
+        quarantine("launch-room")
+            .env("STANDIN_SYNC", "1")
+            .env("STANDIN_MEM_BYTES", (64 * MIB).to_string())
+            .env("STANDIN_LAUNCH_ROOM", (16 * MIB).to_string())
+    };
+    let plain = run().preload(false).run();
+    plain.assert_success();
+    has_line(&plain, "launch-room first launch 0");
+    let out = isolate(run())
+        .env("ISOLATE_QUARANTINE", "100%")
+        .env("ISOLATE_RESERVE", "0")
+        .run();
+    out.assert_same_as(&plain);
+    let t = out.only_trace();
+    let retries = notes(t, NoteKind::OomRetry);
+    assert_eq!(retries.len(), 1, "{retries:#?}");
+    assert_eq!(retries[0].size, 0);
+    assert!(retries[0].value >= 8 * MIB, "{:?}", retries[0]);
+    assert!(retries[0].text.contains("it ran"), "{:?}", retries[0]);
+    assert!(t.violations().is_empty());
+}

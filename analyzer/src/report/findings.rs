@@ -623,6 +623,14 @@ pub(super) fn verdict(
             plural(t.quarantine.oom_retries, "allocation")
         ));
     }
+    if t.quarantine.launch_oom_retries > 0 {
+        notes.push(format!(
+            "{} ran out of memory (the driver needed room of its own: a kernel's module loaded \
+             on first use, local memory) and were launched again after isolate mode gave back \
+             the memory it was holding.",
+            plural(t.quarantine.launch_oom_retries, "kernel launch")
+        ));
+    }
     if t.stale_value_count > 0 {
         notes.push(format!(
             "Suspects, not errors: {} had a parameter word whose value falls inside freed \

@@ -134,6 +134,7 @@ pub fn combine(traces: Vec<TraceSummary>) -> Summary {
         add(&mut q.releases, x.quarantine.releases);
         add(&mut q.early_releases, x.quarantine.early_releases);
         add(&mut q.oom_retries, x.quarantine.oom_retries);
+        add(&mut q.launch_oom_retries, x.quarantine.launch_oom_retries);
         let (d, w) = (&mut t.device_work, &x.device_work);
         add(&mut d.frees, w.frees);
         add(&mut d.freed_bytes, w.freed_bytes);

@@ -767,6 +767,7 @@ impl Observer for Summarizer {
                 match n.kind {
                     NoteKind::QuarantineRelease => self.note_releases += 1,
                     NoteKind::QuarantineEarlyRelease => self.note_early += 1,
+                    NoteKind::OomRetry if n.size == 0 => self.quarantine.launch_oom_retries += 1,
                     NoteKind::OomRetry => self.quarantine.oom_retries += 1,
                     NoteKind::Signal => self.signal = Some(n.value),
                     NoteKind::Cost

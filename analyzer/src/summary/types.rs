@@ -318,6 +318,9 @@ pub struct Quarantine {
     pub early_releases: u64,
     /// Allocations retried after releasing quarantine (OomRetry notes).
     pub oom_retries: u64,
+    /// Kernel launches retried after releasing quarantine (OomRetry notes of size 0: the
+    /// driver needed the room, for a lazily loaded module or local memory).
+    pub launch_oom_retries: u64,
 }
 
 /// What isolation asked of the device (the library's `freed` and `device bytes` exit notes,

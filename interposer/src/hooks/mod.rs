@@ -74,7 +74,12 @@ macro_rules! body {
             $crate::policy::stream_work();
             // SAFETY: the real function of this export, called with the caller's arguments as
             // they came: the caller's contract (the CUDA function's) is the real function's.
-            return $crate::record::profile::real(|| unsafe { $real($($a),*) });
+            let r = $crate::record::profile::real(|| unsafe { $real($($a),*) });
+            if $crate::record::thread::nested() {
+                return r; // the library's own launch: nothing given back from inside a hook
+            }
+            // SAFETY: as above, the same launch again.
+            return $crate::policy::launch_result(isolate_trace::Api::$api, r, &mut || unsafe { $real($($a),*) });
         }
         // SAFETY: the arguments of the launch the driver is about to receive. The deferred
         // poisons it may reach are queued before it.
@@ -84,6 +89,8 @@ macro_rules! body {
         // SAFETY: the real function of this export, called with the caller's arguments as
         // they came: the caller's contract (the CUDA function's) is the real function's.
         let r = $crate::record::profile::real(|| unsafe { $real($($a),*) });
+        // SAFETY: as above, the same launch again.
+        let r = $crate::policy::launch_result(isolate_trace::Api::$api, r, &mut || unsafe { $real($($a),*) });
         $crate::policy::launched(isolate_trace::Api::$api, found, r);
         r
     }};

@@ -375,6 +375,26 @@ pub fn launched(api: isolate_trace::Api, found: Option<launch::Guarded>, r: CUre
     }));
 }
 
+/// A launch (`api`) returned `r`: where it ran out of memory in isolate mode, the library gives
+/// back what it holds and launches again (`again`, isolate::launch_out_of_memory); the caller
+/// gets the first result unless the retry ran. Never unwinds.
+#[inline]
+pub fn launch_result(
+    api: isolate_trace::Api,
+    r: CUresult,
+    again: &mut dyn FnMut() -> CUresult,
+) -> CUresult {
+    if r != CUDA_ERROR_OUT_OF_MEMORY || !isolating() {
+        return r;
+    }
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        isolate::launch_out_of_memory(api.name(), again)
+    })) {
+        Ok(CUDA_SUCCESS) => CUDA_SUCCESS,
+        _ => r,
+    }
+}
+
 /// A recorded call returned `r`: the first device fault is noted (every mode), naming the
 /// launch check's suspects.
 #[inline]

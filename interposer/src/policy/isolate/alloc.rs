@@ -16,7 +16,8 @@ use super::leave::{
 };
 use super::poison::poison;
 use super::quarantine::{
-    Leaving, forget_range, quarantine, quarantine_index_only, release_oldest, wait_for_leaving,
+    Leaving, forget_range, quarantine, quarantine_index_only, release_oldest, reserve,
+    wait_for_leaving,
 };
 use super::state::{Held, Live, current_ctx, freed, st, state};
 use crate::base::config;
@@ -346,6 +347,50 @@ fn reclaim(size: u64, attempt: &mut dyn FnMut() -> i32) -> (i32, u64) {
         need = size.max(1);
     }
     (r, released)
+}
+
+/// A kernel launch that ran out of memory (named `what`): the driver needed device memory of
+/// its own for it (a lazily loaded module, more local memory), which no hook of the library
+/// sees asked for. Isolation must not cause that either: what the library holds goes back as
+/// for an allocation (batches in flight, kept memory, then the quarantine's oldest, until the
+/// device has the reserve free or the quarantine is empty), `attempt` launching again after
+/// each step; an `OomRetry` note (size 0) says so. Returns the last attempt's result.
+pub fn launch_out_of_memory(what: &str, attempt: &mut dyn FnMut() -> i32) -> i32 {
+    let _short = reuse::Short::start();
+    let room = match device_memory() {
+        Some((free, total)) => reserve(total)
+            .max(1 << 30)
+            .min(free.saturating_add(st!(state()).held))
+            .max(1),
+        None => 1 << 30,
+    };
+    let mut r = CUDA_ERROR_OUT_OF_MEMORY;
+    let mut released = 0u64;
+    for _ in 0..8 {
+        let frees = POISONED.load(Relaxed);
+        let (rr, n) = reclaim(room, attempt);
+        r = rr;
+        released += n;
+        if r != CUDA_ERROR_OUT_OF_MEMORY || POISONED.load(Relaxed) == frees {
+            break;
+        }
+    }
+    event::note(
+        NoteKind::OomRetry,
+        0,
+        0,
+        released,
+        format!(
+            "{what} ran out of memory; released {released} quarantined bytes and kept memory, \
+             and launched again: {}",
+            if r == CUDA_SUCCESS {
+                "it ran"
+            } else {
+                "it failed again"
+            }
+        ),
+    );
+    r
 }
 
 /// What the device lacks for an allocation of `size` bytes (its free memory short of `size`,
