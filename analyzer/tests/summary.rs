@@ -250,6 +250,18 @@ fn violations_stale_launches_quarantine_json() {
     t.note(NoteKind::QuarantineRelease, 0);
     t.note(NoteKind::QuarantineEarlyRelease, 0);
     t.note(NoteKind::QuarantineRelease, 0);
+    // An allocation that ran out of memory and was retried (its size), and a launch (size 0).
+    for size in [4096, 0] {
+        t.record(Record::Note(Note {
+            seq: 3,
+            ts_ns: 9_200_000,
+            kind: NoteKind::OomRetry,
+            ptr: 0,
+            size,
+            value: 4096,
+            text: String::new(),
+        }));
+    }
     t.record(Record::Stats(Stats {
         quarantine_peak_bytes: 4096,
         quarantine_releases: 1,
@@ -278,7 +290,8 @@ fn violations_stale_launches_quarantine_json() {
     );
     assert_eq!(
         v["quarantine"],
-        json!({"peak_bytes":8192,"releases":2,"early_releases":1,"oom_retries":0})
+        json!({"peak_bytes":8192,"releases":2,"early_releases":1,"oom_retries":1,
+               "launch_oom_retries":1})
     );
     assert_eq!(v["complete"], json!(true));
     assert_eq!(v["truncated"], json!(null));
