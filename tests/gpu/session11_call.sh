@@ -27,10 +27,19 @@
 # BUDGET_S=130 BENCH_LIMIT_S=160 ... tiers:170; the table: TIER_CONFIGS=default,log,isolate,fast
 # TIER_MODELS=gpt2,resnet50,bert,vit TIER_ROUNDS=3 TIER_STEPS=60 TIER_PLANTED=0 BUDGET_S=450
 # BENCH_LIMIT_S=480 ... tiers:500 (392 s).
-# Left for the next call: the table again on a normal host with the final library (5b50386:
-# walks that use a saved rbp check only the values they use; BERT's and GPT-2's replays should
-# reach ResNet-50's 90%), and the model set in the fast tier: MODEL_MODES=isolate,fast ...
-# models:300 (models_check.py's mode `fast`; `guard` now sets ISOLATE_GUARD=on).
+# Run in the sixteenth (H100, docs/gpu-results.md "Sixteenth session"): MODEL_RUNS=1
+# MODEL_MODES=isolate,fast TIER_CONFIGS=default,backend,isolate-bare,fast-nostacks,fast
+# TIER_MODELS=resnet50,bert TIER_ROUNDS=2 TIER_STEPS=40 ... tiers:235 models:300 (a slow host);
+# the table: MODEL_RUNS=1 MODEL_MODES=isolate,fast TIER_CONFIGS=default,backend,log,isolate,fast
+# TIER_MODELS=gpt2,resnet50,bert,vit TIER_ROUNDS=3 TIER_STEPS=45 TIER_PLANTED=0 BUDGET_S=360
+# BENCH_LIMIT_S=390 ... models:120 tiers:400 (441 s; two rounds fit); the decomposition again
+# (TIER_CONFIGS=default,backend,isolate-bare,fast-nostacks,fast TIER_MODELS=resnet50,bert
+# TIER_ROUNDS=2 TIER_STEPS=45 BUDGET_S=150 BENCH_LIMIT_S=175 ... tiers:180).
+# Left for the next call: the model set in both tiers, four at a time on an 80 GiB H100
+# (MODEL_RUNS=1 MODEL_MODES=isolate,fast ... models:120, kind nvidia-h100-x1): a launch that runs
+# out of memory now gets the library's memory back and runs again (GPT-2 and BERT failed so
+# this session); and the table with three full rounds (four configurations, or five with
+# BUDGET_S=450 in a call of its own).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
