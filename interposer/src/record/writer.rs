@@ -849,7 +849,9 @@ mod tests {
     /// The writer thread takes no lock of the library: whatever it blocks in (a `write(2)` to a
     /// hung file system), no hook can be waiting for a lock it holds. Hooks only hand records
     /// to the queue (`try_send`); `tests/tests/load.rs` shows they go on while the writer is
-    /// blocked. This keeps the rule from being broken by an edit of this file.
+    /// blocked. This keeps the rule from being broken by an edit of this file. (The counters it
+    /// keeps, `tally.rs`, take their own two locks around a map update, never while the writer
+    /// writes; no hook takes them, only the C API's `isolate_counters` and its like.)
     #[test]
     fn the_writer_takes_no_lock_of_the_library() {
         let src = include_str!("writer.rs");
