@@ -13,8 +13,13 @@
 //!   differ, where the line goes back within the same code object (a loop's back edge), and
 //!   the line it goes back to begins an iteration (the first iteration begins at the first
 //!   allocation on that line, the last ends at the last allocation seen on the loop's lines).
-//!   C programs without regions have no steps. [`Growth::steps`] is the one recogniser: the
-//!   report draws the same steps on its timeline when the program named none.
+//!   C programs without regions have no steps. A loop is steps only if device memory was
+//!   freed during its iterations (between its first allocation and its last): a training
+//!   step frees its temporaries, a setup loop that only allocates builds what the program
+//!   keeps (`model.to("cuda")`, `Module._apply` over the submodules: a GPT-2 run that died of
+//!   out-of-memory in its first step had that loop as its only one, and each "step" kept its
+//!   weights, "2 leaks"). [`Growth::steps`] is the one recogniser: the report draws the same
+//!   steps on its timeline when the program named none.
 //! - **The rule.** Steps are numbered 1..N. The first [`WARM_UP`] step is warm-up (the
 //!   optimizer's state, caches and lazily made workspaces appear there), and the last
 //!   [`LAST_LEFT_OUT`] are left out (what the last iterations' variables still hold at exit is
@@ -107,6 +112,10 @@ struct Loop {
     tail: u32,
     /// The last allocation seen inside it.
     last_ns: u64,
+    /// Frees seen since its last allocation (become `frees` when another allocation inside it
+    /// follows), and frees seen between two of its allocations.
+    pending: u64,
+    frees: u64,
 }
 
 /// Follows the steps of one trace.
@@ -203,6 +212,8 @@ impl Growth {
                     starts: vec![ts],
                     tail: a[d].1,
                     last_ns: ts,
+                    pending: 0,
+                    frees: 0,
                 }),
                 None => {}
             }
@@ -213,9 +224,18 @@ impl Growth {
                 .is_some_and(|f| f.0 == code && (line..=l.tail).contains(&f.1))
             {
                 l.last_ns = l.last_ns.max(ts);
+                l.frees += std::mem::take(&mut l.pending);
             }
         }
         self.prev.insert(tid, stack);
+    }
+
+    /// Device memory was freed (any thread): counted for the loops seen so far, once one of
+    /// their allocations follows it.
+    pub fn freed(&mut self) {
+        for l in &mut self.loops {
+            l.pending += 1;
+        }
     }
 
     /// The steps: from regions when a name closed at least [`MIN_STEPS`] times, else from
@@ -240,7 +260,7 @@ impl Growth {
         let l = self
             .loops
             .iter()
-            .filter(|l| l.starts.len() + 1 >= MIN_STEPS)
+            .filter(|l| l.starts.len() + 1 >= MIN_STEPS && l.frees > 0)
             .min_by(|a, b| {
                 a.head
                     .0

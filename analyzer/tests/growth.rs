@@ -176,8 +176,12 @@ fn too_few_steps_are_not_judged() {
 /// the call stacks the blocks look like the iterations of a loop in `Block.forward` (a new call
 /// of the same function from the same line looks like a back edge), and every "iteration" kept
 /// a segment. That is the cache filling, not a leak: segments are not judged on steps found in
-/// the call stacks. Before the fix: 1 leak here, 3 a run of the ViT. A script without the cache
-/// (`PYTORCH_NO_CUDA_MEMORY_CACHING=1`) keeping such a tensor every call is still named.
+/// the call stacks. Before the fix: 1 leak here, 3 a run of the ViT. Without the cache
+/// (`PYTORCH_NO_CUDA_MEMORY_CACHING=1`) each tensor is its own allocation, but these
+/// "iterations" free nothing, so since the sixteenth session they are not steps either
+/// (`a_setup_loop_that_frees_nothing_is_not_steps`; the fifteenth session's analyzer named 2
+/// leaks here): a loop whose iterations keep a tensor and free their temporaries is still named
+/// (that test, and `a_loop_keeping_a_tensor_a_step_is_a_leak_named_with_its_site_and_bytes_a_step`).
 #[test]
 fn a_caching_allocator_filling_its_cache_is_not_a_leak() {
     for cached in [true, false] {
@@ -201,14 +205,59 @@ fn a_caching_allocator_filling_its_cache_is_not_a_leak() {
         t.end(Stats::default());
         let (j, text) = summary(&t, "vit.trace");
         let ctx = format!("cached {cached}:\n{text}");
-        assert!(
-            text.contains("iterations of the loop at vit.py:215 in Block.forward") || cached,
-            "{ctx}"
-        );
-        assert_eq!(j["leak_count"], if cached { 0 } else { 2 }, "{ctx}");
+        assert_eq!(j["leak_count"], 0, "{ctx}");
+        assert_eq!(j["findings"], 0, "{ctx}");
         if cached {
-            assert_eq!(j["findings"], 0, "{ctx}");
             assert_eq!(j["held_at_exit"]["caching_allocator"]["count"], 24, "{ctx}");
+        }
+    }
+}
+
+/// A setup loop that only allocates is not steps: `model.to("cuda")` runs `Module._apply` over
+/// the submodules, each iteration making the next parameters on the device and freeing none.
+/// A run that died in its first training step (out of memory, on a device four processes
+/// shared) had that loop as the only one its stacks showed, and each iteration "kept" its
+/// parameters: 2 leaks reported (the sixteenth session's GPT-2 on an H100). With the training
+/// loop's frees (the same loop, temporaries freed in each iteration), the same allocations
+/// kept are a leak.
+#[test]
+fn a_setup_loop_that_frees_nothing_is_not_steps() {
+    for frees in [false, true] {
+        let mut t = TraceBuilder::new();
+        t.py_codes(&[
+            (1, "train.py", "<module>"),
+            (3, "module.py", "Module._apply"),
+            (4, "module.py", "convert"),
+        ]);
+        let py = |code, line| Frame::Python { code, line };
+        t.stacks(vec![
+            (1, vec![py(4, 1370), py(3, 934), py(1, 5)]), // a child's weight
+            (2, vec![py(4, 1370), py(3, 936), py(1, 5)]), // its bias
+            (3, vec![py(4, 1371), py(3, 936), py(1, 5)]), // a temporary, freed
+        ]);
+        for k in 0..STEPS {
+            t.call_from(Api::CudaMalloc, A + k * 4 * MIB, 2 * MIB, 1);
+            t.call_from(Api::CudaMalloc, A + k * 4 * MIB + 2 * MIB, 4096, 2);
+            if frees {
+                let tmp = A + 512 * MIB + k * MIB;
+                t.call_from(Api::CudaMalloc, tmp, 4096, 3);
+                t.free(tmp);
+            }
+        }
+        t.end(Stats::default());
+        let (j, text) = summary(&t, "setup.trace");
+        let ctx = format!("frees {frees}:\n{text}");
+        if frees {
+            assert_eq!(j["leak_count"], 2, "{ctx}");
+            assert_eq!(
+                j["leaks"][0]["steps"], "iterations of the loop at module.py:934 in Module._apply",
+                "{ctx}"
+            );
+        } else {
+            assert_eq!(j["leak_count"], 0, "{ctx}");
+            assert!(!text.contains("LEAK"), "{ctx}");
+            // Still held at exit, as information.
+            assert_eq!(j["held_at_exit"]["count"], 2 * STEPS, "{ctx}");
         }
     }
 }

@@ -568,6 +568,9 @@ impl Observer for Summarizer {
             }
             if self.stacks.has_stacks() {
                 self.site_ended(n);
+                if e.how == EndHow::Freed {
+                    self.growth.freed();
+                }
             }
             let d = self.device(n.device);
             if e.how == EndHow::Freed {
