@@ -1147,4 +1147,15 @@ fn a_launch_out_of_memory_gets_the_quarantine_back_and_runs() {
     assert!(retries[0].value >= 8 * MIB, "{:?}", retries[0]);
     assert!(retries[0].text.contains("it ran"), "{:?}", retries[0]);
     assert!(t.violations().is_empty());
+    // The summary counts it as a launch's, not an allocation's.
+    let o = std::process::Command::new(isolate_tests::analyzer_path())
+        .args(["summary", "--json"])
+        .arg(&t.path)
+        .output()
+        .expect("isolate summary");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("\"launch_oom_retries\": 1") && text.contains("\"oom_retries\": 0"),
+        "{text}"
+    );
 }
