@@ -384,7 +384,10 @@ pub fn launch_result(
     r: CUresult,
     again: &mut dyn FnMut() -> CUresult,
 ) -> CUresult {
-    if r != CUDA_ERROR_OUT_OF_MEMORY || !isolating() {
+    if r != CUDA_ERROR_OUT_OF_MEMORY || !isolating() || order::any_capture() {
+        // While a stream captures a graph, giving memory back (which waits for the release
+        // stream) could be an unsafe call for a global-mode capture: the launch's result as
+        // it is.
         return r;
     }
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
