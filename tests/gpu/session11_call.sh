@@ -38,8 +38,11 @@
 # Left for the next call: the model set in both tiers, four at a time on an 80 GiB H100
 # (MODEL_RUNS=1 MODEL_MODES=isolate,fast ... models:120, kind nvidia-h100-x1): a launch that runs
 # out of memory now gets the library's memory back and runs again (GPT-2 and BERT failed so
-# this session); and the table with three full rounds (four configurations, or five with
-# BUDGET_S=450 in a call of its own).
+# this session); the table with three full rounds (four configurations, or five with
+# BUDGET_S=450 in a call of its own); and whether PyTorch's pluggable allocator avoids the
+# stream-ordered backend's own cost: TIER_CONFIGS=default,backend,pluggable,fast,fast-pluggable
+# TIER_MODELS=resnet50,bert TIER_ROUNDS=3 ... tiers (tier_bench.py builds its C library with gcc;
+# checked on the stand-in only, with and without the library preloaded).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
