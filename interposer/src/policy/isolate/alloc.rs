@@ -83,19 +83,8 @@ pub fn alloc(
         // Isolation must never cause an out-of-memory a normal run would not have had.
         // Meanwhile what releases free goes to the driver, not into the reuse cache.
         let _short = reuse::Short::start();
-        // Another thread that freed meanwhile (a free takes longer under isolation than
-        // without) may have freed what this one needs: again while frees come in, 8 rounds at
-        // most.
-        let mut released = 0u64;
-        for _ in 0..8 {
-            let frees = POISONED.load(Relaxed);
-            let (rr, n) = reclaim(proto.size, &mut attempt);
-            r = rr;
-            released += n;
-            if r != CUDA_ERROR_OUT_OF_MEMORY || POISONED.load(Relaxed) == frees {
-                break;
-            }
-        }
+        let (rr, released) = reclaim_rounds(proto.size, &mut attempt);
+        r = rr;
         if released > 0 {
             event::note(
                 NoteKind::OomRetry,
@@ -296,6 +285,24 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     r
 }
 
+/// [`reclaim`] again while other threads' frees come in (a free takes longer under isolation
+/// than without, and one that finished meanwhile may have freed what is needed), 8 rounds at
+/// most: the last attempt's result and the quarantined bytes released in all.
+fn reclaim_rounds(size: u64, attempt: &mut dyn FnMut() -> i32) -> (i32, u64) {
+    let mut r = CUDA_ERROR_OUT_OF_MEMORY;
+    let mut released = 0u64;
+    for _ in 0..8 {
+        let frees = POISONED.load(Relaxed);
+        let (rr, n) = reclaim(size, attempt);
+        r = rr;
+        released += n;
+        if r != CUDA_ERROR_OUT_OF_MEMORY || POISONED.load(Relaxed) == frees {
+            break;
+        }
+    }
+    (r, released)
+}
+
 /// One round of giving memory back for an allocation of `size` bytes that ran out of memory,
 /// trying it again (`attempt`) after each step that could help; returns its last result and
 /// the quarantined bytes released.
@@ -364,17 +371,7 @@ pub fn launch_out_of_memory(what: &str, attempt: &mut dyn FnMut() -> i32) -> i32
             .max(1),
         None => 1 << 30,
     };
-    let mut r = CUDA_ERROR_OUT_OF_MEMORY;
-    let mut released = 0u64;
-    for _ in 0..8 {
-        let frees = POISONED.load(Relaxed);
-        let (rr, n) = reclaim(room, attempt);
-        r = rr;
-        released += n;
-        if r != CUDA_ERROR_OUT_OF_MEMORY || POISONED.load(Relaxed) == frees {
-            break;
-        }
-    }
+    let (r, released) = reclaim_rounds(room, attempt);
     event::note(
         NoteKind::OomRetry,
         0,

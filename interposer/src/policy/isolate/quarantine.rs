@@ -145,9 +145,6 @@ fn short_of_memory(now: u64, ctx: usize) -> Option<u64> {
     }
     let (free, total) = device_memory()?;
     let reserve = reserve(total);
-    if reserve == 0 {
-        return None;
-    }
     if free >= reserve {
         PRESSURE_LIMIT.store(u64::MAX, Relaxed);
         return None;
