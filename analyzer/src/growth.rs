@@ -112,9 +112,9 @@ struct Loop {
     tail: u32,
     /// The last allocation seen inside it.
     last_ns: u64,
-    /// Frees seen since its last allocation (become `frees` when another allocation inside it
-    /// follows), and frees seen between two of its allocations.
-    pending: u64,
+    /// [`Growth::frees`] at its last allocation, and the frees seen between two of its
+    /// allocations.
+    frees_at: u64,
     frees: u64,
 }
 
@@ -132,6 +132,8 @@ pub struct Growth {
     /// (depth, code, line) of a Python frame → the first allocation made through it: where a
     /// loop's first iteration began.
     first_at: FxHashMap<(usize, u32, u32), u64>,
+    /// Device memory frees so far (any thread).
+    frees: u64,
 }
 
 impl Growth {
@@ -212,7 +214,7 @@ impl Growth {
                     starts: vec![ts],
                     tail: a[d].1,
                     last_ns: ts,
-                    pending: 0,
+                    frees_at: self.frees,
                     frees: 0,
                 }),
                 None => {}
@@ -224,18 +226,17 @@ impl Growth {
                 .is_some_and(|f| f.0 == code && (line..=l.tail).contains(&f.1))
             {
                 l.last_ns = l.last_ns.max(ts);
-                l.frees += std::mem::take(&mut l.pending);
+                l.frees += self.frees - l.frees_at;
+                l.frees_at = self.frees;
             }
         }
         self.prev.insert(tid, stack);
     }
 
-    /// Device memory was freed (any thread): counted for the loops seen so far, once one of
-    /// their allocations follows it.
+    /// Device memory was freed (any thread): counted for a loop once one of its allocations
+    /// follows it.
     pub fn freed(&mut self) {
-        for l in &mut self.loops {
-            l.pending += 1;
-        }
+        self.frees += 1;
     }
 
     /// The steps: from regions when a name closed at least [`MIN_STEPS`] times, else from
