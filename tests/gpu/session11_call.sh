@@ -2,7 +2,7 @@
 # The eleventh session's GPU calls: parts run in order, each under its own time limit, every
 # log into one tarball ($OUT/all.tgz) so that the device tool's 8-file limit holds.
 #   bash tests/gpu/session11_call.sh part[:seconds] ...
-# parts: golden uaf leak race patterns sanitizer models edges tiers memviz report diag
+# parts: golden uaf leak race patterns sanitizer models edges tiers launchroom memviz report diag
 # Needs target/gpu/{libisolate.so,isolate} (carry target/gpu).
 #
 # Run in the eleventh session (one call; ~21 of its 30 device minutes went to starts that
@@ -65,6 +65,7 @@ for spec in "$@"; do
     edges) cmd=(bash "$here/edges.sh") ;;
     diag) cmd=(bash "$here/diag_patterns.sh") ;;
     tiers) cmd=(bash "$here/tier_bench.sh") ;;
+    launchroom) cmd=(bash "$here/launch_room.sh") ;;
     memviz) cmd=(bash "$here/memviz_size.sh") ;;
     report) cmd=(bash "$here/report_gpt2.sh") ;;
     *) echo "no part $part"; continue ;;
