@@ -35,6 +35,9 @@
  *   quarantine launch-room  56 x 1 MiB allocated and freed stream-ordered, then the first launch
  *                       of a kernel (the stand-in's STANDIN_LAUNCH_ROOM: a first launch needs
  *                       that much free, as a lazily loaded module does): its result
+ *   quarantine query-room  the same, but the kernel's first use is an occupancy query
+ *                       (cuOccupancyMaxActiveBlocksPerMultiprocessor, as PyTorch's softmax asks
+ *                       before its first launch), then its launch: both results
  *   quarantine stuck    a stream-ordered free, then the device hangs (the stand-in's
  *                       standin_device_stuck: nothing finishes any more) and the program exits;
  *                       an exit handler frees one more allocation after isolate's exit check
@@ -819,12 +822,17 @@ static int reuse_oom(size_t big_size) {
     return bad != 0;
 }
 
-/* See the header: a launch the driver needs room for, after frees. */
-static int launch_room(void) {
+typedef CUresult (*PFN_occupancy)(int *, CUfunction, int, size_t);
+
+/* See the header: a launch (or, with `query`, an occupancy query first) the driver needs room
+ * for, after frees. */
+static int launch_room(int query) {
     PFN_launch_q launch = (PFN_launch_q)rt_entry("cuLaunchKernel", cudaEnableDefault);
+    PFN_occupancy occupancy = (PFN_occupancy)rt_entry(
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor", cudaEnableDefault);
     size_t s8[] = {8};
     CUfunction kt = standin_register_kernel("k_touch", k_touch, 1, NULL, s8);
-    if (!launch || !kt) {
+    if (!launch || !kt || !occupancy) {
         say("launch-room: no launch");
         return 1;
     }
@@ -840,13 +848,18 @@ static int launch_room(void) {
     bad += cudaStreamSynchronize(s) != 0;
     uint64_t pk = U64(keep);
     void *args[] = {&pk};
+    int qc = 0, blocks = 0;
+    if (query) {
+        qc = occupancy(&blocks, kt, 256, 0);
+        say("query-room occupancy query %d: %d blocks", qc, blocks);
+    }
     int rc = launch(kt, 1, 1, 1, 1, 1, 1, 0, (CUstream)s, args, NULL);
     say("launch-room first launch %d", rc);
     bad += cudaStreamSynchronize(s) != 0;
     bad += cudaFreeAsync(keep, s) != 0;
     bad += cudaStreamSynchronize(s) != 0;
     say("launch-room calls failed %d", bad);
-    return bad != 0 || rc != 0;
+    return bad != 0 || rc != 0 || qc != 0;
 }
 
 /* See the header: what isolation leaves free for everyone else while the device is short. */
@@ -913,7 +926,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(what, "pressure"))
         r = pressure();
     else if (!strcmp(what, "launch-room"))
-        r = launch_room();
+        r = launch_room(0);
+    else if (!strcmp(what, "query-room"))
+        r = launch_room(1);
     else if (!strcmp(what, "late"))
         r = late(LATE);
     else if (!strcmp(what, "late-destroyed"))

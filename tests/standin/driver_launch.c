@@ -482,6 +482,37 @@ CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramO
 
 CUresult cuKernelGetName(const char **name, CUkernel hfunc) { return func_name(name, hfunc, 1); }
 
+/* STANDIN_LAUNCH_ROOM: the first use of a kernel (its launch, or a query about it) loads its
+ * module (lazy loading): it needs room on the device, and fails with out of memory without it.
+ * (Not the library kernels, which stand for isolate's own module.) Returns 1 when short. */
+static int load(struct CUfunc_st *f) {
+    if (!g_launch_room)
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    int short_of_room = !f->loaded && f->kind != 1 && g_capacity - g_used < g_launch_room;
+    if (!short_of_room)
+        f->loaded = 1;
+    pthread_mutex_unlock(&g_lock);
+    return short_of_room;
+}
+
+/* As PyTorch's softmax asks before its first launch. Every kernel fits 8 blocks of 256
+ * threads a "multiprocessor". */
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction hf, int block,
+                                                     size_t smem) {
+    (void)smem;
+    NEED_LIVE_CTX();
+    struct CUfunc_st *f = find_func(hf);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!n || block <= 0 || block > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (load(f))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *n = 2048 / block;
+    return CUDA_SUCCESS;
+}
+
 /* Queues a launch; the parameter values are copied now, as CUDA does. */
 static CUresult launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                        unsigned by, unsigned bz, unsigned shmem, CUstream hs, void **params,
@@ -495,18 +526,8 @@ static CUresult launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, uns
         return CUDA_ERROR_INVALID_VALUE;
     if ((unsigned long long)bx * by * bz > 1024)
         return CUDA_ERROR_INVALID_VALUE;
-    if (g_launch_room) {
-        /* A kernel's first launch loads its module (lazy loading): it needs room on the
-         * device, and fails with out of memory without it. (Not the library kernels, which
-         * stand for isolate's own module.) */
-        pthread_mutex_lock(&g_lock);
-        int short_of_room = !f->loaded && f->kind != 1 && g_capacity - g_used < g_launch_room;
-        if (!short_of_room)
-            f->loaded = 1;
-        pthread_mutex_unlock(&g_lock);
-        if (short_of_room)
-            return CUDA_ERROR_OUT_OF_MEMORY;
-    }
+    if (load(f))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     enum stream_kind kind;
     struct CUstream_st *s;
     CUresult r = resolve_stream(hs, ptsz, &kind, &s);

@@ -42,6 +42,8 @@ static const struct proc g_procs[] = {
     {"cuGetErrorString", 6000, F(cuGetErrorString), NULL},
     {"cuGetProcAddress", 11030, F(cuGetProcAddress), NULL},
     {"cuGetProcAddress", 12000, F(cuGetProcAddress_v2), NULL},
+    {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,
+     F(cuOccupancyMaxActiveBlocksPerMultiprocessor), NULL},
 
     {"cuMemAlloc", 2000, F(cuMemAlloc), NULL},
     {"cuMemAlloc", 3020, F(cuMemAlloc_v2), NULL},

@@ -1117,6 +1117,46 @@ fn the_quarantine_gives_way_while_the_device_is_short_of_memory() {
     has_line(&plain, "pressure least free MiB 768");
 }
 
+/// A kernel's first use is a query, not its launch (the `query-room` scenario: PyTorch's
+/// softmax asks the occupancy of its kernel before it launches it; the sixteenth session's
+/// GPT-2 failed there, in `cross_entropy`, four processes on one H100, after the launch retry
+/// was built): the query needs room to load the kernel as its launch would, and gets the
+/// library's memory back the same way. Without the query's hook (`hooks/room.rs`) the query
+/// fails with out of memory (2), which a plain run never sees.
+#[test]
+fn a_query_that_loads_a_kernel_gets_the_quarantine_back() {
+    let run = || {
+        quarantine("query-room")
+            .env("STANDIN_SYNC", "1")
+            .env("STANDIN_MEM_BYTES", (64 * MIB).to_string())
+            .env("STANDIN_LAUNCH_ROOM", (16 * MIB).to_string())
+    };
+    let plain = run().preload(false).run();
+    plain.assert_success();
+    has_line(&plain, "query-room occupancy query 0: 8 blocks");
+    has_line(&plain, "launch-room first launch 0");
+    let out = isolate(run())
+        .env("ISOLATE_QUARANTINE", "100%")
+        .env("ISOLATE_RESERVE", "0")
+        .run();
+    out.assert_same_as(&plain);
+    let t = out.only_trace();
+    let retries = notes(t, NoteKind::OomRetry);
+    assert_eq!(retries.len(), 1, "{retries:#?}");
+    assert_eq!(retries[0].size, 0);
+    assert!(
+        retries[0]
+            .text
+            .starts_with("cuOccupancyMaxActiveBlocksPerMultiprocessor ran out of memory")
+            && retries[0].text.contains("it ran"),
+        "{:?}",
+        retries[0]
+    );
+    // In log mode the query is the driver's own (nothing of the library's is held).
+    let log = run().run();
+    log.assert_same_as(&plain);
+}
+
 /// A launch that runs out of memory because the quarantine holds it (the `launch-room`
 /// scenario: 56 MiB freed into quarantine on a 64 MiB stand-in, then a kernel's first launch,
 /// which needs 16 MiB free as a lazily loaded module does: `STANDIN_LAUNCH_ROOM`): the library

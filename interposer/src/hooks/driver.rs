@@ -208,8 +208,10 @@ fn launch_stream(config: *const CUlaunchConfig) -> CUstream {
 }
 
 /// Whether hook `h` is handed out now: the hooks of stream work other than launches
-/// (hooks/stream.rs) only while poisons are deferred; the launch check's hooks while launches
-/// are checked or poisons deferred (a launch queues the deferred poisons first); the rest always.
+/// (hooks/stream.rs) only while poisons are deferred; the calls that may load a kernel
+/// (hooks/room.rs) and the launch check's hooks only in isolate mode (a launch is checked,
+/// queues the deferred poisons first, or is called again when it ran out of memory); the rest
+/// always.
 pub fn handed_out(h: &Hooked) -> bool {
     if super::stream::STREAM_HOOKED
         .iter()
@@ -217,7 +219,10 @@ pub fn handed_out(h: &Hooked) -> bool {
     {
         return crate::policy::defers_poison() || crate::policy::order::active();
     }
-    !h.launch || crate::policy::check_launches() || crate::policy::defers_poison()
+    if h.launch || super::room::ROOM_HOOKED.iter().any(|x| std::ptr::eq(x, h)) {
+        return crate::policy::isolating();
+    }
+    true
 }
 
 /// Every driver hook, by export name: the driver's and the stream work's tables.
@@ -225,6 +230,7 @@ pub fn driver_hook(name: &CStr) -> Option<&'static Hooked> {
     HOOKED
         .iter()
         .chain(super::stream::STREAM_HOOKED)
+        .chain(super::room::ROOM_HOOKED)
         .find(|h| h.name == name)
 }
 

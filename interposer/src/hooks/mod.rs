@@ -18,6 +18,8 @@
 //!   result tells;
 //! - `[launch Api, f, stream, params, extra]`: a kernel launch, checked when the launch check
 //!   is on (after the deferred poisons are queued), and told to the stream-order check;
+//! - `[needs_room]`: a call that may load a kernel (room.rs): passed through, and where it ran
+//!   out of memory in isolate mode, called again once the library gave its memory back;
 //! - `[stream_work]`: other work on a stream: the deferred poisons are queued, then the call;
 //! - `[order op]`: as `[stream_work]`, and the stream-order check is told the call
 //!   (`op`, a [`crate::policy::order::Op`]) before it and its result after it;
@@ -42,7 +44,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-/// The body of one hook; see the module comment for the nine forms.
+/// The body of one hook; see the module comment for the ten forms.
 macro_rules! body {
     ($real:ident, ($($a:ident),*), [$api:ident, $kind:expr, |$e:ident| $fill:expr $(, then |$e2:ident| $after:expr)?]) => {
         $crate::hooks::shape::run(
@@ -79,7 +81,7 @@ macro_rules! body {
                 return r; // the library's own launch: nothing given back from inside a hook
             }
             // SAFETY: as above, the same launch again.
-            return $crate::policy::launch_result(isolate_trace::Api::$api, r, &mut || unsafe { $real($($a),*) });
+            return $crate::policy::out_of_room(HOOK_NAME, r, &mut || unsafe { $real($($a),*) });
         }
         // SAFETY: the arguments of the launch the driver is about to receive. The deferred
         // poisons it may reach are queued before it.
@@ -90,9 +92,19 @@ macro_rules! body {
         // they came: the caller's contract (the CUDA function's) is the real function's.
         let r = $crate::record::profile::real(|| unsafe { $real($($a),*) });
         // SAFETY: as above, the same launch again.
-        let r = $crate::policy::launch_result(isolate_trace::Api::$api, r, &mut || unsafe { $real($($a),*) });
+        let r = $crate::policy::out_of_room(HOOK_NAME, r, &mut || unsafe { $real($($a),*) });
         $crate::policy::launched(isolate_trace::Api::$api, found, r);
         r
+    }};
+    ($real:ident, ($($a:ident),*), [needs_room]) => {{
+        // SAFETY: the real function of this export, called with the caller's arguments as
+        // they came: the caller's contract (the CUDA function's) is the real function's.
+        let r = unsafe { $real($($a),*) };
+        if r != $crate::base::cuda::CUDA_ERROR_OUT_OF_MEMORY || $crate::record::thread::nested() {
+            return r;
+        }
+        // SAFETY: as above, the same call again.
+        $crate::policy::out_of_room(HOOK_NAME, r, &mut || unsafe { $real($($a),*) })
     }};
     ($real:ident, ($($a:ident),*), [stream_work]) => {{
         let _span = $crate::record::profile::span($crate::record::profile::Class::StreamWork);
@@ -299,6 +311,7 @@ pub mod driver;
 pub mod nvtx;
 pub mod pool;
 pub mod process;
+pub mod room;
 pub mod runtime;
 pub mod shape;
 pub mod stream;
@@ -312,6 +325,7 @@ mod tests {
         for h in super::driver::HOOKED
             .iter()
             .chain(super::stream::STREAM_HOOKED)
+            .chain(super::room::ROOM_HOOKED)
             .chain(super::runtime::RUNTIME_HOOKED)
         {
             assert_eq!(h.name.to_str().unwrap(), h.export);
@@ -430,6 +444,7 @@ mod tests {
         let all: Vec<&super::shape::Hooked> = super::driver::HOOKED
             .iter()
             .chain(super::stream::STREAM_HOOKED)
+            .chain(super::room::ROOM_HOOKED)
             .chain(super::runtime::RUNTIME_HOOKED)
             .collect();
         for h in &all {

@@ -72,7 +72,7 @@ pub struct Hooked {
     pub adopt: fn(*mut c_void) -> bool,
     /// One of the launch check's hooks (its body is `[launch …]` or `[unloads]`: a kernel
     /// launch, or a call after which a kernel handle may stand for another kernel), handed out
-    /// only while launches are checked or poisons deferred.
+    /// only in isolate mode.
     pub launch: bool,
     /// The API row it records under (`[Api, …]` and `[launch Api, …]` bodies), else `None`.
     pub api: Option<Api>,

@@ -159,8 +159,9 @@ pub fn pool_peak_reset() {
     }
 }
 
+/// Isolate mode.
 #[inline]
-fn isolating() -> bool {
+pub fn isolating() -> bool {
     config::get().mode == Mode::Isolate
 }
 
@@ -375,23 +376,19 @@ pub fn launched(api: isolate_trace::Api, found: Option<launch::Guarded>, r: CUre
     }));
 }
 
-/// A launch (`api`) returned `r`: where it ran out of memory in isolate mode, the library gives
-/// back what it holds and launches again (`again`, isolate::launch_out_of_memory); the caller
-/// gets the first result unless the retry ran. Never unwinds.
+/// A launch or a kernel's load (the export `name`) returned `r`: where it ran out of memory
+/// in isolate mode, the library gives back what it holds and calls it again (`again`,
+/// isolate::out_of_room); the caller gets the first result unless the retry ran. Never
+/// unwinds.
 #[inline]
-pub fn launch_result(
-    api: isolate_trace::Api,
-    r: CUresult,
-    again: &mut dyn FnMut() -> CUresult,
-) -> CUresult {
+pub fn out_of_room(name: &str, r: CUresult, again: &mut dyn FnMut() -> CUresult) -> CUresult {
     if r != CUDA_ERROR_OUT_OF_MEMORY || !isolating() || order::any_capture() {
         // While a stream captures a graph, giving memory back (which waits for the release
-        // stream) could be an unsafe call for a global-mode capture: the launch's result as
-        // it is.
+        // stream) could be an unsafe call for a global-mode capture: the result as it is.
         return r;
     }
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        isolate::launch_out_of_memory(api.name(), again)
+        isolate::out_of_room(name, again)
     })) {
         Ok(CUDA_SUCCESS) => CUDA_SUCCESS,
         _ => r,

@@ -356,13 +356,14 @@ fn reclaim(size: u64, attempt: &mut dyn FnMut() -> i32) -> (i32, u64) {
     (r, released)
 }
 
-/// A kernel launch that ran out of memory (named `what`): the driver needed device memory of
-/// its own for it (a lazily loaded module, more local memory), which no hook of the library
-/// sees asked for. Isolation must not cause that either: what the library holds goes back as
-/// for an allocation (batches in flight, kept memory, then the quarantine's oldest, until the
-/// device has the reserve free or the quarantine is empty), `attempt` launching again after
-/// each step; an `OomRetry` note (size 0) says so. Returns the last attempt's result.
-pub fn launch_out_of_memory(what: &str, attempt: &mut dyn FnMut() -> i32) -> i32 {
+/// A kernel launch, or a call that loads a kernel (hooks/room.rs), that ran out of memory
+/// (named `what`): the driver needed device memory of its own for it (a lazily loaded module,
+/// more local memory), which no hook of the library sees asked for. Isolation must not cause
+/// that either: what the library holds goes back as for an allocation (batches in flight, kept
+/// memory, then the quarantine's oldest, until the device has the reserve free or the
+/// quarantine is empty), `attempt` calling again after each step; an `OomRetry` note (size 0)
+/// says so. Returns the last attempt's result.
+pub fn out_of_room(what: &str, attempt: &mut dyn FnMut() -> i32) -> i32 {
     let _short = reuse::Short::start();
     let room = match device_memory() {
         Some((free, total)) => reserve(total)
@@ -379,7 +380,7 @@ pub fn launch_out_of_memory(what: &str, attempt: &mut dyn FnMut() -> i32) -> i32
         released,
         format!(
             "{what} ran out of memory; released {released} quarantined bytes and kept memory, \
-             and launched again: {}",
+             and called it again: {}",
             if r == CUDA_SUCCESS {
                 "it ran"
             } else {

@@ -26,7 +26,7 @@ mod state;
 mod verify;
 mod vmm;
 
-pub use alloc::{alloc, free, launch_out_of_memory, pool_peak_reset, pool_used, stream_destroyed};
+pub use alloc::{alloc, free, out_of_room, pool_peak_reset, pool_used, stream_destroyed};
 pub use counters::exit_notes;
 pub use exit::{at_exit, at_exit_bounded, before_context_ends, exit_is_ours, verify_now};
 pub use poison::{capture_start, flush_current};
