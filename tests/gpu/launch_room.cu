@@ -19,7 +19,7 @@ __global__ void lazy_kernel(int *out) {
 }
 
 __global__ void local_kernel(int *out, int n) {
-    volatile char buf[48 * 1024];
+    volatile char buf[16 * 1024];
     for (int i = 0; i < n; i++) buf[(i * 977 + threadIdx.x) % sizeof(buf)] = (char)i;
     if (out && threadIdx.x == 0) out[blockIdx.x] = buf[n % sizeof(buf)];
 }

@@ -2,8 +2,8 @@
 # A launch that needs the driver's own device memory while the device is full (the sixteenth
 # session's GPT-2, four model processes on one 80 GiB H100: "out of memory" in a kernel launch
 # while every allocation succeeded). tests/gpu/launch_room.cu fills the device, frees 8 GiB and
-# launches a kernel for the first time (`lazy`: its module loads then; `local`: it needs 48 KiB of
-# local memory a thread). Each scenario runs: plain; plain with the driver's error log
+# launches a kernel for the first time (`lazy`: its module loads then; `local`: it needs 16 KiB of
+# local memory a thread: 4.4 GB on an H100, under the 8 GiB freed). Each scenario runs: plain; plain with the driver's error log
 # (CUDA_LOG_FILE=stderr: which driver call failed); isolate mode with the reserve off (the freed
 # 8 GiB stay quarantined); isolate mode with the default reserve.
 #   bash tests/gpu/launch_room.sh        PASS when every run's launch and synchronisation

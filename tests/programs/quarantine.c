@@ -35,7 +35,13 @@
  *   quarantine launch-room  56 x 1 MiB allocated and freed stream-ordered, then the first launch
  *                       of a kernel (the stand-in's STANDIN_LAUNCH_ROOM: a first launch needs
  *                       that much free, as a lazily loaded module does): its result
- *   quarantine query-room  the same, but the kernel's first use is an occupancy query
+ *   quarantine module-room  the first allocation leaves less free than a module needs (the
+ *                       stand-in's STANDIN_LAUNCH_ROOM), so isolate's kernels cannot be loaded;
+ *                       it is freed; a second later, 4 x 2 MiB allocated and freed (all
+ *                       stream-ordered)
+ *   quarantine module-early  a first allocation of 1 MiB, then the same first allocation, held
+ *                       while the 4 x 2 MiB are allocated and freed at once, then both freed
+ *   quarantine query-room  the same as launch-room, but the kernel's first use is an occupancy query
  *                       (cuOccupancyMaxActiveBlocksPerMultiprocessor, as PyTorch's softmax asks
  *                       before its first launch), then its launch: both results
  *   quarantine stuck    a stream-ordered free, then the device hangs (the stand-in's
@@ -46,6 +52,7 @@
  * `index`) differ between isolate mode and a plain run by design; every other line must not.
  */
 #include <pthread.h>
+#include <unistd.h>
 
 #include "common.h"
 
@@ -801,7 +808,7 @@ static int reuse_oom(size_t big_size) {
     }
     say("reuse calls failed %d", bad);
     void *big[64];
-    int n = 0;
+    int n = 0, sticky = 0;
     while (n < 64) {
         void *b = NULL;
         int rc = cudaMallocAsync(&b, big_size, s);
@@ -810,9 +817,12 @@ static int reuse_oom(size_t big_size) {
             cudaGetLastError();
             break;
         }
+        /* A call that succeeded leaves no error behind (PyTorch throws on one). */
+        sticky += cudaPeekAtLastError() != cudaSuccess;
         big[n++] = b;
     }
     say("big allocated %d", n);
+    say("errors left by allocations that succeeded %d", sticky);
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     say("free after the failure %zu of %zu", free_b, total_b);
@@ -860,6 +870,37 @@ static int launch_room(int query) {
     bad += cudaStreamSynchronize(s) != 0;
     say("launch-room calls failed %d", bad);
     return bad != 0 || rc != 0 || qc != 0;
+}
+
+/* See the header: isolate's own module while the device is full, then with room. */
+static int module_room(int early) {
+    cudaStream_t s = NULL;
+    int bad = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != 0;
+    void *first = NULL;
+    if (early)
+        bad += cudaMallocAsync(&first, MIB, s) != 0;
+    size_t free_b = 0, total_b = 0;
+    bad += cudaMemGetInfo(&free_b, &total_b) != 0;
+    void *big = NULL, *a = NULL;
+    bad += cudaMallocAsync(&big, free_b - 8 * MIB, s) != 0;
+    if (!early) {
+        bad += cudaFreeAsync(big, s) != 0;
+        bad += cudaStreamSynchronize(s) != 0;
+        usleep(1100 * 1000);
+    }
+    for (int i = 0; i < 4; i++) {
+        bad += cudaMallocAsync(&a, 2 * MIB, s) != 0;
+        bad += cudaMemsetAsync(a, 0x33, 2 * MIB, s) != 0;
+        bad += cudaFreeAsync(a, s) != 0;
+        bad += cudaStreamSynchronize(s) != 0;
+    }
+    if (early) {
+        bad += cudaFreeAsync(big, s) != 0;
+        bad += cudaFreeAsync(first, s) != 0;
+    }
+    bad += cudaStreamSynchronize(s) != 0;
+    say("module-room calls failed %d", bad);
+    return bad != 0;
 }
 
 /* See the header: what isolation leaves free for everyone else while the device is short. */
@@ -927,6 +968,10 @@ int main(int argc, char **argv) {
         r = pressure();
     else if (!strcmp(what, "launch-room"))
         r = launch_room(0);
+    else if (!strcmp(what, "module-room"))
+        r = module_room(0);
+    else if (!strcmp(what, "module-early"))
+        r = module_room(1);
     else if (!strcmp(what, "query-room"))
         r = launch_room(1);
     else if (!strcmp(what, "late"))

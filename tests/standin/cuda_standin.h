@@ -395,6 +395,7 @@ CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, c
 CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
                             size_t *paramSize);
 CUresult cuFuncGetName(const char **name, CUfunction hfunc);
+CUresult cuFuncLoad(CUfunction function);
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
                                                      size_t dynamicSMemSize);
 /* CUDA 12.4 / 12.3: the same for a CUkernel (a library's kernel, context-independent). */

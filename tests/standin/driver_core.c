@@ -30,9 +30,9 @@ void standin_shutdown(void) { atomic_store_explicit(&g_unloaded, 1, memory_order
 
 int g_ndev = 1;
 size_t g_capacity = (size_t)1 << 30;
-/* STANDIN_LAUNCH_ROOM: a launch fails with out of memory while less than this is free, as a
- * real one does when the driver cannot load its kernel's module (lazy loading) or grow its
- * local memory. 0: never. */
+/* STANDIN_LAUNCH_ROOM: a kernel's first launch or query, and a module's load, fail with out of
+ * memory while less than this is free, as real ones do when the driver cannot load a kernel's
+ * module (lazy loading) or grow its local memory. 0: never. */
 size_t g_launch_room = 0;
 size_t g_gran = (size_t)64 << 10;
 int g_sync;

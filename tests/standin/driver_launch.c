@@ -373,6 +373,14 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     NEED_CTX();
     if (!module || !image)
         return CUDA_ERROR_INVALID_VALUE;
+    if (g_launch_room) {
+        /* STANDIN_LAUNCH_ROOM: a module's code needs room on the device. */
+        pthread_mutex_lock(&g_lock);
+        int short_of_room = g_capacity - g_used < g_launch_room;
+        pthread_mutex_unlock(&g_lock);
+        if (short_of_room)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     struct CUmod_st *m = calloc(1, sizeof *m);
     if (!m)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -494,6 +502,15 @@ static int load(struct CUfunc_st *f) {
         f->loaded = 1;
     pthread_mutex_unlock(&g_lock);
     return short_of_room;
+}
+
+/* Loads a kernel now (CUDA 12.4's cuFuncLoad), under the same rule as its first use. */
+CUresult cuFuncLoad(CUfunction hf) {
+    NEED_LIVE_CTX();
+    struct CUfunc_st *f = find_func(hf);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return load(f) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
 }
 
 /* As PyTorch's softmax asks before its first launch. Every kernel fits 8 blocks of 256

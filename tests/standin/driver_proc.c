@@ -42,6 +42,7 @@ static const struct proc g_procs[] = {
     {"cuGetErrorString", 6000, F(cuGetErrorString), NULL},
     {"cuGetProcAddress", 11030, F(cuGetProcAddress), NULL},
     {"cuGetProcAddress", 12000, F(cuGetProcAddress_v2), NULL},
+    {"cuFuncLoad", 12040, F(cuFuncLoad), NULL},
     {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,
      F(cuOccupancyMaxActiveBlocksPerMultiprocessor), NULL},
 

@@ -825,6 +825,10 @@ fn kept_checked_memory_is_served_again_and_given_back_when_memory_runs_out() {
             .run();
         out.assert_success();
         has_line(&out, "reuse calls failed 0");
+        // An allocation that ran out of memory and succeeded once the library gave memory
+        // back leaves no runtime error behind, whether or not quarantined bytes went (with
+        // reuse on, kept memory can be all that goes).
+        has_line(&out, "errors left by allocations that succeeded 0");
         got.push(isolate_tests::number_after(&out.stdout, "allocated").unwrap());
         let t = out.only_trace();
         assert!(t.violations().is_empty(), "{:?}", t.violations());
@@ -1115,6 +1119,65 @@ fn the_quarantine_gives_way_while_the_device_is_short_of_memory() {
     let plain = run().run();
     plain.assert_success();
     has_line(&plain, "pressure least free MiB 768");
+}
+
+/// Isolate's own kernels while the device is full (the `module-room` scenario: the program's
+/// first allocation leaves less free than a module needs): they cannot be loaded then, so the
+/// first block is checked on the host; a second later, with room again, they are loaded and
+/// the next blocks are checked on the device. Before, a module that failed once was never
+/// tried again: on the H100 a process whose first free came on a full device checked every
+/// block on the host, 0.2 s for each 256 MiB block (tests/gpu/launch_room.sh).
+#[test]
+fn isolates_kernels_are_loaded_once_the_device_has_room() {
+    let out = isolate(quarantine("module-room"))
+        .env("STANDIN_SYNC", "1")
+        .env("STANDIN_MEM_BYTES", (64 * MIB).to_string())
+        .env("STANDIN_LAUNCH_ROOM", (16 * MIB).to_string())
+        .env("ISOLATE_QUARANTINE", "1MiB")
+        .env("ISOLATE_RESERVE", "0")
+        .run();
+    out.assert_success();
+    has_line(&out, "module-room calls failed 0");
+    let t = out.only_trace();
+    assert!(t.violations().is_empty(), "{:?}", t.violations());
+    let where_ = notes(t, NoteKind::Cost)
+        .into_iter()
+        .map(|n| n.text)
+        .find(|n| n.starts_with("poison verified for "))
+        .expect("the note of where the checks ran");
+    assert_eq!(
+        where_, "poison verified for 4 allocations on the device, 1 on the host",
+        "{where_}"
+    );
+}
+
+/// A first allocation made while the device had room, then the device filled (`module-early`):
+/// the kernels are loaded at that allocation (`device::prepare`), not at the first free, which
+/// comes on the full device: the 2 MiB blocks and the first are checked on the device (the
+/// large block, over the quarantine's budget alone, is checked at its free the synchronous way,
+/// which the stand-in does on the host). Loaded at the first free instead: 0 and 6.
+#[test]
+fn isolates_kernels_are_loaded_at_the_first_allocation() {
+    let out = isolate(quarantine("module-early"))
+        .env("STANDIN_SYNC", "1")
+        .env("STANDIN_MEM_BYTES", (64 * MIB).to_string())
+        .env("STANDIN_LAUNCH_ROOM", (16 * MIB).to_string())
+        .env("ISOLATE_QUARANTINE", "1MiB")
+        .env("ISOLATE_RESERVE", "0")
+        .run();
+    out.assert_success();
+    has_line(&out, "module-room calls failed 0");
+    let t = out.only_trace();
+    assert!(t.violations().is_empty(), "{:?}", t.violations());
+    let where_ = notes(t, NoteKind::Cost)
+        .into_iter()
+        .map(|n| n.text)
+        .find(|n| n.starts_with("poison verified for "))
+        .expect("the note of where the checks ran");
+    assert_eq!(
+        where_, "poison verified for 5 allocations on the device, 1 on the host",
+        "{where_}"
+    );
 }
 
 /// A kernel's first use is a query, not its launch (the `query-room` scenario: PyTorch's

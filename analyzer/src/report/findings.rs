@@ -625,10 +625,11 @@ pub(super) fn verdict(
     }
     if t.quarantine.launch_oom_retries > 0 {
         notes.push(format!(
-            "{} ran out of memory (the driver needed room of its own: a kernel's module loaded \
-             on first use, local memory) and were launched again after isolate mode gave back \
-             the memory it was holding.",
-            plural(t.quarantine.launch_oom_retries, "kernel launch")
+            "{} (kernel launches, or queries that load a kernel before its first launch) ran out \
+             of memory (the driver needed room of its own: a kernel's module loaded on first \
+             use, local memory) and ran again after isolate mode gave back the memory it was \
+             holding.",
+            plural(t.quarantine.launch_oom_retries, "call")
         ));
     }
     if t.stale_value_count > 0 {

@@ -318,7 +318,8 @@ pub struct Quarantine {
     pub early_releases: u64,
     /// Allocations retried after releasing quarantine (OomRetry notes).
     pub oom_retries: u64,
-    /// Kernel launches retried after releasing quarantine (OomRetry notes of size 0: the
+    /// Kernel launches, and calls that load a kernel (occupancy and attribute queries before
+    /// its first launch), retried after releasing quarantine (OomRetry notes of size 0: the
     /// driver needed the room, for a lazily loaded module or local memory).
     pub launch_oom_retries: u64,
 }

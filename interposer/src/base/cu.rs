@@ -410,6 +410,16 @@ pub unsafe fn module_get_function(module: CUmodule, name: &CStr) -> Result<CUfun
     Ok(func)
 }
 
+/// Loads the code of `func` onto the device now rather than at its first launch (lazy loading,
+/// CUDA 12.4+); `Missing` on older drivers.
+/// # Safety
+/// `func` is a function of a module of the current context.
+pub unsafe fn func_load(func: CUfunction) -> Result<()> {
+    let f = get(&real::FUNC_LOAD)?;
+    // SAFETY: the caller vouches for the function.
+    check(unsafe { f(func) })
+}
+
 /// The address and size of the global `name` of `module`.
 /// # Safety
 /// As [`module_get_function`].

@@ -217,6 +217,7 @@ reals! { $
         MODULE_LOAD_DATA = cuModuleLoadData: fn(*mut *mut c_void, *const c_void) -> CUresult;
         MODULE_GET_FUNCTION = cuModuleGetFunction: fn(*mut CUfunction, *mut c_void, *const c_char) -> CUresult;
         MODULE_GET_GLOBAL = cuModuleGetGlobal_v2: fn(*mut CUdeviceptr, *mut usize, *mut c_void, *const c_char) -> CUresult;
+        FUNC_LOAD = cuFuncLoad: fn(CUfunction) -> CUresult;
         FUNC_GET_PARAM_INFO = cuFuncGetParamInfo: fn(CUfunction, usize, *mut usize, *mut usize) -> CUresult;
         FUNC_GET_NAME = cuFuncGetName: fn(*mut *const c_char, CUfunction) -> CUresult;
         // A CUkernel (a library's kernel) is what the CUDA 12+ runtime hands cuLaunchKernel

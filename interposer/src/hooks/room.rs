@@ -37,7 +37,7 @@ hooks! {
     cuFuncGetAttribute(v: *mut c_int, attr: c_int, f: CUfunction) [needs_room];
     cuFuncSetAttribute(f: CUfunction, attr: c_int, v: c_int) [needs_room];
     cuFuncSetCacheConfig(f: CUfunction, config: c_int) [needs_room];
-    cuFuncLoad(f: CUfunction) [needs_room];
+    cuFuncLoad(f) = FUNC_LOAD [needs_room];
     cuKernelGetFunction(f: *mut CUfunction, kernel: *mut c_void) [needs_room];
     cuKernelGetAttribute(v: *mut c_int, attr: c_int, kernel: *mut c_void, dev: CUdevice) [needs_room];
     cuKernelSetAttribute(attr: c_int, v: c_int, kernel: *mut c_void, dev: CUdevice) [needs_room];

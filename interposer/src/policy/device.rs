@@ -2,9 +2,13 @@
 //! the PTX module (`verify.ptx`, JIT-compiled by the driver and loaded once per context), its
 //! kernels, the result buffers (module globals, so the library allocates no device memory
 //! through the API it hooks; pinned host memory for the release stream's copies) and the
-//! release stream. Each part is made on its first use in a context; a part the driver cannot
-//! make stays `None` there for good, and its user goes another way (the host check, the
-//! synchronous release, the driver's memset).
+//! release stream. Each part is made on its first use in a context, or at the context's first
+//! allocation ([`prepare`]), while the device still has room for a module; a part the driver
+//! cannot make stays `None` there for good, and its user goes another way (the host check, the
+//! synchronous release, the driver's memset) — except where a module could not be loaded for
+//! want of device memory: that is tried again on a use at least a second later (on the H100
+//! a process that first freed on a full device checked every block on the host for good, 0.2 s
+//! for each 256 MiB block).
 //!
 //! Layer: policies. Uses the base only.
 
@@ -13,7 +17,12 @@ use crate::base::cuda::*;
 use crate::base::real::*;
 use crate::base::sys::ForkLock;
 use std::ffi::{CStr, c_void};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// How long a module that could not be loaded for want of device memory waits before it is
+/// tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Allocations checked by one launch, and by one copy of results back: the synchronous check's
 /// batch and the release stream's (a slot of [`Release::ring`]).
@@ -75,6 +84,35 @@ struct Parts {
     verify: Option<Option<Verify>>,
     release: Option<Option<Release>>,
     sparse: Option<Option<Sparse>>,
+    /// When the module, or the fast tier's, last could not be loaded for want of device
+    /// memory: not tried again before [`RETRY_AFTER`] from then.
+    short: Option<Instant>,
+}
+
+impl Parts {
+    /// Whether a load that failed for want of memory waits now.
+    fn waiting(&self) -> bool {
+        self.short.is_some_and(|t| t.elapsed() < RETRY_AFTER)
+    }
+}
+
+/// A module's load: loaded, short of device memory (tried again later), or not to be had.
+enum Load {
+    Loaded(cu::CUmodule),
+    Short,
+    Never,
+}
+
+/// Loads `ptx` (ending in its only NUL) into the current context.
+fn load(ptx: &str) -> Load {
+    let Ok(image) = CStr::from_bytes_with_nul(ptx.as_bytes()) else {
+        return Load::Never;
+    };
+    match cu::module_load_data(image) {
+        Ok(m) => Load::Loaded(m),
+        Err(CuError::Code(CUDA_ERROR_OUT_OF_MEMORY)) => Load::Short,
+        Err(_) => Load::Never,
+    }
 }
 
 // SAFETY: CUDA handles and pinned memory are usable from any thread; access is under a lock.
@@ -85,6 +123,7 @@ static CACHE: ForkLock<Vec<(usize, Parts)>> = ForkLock::new(Vec::new());
 /// In a fork child: the parent's handles are not the child's.
 pub fn after_fork_child() {
     CACHE.reset_in_child(Vec::new());
+    PREPARED.store(0, Relaxed);
 }
 
 /// `f` with context `ctx`'s parts (made empty on its first use).
@@ -100,20 +139,43 @@ fn with<R>(ctx: usize, f: impl FnOnce(&mut Parts) -> R) -> R {
     f(&mut g[i].1)
 }
 
-/// The module of the current context, loaded on first use.
+/// The module of the current context, loaded on first use; `p.module` stays undecided while
+/// the device has no room for it (tried again later).
 fn module(p: &mut Parts) -> Option<cu::CUmodule> {
-    let m = *p.module.get_or_insert_with(|| {
-        // `PTX` ends in its only NUL.
-        let image = CStr::from_bytes_with_nul(PTX.as_bytes()).ok()?;
-        cu::module_load_data(image).ok().map(|m| m as usize)
-    });
-    m.map(|m| m as cu::CUmodule)
+    if let Some(m) = p.module {
+        return m.map(|m| m as cu::CUmodule);
+    }
+    if p.waiting() {
+        return None;
+    }
+    match load(PTX) {
+        Load::Loaded(m) => {
+            p.module = Some(Some(m as usize));
+            Some(m)
+        }
+        Load::Short => {
+            p.short = Some(Instant::now());
+            None
+        }
+        Load::Never => {
+            p.module = Some(None);
+            None
+        }
+    }
 }
 
+/// The kernel `name` of `module`, its code loaded onto the device now where the driver can
+/// (`cuFuncLoad`): with lazy loading it would be loaded at its first launch, which may come on
+/// a full device. Where that fails, the first launch tries again.
 fn function(module: cu::CUmodule, name: &CStr) -> Option<CUfunction> {
     // SAFETY: `module` was loaded into the current context by `module` above and is never
     // unloaded.
-    unsafe { cu::module_get_function(module, name) }.ok()
+    let f = unsafe { cu::module_get_function(module, name) }.ok()?;
+    if !f.is_null() {
+        // SAFETY: a function of that module, just looked up.
+        let _ = unsafe { cu::func_load(f) };
+    }
+    Some(f)
 }
 
 /// A module global of at least `bytes`.
@@ -139,7 +201,9 @@ pub fn verify(ctx: usize) -> Option<Verify> {
             let result = global(module, c"isolate_result", BATCH * 16)?;
             Some(Verify { func, result })
         })();
-        p.verify = Some(v);
+        if v.is_some() || p.module.is_some() {
+            p.verify = Some(v); // else the module waits for room: tried again later
+        }
         v
     })
 }
@@ -152,23 +216,34 @@ pub fn sparse(ctx: usize) -> Option<Sparse> {
         return None;
     }
     with(ctx, |p| {
-        *p.sparse.get_or_insert_with(|| {
-            let made = (|| {
-                MODULE_GET_FUNCTION.get()?;
-                let image = CStr::from_bytes_with_nul(SPARSE_PTX.as_bytes()).ok()?;
-                let module = cu::module_load_data(image).ok()? as cu::CUmodule;
-                let fill = function(module, c"isolate_poison_sparse").filter(|f| !f.is_null())?;
-                let verify = function(module, c"isolate_verify_sparse").filter(|f| !f.is_null())?;
-                Some(Sparse { fill, verify })
-            })();
-            if made.is_none() && !SPARSE_FAILED.swap(true, Relaxed) {
-                crate::base::sys::warn(
-                    "ISOLATE_CHECK=fast: the fast tier's kernels could not be loaded; freed \
-                     blocks are poisoned and checked whole, as with ISOLATE_CHECK=full",
-                );
+        if let Some(s) = p.sparse {
+            return s;
+        }
+        if p.waiting() {
+            return None;
+        }
+        let module = match MODULE_GET_FUNCTION.get().map(|_| load(SPARSE_PTX)) {
+            Some(Load::Loaded(m)) => Some(m),
+            Some(Load::Short) => {
+                // Whole blocks meanwhile; the fast tier's module is tried again later.
+                p.short = Some(Instant::now());
+                return None;
             }
-            made
-        })
+            _ => None,
+        };
+        let made = module.and_then(|module| {
+            let fill = function(module, c"isolate_poison_sparse").filter(|f| !f.is_null())?;
+            let verify = function(module, c"isolate_verify_sparse").filter(|f| !f.is_null())?;
+            Some(Sparse { fill, verify })
+        });
+        if made.is_none() && !SPARSE_FAILED.swap(true, Relaxed) {
+            crate::base::sys::warn(
+                "ISOLATE_CHECK=fast: the fast tier's kernels could not be loaded; freed \
+                 blocks are poisoned and checked whole, as with ISOLATE_CHECK=full",
+            );
+        }
+        p.sparse = Some(made);
+        made
     })
 }
 
@@ -189,9 +264,30 @@ pub fn release(ctx: usize) -> Option<Release> {
             return r;
         }
         let r = make_release(p);
-        p.release = Some(r);
+        if r.is_some() || p.module.is_some() {
+            p.release = Some(r); // else the module waits for room: tried again later
+        }
         r
     })
+}
+
+/// The last context [`prepare`] made its parts in (most programs have one).
+static PREPARED: AtomicUsize = AtomicUsize::new(0);
+
+/// At an allocation in context `ctx` (current, not capturing): makes the parts the first
+/// frees will need, once per context, while the device still has room for the modules (a
+/// program that fills the device before its first free would otherwise find none).
+pub fn prepare(ctx: usize) {
+    if PREPARED.load(Relaxed) == ctx {
+        return;
+    }
+    PREPARED.store(ctx, Relaxed);
+    let made = with(ctx, |p| p.release.is_some());
+    if !made {
+        release(ctx);
+        verify(ctx);
+        sparse(ctx);
+    }
 }
 
 /// The release stream's side of context `ctx` where it was made already; nothing is made here.

@@ -25,7 +25,7 @@ use crate::base::cu;
 use crate::base::cuda::*;
 use crate::base::real::{self, *};
 use crate::base::sys::{ForkLock, now_ns};
-use crate::policy::{guard, order, release, reuse};
+use crate::policy::{device, guard, order, release, reuse};
 use crate::record::event::{self, Pending};
 use crate::record::profile::{self, Part};
 use isolate_trace::{Api, Event, Memory, NoteKind, Source};
@@ -85,21 +85,34 @@ pub fn alloc(
         let _short = reuse::Short::start();
         let (rr, released) = reclaim_rounds(proto.size, &mut attempt);
         r = rr;
-        if released > 0 {
+        if released > 0 || r == CUDA_SUCCESS {
+            // Also where no quarantined byte went and the retry still ran (kept memory given
+            // back, the pool trimmed, batches in flight freed, or another process's memory
+            // freed meanwhile): the retry is what the program's call became.
             event::note(
                 NoteKind::OomRetry,
                 0,
                 proto.size,
                 released,
                 format!(
-                    "{} of {} bytes ran out of memory; released {released} quarantined bytes and retried",
-                    proto.api, proto.size
+                    "{} of {} bytes ran out of memory; released {released} quarantined bytes \
+                     and kept memory, and retried: {}",
+                    proto.api,
+                    proto.size,
+                    if r == CUDA_SUCCESS {
+                        "it succeeded"
+                    } else {
+                        "it failed again"
+                    }
                 ),
             );
-            if r == CUDA_SUCCESS && proto.api.is_runtime() {
-                // The failed attempt left a sticky runtime error that PyTorch would throw on.
-                let _ = cu::get_last_error();
-            }
+        }
+        if r == CUDA_SUCCESS && proto.api.is_runtime() {
+            // The failed attempt left the runtime's last error, which PyTorch's next check
+            // (`cudaGetLastError` after a launch) would throw as "CUDA error: out of memory"
+            // (the H100, four model processes: GPT-2 and BERT failed so in isolate mode with
+            // every allocation successful). It is cleared whether or not quarantine went.
+            let _ = cu::get_last_error();
         }
         if r != CUDA_SUCCESS {
             r = first; // exactly the code a normal run gets
@@ -114,6 +127,10 @@ pub fn alloc(
     if r == CUDA_SUCCESS && proto.api.from_pool() && p.ev.ptr != 0 {
         let now = POOL_LIVE.fetch_add(p.ev.size, Relaxed) + p.ev.size;
         POOL_PEAK.fetch_max(now, Relaxed);
+    }
+    if r == CUDA_SUCCESS && quarantinable(proto.api) && p.ev.ptr != 0 && !captured {
+        // The kernels the first frees need, loaded while the device has room for them.
+        device::prepare(current_ctx());
     }
     if r == CUDA_SUCCESS && quarantinable(proto.api) && p.ev.ptr != 0 {
         let live = Live {
