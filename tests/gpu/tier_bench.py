@@ -80,7 +80,10 @@ CONFIGS = {
     # stream-ordered backend's own cost (10-14% on ResNet-50 and BERT on the H100, sixteenth
     # session). Without the library, and with it in the fast tier. Not yet run on a GPU.
     "pluggable": {"TIER_PLUGGABLE": "1", "_NO_LIBRARY": "1"},
-    "fast-pluggable": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "TIER_PLUGGABLE": "1"},
+    # PYTORCH_NO_CUDA_MEMORY_CACHING=1: the library leaves PyTorch's variables alone (a
+    # backend named in PYTORCH_CUDA_ALLOC_CONF makes PyTorch refuse a pluggable allocator).
+    "fast-pluggable": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "TIER_PLUGGABLE": "1",
+                       "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
     # Full coverage without the stream-order check (issue 34: its cost is isolate / this).
     "isolate-noorder": {"ISOLATE_MODE": "isolate", "ISOLATE_TEST_ORDER": "off"},
     # Where the host's time goes (the summary's `cost` lines, in the run's log): not for ratios,
