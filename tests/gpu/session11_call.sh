@@ -43,6 +43,14 @@
 # stream-ordered backend's own cost: TIER_CONFIGS=default,backend,pluggable,fast,fast-pluggable
 # TIER_MODELS=resnet50,bert TIER_ROUNDS=3 ... tiers (tier_bench.py builds its C library with gcc;
 # checked on the stand-in only, with and without the library preloaded).
+# Run in the seventeenth (H100, docs/gpu-results.md "Seventeenth session"): the pluggable
+# experiment (TIER_CONFIGS=default,backend,pluggable,fast,fast-pluggable TIER_MODELS=resnet50,bert
+# TIER_ROUNDS=2 ... tiers:270 models:200, a slow host); CUDA_LOG_FILE=stderr MODEL_JOBS=4
+# MODEL_MODES=isolate,fast MODELS=gpt2,bert,resnet50,vit ... launchroom:120 models:200 (which call
+# failed: none; the runtime's last error left by a successful retry); then the same with the
+# fixes, and the table: OUT=$OUT/a ... models:150 launchroom:70; OUT=$OUT/b
+# TIER_CONFIGS=default,log,isolate,fast TIER_MODELS=gpt2,resnet50,bert,vit TIER_ROUNDS=3
+# TIER_STEPS=45 TIER_PLANTED=0 BUDGET_S=330 BENCH_LIMIT_S=360 ... tiers:370.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
