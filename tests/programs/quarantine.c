@@ -41,6 +41,8 @@
  *                       stream-ordered)
  *   quarantine module-early  a first allocation of 1 MiB, then the same first allocation, held
  *                       while the 4 x 2 MiB are allocated and freed at once, then both freed
+ *   quarantine reset    8 x 1 MiB allocated, set and freed stream-ordered, cudaDeviceReset, the
+ *                       same again, then a stale write of 16 bytes through the last one freed
  *   quarantine query-room  the same as launch-room, but the kernel's first use is an occupancy query
  *                       (cuOccupancyMaxActiveBlocksPerMultiprocessor, as PyTorch's softmax asks
  *                       before its first launch), then its launch: both results
@@ -903,6 +905,35 @@ static int module_room(int early) {
     return bad != 0;
 }
 
+/* See the header: isolation across a device reset. */
+static int reset_round(void **last) {
+    cudaStream_t s = NULL;
+    int bad = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != 0;
+    for (int i = 0; i < 8; i++) {
+        void *a = NULL;
+        bad += cudaMallocAsync(&a, MIB, s) != 0;
+        bad += cudaMemsetAsync(a, 0x44, MIB, s) != 0;
+        bad += cudaFreeAsync(a, s) != 0;
+        *last = a;
+    }
+    bad += cudaStreamSynchronize(s) != 0;
+    bad += cudaStreamDestroy(s) != 0;
+    return bad;
+}
+
+static int reset(void) {
+    void *last = NULL;
+    int bad = reset_round(&last);
+    int rc = cudaDeviceReset();
+    say("reset cudaDeviceReset %d", rc);
+    bad += rc != 0;
+    bad += reset_round(&last);
+    bad += cudaMemset((char *)last + 4096, 0x5A, 16) != 0;
+    bad += cudaDeviceSynchronize() != 0;
+    say("reset calls failed %d", bad);
+    return bad != 0;
+}
+
 /* See the header: what isolation leaves free for everyone else while the device is short. */
 static int pressure(void) {
     cudaStream_t s = NULL;
@@ -972,6 +1003,8 @@ int main(int argc, char **argv) {
         r = module_room(0);
     else if (!strcmp(what, "module-early"))
         r = module_room(1);
+    else if (!strcmp(what, "reset"))
+        r = reset();
     else if (!strcmp(what, "query-room"))
         r = launch_room(1);
     else if (!strcmp(what, "late"))

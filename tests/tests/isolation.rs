@@ -1180,6 +1180,43 @@ fn isolates_kernels_are_loaded_at_the_first_allocation() {
     );
 }
 
+/// Isolation across `cudaDeviceReset` (the `reset` scenario: 8 blocks freed, a reset, 8 more,
+/// then a 16-byte stale write through the last): the primary context made again after the reset
+/// has the same handle on the stand-in, and the library used the old context's release stream
+/// and kernels there: a check queued on the dead stream ran after its block had been freed
+/// and handed out again, and found the later block's stale write in it (two stale writes, one
+/// false). Now what isolation made and kept in a context is forgotten when it ends: one stale
+/// write, the real one, and the second round's blocks checked on the device.
+#[test]
+fn a_device_reset_leaves_nothing_of_isolations_behind() {
+    for budget in ["2MiB", "1GiB"] {
+        let out = isolate(quarantine("reset"))
+            .env("STANDIN_SYNC", "1")
+            .env("ISOLATE_QUARANTINE", budget)
+            .run();
+        out.assert_success();
+        has_line(&out, "reset cudaDeviceReset 0");
+        has_line(&out, "reset calls failed 0");
+        let t = out.only_trace();
+        let v = t.violations();
+        assert_eq!(v.len(), 1, "{budget}: {v:#?}");
+        assert_eq!(
+            (v[0].first_offset, v[0].changed_bytes),
+            (4096, 16),
+            "{budget}"
+        );
+        // The last block freed: the run's last free.
+        let last_free = t
+            .events()
+            .iter()
+            .filter(|e| e.api == Api::CudaFreeAsync)
+            .last()
+            .unwrap()
+            .seq;
+        assert_eq!(v[0].free_seq, last_free, "{budget}");
+    }
+}
+
 /// A kernel's first use is a query, not its launch (the `query-room` scenario: PyTorch's
 /// softmax asks the occupancy of its kernel before it launches it; the sixteenth session's
 /// GPT-2 failed there, in `cross_entropy`, four processes on one H100, after the launch retry

@@ -183,18 +183,18 @@ hooks! {
     /// Handed out only when the launch check is on: kernels of the library are gone.
     cuLibraryUnload(library: *mut c_void) [unloads];
     /// The context's memory and modules are gone: its quarantine is checked first.
-    cuCtxDestroy_v2(ctx: CUcontext) [ctx_ends];
+    cuCtxDestroy_v2(ctx: CUcontext) [ctx_ends ctx as usize];
     /// `cudaDeviceReset`'s call: the primary context's memory and modules are gone.
-    cuDevicePrimaryCtxReset_v2(dev: CUdevice) [ctx_ends];
+    cuDevicePrimaryCtxReset_v2(dev: CUdevice) [ctx_ends 0];
     /// The last release destroys the context (the library cannot tell which release is the
     /// last, so every one checks the quarantine first).
-    cuDevicePrimaryCtxRelease_v2(dev: CUdevice) [ctx_ends];
+    cuDevicePrimaryCtxRelease_v2(dev: CUdevice) [ctx_ends 0];
     /// The first exports of the two, same ABI: libcudart 13 (dynamic and nvcc's static one)
     /// asks for both at version 7000, so `cudaDeviceReset` calls `cuDevicePrimaryCtxReset`,
     /// never the `_v2` (issue 30: the textbook use-after-free's write was missed there).
-    cuDevicePrimaryCtxReset(dev: CUdevice) [ctx_ends];
+    cuDevicePrimaryCtxReset(dev: CUdevice) [ctx_ends 0];
     /// The same, for a release.
-    cuDevicePrimaryCtxRelease(dev: CUdevice) [ctx_ends];
+    cuDevicePrimaryCtxRelease(dev: CUdevice) [ctx_ends 0];
 }
 
 /// The stream of a `cuLaunchKernelEx` (the legacy default stream's handle, 0, for a null

@@ -27,11 +27,12 @@
 //!   recorded after their poisons while nothing captures;
 //! - `[unloads]`: a call that can end kernels' lives (module and library unloads), passed
 //!   through, then told to the launch check;
-//! - `[ctx_ends]`: a call that ends a context and its memory (`cuCtxDestroy_v2`,
+//! - `[ctx_ends ctx]`: a call that ends a context and its memory (`cuCtxDestroy_v2`,
 //!   `cuDevicePrimaryCtxReset` and `cuDevicePrimaryCtxRelease`, both exports of each, libcudart
-//!   13 asking for the first): isolation checks and frees
-//!   its quarantine first (and notes a fault nobody waited for), then the call, then the launch
-//!   check is told kernels are gone; always handed out;
+//!   13 asking for the first; `ctx` the context, 0 for the current one): isolation checks and
+//!   frees its quarantine first (and notes a fault nobody waited for) and forgets what it made
+//!   and kept in that context, then the call, then the launch check is told kernels are gone;
+//!   always handed out;
 //! - `[stream_gone s]`: a stream's destruction, told to isolation first, then passed through;
 //! - `[pool_set]`: a device's memory pool set, passed through, then told to isolation;
 //! - `[resolver pfn]`: a resolver whose answer in `pfn` is swapped for our hook.
@@ -153,9 +154,9 @@ macro_rules! body {
         }
         r
     }};
-    ($real:ident, ($($a:ident),*), [ctx_ends]) => {{
+    ($real:ident, ($($a:ident),*), [ctx_ends $ctx:expr]) => {{
         // Before the call: its memory is still there to check.
-        $crate::policy::context_ends(HOOK_NAME);
+        $crate::policy::context_ends(HOOK_NAME, $ctx);
         // SAFETY: the real function of this export, called with the caller's arguments as
         // they came: the caller's contract (the CUDA function's) is the real function's.
         let r = unsafe { $real($($a),*) };

@@ -290,6 +290,13 @@ pub fn prepare(ctx: usize) {
     }
 }
 
+/// Context `ctx` ends: its parts are forgotten (the driver frees them with it); a context made
+/// again under the same handle makes its own.
+pub fn forget(ctx: usize) {
+    CACHE.lock().retain(|(c, _)| *c != ctx);
+    let _ = PREPARED.compare_exchange(ctx, 0, Relaxed, Relaxed);
+}
+
 /// The release stream's side of context `ctx` where it was made already; nothing is made here.
 pub fn release_if_made(ctx: usize) -> Option<Release> {
     let g = CACHE.lock();

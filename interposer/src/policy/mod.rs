@@ -423,7 +423,7 @@ pub fn saw_code(by: &str, r: CUresult) {
 /// the call there is nothing left to check, and the exit check would read memory the driver
 /// took back. All contexts' quarantine goes, not only the ending one's: these calls are rare
 /// (a program's end, a test's reset), and a check too many costs only time.
-pub fn context_ends(by: &str) {
+pub fn context_ends(by: &str, ctx: usize) {
     if !isolating() || crate::record::thread::nested() {
         return;
     }
@@ -433,5 +433,17 @@ pub fn context_ends(by: &str) {
             saw_code(by, r);
         }
         isolate::before_context_ends();
+        // What isolation made (module, release stream) and kept in that context goes with it:
+        // a primary context made again after a reset often has the same handle, and the old
+        // stream and kernels would be used there (a false stale write on the stand-in: a check
+        // queued on the dead stream ran after the block was freed and handed out again).
+        let ctx = if ctx == 0 {
+            isolate::current_ctx()
+        } else {
+            ctx
+        };
+        if ctx != 0 {
+            isolate::context_gone(ctx);
+        }
     });
 }

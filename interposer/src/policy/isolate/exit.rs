@@ -3,12 +3,13 @@
 //!
 //! Layer: policies. Uses the base, recording and the folder's state and release paths.
 
-use super::leave::{Release, reap, release_batch, release_sync};
+use super::leave::{Release, free_to_driver, reap, release_batch, release_sync};
 use super::state::{Entry, STATE, current_ctx, st, state};
 use crate::base::config;
 use crate::base::cu;
 use crate::base::cuda::*;
 use crate::base::sys::{now_ns, wait_until, warn};
+use crate::policy::reuse;
 use crate::record::event;
 use crate::record::thread::Inside;
 use isolate_trace::NoteKind;
@@ -114,6 +115,17 @@ pub fn before_context_ends() {
         }
     }
     release_batch(&taken, Release::Now);
+}
+
+/// Context `ctx` is about to end (after [`before_context_ends`]): the memory kept for reuse in it
+/// goes back to the driver (a destroy would free it anyway; a primary context's release that
+/// does not destroy it would keep it out of reach), and what isolation made in it (module,
+/// release stream, result rings) is forgotten: a context made again, often under the same
+/// handle after `cudaDeviceReset`, gets its own.
+pub fn context_gone(ctx: usize) {
+    let kept = reuse::drain(ctx);
+    free_to_driver(ctx, &kept, true);
+    crate::policy::device::forget(ctx);
 }
 
 /// Checks every allocation in quarantine now (they stay there) and every batch on its way out;

@@ -28,10 +28,13 @@ mod vmm;
 
 pub use alloc::{alloc, free, out_of_room, pool_peak_reset, pool_used, stream_destroyed};
 pub use counters::exit_notes;
-pub use exit::{at_exit, at_exit_bounded, before_context_ends, exit_is_ours, verify_now};
+pub use exit::{
+    at_exit, at_exit_bounded, before_context_ends, context_gone, exit_is_ours, verify_now,
+};
 pub use poison::{capture_start, flush_current};
 pub use pytorch::{Substrate, before_main, pytorch_substrate};
 pub use quarantine::{forget_range, lookup_each};
+pub use state::current_ctx;
 pub use state::{Entry, HIGH, LOW};
 pub use vmm::other;
 

@@ -177,7 +177,7 @@ pub(super) fn freed(
     }
 }
 
-pub(super) fn current_ctx() -> usize {
+pub fn current_ctx() -> usize {
     profile::timed(Part::Context, || {
         cu::ctx_get_current().unwrap_or(std::ptr::null_mut()) as usize
     })
