@@ -1209,8 +1209,7 @@ fn a_device_reset_leaves_nothing_of_isolations_behind() {
         let last_free = t
             .events()
             .iter()
-            .filter(|e| e.api == Api::CudaFreeAsync)
-            .last()
+            .rfind(|e| e.api == Api::CudaFreeAsync)
             .unwrap()
             .seq;
         assert_eq!(v[0].free_seq, last_free, "{budget}");
