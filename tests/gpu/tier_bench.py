@@ -78,7 +78,7 @@ CONFIGS = {
     # cudaMallocAsync / cudaFreeAsync straight from a small C library (PLUGGABLE_C, built with
     # gcc in the run's folder): whether a tier that sees every tensor can avoid the
     # stream-ordered backend's own cost (10-14% on ResNet-50 and BERT on the H100, sixteenth
-    # session). Without the library, and with it in the fast tier. Not yet run on a GPU.
+    # session). Without the library, and with it in the fast tier.
     "pluggable": {"TIER_PLUGGABLE": "1", "_NO_LIBRARY": "1"},
     # PYTORCH_NO_CUDA_MEMORY_CACHING=1: the library leaves PyTorch's variables alone (a
     # backend named in PYTORCH_CUDA_ALLOC_CONF makes PyTorch refuse a pluggable allocator).
@@ -311,8 +311,11 @@ def run_config(args, cfg, rnd, models, work, logs, probe):
         env.update(CONFIGS[cfg])
     if env.get("TIER_PLUGGABLE") == "1":
         env["TIER_PLUGGABLE"] = os.path.join(work, "pluggable.so")
-        env["LD_PRELOAD"] = os.path.abspath(args.lib)
-        env["ISOLATE_TRACE"] = os.path.join(d, "t-%p.trace")
+        if "_NO_LIBRARY" not in (CONFIGS[cfg] or {}):
+            # (The seventeenth session's first call preloaded it for `pluggable` too, in log
+            # mode: that call's `pluggable` rows are pluggable + log.)
+            env["LD_PRELOAD"] = os.path.abspath(args.lib)
+            env["ISOLATE_TRACE"] = os.path.join(d, "t-%p.trace")
     t0 = time.time()
     p = subprocess.run([sys.executable, os.path.join(work, "worker.py"), ",".join(models),
                         str(args.warmup), str(args.steps), d, "1" if probe else "0"],
