@@ -25,6 +25,10 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
+def _gib(x):
+    return None if x is None else x / GIB
+
+
 def _bytes_per_step(r):
     """(written + read, 2 x freed) bytes a step from the run's device work, or None."""
     d = r.get("device_work")
@@ -70,8 +74,9 @@ def rows(data):
                 "floor_ms": floor_ms,
                 "floor_ratio": (1 + floor_ms / base_ms) if floor_ms is not None and base_ms else None,
                 "full_floor_ms": full_ms,
-                "device_peak_gib": _median(r.get("device_used_peak") for r in rs) / GIB,
-                "max_allocated_gib": _median(r.get("max_memory_allocated") for r in rs) / GIB,
+                "device_peak_gib": _gib(_median(r.get("device_used_peak") for r in rs)),
+                # None where the allocator keeps no statistics (a pluggable one).
+                "max_allocated_gib": _gib(_median(r.get("max_memory_allocated") for r in rs)),
                 "losses": "equal" if cfg == "default" or all(x == "equal" for x in losses)
                 else "; ".join(sorted(set(losses))),
                 "findings": None if cfg == "default" or any(f is None for f in finds) else sum(finds),
