@@ -1,4 +1,4 @@
-// link: cudart
+// link: cudart cuda
 /* What isolation does to freed memory, one scenario per run (tests/tests/isolation.rs):
  *
  *   quarantine reuse    free A, look at A's bytes, allocate the same size again
@@ -43,6 +43,9 @@
  *                       while the 4 x 2 MiB are allocated and freed at once, then both freed
  *   quarantine reset    8 x 1 MiB allocated, set and freed stream-ordered, cudaDeviceReset, the
  *                       same again, then a stale write of 16 bytes through the last one freed
+ *   quarantine crowded  another tenant takes all but 4 MiB of the device and gives it back 60 ms
+ *                       later (another process's quarantine giving way); meanwhile 16 MiB
+ *                       are asked for: its result
  *   quarantine query-room  the same as launch-room, but the kernel's first use is an occupancy query
  *                       (cuOccupancyMaxActiveBlocksPerMultiprocessor, as PyTorch's softmax asks
  *                       before its first launch), then its launch: both results
@@ -905,6 +908,38 @@ static int module_room(int early) {
     return bad != 0;
 }
 
+/* See the header: a device crowded by another tenant for a moment. */
+static uintptr_t g_tenant;
+
+static void *tenant_leaves(void *arg) {
+    (void)arg;
+    usleep(60 * 1000);
+    standin_tenant_free(g_tenant);
+    return NULL;
+}
+
+static int crowded(void) {
+    cudaStream_t s = NULL;
+    int bad = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != 0;
+    size_t free_b = 0, total_b = 0;
+    bad += cudaMemGetInfo(&free_b, &total_b) != 0;
+    g_tenant = standin_tenant_alloc(free_b - 4 * MIB);
+    bad += g_tenant == 0;
+    pthread_t t;
+    pthread_create(&t, NULL, tenant_leaves, NULL);
+    void *a = NULL;
+    int rc = cudaMallocAsync(&a, 16 * MIB, s);
+    say("crowded allocation %d", rc);
+    if (rc)
+        cudaGetLastError();
+    pthread_join(t, NULL);
+    if (!rc)
+        bad += cudaFreeAsync(a, s) != 0;
+    bad += cudaStreamSynchronize(s) != 0;
+    say("crowded calls failed %d", bad);
+    return bad != 0;
+}
+
 /* See the header: isolation across a device reset. */
 static int reset_round(void **last) {
     cudaStream_t s = NULL;
@@ -1003,6 +1038,8 @@ int main(int argc, char **argv) {
         r = module_room(0);
     else if (!strcmp(what, "module-early"))
         r = module_room(1);
+    else if (!strcmp(what, "crowded"))
+        r = crowded();
     else if (!strcmp(what, "reset"))
         r = reset();
     else if (!strcmp(what, "query-room"))

@@ -476,6 +476,10 @@ int standin_touch(CUdeviceptr p, size_t n);
 void standin_shutdown(void);
 /* The address reservations (cuMemAddressReserve) held now; their total size in *bytes. */
 unsigned long standin_reserved(size_t *bytes);
+/* Another process's memory on the same device: taken and given back directly (no CUDA call a
+ * preloaded library could see). 0 when the device has no room. */
+uintptr_t standin_tenant_alloc(size_t bytes);
+void standin_tenant_free(uintptr_t p);
 
 /* Function pointer types for the cuGetProcAddress paths. */
 typedef CUresult (*PFN_cuGetProcAddress_v2)(const char *, void **, int, cuuint64_t,

@@ -250,6 +250,25 @@ static CUresult device_free(uintptr_t p) {
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) { return device_free((uintptr_t)dptr); }
 
+/* Another process's memory on the same device (a test hook, not a CUDA call, so no preloaded
+ * library sees it): taken from and given back to the device directly. */
+uintptr_t standin_tenant_alloc(size_t bytes) {
+    uintptr_t p = 0;
+    pthread_mutex_lock(&g_lock);
+    CUresult r = alloc_locked(&p, bytes, K_PLAIN, &g_main);
+    pthread_mutex_unlock(&g_lock);
+    return r == CUDA_SUCCESS ? p : 0;
+}
+
+void standin_tenant_free(uintptr_t p) {
+    pthread_mutex_lock(&g_lock);
+    struct arena *a = NULL;
+    struct block *b = live_block_at(p, &a);
+    if (b && !b->pending_free)
+        arena_release(a, b);
+    pthread_mutex_unlock(&g_lock);
+}
+
 /* cuDevicePrimaryCtxReset: the context's memory is gone. Every live plain, async and pitched
  * allocation is zeroed (what it held is lost) and given back, as a real driver tears the
  * context's memory down; a stale copy from it afterwards fails. */

@@ -1216,6 +1216,36 @@ fn a_device_reset_leaves_nothing_of_isolations_behind() {
     }
 }
 
+/// Another process holds the device for a moment (the `crowded` scenario: a tenant takes all
+/// but 4 MiB of a 64 MiB device and gives it back 60 ms later, as another isolate-mode
+/// process's quarantine gives way within its next 20 ms of frees; meanwhile 16 MiB are asked
+/// for). With the device below the reserve after this process gave back all it had, the
+/// allocation is tried again every 20 ms for up to 200 ms, and succeeds; without the library
+/// it fails (2), as it does with the reserve off (nothing waits then). On the H100, four model
+/// processes: BERT's 238 MiB failed with 25 MiB free while the others held their quarantines.
+#[test]
+fn an_allocation_waits_briefly_for_other_processes_quarantines() {
+    let run = || {
+        quarantine("crowded")
+            .env("STANDIN_SYNC", "1")
+            .env("STANDIN_MEM_BYTES", (64 * MIB).to_string())
+    };
+    let plain = run().preload(false).run();
+    plain.assert_success();
+    has_line(&plain, "crowded allocation 2");
+    let off = isolate(run()).env("ISOLATE_RESERVE", "0").run();
+    off.assert_success();
+    has_line(&off, "crowded allocation 2");
+    let out = isolate(run()).run();
+    out.assert_success();
+    has_line(&out, "crowded allocation 0");
+    has_line(&out, "crowded calls failed 0");
+    let t = out.only_trace();
+    let retries = notes(t, NoteKind::OomRetry);
+    assert_eq!(retries.len(), 1, "{retries:#?}");
+    assert!(retries[0].text.contains("it succeeded"), "{:?}", retries[0]);
+}
+
 /// A kernel's first use is a query, not its launch (the `query-room` scenario: PyTorch's
 /// softmax asks the occupancy of its kernel before it launches it; the sixteenth session's
 /// GPT-2 failed there, in `cross_entropy`, four processes on one H100, after the launch retry
