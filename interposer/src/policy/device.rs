@@ -123,7 +123,9 @@ static CACHE: ForkLock<Vec<(usize, Parts)>> = ForkLock::new(Vec::new());
 /// In a fork child: the parent's handles are not the child's.
 pub fn after_fork_child() {
     CACHE.reset_in_child(Vec::new());
-    PREPARED.store(0, Relaxed);
+    for slot in &PREPARED {
+        slot.store(0, Relaxed);
+    }
 }
 
 /// `f` with context `ctx`'s parts (made empty on its first use).
@@ -271,17 +273,29 @@ pub fn release(ctx: usize) -> Option<Release> {
     })
 }
 
-/// The last context [`prepare`] made its parts in (most programs have one).
-static PREPARED: AtomicUsize = AtomicUsize::new(0);
+/// The contexts [`prepare`] has made parts in (a slot a context; the first [`PREPARED_SLOTS`]
+/// contexts of the process), so that an allocation's check is a few relaxed loads, with no
+/// lock, in a process of several devices too.
+const PREPARED_SLOTS: usize = 16;
+static PREPARED: [AtomicUsize; PREPARED_SLOTS] = [const { AtomicUsize::new(0) }; PREPARED_SLOTS];
 
 /// At an allocation in context `ctx` (current, not capturing): makes the parts the first
 /// frees will need, once per context, while the device still has room for the modules (a
-/// program that fills the device before its first free would otherwise find none).
+/// program that fills the device before its first free would otherwise find none). Past
+/// [`PREPARED_SLOTS`] contexts, parts are made at first use only, as before.
 pub fn prepare(ctx: usize) {
-    if PREPARED.load(Relaxed) == ctx {
-        return;
+    let mut free_slot = None;
+    for slot in &PREPARED {
+        match slot.load(Relaxed) {
+            c if c == ctx => return,
+            0 if free_slot.is_none() => free_slot = Some(slot),
+            _ => {}
+        }
     }
-    PREPARED.store(ctx, Relaxed);
+    let Some(slot) = free_slot else { return };
+    if slot.compare_exchange(0, ctx, Relaxed, Relaxed).is_err() {
+        return; // another thread took the slot: a later allocation tries again
+    }
     let made = with(ctx, |p| p.release.is_some());
     if !made {
         release(ctx);
@@ -294,7 +308,9 @@ pub fn prepare(ctx: usize) {
 /// again under the same handle makes its own.
 pub fn forget(ctx: usize) {
     CACHE.lock().retain(|(c, _)| *c != ctx);
-    let _ = PREPARED.compare_exchange(ctx, 0, Relaxed, Relaxed);
+    for slot in &PREPARED {
+        let _ = slot.compare_exchange(ctx, 0, Relaxed, Relaxed);
+    }
 }
 
 /// The release stream's side of context `ctx` where it was made already; nothing is made here.
