@@ -492,7 +492,8 @@ CUresult cuKernelGetName(const char **name, CUkernel hfunc) { return func_name(n
 
 /* STANDIN_LAUNCH_ROOM: the first use of a kernel (its launch, or a query about it) loads its
  * module (lazy loading): it needs room on the device, and fails with out of memory without it.
- * (Not the library kernels, which stand for isolate's own module.) Returns 1 when short. */
+ * (Not a library's kernels, kind 1: CUkernel handles, loaded with their library.) Isolate's own
+ * kernels are kind 0, so they need room too. Returns 1 when short. */
 static int load(struct CUfunc_st *f) {
     if (!g_launch_room)
         return 0;
