@@ -89,29 +89,27 @@ struct Parts {
     short: Option<Instant>,
 }
 
-impl Parts {
-    /// Whether a load that failed for want of memory waits now.
-    fn waiting(&self) -> bool {
-        self.short.is_some_and(|t| t.elapsed() < RETRY_AFTER)
+/// A module's load that failed for want of device memory (or waits, after such a failure, for
+/// [`RETRY_AFTER`]): tried again on a later use.
+struct Short;
+
+/// Loads `ptx` (ending in its only NUL) into the current context for `p`: the module, or
+/// `None` where it is not to be had (never tried again), or [`Short`] (tried again later,
+/// and `p` remembers when).
+fn load(p: &mut Parts, ptx: &str) -> Result<Option<cu::CUmodule>, Short> {
+    if p.short.is_some_and(|t| t.elapsed() < RETRY_AFTER) {
+        return Err(Short);
     }
-}
-
-/// A module's load: loaded, short of device memory (tried again later), or not to be had.
-enum Load {
-    Loaded(cu::CUmodule),
-    Short,
-    Never,
-}
-
-/// Loads `ptx` (ending in its only NUL) into the current context.
-fn load(ptx: &str) -> Load {
     let Ok(image) = CStr::from_bytes_with_nul(ptx.as_bytes()) else {
-        return Load::Never;
+        return Ok(None);
     };
     match cu::module_load_data(image) {
-        Ok(m) => Load::Loaded(m),
-        Err(CuError::Code(CUDA_ERROR_OUT_OF_MEMORY)) => Load::Short,
-        Err(_) => Load::Never,
+        Ok(m) => Ok(Some(m)),
+        Err(CuError::Code(CUDA_ERROR_OUT_OF_MEMORY)) => {
+            p.short = Some(Instant::now());
+            Err(Short)
+        }
+        Err(_) => Ok(None),
     }
 }
 
@@ -147,23 +145,9 @@ fn module(p: &mut Parts) -> Option<cu::CUmodule> {
     if let Some(m) = p.module {
         return m.map(|m| m as cu::CUmodule);
     }
-    if p.waiting() {
-        return None;
-    }
-    match load(PTX) {
-        Load::Loaded(m) => {
-            p.module = Some(Some(m as usize));
-            Some(m)
-        }
-        Load::Short => {
-            p.short = Some(Instant::now());
-            None
-        }
-        Load::Never => {
-            p.module = Some(None);
-            None
-        }
-    }
+    let m = load(p, PTX).ok()?;
+    p.module = Some(m.map(|m| m as usize));
+    m
 }
 
 /// The kernel `name` of `module`, its code loaded onto the device now where the driver can
@@ -221,17 +205,11 @@ pub fn sparse(ctx: usize) -> Option<Sparse> {
         if let Some(s) = p.sparse {
             return s;
         }
-        if p.waiting() {
-            return None;
-        }
-        let module = match MODULE_GET_FUNCTION.get().map(|_| load(SPARSE_PTX)) {
-            Some(Load::Loaded(m)) => Some(m),
-            Some(Load::Short) => {
-                // Whole blocks meanwhile; the fast tier's module is tried again later.
-                p.short = Some(Instant::now());
-                return None;
-            }
-            _ => None,
+        let module = match MODULE_GET_FUNCTION.get().map(|_| load(p, SPARSE_PTX)) {
+            Some(Ok(m)) => m,
+            // Whole blocks meanwhile; the fast tier's module is tried again later.
+            Some(Err(Short)) => return None,
+            None => None,
         };
         let made = module.and_then(|module| {
             let fill = function(module, c"isolate_poison_sparse").filter(|f| !f.is_null())?;
@@ -296,12 +274,10 @@ pub fn prepare(ctx: usize) {
     if slot.compare_exchange(0, ctx, Relaxed, Relaxed).is_err() {
         return; // another thread took the slot: a later allocation tries again
     }
-    let made = with(ctx, |p| p.release.is_some());
-    if !made {
-        release(ctx);
-        verify(ctx);
-        sparse(ctx);
-    }
+    // Each is made once and kept (or waits for room): nothing is made twice here.
+    release(ctx);
+    verify(ctx);
+    sparse(ctx);
 }
 
 /// Context `ctx` ends: its parts are forgotten (the driver frees them with it); a context made

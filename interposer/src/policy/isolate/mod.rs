@@ -34,8 +34,7 @@ pub use exit::{
 pub use poison::{capture_start, flush_current};
 pub use pytorch::{Substrate, before_main, pytorch_substrate};
 pub use quarantine::{forget_range, lookup_each};
-pub use state::current_ctx;
-pub use state::{Entry, HIGH, LOW};
+pub use state::{Entry, HIGH, LOW, current_ctx};
 pub use vmm::other;
 
 use std::collections::VecDeque;
