@@ -120,6 +120,25 @@ fn number(out: &Output, prefix: &str) -> i64 {
 
 /// alloc A, free A, alloc B of the same size: without isolation the stand-in hands A straight
 /// back (as a caching allocator does); in isolate mode A is in quarantine and B is elsewhere.
+/// A scenario on a 64 MiB stand-in whose kernels need 16 MiB free at their first use and whose
+/// modules need it to load (`STANDIN_LAUNCH_ROOM`, as lazy loading does), synchronous.
+fn short_of_room(scenario: &str) -> Run {
+    quarantine(scenario)
+        .env("STANDIN_SYNC", "1")
+        .env("STANDIN_MEM_BYTES", (64 * MIB).to_string())
+        .env("STANDIN_LAUNCH_ROOM", (16 * MIB).to_string())
+}
+
+/// The exit note of where the checks ran ("poison verified for N allocations on the device,
+/// M on the host").
+fn where_checks_ran(t: &Trace) -> String {
+    notes(t, NoteKind::Cost)
+        .into_iter()
+        .map(|n| n.text)
+        .find(|n| n.starts_with("poison verified for "))
+        .expect("the note of where the checks ran")
+}
+
 #[test]
 fn a_freed_address_is_not_reused_while_quarantined() {
     let plain = quarantine("reuse").preload(false).run();
@@ -1129,10 +1148,7 @@ fn the_quarantine_gives_way_while_the_device_is_short_of_memory() {
 /// block on the host, 0.2 s for each 256 MiB block (tests/gpu/launch_room.sh).
 #[test]
 fn isolates_kernels_are_loaded_once_the_device_has_room() {
-    let out = isolate(quarantine("module-room"))
-        .env("STANDIN_SYNC", "1")
-        .env("STANDIN_MEM_BYTES", (64 * MIB).to_string())
-        .env("STANDIN_LAUNCH_ROOM", (16 * MIB).to_string())
+    let out = isolate(short_of_room("module-room"))
         .env("ISOLATE_QUARANTINE", "1MiB")
         .env("ISOLATE_RESERVE", "0")
         .run();
@@ -1140,14 +1156,9 @@ fn isolates_kernels_are_loaded_once_the_device_has_room() {
     has_line(&out, "module-room calls failed 0");
     let t = out.only_trace();
     assert!(t.violations().is_empty(), "{:?}", t.violations());
-    let where_ = notes(t, NoteKind::Cost)
-        .into_iter()
-        .map(|n| n.text)
-        .find(|n| n.starts_with("poison verified for "))
-        .expect("the note of where the checks ran");
     assert_eq!(
-        where_, "poison verified for 4 allocations on the device, 1 on the host",
-        "{where_}"
+        where_checks_ran(t),
+        "poison verified for 4 allocations on the device, 1 on the host"
     );
 }
 
@@ -1158,10 +1169,7 @@ fn isolates_kernels_are_loaded_once_the_device_has_room() {
 /// which the stand-in does on the host). Loaded at the first free instead: 0 and 6.
 #[test]
 fn isolates_kernels_are_loaded_at_the_first_allocation() {
-    let out = isolate(quarantine("module-early"))
-        .env("STANDIN_SYNC", "1")
-        .env("STANDIN_MEM_BYTES", (64 * MIB).to_string())
-        .env("STANDIN_LAUNCH_ROOM", (16 * MIB).to_string())
+    let out = isolate(short_of_room("module-early"))
         .env("ISOLATE_QUARANTINE", "1MiB")
         .env("ISOLATE_RESERVE", "0")
         .run();
@@ -1169,14 +1177,9 @@ fn isolates_kernels_are_loaded_at_the_first_allocation() {
     has_line(&out, "module-room calls failed 0");
     let t = out.only_trace();
     assert!(t.violations().is_empty(), "{:?}", t.violations());
-    let where_ = notes(t, NoteKind::Cost)
-        .into_iter()
-        .map(|n| n.text)
-        .find(|n| n.starts_with("poison verified for "))
-        .expect("the note of where the checks ran");
     assert_eq!(
-        where_, "poison verified for 5 allocations on the device, 1 on the host",
-        "{where_}"
+        where_checks_ran(t),
+        "poison verified for 5 allocations on the device, 1 on the host"
     );
 }
 
@@ -1254,12 +1257,7 @@ fn an_allocation_waits_briefly_for_other_processes_quarantines() {
 /// fails with out of memory (2), which a plain run never sees.
 #[test]
 fn a_query_that_loads_a_kernel_gets_the_quarantine_back() {
-    let run = || {
-        quarantine("query-room")
-            .env("STANDIN_SYNC", "1")
-            .env("STANDIN_MEM_BYTES", (64 * MIB).to_string())
-            .env("STANDIN_LAUNCH_ROOM", (16 * MIB).to_string())
-    };
+    let run = || short_of_room("query-room");
     let plain = run().preload(false).run();
     plain.assert_success();
     has_line(&plain, "query-room occupancy query 0: 8 blocks");
@@ -1295,12 +1293,7 @@ fn a_query_that_loads_a_kernel_gets_the_quarantine_back() {
 /// off here, so that only the retry can help.
 #[test]
 fn a_launch_out_of_memory_gets_the_quarantine_back_and_runs() {
-    let run = || {
-        quarantine("launch-room")
-            .env("STANDIN_SYNC", "1")
-            .env("STANDIN_MEM_BYTES", (64 * MIB).to_string())
-            .env("STANDIN_LAUNCH_ROOM", (16 * MIB).to_string())
-    };
+    let run = || short_of_room("launch-room");
     let plain = run().preload(false).run();
     plain.assert_success();
     has_line(&plain, "launch-room first launch 0");
