@@ -49,6 +49,10 @@
  *   quarantine query-room  the same as launch-room, but the kernel's first use is an occupancy query
  *                       (cuOccupancyMaxActiveBlocksPerMultiprocessor, as PyTorch's softmax asks
  *                       before its first launch), then its launch: both results
+ *   quarantine flush-race  thread A frees a block stream-ordered on its stream; thread B then
+ *                       queues a set on its own stream (isolate queues A's deferred poison
+ *                       there, slowly with the stand-in's STANDIN_SLOW_FILL_MS); meanwhile A
+ *                       writes 8 bytes at offset 100 through the freed pointer on its stream
  *   quarantine stuck    a stream-ordered free, then the device hangs (the stand-in's
  *                       standin_device_stuck: nothing finishes any more) and the program exits;
  *                       an exit handler frees one more allocation after isolate's exit check
@@ -572,6 +576,47 @@ static void *async_worker(void *arg) {
     return (void *)bad;
 }
 
+static pthread_barrier_t g_race;
+static cudaStream_t g_race_b;
+static void *g_race_y;
+
+/* Thread B of flush_race: its set comes right after A's free. */
+static void *flush_race_b(void *arg) {
+    (void)arg;
+    intptr_t bad = cudaSetDevice(0) != 0; /* the context current before the set's hook runs */
+    pthread_barrier_wait(&g_race);
+    bad += cudaMemsetAsync(g_race_y, 0x22, 4096, g_race_b) != 0;
+    bad += cudaStreamSynchronize(g_race_b) != 0;
+    return (void *)bad;
+}
+
+static int flush_race(void) {
+    cudaStream_t a = NULL;
+    say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+    say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(&g_race_b, cudaStreamNonBlocking));
+    void *x = NULL;
+    say("cudaMallocAsync %d", cudaMallocAsync(&x, 64 << 10, a));
+    say("cudaMallocAsync %d", cudaMallocAsync(&g_race_y, 4096, g_race_b));
+    say("cudaMemsetAsync %d", cudaMemsetAsync(x, 0x11, 64 << 10, a));
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(a));
+    pthread_barrier_init(&g_race, NULL, 2);
+    pthread_t t;
+    pthread_create(&t, NULL, flush_race_b, NULL);
+    say("cudaFreeAsync %d", cudaFreeAsync(x, a));
+    pthread_barrier_wait(&g_race);
+    /* B is now queuing A's poison (slowly, under STANDIN_SLOW_FILL_MS): the stale write must
+     * still run after it on stream a. */
+    usleep(50 * 1000);
+    say("cudaMemsetAsync %d", cudaMemsetAsync((char *)x + 100, 0x01, 8, a));
+    void *r = NULL;
+    pthread_join(t, &r);
+    say("thread b calls failed %ld", (long)(intptr_t)r);
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(a));
+    say("cudaFreeAsync %d", cudaFreeAsync(g_race_y, g_race_b));
+    say("cudaStreamSynchronize %d", cudaStreamSynchronize(g_race_b));
+    return r != NULL;
+}
+
 enum late_how { LATE, LATE_DESTROYED, LATE_CAPTURED, LATE_CAPTURED_LEGACY };
 
 static int late(enum late_how how) {
@@ -1044,6 +1089,8 @@ int main(int argc, char **argv) {
         r = reset();
     else if (!strcmp(what, "query-room"))
         r = launch_room(1);
+    else if (!strcmp(what, "flush-race"))
+        r = flush_race();
     else if (!strcmp(what, "late"))
         r = late(LATE);
     else if (!strcmp(what, "late-destroyed"))
@@ -1053,7 +1100,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(what, "late-captured-legacy"))
         r = late(LATE_CAPTURED_LEGACY);
     else {
-        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|graph-memory|pool|async|batch|lazy|kept|stuck|late|late-destroyed|late-captured|late-captured-legacy");
+        say("usage: quarantine reuse|stale|oom|budget|stream|double|capture|graph-memory|pool|async|batch|lazy|kept|stuck|flush-race|late|late-destroyed|late-captured|late-captured-legacy");
         return 2;
     }
     say("done %d", r);

@@ -34,6 +34,7 @@ size_t g_capacity = (size_t)1 << 30;
  * memory while less than this is free, as real ones do when the driver cannot load a kernel's
  * module (lazy loading) or grow its local memory. 0: never. */
 size_t g_launch_room = 0;
+unsigned g_slow_fill_ms = 0;
 size_t g_gran = (size_t)64 << 10;
 int g_sync;
 size_t g_used; /* bytes held: arena blocks + cuMemCreate handles */
@@ -96,6 +97,7 @@ static void setup(void) {
     g_sync = s && *s && strcmp(s, "0") != 0;
     g_va_limit = parse_size(getenv("STANDIN_VA_BYTES"), 0);
     g_launch_room = parse_size(getenv("STANDIN_LAUNCH_ROOM"), 0);
+    g_slow_fill_ms = (unsigned)parse_size(getenv("STANDIN_SLOW_FILL_MS"), 0);
     for (int i = 0; i < MAX_DEVICES; i++) {
         g_primary[i].device = i;
         g_primary[i].primary = 1;

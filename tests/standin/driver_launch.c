@@ -604,6 +604,8 @@ static CUresult launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, uns
     o->u.kern.buf = buf;
     o->u.kern.args = args;
     o->u.kern.ctx = t_ctx;
+    if (g_slow_fill_ms && f->fn == isolate_poison_many)
+        usleep(g_slow_fill_ms * 1000u);
     submit(kind, s, o);
     return CUDA_SUCCESS;
 }

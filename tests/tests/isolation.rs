@@ -1093,6 +1093,34 @@ fn a_stale_write_after_the_streams_last_free_is_seen_by_the_check() {
     }
 }
 
+/// A stale write queued on a freed block's stream while another thread is queuing that block's
+/// deferred poison (the `flush-race` scenario; the stand-in takes 200 ms to queue the poison)
+/// runs after the poison, so the check sees it. The hooks' lock-free "any poison waiting?" used
+/// to turn false before the poison was queued: the write went first and the poison erased it (a
+/// CI run of the `async` scenario missed its planted write so).
+#[test]
+fn a_stale_write_queued_while_another_thread_queues_the_poison_is_seen() {
+    let plain = quarantine("flush-race").preload(false).run();
+    plain.assert_success();
+    let out = isolate(quarantine("flush-race"))
+        .env("STANDIN_SLOW_FILL_MS", "200")
+        .run();
+    out.assert_success();
+    out.assert_same_as(&plain);
+    has_line(&out, "thread b calls failed 0");
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    let first = t.events_by_seq()[0];
+    assert_eq!(first.api, Api::CudaMallocAsync);
+    let v = t.violations();
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(
+        (v[0].alloc_seq, v[0].first_offset, v[0].changed_bytes),
+        (first.seq, 100, 8),
+        "{v:?}"
+    );
+}
+
 /// Another tenant holds most of the device (the `pressure` scenario: 1.25 GiB of a 2 GiB
 /// stand-in, as another process would, then 400 stream-ordered 4 MiB tensors freed one after
 /// another): the quarantine (768 MiB allowed here) gives way while the device's free memory is

@@ -417,16 +417,6 @@ fn flush_locked(s: &mut State, ctx: usize) {
         }
         p.0 != ctx
     });
-    PENDING.fetch_sub(mine.len(), Relaxed);
-    // The span of what still waits (other contexts' poisons).
-    let (lo, hi) = s
-        .pending
-        .iter()
-        .fold((u64::MAX, 0), |(lo, hi), &(_, _, p, n)| {
-            (lo.min(p), hi.max(p + tier::decode(n).0))
-        });
-    SPAN_LOW.store(lo, Relaxed);
-    SPAN_HIGH.store(hi, Relaxed);
     if let Some(byte) = config::get().poison {
         // By stream, each stream's in the order freed (a stable sort).
         mine.sort_by_key(|p| p.0);
@@ -476,6 +466,21 @@ fn flush_locked(s: &mut State, ctx: usize) {
             }
         }
     }
+    // Only now, with every poison queued, do the hooks' lock-free checks ([`pending`],
+    // [`deferred_span`]) stop seeing them: a thread that queues work on a freed block's stream
+    // while another is queuing its poison must wait for this lock (and go after the poison), not
+    // go before it. Lowered earlier, a stale write queued meanwhile ran before its block's poison
+    // and was erased by it: missed.
+    PENDING.fetch_sub(mine.len(), Relaxed);
+    // The span of what still waits (other contexts' poisons).
+    let (lo, hi) = s
+        .pending
+        .iter()
+        .fold((u64::MAX, 0), |(lo, hi), &(_, _, p, n)| {
+            (lo.min(p), hi.max(p + tier::decode(n).0))
+        });
+    SPAN_LOW.store(lo, Relaxed);
+    SPAN_HIGH.store(hi, Relaxed);
     s.taken = mine;
 }
 
