@@ -49,6 +49,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -202,6 +203,11 @@ def bandwidth():
 def child(work):
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
+    # Attention without the memory-efficient and cuDNN kernels, whose backward passes are
+    # not deterministic (PyTorch warns so): with them GPT-2's losses differed between two runs
+    # without the library in the eighteenth session's first call. Math and flash remain.
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    torch.backends.cuda.enable_cudnn_sdp(False)
     # warn_only: an operator without a deterministic version runs anyway (its losses may then
     # differ from the default's, which the table says) instead of stopping the run.
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -297,25 +303,36 @@ def findings(s):
     return int(s.get("findings") or 0)
 
 
-def run_config(args, cfg, rnd, models, work, logs, probe):
-    d = tempfile.mkdtemp(dir=work, prefix=f"{cfg}-r{rnd}-")
-    env = dict(os.environ)
+def uses_library(cfg):
+    return CONFIGS[cfg] is not None and "_NO_LIBRARY" not in CONFIGS[cfg]
+
+
+def config_env(cfg, base, lib, trace_dir, pluggable_so):
+    """The environment of configuration `cfg`'s run: `base` without any variable a
+    configuration sets, then the configuration's own; the library preloaded, its traces in
+    `trace_dir`, wherever the configuration uses it (every one but default, backend and
+    pluggable)."""
+    env = dict(base)
     for k in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
               "LD_PRELOAD", "ISOLATE_MODE", "ISOLATE_CHECK", "ISOLATE_STACKS", "ISOLATE_POISON",
-              "ISOLATE_TEST_ORDER", "ISOLATE_PROFILE", "ISOLATE_CHECK_LAUNCH", "TIER_AB",
-              "TIER_PLUGGABLE"):
+              "ISOLATE_TEST_ORDER", "ISOLATE_PROFILE", "ISOLATE_CHECK_LAUNCH", "ISOLATE_TRACE",
+              "TIER_AB", "TIER_PLUGGABLE"):
         env.pop(k, None)
-    if CONFIGS[cfg] is not None and "_NO_LIBRARY" in CONFIGS[cfg]:
-        env.update({k: v for k, v in CONFIGS[cfg].items() if k != "_NO_LIBRARY"})
-    elif CONFIGS[cfg] is not None:
-        env.update(CONFIGS[cfg])
+    env.update({k: v for k, v in (CONFIGS[cfg] or {}).items() if k != "_NO_LIBRARY"})
+    if uses_library(cfg):
+        # (From the seventeenth session's first call until the eighteenth's first, this was
+        # done for pluggable configurations only: those calls' log, isolate and fast rows ran
+        # without the library, and their findings read "–".)
+        env["LD_PRELOAD"] = os.path.abspath(lib)
+        env["ISOLATE_TRACE"] = os.path.join(trace_dir, "t-%p.trace")
     if env.get("TIER_PLUGGABLE") == "1":
-        env["TIER_PLUGGABLE"] = os.path.join(work, "pluggable.so")
-        if "_NO_LIBRARY" not in (CONFIGS[cfg] or {}):
-            # (The seventeenth session's first call preloaded it for `pluggable` too, in log
-            # mode: that call's `pluggable` rows are pluggable + log.)
-            env["LD_PRELOAD"] = os.path.abspath(args.lib)
-            env["ISOLATE_TRACE"] = os.path.join(d, "t-%p.trace")
+        env["TIER_PLUGGABLE"] = pluggable_so
+    return env
+
+
+def run_config(args, cfg, rnd, models, work, logs, probe):
+    d = tempfile.mkdtemp(dir=work, prefix=f"{cfg}-r{rnd}-")
+    env = config_env(cfg, os.environ, args.lib, d, os.path.join(work, "pluggable.so"))
     t0 = time.time()
     p = subprocess.run([sys.executable, os.path.join(work, "worker.py"), ",".join(models),
                         str(args.warmup), str(args.steps), d, "1" if probe else "0"],
@@ -357,6 +374,10 @@ def run_config(args, cfg, rnd, models, work, logs, probe):
     for r in out:
         pid = r.pop("_pid", None) or child_pid.get(r["model"])
         if pid not in traces:
+            if uses_library(cfg):
+                # A configuration with the library that left no trace did not run with it:
+                # said in the table (its findings column), never counted as 0 findings.
+                r["no_trace"] = True
             continue
         s, text = summary(args.isolate, [traces[pid]])
         texts.append(f"--- {r['model']} ({traces[pid]})\n{text}")
@@ -383,12 +404,22 @@ def main():
     ap.add_argument("--lib", default="target/gpu/libisolate.so")
     ap.add_argument("--isolate", default="target/gpu/isolate")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--round-from", type=int, default=0,
+                    help="the first round's number (a call that runs later rounds of the same "
+                         "benchmark: tier_bench_table.py renders the files together)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--models", default="gpt2,resnet50,bert,vit")
     ap.add_argument("--configs", default="default,log,isolate,fast")
     ap.add_argument("--table", help="print the table of this JSON file and stop")
+    ap.add_argument("--env", metavar="CONFIG",
+                    help="print the variables CONFIG's runs get (as set by it) and stop")
     args = ap.parse_args()
+    if args.env:
+        env = config_env(args.env, {}, args.lib, "TRACES", "PLUGGABLE.so")
+        for k in sorted(env):
+            print(f"{k}={env[k]}")
+        return 0
     if args.table:
         print(tier_bench_table.render(json.load(open(args.table))))
         return 0
@@ -405,11 +436,15 @@ def main():
                         os.path.join(work, "pluggable.c"), "-ldl"], check=True)
     models = args.models.split(",")
     configs = args.configs.split(",")
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                         capture_output=True, text=True) if shutil.which("nvidia-smi") else None
+    device = smi.stdout.strip().splitlines()[0] if smi and smi.stdout.strip() else "unknown"
     data = {"command": " ".join(sys.argv), "models": models, "configs": configs,
-            "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "runs": []}
+            "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "runs": [],
+            "devices": [f"rounds {args.round_from}-{args.round_from + args.rounds - 1} on {device}"]}
     path = os.path.join(out, "tier_bench.json")
     t_start = time.time()
-    for rnd in range(args.rounds):
+    for rnd in range(args.round_from, args.round_from + args.rounds):
         # A new order each round (seeded: the run can be repeated), so that no configuration
         # always follows the same one: with the order rotated by round, isolate followed log in
         # every round of the twelfth session's call, and one round can differ by 0.5x.
@@ -422,7 +457,7 @@ def main():
                 save(path, data, logs, out)
                 print(tier_bench_table.render(data))
                 return 0
-            probe = cfg == "default" and rnd == 0
+            probe = cfg == "default" and rnd == args.round_from
             try:
                 rs = run_config(args, cfg, rnd, models, work, logs, probe)
             except subprocess.TimeoutExpired:

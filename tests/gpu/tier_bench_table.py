@@ -2,7 +2,9 @@
 """The table of tests/gpu/tier_bench.py, rendered from its JSON file as markdown (to paste into
 docs/performance.md, "Tiers on real models"):
 
-    python3 tests/gpu/tier_bench_table.py $OUT/tier_bench.json
+    python3 tests/gpu/tier_bench_table.py $OUT/tier_bench.json [more.json ...]
+
+(several files: the rounds of several calls, see tier_bench.py --round-from, as one table.)
 
 Per model and configuration: median ms/step over the rounds; the median of the per-round
 ratios to the default's step in the same round, each round's listed; the floor, a step's share
@@ -79,7 +81,10 @@ def rows(data):
                 "max_allocated_gib": _gib(_median(r.get("max_memory_allocated") for r in rs)),
                 "losses": "equal" if cfg == "default" or all(x == "equal" for x in losses)
                 else "; ".join(sorted(set(losses))),
-                "findings": None if cfg == "default" or any(f is None for f in finds) else sum(finds),
+                # A configuration with the library that left no trace ran without it (a
+                # broken environment): said loudly, never counted as 0.
+                "findings": "NO TRACE" if any(r.get("no_trace") for r in rs)
+                else None if cfg == "default" or any(f is None for f in finds) else sum(finds),
                 "rounds": len(rs),
             })
     return out, bw
@@ -92,7 +97,8 @@ def render(data):
         f"{data.get('rounds')} interleaved rounds, {data.get('warmup')} warm-up + "
         f"{data.get('steps')} timed steps; bandwidth {bw / 1e12:.2f} TB/s "
         f"({'measured: a 1 GiB device copy' if measured else 'assumed, not measured'})"
-        + ("; CUT SHORT by the time budget" if data.get("cut_short") else ""),
+        + ("; CUT SHORT by the time budget" if data.get("cut_short") else "")
+        + (f"; devices: {', '.join(data['devices'])}" if data.get("devices") else ""),
         "",
         "| model | config | ms/step | × default (per round) | floor ms/step (× default) | "
         "full-coverage floor ms | device peak GiB | max allocated GiB | losses | findings |",
@@ -135,5 +141,23 @@ def ab_rows(data):
     return out
 
 
+def merge(datas):
+    """One benchmark from the files of several calls (each ran other rounds: tier_bench.py
+    --round-from): their runs, bandwidth samples and devices together. A round's ratios are to
+    its own default's, on its own device."""
+    if len(datas) == 1:
+        return datas[0]
+    out = dict(datas[0])
+    out["runs"] = [r for d in datas for r in d["runs"]]
+    out["bandwidth_samples"] = [b for d in datas for b in d.get("bandwidth_samples") or []]
+    out["rounds"] = len({r["round"] for r in out["runs"]})
+    out["devices"] = [dev for d in datas for dev in d.get("devices") or []]
+    out["cut_short"] = any(d.get("cut_short") for d in datas)
+    for key in ("models", "configs"):
+        out[key] = list(dict.fromkeys(x for d in datas for x in d[key]))
+    out["command"] = " ; ".join(d.get("command", "") for d in datas)
+    return out
+
+
 if __name__ == "__main__":
-    print(render(json.load(open(sys.argv[1]))))
+    print(render(merge([json.load(open(p)) for p in sys.argv[1:]])))
