@@ -62,6 +62,9 @@ import tier_bench_table  # noqa: E402
 
 CONFIGS = {
     "default": None,
+    # The default again, as a configuration of its own: the ratio it gets is the method's noise
+    # (an A/A test).
+    "default-again": None,
     "log": {"ISOLATE_MODE": "log"},
     "isolate": {"ISOLATE_MODE": "isolate"},
     "fast": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast"},
@@ -220,7 +223,18 @@ def child(work):
     start_used = used()
     peak = start_used
     res = {"model": work}
-    if probe:
+    # --lockstep: this process takes turns with the other configurations' (TIER_TURNS = the fd
+    # it reads "go" from, the fd it says "ready" on, the steps of a turn); the device is its
+    # own only during its turns.
+    turns = os.environ.get("TIER_TURNS")
+    if turns:
+        go_fd, ready_fd, burst = (int(x) for x in turns.split(","))
+        def turn():
+            os.write(ready_fd, b"r")
+            if os.read(go_fd, 1) != b"g":
+                sys.exit(4)  # the controller is gone
+        res["lockstep_burst"] = burst
+    if probe and not turns:
         res["bandwidth"] = bandwidth()
     opt, step = build(work)
     losses, times, host = [], [], []
@@ -232,6 +246,10 @@ def child(work):
         res["ab_active"] = pause(0) == 0
     on_ms, off_ms = [], []
     for i in range(warmup + steps):
+        if turns and i >= warmup and (i - warmup) % burst == 0:
+            turn()
+            if probe and "bandwidth" not in res:
+                res["bandwidth"] = bandwidth()  # alone on the device: in its first turn
         off = pause is not None and i >= warmup and i % 2 == 1
         if pause is not None:
             pause(1 if off else 0)
@@ -248,6 +266,10 @@ def child(work):
             host.append((t1 - t0) * 1e3)
         losses.append(float(loss.detach().float().item()))
         peak = max(peak, used())
+    if turns:
+        turn()  # the last turn: the others' timed steps are not to share the device with an exit
+        # The device's used memory is every turn-taker's: not this configuration's peak.
+        peak = None
     if pause is not None:
         pause(0)
         res.update(ab_on_ms=statistics.median(on_ms), ab_off_ms=statistics.median(off_ms),
@@ -392,6 +414,98 @@ def run_config(args, cfg, rnd, models, work, logs, probe):
     return out
 
 
+def run_lockstep(args, configs, rnd, model, work, logs, probe):
+    """One process per configuration for `model`, all alive at once, taking turns on the device:
+    each warms up on its own, then runs `--lockstep` timed steps per turn, the configurations'
+    order shuffled every turn (seeded), until each has run its steps; then all exit. A host
+    that slows down for seconds (the H100 hosts did: the same process 16 or 35 ms a ResNet-50
+    step) then slows every configuration alike, where sequential runs put it all on one."""
+    import select
+    procs = {}
+    for cfg in configs:
+        d = tempfile.mkdtemp(dir=work, prefix=f"{cfg}-r{rnd}-{model}-")
+        go_r, go_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        env = config_env(cfg, os.environ, args.lib, d, os.path.join(work, "pluggable.so"))
+        env["TIER_TURNS"] = f"{go_r},{ready_w},{args.lockstep}"
+        out = open(os.path.join(d, "stdout"), "w")
+        err = open(os.path.join(d, "stderr"), "w")
+        p = subprocess.Popen([sys.executable, os.path.join(work, "worker.py"), "single", model,
+                              str(args.warmup), str(args.steps), d,
+                              "1" if probe and cfg == "default" else "0"],
+                             env=env, stdout=out, stderr=err, pass_fds=(go_r, ready_w))
+        os.close(go_r)
+        os.close(ready_w)
+        procs[cfg] = {"p": p, "d": d, "go": go_w, "ready": ready_r, "alive": True, "out": out,
+                      "err": err}
+    t0 = time.time()
+
+    def wait_ready(cfg, timeout=180):
+        q = procs[cfg]
+        if not q["alive"]:
+            return False
+        r, _, _ = select.select([q["ready"]], [], [], timeout)
+        if not r or os.read(q["ready"], 1) != b"r":
+            q["alive"] = False  # died, or hung: no more turns
+            return False
+        return True
+
+    def go(cfg):
+        try:
+            os.write(procs[cfg]["go"], b"g")
+        except OSError:
+            procs[cfg]["alive"] = False
+
+    for cfg in configs:
+        wait_ready(cfg)
+    turns = -(-args.steps // args.lockstep)
+    for k in range(turns):
+        order = list(configs)
+        random.Random(f"{rnd}-{model}-{k}").shuffle(order)
+        for cfg in order:
+            if procs[cfg]["alive"]:
+                go(cfg)
+                wait_ready(cfg)
+    for cfg in configs:  # the last "go": each writes its result and exits
+        if procs[cfg]["alive"]:
+            go(cfg)
+    out = []
+    for cfg in configs:
+        q = procs[cfg]
+        try:
+            rc = q["p"].wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            q["p"].kill()
+            rc = "timeout"
+        for k in ("go", "ready"):
+            os.close(q[k])
+        q["out"].close()
+        q["err"].close()
+        d = q["d"]
+        r = {"config": cfg, "round": rnd, "model": model, "rc": rc, "lockstep": True}
+        rpath = os.path.join(d, f"result-{model}.json")
+        if os.path.exists(rpath):
+            r.update(json.load(open(rpath)))
+        traces = [os.path.join(d, f) for f in sorted(os.listdir(d)) if f.endswith(".trace")]
+        text = ""
+        if traces:
+            summ, text = summary(args.isolate, traces)
+            r["findings"] = findings(summ)
+            r["device_work"] = (summ or {}).get("device_work")
+            r["trace_bytes"] = sum(os.path.getsize(t) for t in traces)
+            for t in traces:
+                os.remove(t)
+        elif uses_library(cfg):
+            r["no_trace"] = True
+        r["wall_s"] = time.time() - t0
+        with open(os.path.join(logs, f"{cfg}-r{rnd}-{model}.log"), "w") as f:
+            f.write(f"lockstep rc {rc}\n--- stdout\n" + open(os.path.join(d, "stdout")).read()
+                    + "\n--- stderr\n" + open(os.path.join(d, "stderr")).read()[-30000:]
+                    + "\n--- summary\n" + text)
+        out.append(r)
+    return out
+
+
 def save(path, data, logs, out):
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
@@ -411,6 +525,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--models", default="gpt2,resnet50,bert,vit")
     ap.add_argument("--configs", default="default,log,isolate,fast")
+    ap.add_argument("--lockstep", type=int, default=0, metavar="STEPS",
+                    help="run each model's configurations side by side, taking turns of STEPS "
+                         "timed steps on the device (see run_lockstep); 0: one after another")
     ap.add_argument("--table", help="print the table of this JSON file and stop")
     ap.add_argument("--env", metavar="CONFIG",
                     help="print the variables CONFIG's runs get (as set by it) and stop")
@@ -429,7 +546,10 @@ def main():
     work = tempfile.mkdtemp(prefix="tier-bench-")
     logs = os.path.join(work, "logs")
     os.makedirs(logs)
-    open(os.path.join(work, "worker.py"), "w").write(WORKER)
+    # TIER_WORKER: another worker script (the CI test's stand-in, tier_bench_fake.py, which
+    # needs no torch and no GPU).
+    worker = open(os.environ["TIER_WORKER"]).read() if os.environ.get("TIER_WORKER") else WORKER
+    open(os.path.join(work, "worker.py"), "w").write(worker)
     if any("TIER_PLUGGABLE" in (CONFIGS[c] or {}) for c in args.configs.split(",")):
         open(os.path.join(work, "pluggable.c"), "w").write(PLUGGABLE_C)
         subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", os.path.join(work, "pluggable.so"),
@@ -441,10 +561,35 @@ def main():
     device = smi.stdout.strip().splitlines()[0] if smi and smi.stdout.strip() else "unknown"
     data = {"command": " ".join(sys.argv), "models": models, "configs": configs,
             "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "runs": [],
-            "devices": [f"rounds {args.round_from}-{args.round_from + args.rounds - 1} on {device}"]}
+            "devices": [(f"round {args.round_from}" if args.rounds == 1 else
+                         f"rounds {args.round_from}-{args.round_from + args.rounds - 1}")
+                        + f" on {device}"]}
     path = os.path.join(out, "tier_bench.json")
     t_start = time.time()
+    data["lockstep"] = args.lockstep
     for rnd in range(args.round_from, args.round_from + args.rounds):
+        if args.lockstep:
+            order = list(models)
+            random.Random(rnd).shuffle(order)
+            for model in order:
+                if time.time() - t_start > budget:
+                    print(f"budget of {budget:.0f} s spent: {model} round {rnd} and later not run",
+                          flush=True)
+                    data["cut_short"] = True
+                    save(path, data, logs, out)
+                    print(tier_bench_table.render(data))
+                    return 0
+                rs = run_lockstep(args, configs, rnd, model, work, logs,
+                                  rnd == args.round_from and model == order[0])
+                for r in rs:
+                    if "bandwidth" in r:
+                        data.setdefault("bandwidth_samples", []).append(r["bandwidth"])
+                    print(f"round {rnd} {r['config']:8} {model:9} rc={r['rc']} "
+                          f"ms={r.get('ms_per_step', float('nan')):.2f} "
+                          f"findings={r.get('findings')} wall={r.get('wall_s', 0):.0f}s", flush=True)
+                data["runs"].extend(rs)
+                save(path, data, logs, out)
+            continue
         # A new order each round (seeded: the run can be repeated), so that no configuration
         # always follows the same one: with the order rotated by round, isolate followed log in
         # every round of the twelfth session's call, and one round can differ by 0.5x.

@@ -9,6 +9,7 @@
 # most 8.7 (the planted writes are cut at 120 s, the benchmark at 400 s). Files in $OUT:
 # TIER_CONFIGS (default,log,isolate,fast), TIER_MODELS (gpt2,resnet50,bert,vit), TIER_ROUNDS (3),
 # TIER_ROUND_FROM (0: the first round's number, for a call that runs the later rounds),
+# TIER_LOCKSTEP (0; N: each model's configurations side by side, in turns of N timed steps),
 # TIER_STEPS (20 timed steps), TIER_PLANTED (1: run the planted writes; 0: skip them) and
 # BENCH_LIMIT_S (400) change the benchmark's set, rounds, steps and limit.
 # tier_bench.json, tier_bench.md (the table, markdown), tier_bench.log, tier_bench-logs.tgz,
@@ -34,7 +35,7 @@ fi
 echo "=== tiers on real models ($(( $(date +%s) - t0 )) s)"
 BUDGET_S=${BUDGET_S:-330} OUT="$OUT" timeout -k 5 ${BENCH_LIMIT_S:-400} python3 tests/gpu/tier_bench.py --lib "$LIB" --isolate "$ISOLATE" \
     --configs "${TIER_CONFIGS:-default,log,isolate,fast}" --models "${TIER_MODELS:-gpt2,resnet50,bert,vit}" \
-    --rounds "${TIER_ROUNDS:-3}" --round-from "${TIER_ROUND_FROM:-0}" --steps "${TIER_STEPS:-20}" 2>&1 | tee "$OUT/tier_bench.log" | grep -Ev '^round '
+    --rounds "${TIER_ROUNDS:-3}" --round-from "${TIER_ROUND_FROM:-0}" --lockstep "${TIER_LOCKSTEP:-0}" --steps "${TIER_STEPS:-20}" 2>&1 | tee "$OUT/tier_bench.log" | grep -Ev '^round '
 rc=${PIPESTATUS[0]}
 if [ -f "$OUT/tier_bench.json" ]; then
     python3 tests/gpu/tier_bench_table.py "$OUT/tier_bench.json" > "$OUT/tier_bench.md"

@@ -78,3 +78,80 @@ fn the_baselines_run_without_the_library() {
     assert_eq!(get(&pluggable, "LD_PRELOAD"), None);
     assert_eq!(get(&pluggable, "TIER_PLUGGABLE"), Some("PLUGGABLE.so"));
 }
+
+/// `--lockstep`: every configuration's process alive at once, their timed steps taken in turns
+/// of exactly the given number, one process at a time, each turn's order shuffled; the results
+/// of all of them collected, and a configuration with the library that left no trace said to
+/// have none (run with the stand-in worker, tier_bench_fake.py: no torch, no GPU).
+#[test]
+fn lockstep_runs_take_turns_of_whole_bursts_one_configuration_at_a_time() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("steps");
+    let out = Command::new("python3")
+        .arg(root.join("tests/gpu/tier_bench.py"))
+        .args([
+            "--lockstep",
+            "2",
+            "--steps",
+            "6",
+            "--warmup",
+            "1",
+            "--rounds",
+            "1",
+            "--models",
+            "a,b",
+            "--configs",
+            "default,log,isolate",
+            "--lib",
+            "/nonexistent/libisolate.so",
+            "--isolate",
+            "/bin/false",
+        ])
+        .env("TIER_WORKER", root.join("tests/gpu/tier_bench_fake.py"))
+        .env("FAKE_LOG", &log)
+        .env("OUT", dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let steps = std::fs::read_to_string(&log).unwrap();
+    for model in ["a", "b"] {
+        // (config, step) in the order they ran, the warm-up steps (0) left out: those run side
+        // by side, untimed.
+        let timed: Vec<(String, u32)> = steps
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                let step: u32 = f[2].parse().unwrap();
+                (f[1] == model && step > 0).then(|| (f[0].to_string(), step))
+            })
+            .collect();
+        assert_eq!(timed.len(), 18, "{model}: {timed:?}");
+        let turns: Vec<&[(String, u32)]> = timed.chunks(2).collect();
+        for t in &turns {
+            assert_eq!(t[0].0, t[1].0, "{model}: a turn is one configuration's: {timed:?}");
+            assert_eq!(t[0].1 + 1, t[1].1, "{model}: {timed:?}");
+        }
+        // Each round of turns gives every configuration one turn.
+        for round in turns.chunks(3) {
+            let mut who: Vec<&str> = round.iter().map(|t| t[0].0.as_str()).collect();
+            who.sort_unstable();
+            assert_eq!(who, ["default", "isolate", "log"], "{model}: {timed:?}");
+        }
+    }
+    let data: Vec<&str> = stdout.lines().filter(|l| l.starts_with("| ")).collect();
+    for model in ["a", "b"] {
+        for config in ["log", "isolate"] {
+            let row = data
+                .iter()
+                .find(|l| l.starts_with(&format!("| {model} | {config} |")))
+                .unwrap_or_else(|| panic!("{stdout}"));
+            assert!(row.ends_with("| NO TRACE |"), "{row}");
+        }
+    }
+}

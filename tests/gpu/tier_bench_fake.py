@@ -1,0 +1,49 @@
+"""A stand-in for tier_bench.py's worker (TIER_WORKER=tests/gpu/tier_bench_fake.py), with no
+torch and no GPU, for the CI test of the benchmark's plumbing (tests/tests/gpu_scripts.rs).
+Same arguments and result file as the real worker, and the same turn-taking under
+--lockstep; a "step" sleeps FAKE_STEP_MS and appends "<config> <model> <step>" to FAKE_LOG,
+the config being ISOLATE_MODE (or "default")."""
+import json
+import os
+import sys
+import time
+
+args = sys.argv[1:]
+if args[0] == "single":
+    args = args[1:]
+models, warmup, steps, outdir = args[0].split(","), int(args[1]), int(args[2]), args[3]
+probe = args[4] == "1"
+name = os.environ.get("ISOLATE_MODE", "default")
+step_s = float(os.environ.get("FAKE_STEP_MS", "2")) / 1e3
+turns = os.environ.get("TIER_TURNS")
+if turns:
+    go_fd, ready_fd, burst = (int(x) for x in turns.split(","))
+
+
+def turn():
+    os.write(ready_fd, b"r")
+    if os.read(go_fd, 1) != b"g":
+        sys.exit(4)
+
+
+for model in models:
+    times, res = [], {"model": model}
+    for i in range(warmup + steps):
+        if turns and i >= warmup and (i - warmup) % burst == 0:
+            turn()
+            if probe and "bandwidth" not in res:
+                res["bandwidth"] = 1e12
+        t0 = time.perf_counter()
+        with open(os.environ["FAKE_LOG"], "a") as f:
+            f.write(f"{name} {model} {i}\n")
+        time.sleep(step_s)
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    if turns:
+        turn()
+    times.sort()
+    res.update(ms_per_step=times[len(times) // 2], ms_steps=times, losses=["1.0"] * (warmup + steps),
+               total_steps=warmup + steps, device_used_start=0, device_used_peak=None,
+               max_memory_allocated=1 << 20)
+    with open(os.path.join(outdir, f"result-{model}.json"), "w") as f:
+        json.dump(res, f)
