@@ -325,6 +325,25 @@ def findings(s):
     return int(s.get("findings") or 0)
 
 
+def pinned_cpus():
+    """TIER_PIN (a CPU list, "2-9" or "2,3,8-11"): every run's processes on those CPUs only, so
+    that every configuration runs on the same ones (None: anywhere)."""
+    spec = os.environ.get("TIER_PIN", "").strip()
+    if not spec:
+        return None
+    cpus = set()
+    for part in spec.split(","):
+        a, _, b = part.partition("-")
+        cpus.update(range(int(a), int(b or a) + 1))
+    return cpus
+
+
+def pin():
+    cpus = pinned_cpus()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 def uses_library(cfg):
     return CONFIGS[cfg] is not None and "_NO_LIBRARY" not in CONFIGS[cfg]
 
@@ -358,7 +377,7 @@ def run_config(args, cfg, rnd, models, work, logs, probe):
     t0 = time.time()
     p = subprocess.run([sys.executable, os.path.join(work, "worker.py"), ",".join(models),
                         str(args.warmup), str(args.steps), d, "1" if probe else "0"],
-                       env=env, capture_output=True, text=True, timeout=240)
+                       env=env, capture_output=True, text=True, timeout=240, preexec_fn=pin)
     wall = time.time() - t0
     out = []
     traces = {}
@@ -433,7 +452,8 @@ def run_lockstep(args, configs, rnd, model, work, logs, probe):
         p = subprocess.Popen([sys.executable, os.path.join(work, "worker.py"), "single", model,
                               str(args.warmup), str(args.steps), d,
                               "1" if probe and cfg == "default" else "0"],
-                             env=env, stdout=out, stderr=err, pass_fds=(go_r, ready_w))
+                             env=env, stdout=out, stderr=err, pass_fds=(go_r, ready_w),
+                             preexec_fn=pin)
         os.close(go_r)
         os.close(ready_w)
         procs[cfg] = {"p": p, "d": d, "go": go_w, "ready": ready_r, "alive": True, "out": out,
@@ -567,6 +587,7 @@ def main():
     path = os.path.join(out, "tier_bench.json")
     t_start = time.time()
     data["lockstep"] = args.lockstep
+    data["pinned"] = sorted(pinned_cpus() or [])
     for rnd in range(args.round_from, args.round_from + args.rounds):
         if args.lockstep:
             order = list(models)

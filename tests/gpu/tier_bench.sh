@@ -10,6 +10,7 @@
 # TIER_CONFIGS (default,log,isolate,fast), TIER_MODELS (gpt2,resnet50,bert,vit), TIER_ROUNDS (3),
 # TIER_ROUND_FROM (0: the first round's number, for a call that runs the later rounds),
 # TIER_LOCKSTEP (0; N: each model's configurations side by side, in turns of N timed steps),
+# TIER_PIN (a CPU list such as 2-9: every run's processes on those CPUs only),
 # TIER_STEPS (20 timed steps), TIER_PLANTED (1: run the planted writes; 0: skip them) and
 # BENCH_LIMIT_S (400) change the benchmark's set, rounds, steps and limit.
 # tier_bench.json, tier_bench.md (the table, markdown), tier_bench.log, tier_bench-logs.tgz,

@@ -98,7 +98,10 @@ def render(data):
         f"{data.get('steps')} timed steps; bandwidth {bw / 1e12:.2f} TB/s "
         f"({'measured: a 1 GiB device copy' if measured else 'assumed, not measured'})"
         + ("; CUT SHORT by the time budget" if data.get("cut_short") else "")
-        + (f"; devices: {', '.join(data['devices'])}" if data.get("devices") else ""),
+        + (f"; devices: {', '.join(data['devices'])}" if data.get("devices") else "")
+        + (f"; side by side in turns of {data['lockstep']} steps" if data.get("lockstep") else
+           "; one configuration after another")
+        + (f"; pinned to CPUs {data['pinned'][0]}-{data['pinned'][-1]}" if data.get("pinned") else ""),
         "",
         "| model | config | ms/step | × default (per round) | floor ms/step (× default) | "
         "full-coverage floor ms | device peak GiB | max allocated GiB | losses | findings |",
