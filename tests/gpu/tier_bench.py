@@ -319,6 +319,18 @@ def summary(isolate, traces):
         return None, text + js.stderr
 
 
+def attach_summary(args, r, traces):
+    """The run's findings, device work and trace size into `r` from its traces (then removed);
+    returns the summary's text."""
+    summ, text = summary(args.isolate, traces)
+    r["findings"] = findings(summ)
+    r["device_work"] = (summ or {}).get("device_work")
+    r["trace_bytes"] = sum(os.path.getsize(t) for t in traces)
+    for t in traces:
+        os.remove(t)
+    return text
+
+
 def findings(s):
     if s is None:
         return None
@@ -420,12 +432,8 @@ def run_config(args, cfg, rnd, models, work, logs, probe):
                 # said in the table (its findings column), never counted as 0 findings.
                 r["no_trace"] = True
             continue
-        s, text = summary(args.isolate, [traces[pid]])
+        text = attach_summary(args, r, [traces[pid]])
         texts.append(f"--- {r['model']} ({traces[pid]})\n{text}")
-        r["findings"] = findings(s)
-        r["device_work"] = (s or {}).get("device_work")
-        r["trace_bytes"] = os.path.getsize(traces[pid])
-        os.remove(traces[pid])
     with open(os.path.join(logs, f"{cfg}-r{rnd}.log"), "w") as f:
         f.write(f"wall {wall:.1f}s rc {p.returncode}\n{p.stdout}\n--- stderr\n{p.stderr[-30000:]}\n{extra}\n" + "\n".join(texts))
     for r in out:
@@ -509,12 +517,7 @@ def run_lockstep(args, configs, rnd, model, work, logs, probe):
         traces = [os.path.join(d, f) for f in sorted(os.listdir(d)) if f.endswith(".trace")]
         text = ""
         if traces:
-            summ, text = summary(args.isolate, traces)
-            r["findings"] = findings(summ)
-            r["device_work"] = (summ or {}).get("device_work")
-            r["trace_bytes"] = sum(os.path.getsize(t) for t in traces)
-            for t in traces:
-                os.remove(t)
+            text = attach_summary(args, r, traces)
         elif uses_library(cfg):
             r["no_trace"] = True
         r["wall_s"] = time.time() - t0
