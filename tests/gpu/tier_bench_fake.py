@@ -2,7 +2,9 @@
 torch and no GPU, for the CI test of the benchmark's plumbing (tests/tests/gpu_scripts.rs).
 Same arguments and result file as the real worker, and the same turn-taking under
 --lockstep; a "step" sleeps FAKE_STEP_MS and appends "<config> <model> <step>" to FAKE_LOG,
-the config being ISOLATE_MODE (or "default")."""
+the config being ISOLATE_MODE (or "default"). With FAKE_CUDART (the stand-in's libcudart), a
+step also allocates and frees 1 MiB through it, so that a run with the library leaves a
+trace for the benchmark's summary."""
 import json
 import os
 import sys
@@ -18,6 +20,20 @@ step_s = float(os.environ.get("FAKE_STEP_MS", "2")) / 1e3
 turns = os.environ.get("TIER_TURNS")
 if turns:
     go_fd, ready_fd, burst = (int(x) for x in turns.split(","))
+
+
+cudart = None
+if os.environ.get("FAKE_CUDART"):
+    import ctypes
+    cudart = ctypes.CDLL(os.environ["FAKE_CUDART"])
+
+
+def cuda_step():
+    p = ctypes.c_void_p()
+    if cudart.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1 << 20)) != 0:
+        sys.exit(5)
+    if cudart.cudaFree(p) != 0:
+        sys.exit(6)
 
 
 def turn():
@@ -37,6 +53,8 @@ for model in models:
         with open(os.environ["FAKE_LOG"], "a") as f:
             f.write(f"{name} {model} {i}\n")
         time.sleep(step_s)
+        if cudart:
+            cuda_step()
         if i >= warmup:
             times.append((time.perf_counter() - t0) * 1e3)
     if turns:

@@ -79,47 +79,64 @@ fn the_baselines_run_without_the_library() {
     assert_eq!(get(&pluggable, "TIER_PLUGGABLE"), Some("PLUGGABLE.so"));
 }
 
-/// `--lockstep`: every configuration's process alive at once, their timed steps taken in turns
-/// of exactly the given number, one process at a time, each turn's order shuffled; the results
-/// of all of them collected, and a configuration with the library that left no trace said to
-/// have none (run with the stand-in worker, tier_bench_fake.py: no torch, no GPU).
-#[test]
-fn lockstep_runs_take_turns_of_whole_bursts_one_configuration_at_a_time() {
+/// Runs tier_bench.py with the stand-in worker (tier_bench_fake.py: no torch, no GPU; each
+/// step a 1 MiB allocation and free through the stand-in) and `lib` as the library; returns
+/// (the steps as they ran, stdout).
+fn fake_bench(lib: &str, extra: &[&str]) -> (String, String) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("steps");
     let out = Command::new("python3")
         .arg(root.join("tests/gpu/tier_bench.py"))
-        .args([
-            "--lockstep",
-            "2",
-            "--steps",
-            "6",
-            "--warmup",
-            "1",
-            "--rounds",
-            "1",
-            "--models",
-            "a,b",
-            "--configs",
-            "default,log,isolate",
-            "--lib",
-            "/nonexistent/libisolate.so",
-            "--isolate",
-            "/bin/false",
-        ])
+        .args(["--warmup", "1", "--rounds", "1", "--lib", lib, "--isolate"])
+        .arg(isolate_tests::analyzer_path())
+        .args(extra)
         .env("TIER_WORKER", root.join("tests/gpu/tier_bench_fake.py"))
+        .env(
+            "FAKE_CUDART",
+            isolate_tests::standin_dir().join("libcudart.so"),
+        )
+        .env("LD_LIBRARY_PATH", isolate_tests::standin_dir())
         .env("FAKE_LOG", &log)
         .env("OUT", dir.path())
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let steps = std::fs::read_to_string(&log).unwrap();
+    (std::fs::read_to_string(&log).unwrap(), stdout)
+}
+
+/// The table's row of `model` under `config`.
+fn row<'a>(stdout: &'a str, model: &str, config: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("| {model} | {config} |")))
+        .unwrap_or_else(|| panic!("no row {model} {config}: {stdout}"))
+}
+
+/// `--lockstep`: every configuration's process alive at once, their timed steps taken in turns
+/// of exactly the given number, one process at a time, each round of turns giving each one a
+/// turn; the results of all of them collected, with the library runs' traces summarised.
+#[test]
+fn lockstep_runs_take_turns_of_whole_bursts_one_configuration_at_a_time() {
+    let lib = isolate_tests::preload_path();
+    let (steps, stdout) = fake_bench(
+        lib.to_str().unwrap(),
+        &[
+            "--lockstep",
+            "2",
+            "--steps",
+            "6",
+            "--models",
+            "a,b",
+            "--configs",
+            "default,log,isolate",
+        ],
+    );
     for model in ["a", "b"] {
         // (config, step) in the order they ran, the warm-up steps (0) left out: those run side
         // by side, untimed.
@@ -134,24 +151,40 @@ fn lockstep_runs_take_turns_of_whole_bursts_one_configuration_at_a_time() {
         assert_eq!(timed.len(), 18, "{model}: {timed:?}");
         let turns: Vec<&[(String, u32)]> = timed.chunks(2).collect();
         for t in &turns {
-            assert_eq!(t[0].0, t[1].0, "{model}: a turn is one configuration's: {timed:?}");
+            assert_eq!(
+                t[0].0, t[1].0,
+                "{model}: a turn is one configuration's: {timed:?}"
+            );
             assert_eq!(t[0].1 + 1, t[1].1, "{model}: {timed:?}");
         }
-        // Each round of turns gives every configuration one turn.
         for round in turns.chunks(3) {
             let mut who: Vec<&str> = round.iter().map(|t| t[0].0.as_str()).collect();
             who.sort_unstable();
             assert_eq!(who, ["default", "isolate", "log"], "{model}: {timed:?}");
         }
-    }
-    let data: Vec<&str> = stdout.lines().filter(|l| l.starts_with("| ")).collect();
-    for model in ["a", "b"] {
         for config in ["log", "isolate"] {
-            let row = data
-                .iter()
-                .find(|l| l.starts_with(&format!("| {model} | {config} |")))
-                .unwrap_or_else(|| panic!("{stdout}"));
-            assert!(row.ends_with("| NO TRACE |"), "{row}");
+            let r = row(&stdout, model, config);
+            assert!(r.ends_with("| 0 |"), "{r}");
         }
+    }
+    assert!(
+        stdout.contains("side by side in turns of 2 steps"),
+        "{stdout}"
+    );
+}
+
+/// A configuration with the library whose runs left no trace (here: the library does not
+/// exist) reads NO TRACE, one after another as side by side; never 0 findings.
+#[test]
+fn a_library_run_without_a_trace_says_so() {
+    for extra in [&["--lockstep", "1"][..], &[][..]] {
+        let mut args = vec!["--steps", "2", "--models", "a", "--configs", "default,fast"];
+        args.extend_from_slice(extra);
+        let (_, stdout) = fake_bench("/nonexistent/libisolate.so", &args);
+        assert!(
+            row(&stdout, "a", "fast").ends_with("| NO TRACE |"),
+            "{stdout}"
+        );
+        assert!(row(&stdout, "a", "default").ends_with("| – |"), "{stdout}");
     }
 }
