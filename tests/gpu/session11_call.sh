@@ -51,6 +51,13 @@
 # fixes, and the table: OUT=$OUT/a ... models:150 launchroom:70; OUT=$OUT/b
 # TIER_CONFIGS=default,log,isolate,fast TIER_MODELS=gpt2,resnet50,bert,vit TIER_ROUNDS=3
 # TIER_STEPS=45 TIER_PLANTED=0 BUDGET_S=330 BENCH_LIMIT_S=360 ... tiers:370.
+# Run in the eighteenth (H100, docs/gpu-results.md "Eighteenth session"): the table in two
+# calls on one warm machine (TIER_CONFIGS=default,log,isolate,fast
+# TIER_MODELS=gpt2,resnet50,bert,vit TIER_STEPS=40 TIER_PLANTED=0, TIER_ROUNDS=2
+# TIER_ROUND_FROM=0 BUDGET_S=450 ... tiers:520, then TIER_ROUNDS=1 TIER_ROUND_FROM=2
+# BUDGET_S=300 ... tiers:340; tier_bench_table.py renders both files as one table);
+# CUDA_LOG_FILE=stderr MODEL_RUNS=1 MODEL_JOBS=4 MODEL_MODES=isolate,fast
+# MODELS=gpt2,bert,resnet50,vit ... models:130.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
