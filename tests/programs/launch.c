@@ -59,7 +59,8 @@ int main(void) {
     void *drv = standin_driver();
     PFN_register reg = (PFN_register)dlsym(drv, "standin_register_kernel");
     PFN_count info_calls = (PFN_count)dlsym(drv, "standin_param_info_calls");
-    if (!reg || !info_calls)
+    PFN_count query_errors = (PFN_count)dlsym(drv, "standin_kernel_query_errors");
+    if (!reg || !info_calls || !query_errors)
         return 1;
     PFN_launch launch = (PFN_launch)rt_entry("cuLaunchKernel", cudaEnableDefault);
     PFN_launch launchPt = (PFN_launch)rt_entry("cuLaunchKernel", cudaEnablePerThreadDefaultStream);
@@ -149,6 +150,7 @@ int main(void) {
     rc = cudaMemcpy(&counter, B, sizeof counter, cudaMemcpyDeviceToHost);
     say("live counter %d %u", rc, counter);
     fprintf(stderr, "standin_param_info_calls %lu\n", info_calls());
+    fprintf(stderr, "standin_kernel_query_errors %lu\n", query_errors());
     say("standin_param_info_calls %lu", info_calls());
 
     rc = cudaFree(B);

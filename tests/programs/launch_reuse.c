@@ -58,7 +58,8 @@ int main(void) {
     PFN_register reg = (PFN_register)dlsym(drv, "standin_register_kernel");
     PFN_reregister rereg = (PFN_reregister)dlsym(drv, "standin_reregister_kernel");
     PFN_count info_calls = (PFN_count)dlsym(drv, "standin_param_info_calls");
-    if (!reg || !rereg || !info_calls)
+    PFN_count query_errors = (PFN_count)dlsym(drv, "standin_kernel_query_errors");
+    if (!reg || !rereg || !info_calls || !query_errors)
         return 1;
     PFN_launch launch = (PFN_launch)rt_entry("cuLaunchKernel", cudaEnableDefault);
     PFN_load load = (PFN_load)rt_entry("cuModuleLoadData", cudaEnableDefault);
@@ -125,6 +126,7 @@ int main(void) {
         one_saw[1] == freed2);
     say("reuse_four runs after %d", four_runs);
     fprintf(stderr, "standin_param_info_calls %lu\n", info_calls());
+    fprintf(stderr, "standin_kernel_query_errors %lu\n", query_errors());
     say("done");
     return 0;
 }

@@ -403,6 +403,8 @@ typedef struct CUfunc_st *CUkernel;
 CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset,
                               size_t *paramSize);
 CUresult cuKernelGetName(const char **name, CUkernel hfunc);
+CUresult cuFuncGetParamCount(CUfunction func, size_t *paramCount);
+CUresult cuKernelGetParamCount(CUkernel kernel, size_t *paramCount);
 CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
                         unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
                         unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
@@ -461,6 +463,10 @@ CUfunction standin_register_kernel_as(int kind, const char *name, standin_kernel
                                       const size_t *sizes);
 /* How often cuFuncGetParamInfo has been called in this process (every call, failed ones too). */
 unsigned long standin_param_info_calls(void);
+/* Failed kernel queries (cuFunc/cuKernel GetParamInfo, GetParamCount, GetName) in this process:
+ * each one a line in a real driver's error log (CUDA_LOG_FILE). */
+unsigned long standin_kernel_query_errors(void);
+
 /* How many kernels have run (not merely been enqueued) in this process. */
 unsigned long standin_kernels_run(void);
 /* What a kernel's access to [p, p+n) does on a GPU: 1 when all of it is accessible; else 0,

@@ -32,6 +32,9 @@ struct CUmod_st {
 };
 
 static atomic_ulong g_param_info_calls;
+/* Failed kernel queries (parameter info and counts, names): each is a line in a real driver's
+ * error log (CUDA_LOG_FILE). */
+static atomic_ulong g_kernel_query_errors;
 atomic_ulong g_kernels_run;
 
 static struct CUfunc_st *g_funcs;
@@ -175,6 +178,7 @@ static void register_isolate_kernels(void) {
 }
 
 unsigned long standin_param_info_calls(void) { return atomic_load(&g_param_info_calls); }
+unsigned long standin_kernel_query_errors(void) { return atomic_load(&g_kernel_query_errors); }
 unsigned long standin_kernels_run(void) { return atomic_load(&g_kernels_run); }
 /* Launches of isolate's 128-bit-load check that ran (the release picks it for aligned batches). */
 unsigned long standin_verify16_runs(void) { return atomic_load(&g_verify16_runs); }
@@ -452,15 +456,48 @@ static CUresult param_info(void *handle, int kind, size_t paramIndex, size_t *pa
     atomic_fetch_add(&g_param_info_calls, 1);
     NEED_INIT();
     struct CUfunc_st *f = find_func(handle);
-    if (!f || f->kind != kind)
+    if (!f || f->kind != kind) {
+        atomic_fetch_add(&g_kernel_query_errors, 1);
         return CUDA_ERROR_INVALID_HANDLE;
-    if (paramIndex >= f->nparams)
+    }
+    if (paramIndex >= f->nparams) {
+        atomic_fetch_add(&g_kernel_query_errors, 1);
         return CUDA_ERROR_INVALID_VALUE;
+    }
     if (paramOffset)
         *paramOffset = f->offsets[paramIndex];
     if (paramSize)
         *paramSize = f->sizes[paramIndex];
     return CUDA_SUCCESS;
+}
+
+/* A handle's parameter count, for cuFuncGetParamCount (kind 0) and cuKernelGetParamCount (kind
+ * 1). STANDIN_NO_PARAM_COUNT=1: a driver without them (CUDA_ERROR_NOT_SUPPORTED, not counted
+ * as an error: the real drivers without them have no such symbol at all). */
+static CUresult param_count(void *handle, int kind, size_t *count) {
+    NEED_INIT();
+    const char *no = getenv("STANDIN_NO_PARAM_COUNT");
+    if (no && *no == '1')
+        return CUDA_ERROR_NOT_SUPPORTED;
+    struct CUfunc_st *f = find_func(handle);
+    if (!count) {
+        atomic_fetch_add(&g_kernel_query_errors, 1);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!f || f->kind != kind) {
+        atomic_fetch_add(&g_kernel_query_errors, 1);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    *count = f->nparams;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuFuncGetParamCount(CUfunction func, size_t *paramCount) {
+    return param_count(func, 0, paramCount);
+}
+
+CUresult cuKernelGetParamCount(CUkernel kernel, size_t *paramCount) {
+    return param_count(kernel, 1, paramCount);
 }
 
 /* A handle's name, for cuFuncGetName (`kernel` 0: a function of any kind but a library's kernel)
@@ -470,8 +507,10 @@ static CUresult func_name(const char **name, void *handle, int kernel) {
     if (!name)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUfunc_st *f = find_func(handle);
-    if (!f || (f->kind == 1) != kernel)
+    if (!f || (f->kind == 1) != kernel) {
+        atomic_fetch_add(&g_kernel_query_errors, 1);
         return CUDA_ERROR_INVALID_HANDLE;
+    }
     *name = f->name;
     return CUDA_SUCCESS;
 }

@@ -125,6 +125,8 @@ static const struct proc g_procs[] = {
     {"cuFuncGetName", 12030, F(cuFuncGetName), NULL},
     {"cuKernelGetParamInfo", 12040, F(cuKernelGetParamInfo), NULL},
     {"cuKernelGetName", 12030, F(cuKernelGetName), NULL},
+    {"cuFuncGetParamCount", 12090, F(cuFuncGetParamCount), NULL},
+    {"cuKernelGetParamCount", 12090, F(cuKernelGetParamCount), NULL},
     {"cuLaunchKernel", 4000, F(cuLaunchKernel), F(cuLaunchKernel_ptsz)},
     {"cuLaunchKernelEx", 11060, F(cuLaunchKernelEx), F(cuLaunchKernelEx_ptsz)},
     {"cuLaunchCooperativeKernel", 9000, F(cuLaunchCooperativeKernel),

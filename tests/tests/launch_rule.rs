@@ -116,6 +116,21 @@ fn a_stale_launch_needs_evidence_and_a_suspect_is_listed_apart() {
             "k_struct_base"
         ]
     );
+    // Failed kernel queries (each a line in a real driver's error log, CUDA_LOG_FILE): one a
+    // library kernel (k_lib_ptr, k_ex: cuFuncGetParamCount does not know a CUkernel; its name
+    // is then asked of cuKernelGetName first), two a kernel without any layout (k_nolayout,
+    // k_nolayout_p: neither count answers), none a module's function.
+    let errors = isolate_tests::number_after(&out.stderr, "standin_kernel_query_errors").unwrap();
+    assert_eq!(errors, 2 + 2 * 2, "{}", out.stderr);
+    // Without the counts (an older driver): the failing index past the last parameter too,
+    // for the three functions and the two library kernels.
+    let old = isolate(Run::program("launch_rule"))
+        .env("STANDIN_NO_PARAM_COUNT", "1")
+        .run();
+    old.assert_same_as(&plain);
+    assert_eq!(old.only_trace().stale_values().len(), 5);
+    let errors = isolate_tests::number_after(&old.stderr, "standin_kernel_query_errors").unwrap();
+    assert_eq!(errors, 3 + 2 * 2 + 2 * 2, "{}", old.stderr);
     // The launch's stack reaches the finding (and the allocation's and the free's).
     for l in s["stale_launches"].as_array().unwrap() {
         for k in ["launch_stack", "alloc_stack", "free_stack"] {

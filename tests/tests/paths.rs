@@ -317,11 +317,14 @@ fn launches_in_isolate_mode_report_the_freed_pointer_once_per_kernel() {
         "the live pointer and the integer are no reports"
     );
     // Every launch comes after the free of A, so every one is checked. A kernel's layout is
-    // read at its first launch (3 parameters + the failing 4th, or 2 + 1); later launches use
-    // it as it is: nothing was unloaded (a reused handle: launch_check_survives_...).
+    // read at its first launch (its 3 or 2 parameters, as many as its count says: no query
+    // fails, so nothing goes to the driver's error log); later launches use it as it is:
+    // nothing was unloaded (a reused handle: launch_check_survives_...).
     let calls = isolate_tests::number_after(&out.stdout, "standin_param_info_calls").unwrap();
     eprintln!("cuFuncGetParamInfo calls for 107 launches of 7 kernels: {calls}");
-    assert_eq!(calls, 5 * (3 + 1) + 2 * (2 + 1), "{calls} layout queries");
+    assert_eq!(calls, 5 * 3 + 2 * 2, "{calls} layout queries");
+    let errors = isolate_tests::number_after(&out.stderr, "standin_kernel_query_errors").unwrap();
+    assert_eq!(errors, 0, "{}", out.stderr);
     assert_eq!(
         out.stderr.matches("STALE LAUNCH").count(),
         5,
@@ -339,58 +342,74 @@ fn launches_in_isolate_mode_report_the_freed_pointer_once_per_kernel() {
 fn launch_check_survives_a_reused_kernel_handle() {
     let plain = Run::program("launch_reuse").preload(false).run();
     plain.assert_success();
-    // The launch check is on by default in isolate mode.
-    let out = Run::program("launch_reuse")
-        .env("ISOLATE_MODE", "isolate")
-        .run();
-    out.assert_success();
-    out.assert_same_as(&plain);
-    has_line(&out, "reuse_one runs 3 saw B 1 saw A 1");
-    let t = out.only_trace();
-    t.assert_complete(EndReason::Exit);
-    out.assert_trace_matches(t, None);
-    let mallocs: Vec<_> = t
-        .events_by_seq()
-        .into_iter()
-        .filter(|e| e.api == Api::CudaMalloc)
-        .collect();
-    let (a, b) = (mallocs[0], mallocs[1]);
-    let mut stale: Vec<_> = t.stale_launches();
-    stale.sort_by_key(|s| s.seq);
-    let got: Vec<_> = stale
-        .iter()
-        .map(|s| {
-            (
-                s.kernel.as_str(),
-                s.param_index,
-                s.param_offset,
-                s.ptr,
-                s.alloc_ptr,
-            )
-        })
-        .collect();
-    // The freed A through the new layout is reported again, under the new kernel's name: the
-    // check reports once per kernel (told apart by layout, not by handle) and allocation.
-    assert_eq!(
-        got,
-        [
-            ("reuse_four", 2, 16, a.ptr, a.ptr),
-            ("reuse_one", 0, 0, b.ptr, b.ptr),
-            ("reuse_one", 0, 0, a.ptr, a.ptr),
-        ],
-        "{stale:#?}"
-    );
-    assert_eq!(
-        out.stderr.matches("STALE LAUNCH").count(),
-        3,
-        "{}",
-        out.stderr
-    );
-    // reuse_four's layout: 4 parameters + the failing 5th. The module unloaded, reuse_one's
-    // first launch finds it stale (no 5th, but no 4th either: 2) and reads the new one (1 + the
-    // failing 2nd: 2); its next two launches, no unload since, ask the driver nothing.
-    let calls = isolate_tests::number_after(&out.stderr, "standin_param_info_calls").unwrap();
-    assert_eq!(calls, (4 + 1) + (2 + 2), "{}", out.stderr);
+    // A driver with the parameter counts (CUDA 12.9+: the stand-in by default) and one without
+    // (STANDIN_NO_PARAM_COUNT=1).
+    for counts in [true, false] {
+        // The launch check is on by default in isolate mode.
+        let out = Run::program("launch_reuse")
+            .env("ISOLATE_MODE", "isolate")
+            .env("STANDIN_NO_PARAM_COUNT", if counts { "0" } else { "1" })
+            .run();
+        out.assert_success();
+        out.assert_same_as(&plain);
+        has_line(&out, "reuse_one runs 3 saw B 1 saw A 1");
+        let t = out.only_trace();
+        t.assert_complete(EndReason::Exit);
+        out.assert_trace_matches(t, None);
+        let mallocs: Vec<_> = t
+            .events_by_seq()
+            .into_iter()
+            .filter(|e| e.api == Api::CudaMalloc)
+            .collect();
+        let (a, b) = (mallocs[0], mallocs[1]);
+        let mut stale: Vec<_> = t.stale_launches();
+        stale.sort_by_key(|s| s.seq);
+        let got: Vec<_> = stale
+            .iter()
+            .map(|s| {
+                (
+                    s.kernel.as_str(),
+                    s.param_index,
+                    s.param_offset,
+                    s.ptr,
+                    s.alloc_ptr,
+                )
+            })
+            .collect();
+        // The freed A through the new layout is reported again, under the new kernel's name:
+        // the check reports once per kernel (told apart by layout, not by handle) and
+        // allocation.
+        assert_eq!(
+            got,
+            [
+                ("reuse_four", 2, 16, a.ptr, a.ptr),
+                ("reuse_one", 0, 0, b.ptr, b.ptr),
+                ("reuse_one", 0, 0, a.ptr, a.ptr),
+            ],
+            "{stale:#?}"
+        );
+        assert_eq!(
+            out.stderr.matches("STALE LAUNCH").count(),
+            3,
+            "{}",
+            out.stderr
+        );
+        let calls = isolate_tests::number_after(&out.stderr, "standin_param_info_calls").unwrap();
+        let errors =
+            isolate_tests::number_after(&out.stderr, "standin_kernel_query_errors").unwrap();
+        if counts {
+            // reuse_four's 4 parameters as its count says. The module unloaded, reuse_one's
+            // first launch finds the layout stale by the count (1, not 4) and reads its one
+            // parameter; its next two launches, no unload since, ask the driver nothing. No
+            // query fails: nothing in the driver's error log.
+            assert_eq!((calls, errors), (4 + 1, 0), "{}", out.stderr);
+        } else {
+            // Without counts: reuse_four's 4 + the failing 5th; reuse_one's first launch finds
+            // it stale (no 5th, but no 4th either: 2) and reads the new one (1 + the failing
+            // 2nd: 2). Four of those failed.
+            assert_eq!((calls, errors), ((4 + 1) + (2 + 2), 4), "{}", out.stderr);
+        }
+    }
 }
 
 #[test]

@@ -497,6 +497,22 @@ pub unsafe fn kernel_get_param_info(kernel: CUfunction, index: usize) -> Result<
     Ok((off, size))
 }
 
+/// How many parameters kernel `func` has (`cuFuncGetParamCount`, or for a CUkernel with
+/// `as_kernel`, `cuKernelGetParamCount`).
+/// # Safety
+/// As [`kernel_get_param_info`].
+pub unsafe fn get_param_count(func: CUfunction, as_kernel: bool) -> Result<usize> {
+    let f = get(if as_kernel {
+        &real::KERNEL_GET_PARAM_COUNT
+    } else {
+        &real::FUNC_GET_PARAM_COUNT
+    })?;
+    let mut n = 0usize;
+    // SAFETY: the out-parameter is a local; the caller vouches for the handle.
+    check(unsafe { f(func, &mut n) })?;
+    Ok(n)
+}
+
 /// The name of `kernel`, a CUkernel (the driver's string, alive as long as its library).
 /// # Safety
 /// As [`kernel_get_param_info`].

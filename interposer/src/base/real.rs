@@ -224,6 +224,10 @@ reals! { $
         // as its CUfunction; the cuFuncGet* queries do not answer for it, these do.
         KERNEL_GET_PARAM_INFO = cuKernelGetParamInfo: fn(CUfunction, usize, *mut usize, *mut usize) -> CUresult;
         KERNEL_GET_NAME = cuKernelGetName: fn(*mut *const c_char, CUfunction) -> CUresult;
+        // The parameter counts (newer drivers; where missing, the layout is read up to the
+        // first index that fails, an error in the driver's log, CUDA_LOG_FILE, a kernel).
+        FUNC_GET_PARAM_COUNT = cuFuncGetParamCount: fn(CUfunction, *mut usize) -> CUresult;
+        KERNEL_GET_PARAM_COUNT = cuKernelGetParamCount: fn(CUfunction, *mut usize) -> CUresult;
     }
     Runtime {
         // Hooked, and called by the policies too: the frees `double_free` answers itself

@@ -77,7 +77,7 @@ unsafe fn param_info(f: CUfunction, i: usize, as_kernel: bool) -> cu::Result<(us
 
 /// What one query says of a kernel's parameters.
 enum Answer {
-    /// Its parameters (at least one).
+    /// Its parameters (at least one; none only where the count of this kind said so).
     Params(Vec<(u32, u32)>),
     /// "No parameter 0" (`CUDA_ERROR_INVALID_VALUE`): no parameters, or (a driver that answers
     /// so for a handle of the other kind) not this query's handle.
@@ -87,12 +87,48 @@ enum Answer {
     Silent,
 }
 
-/// Reads `f`'s parameters by one query.
+/// `f`'s parameter count by the count query of its kind: `Some(Ok(n))`, `Some(Err(()))` where
+/// the query says the handle is not of that kind (`CUDA_ERROR_INVALID_HANDLE`), `None` where
+/// there is no answer (a driver without the query, another failure): then the layout is read
+/// up to the first index that fails.
+///
+/// # Safety
+/// As [`param_info`].
+unsafe fn param_count(f: CUfunction, as_kernel: bool) -> Option<Result<usize, ()>> {
+    // SAFETY: the caller's contract.
+    match unsafe { cu::get_param_count(f, as_kernel) } {
+        Ok(n) => Some(Ok(n)),
+        Err(cu::CuError::Code(CUDA_ERROR_INVALID_HANDLE)) => Some(Err(())),
+        Err(_) => None,
+    }
+}
+
+/// Reads `f`'s parameters by one query: as many as its count says (no failing call, nothing in
+/// the driver's error log), or without a count up to the first index that fails.
 ///
 /// # Safety
 /// As [`param_info`].
 unsafe fn read_params(f: CUfunction, as_kernel: bool) -> Answer {
+    // SAFETY: the caller's contract.
+    let count = match unsafe { param_count(f, as_kernel) } {
+        // The count of this kind answered: a kernel of this kind, without parameters.
+        Some(Ok(0)) => return Answer::Params(Vec::new()),
+        Some(Ok(n)) => Some(n.min(4096)),
+        Some(Err(())) => return Answer::Silent,
+        None => None,
+    };
     let mut params = Vec::new();
+    if let Some(n) = count {
+        for i in 0..n {
+            // SAFETY: the caller's contract.
+            match unsafe { param_info(f, i, as_kernel) } {
+                Ok((off, size)) => params.push((off as u32, size as u32)),
+                // The count and the parameters disagree: no layout to trust.
+                Err(_) => return Answer::Silent,
+            }
+        }
+        return Answer::Params(params);
+    }
     for i in 0..4096 {
         // SAFETY: the caller's contract.
         match unsafe { param_info(f, i, as_kernel) } {
@@ -126,20 +162,35 @@ unsafe fn read_layout(f: CUfunction) -> (Vec<(u32, u32)>, bool, bool) {
     }
 }
 
-/// The kernel's name: `cuFuncGetName`, else `cuKernelGetName` (the CUDA 12+ runtime launches
-/// a library's CUkernel, for which only the second answers), else its handle.
+/// The kernel's name: `cuFuncGetName` or `cuKernelGetName` (the CUDA 12+ runtime launches a
+/// library's CUkernel, for which only the second answers), the one of its kind first (as the
+/// layout found it: `as_kernel`), so that the other fails only where the kind is unknown (a
+/// failing call is a line in the driver's error log, CUDA_LOG_FILE); else its handle.
 ///
 /// # Safety
 /// As [`param_info`].
-unsafe fn kernel_name(f: CUfunction) -> String {
-    // SAFETY: the caller's contract.
-    let p = match unsafe { cu::func_get_name(f) } {
-        Ok(p) if !p.is_null() => p,
+unsafe fn kernel_name(f: CUfunction, as_kernel: bool) -> String {
+    let by_func = |f| {
         // SAFETY: the caller's contract.
-        _ => match unsafe { cu::kernel_get_name(f) } {
-            Ok(p) if !p.is_null() => p,
-            _ => return format!("(unnamed kernel {f:p})"),
-        },
+        match unsafe { cu::func_get_name(f) } {
+            Ok(p) if !p.is_null() => Some(p),
+            _ => None,
+        }
+    };
+    let by_kernel = |f| {
+        // SAFETY: the caller's contract.
+        match unsafe { cu::kernel_get_name(f) } {
+            Ok(p) if !p.is_null() => Some(p),
+            _ => None,
+        }
+    };
+    let p = if as_kernel {
+        by_kernel(f).or_else(|| by_func(f))
+    } else {
+        by_func(f).or_else(|| by_kernel(f))
+    };
+    let Some(p) = p else {
+        return format!("(unnamed kernel {f:p})");
     };
     // SAFETY: the driver's NUL-terminated name, alive as long as the module.
     unsafe { CStr::from_ptr(p) }
@@ -224,7 +275,7 @@ fn shared_layout(f: CUfunction, unloads: u64) -> &'static Layout {
     // SAFETY: `f` is the kernel the program is launching now: its module is loaded.
     let (params, known, as_kernel) = unsafe { read_layout(f) };
     // SAFETY: as above.
-    let name = unsafe { kernel_name(f) };
+    let name = unsafe { kernel_name(f, as_kernel) };
     // Leaked on purpose: kernels live as long as their module, layouts are small, and a hit
     // may still name a replaced one.
     let l: &'static Layout = Box::leak(Box::new(Layout {
@@ -246,8 +297,15 @@ fn still_fits(f: CUfunction, l: &Layout) -> bool {
     }
     let n = l.params.len();
     // SAFETY: `f` is the kernel the program is launching now: its module is loaded.
-    if unsafe { param_info(f, n, l.as_kernel) }.is_ok() {
-        return false; // more parameters than the layout has
+    match unsafe { param_count(f, l.as_kernel) } {
+        Some(Ok(count)) if count != n => return false,
+        Some(Ok(_)) => {}
+        Some(Err(())) => return false, // no longer a handle of this kind
+        // SAFETY: as above.
+        None if unsafe { param_info(f, n, l.as_kernel) }.is_ok() => {
+            return false; // more parameters than the layout has
+        }
+        None => {}
     }
     match l.params.last() {
         None => true,
