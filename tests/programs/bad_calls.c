@@ -159,6 +159,11 @@ int main(void) {
     pthread_t t;
     pthread_create(&t, NULL, no_context_thread, NULL);
     pthread_join(t, NULL);
+    /* What was asked of the driver with no context current (each a line in a real driver's
+     * CUDA_LOG_FILE): on stderr, since the program itself asks nothing of the kind. */
+    unsigned long (*ctx_errors)(void) =
+        (unsigned long (*)(void))dlsym(dlopen("libcuda.so.1", RTLD_NOW), "standin_ctx_device_errors");
+    fprintf(stderr, "standin_ctx_device_errors %lu\n", ctx_errors ? ctx_errors() : 9999ul);
 
     /* ---- the runtime */
     void *p = NULL;

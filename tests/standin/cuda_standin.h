@@ -466,6 +466,9 @@ unsigned long standin_param_info_calls(void);
 /* Failed kernel queries (cuFunc/cuKernel GetParamInfo, GetParamCount, GetName) in this process:
  * each one a line in a real driver's error log (CUDA_LOG_FILE). */
 unsigned long standin_kernel_query_errors(void);
+/* cuCtxGetDevice calls made with no context current in this process (each a line in a real
+ * driver's error log). */
+unsigned long standin_ctx_device_errors(void);
 
 /* How many kernels have run (not merely been enqueued) in this process. */
 unsigned long standin_kernels_run(void);

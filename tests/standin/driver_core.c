@@ -310,7 +310,14 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
     return CUDA_SUCCESS;
 }
 
+/* cuCtxGetDevice calls made with no context current: each a line in a real driver's error log
+ * (CUDA_LOG_FILE). */
+static atomic_ulong g_ctx_device_errors;
+unsigned long standin_ctx_device_errors(void) { return atomic_load(&g_ctx_device_errors); }
+
 CUresult cuCtxGetDevice(CUdevice *device) {
+    if (g_initialized && !t_ctx)
+        atomic_fetch_add(&g_ctx_device_errors, 1);
     NEED_CTX();
     if (!device)
         return CUDA_ERROR_INVALID_VALUE;

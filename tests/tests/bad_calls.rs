@@ -66,6 +66,18 @@ fn failed_calls_are_events_with_their_codes() {
     let theirs = t.events_of_thread(other[0]);
     assert_eq!(theirs.len(), 4);
     assert_eq!((theirs[0].result, theirs[1].result), (201, 201));
+    // The driver calls made before the runtime made the primary context current name no
+    // device, the runtime's after it device 0.
+    let devices: Vec<i32> = theirs.iter().map(|e| e.device).collect();
+    assert_eq!(devices, [-1, -1, 0, 0], "{theirs:?}");
+    // Without asking cuCtxGetDevice while there was none, which fails (a line in the driver's
+    // error log, CUDA_LOG_FILE, each: 3 before the eighteenth session).
+    assert_eq!(
+        isolate_tests::number_after(&out.stderr, "standin_ctx_device_errors"),
+        Some(0),
+        "{}",
+        out.stderr
+    );
 }
 
 /// Isolation holds freed memory back, but a call that fails without it (a double free, a free

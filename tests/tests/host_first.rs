@@ -66,6 +66,16 @@ fn a_free_that_is_a_threads_first_call_succeeds() {
                 out.describe,
                 out.stdout
             );
+            // No event of these threads asked cuCtxGetDevice while no context was current (it
+            // fails: a line in the driver's error log, CUDA_LOG_FILE; bad_calls.rs shows the
+            // calls that used to).
+            assert_eq!(
+                isolate_tests::number_after(&out.stderr, "standin_ctx_device_errors"),
+                Some(0),
+                "{}: {}",
+                out.describe,
+                out.stderr
+            );
         }
     }
 }

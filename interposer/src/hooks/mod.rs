@@ -160,8 +160,10 @@ macro_rules! body {
         // SAFETY: the real function of this export, called with the caller's arguments as
         // they came: the caller's contract (the CUDA function's) is the real function's.
         let r = unsafe { $real($($a),*) };
-        // After the call: a launch that looks a layout up from now on sees kernels gone.
+        // After the call: a launch that looks a layout up from now on sees kernels gone, and
+        // an event asks its context's device again (the handle may come back for another).
         $crate::policy::kernels_unloaded();
+        $crate::policy::contexts_changed();
         r
     }};
     ($real:ident, ($($a:ident),*), [unloads]) => {{

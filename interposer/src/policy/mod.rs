@@ -363,6 +363,12 @@ pub fn pool_set() {
     reuse::pool_set();
 }
 
+/// A context ended: events ask the device of a context again (its handle may be handed out
+/// again, for another device).
+pub fn contexts_changed() {
+    crate::record::event::contexts_changed();
+}
+
 /// Kernels may be gone (a module or library unloaded, a context destroyed): the launch check
 /// looks at its cached layouts again before it trusts them.
 pub fn kernels_unloaded() {

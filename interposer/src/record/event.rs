@@ -5,7 +5,7 @@
 use super::{stacks, writer};
 use crate::base::config;
 use crate::base::cuda::*;
-use crate::base::real::CTX_GET_DEVICE;
+use crate::base::real::{CTX_GET_CURRENT, CTX_GET_DEVICE};
 use crate::base::sys::{gettid, now_ns};
 use isolate_trace::{Api, Event, Note, NoteKind, Record};
 use std::sync::atomic::{AtomicU64, Ordering::*};
@@ -29,22 +29,55 @@ pub fn after_fork_child() {
     SEQ.store(0, Relaxed);
 }
 
-/// Device ordinal of the calling thread's current context, -1 if none.
+/// Bumped whenever a context ends ([`contexts_changed`]): a thread's remembered (context,
+/// device) is used only while this has not moved (a new context may get an ended one's handle).
+static CONTEXTS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The calling thread's last (context, device, [`CONTEXTS`] then).
+    static LAST_DEVICE: std::cell::Cell<(usize, i32, u64)> =
+        const { std::cell::Cell::new((0, -1, u64::MAX)) };
+}
+
+/// A context ended (its handle may be handed out again, for another device).
+pub fn contexts_changed() {
+    CONTEXTS.fetch_add(1, Relaxed);
+}
+
+/// Device ordinal of the calling thread's current context, -1 if none. `cuCtxGetCurrent`
+/// first, which answers "none" without failing: `cuCtxGetDevice` with no context current fails,
+/// a line in the driver's error log (CUDA_LOG_FILE) for every event of a thread that has none
+/// yet. The device of the thread's last context is remembered, so an event makes one driver
+/// call, as before.
 #[inline]
 pub fn current_device() -> i32 {
-    let Some(f) = CTX_GET_DEVICE.get() else {
+    let (Some(get_ctx), Some(get_dev)) = (CTX_GET_CURRENT.get(), CTX_GET_DEVICE.get()) else {
         return -1;
     };
     super::profile::timed(super::profile::Part::Context, || {
-        let mut d: CUdevice = -1;
-        // SAFETY: `f` is the driver's cuCtxGetDevice, resolved with that declaration by base::real;
-        // its one argument is a `CUdevice *` it writes, and `d` is a live local of that type. The
-        // call reads only the calling thread's current context.
-        if unsafe { f(&mut d) } == CUDA_SUCCESS {
-            d
-        } else {
-            -1
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: `get_ctx` is the driver's cuCtxGetCurrent, resolved with that declaration by
+        // base::real; it writes one CUcontext through a pointer to a live local.
+        if unsafe { get_ctx(&mut ctx) } != CUDA_SUCCESS || ctx.is_null() {
+            return -1;
         }
+        let generation = CONTEXTS.load(Relaxed);
+        let last = LAST_DEVICE.try_with(|c| c.get()).ok();
+        if let Some((c, d, g)) = last
+            && c == ctx as usize
+            && g == generation
+        {
+            return d;
+        }
+        let mut d: CUdevice = -1;
+        // SAFETY: `get_dev` is the driver's cuCtxGetDevice, resolved with that declaration by
+        // base::real; its one argument is a `CUdevice *` it writes, and `d` is a live local of
+        // that type. The call reads only the calling thread's current context.
+        if unsafe { get_dev(&mut d) } != CUDA_SUCCESS {
+            return -1;
+        }
+        let _ = LAST_DEVICE.try_with(|c| c.set((ctx as usize, d, generation)));
+        d
     })
 }
 
