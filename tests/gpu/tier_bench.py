@@ -203,6 +203,23 @@ def bandwidth():
         out.append(2 * a.numel() / (s.elapsed_time(e) / 1e3))
     return statistics.median(out)
 
+_nvml = []
+
+def own_device_memory():
+    """The device memory NVML says this process uses on device 0 (bytes), or None."""
+    try:
+        if not _nvml:
+            import pynvml
+            pynvml.nvmlInit()
+            _nvml.append((pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)))
+        nv, h = _nvml[0]
+        for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
+            if p.pid == os.getpid():
+                return p.usedGpuMemory
+    except Exception:
+        pass
+    return None
+
 def child(work):
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
@@ -220,6 +237,10 @@ def child(work):
             os.environ["TIER_PLUGGABLE"], "tier_malloc", "tier_free"))
     torch.zeros(1, device="cuda")
     used = lambda: (lambda f, t: t - f)(*torch.cuda.mem_get_info())
+    if os.environ.get("TIER_TURNS"):
+        # Side by side the device's used memory is every process's: this process's own, from
+        # NVML (None where NVML cannot be had or does not see this pid, as in a pid namespace).
+        used = own_device_memory
     start_used = used()
     peak = start_used
     res = {"model": work}
@@ -265,11 +286,10 @@ def child(work):
             (off_ms if off else on_ms).append(times[-1])
             host.append((t1 - t0) * 1e3)
         losses.append(float(loss.detach().float().item()))
-        peak = max(peak, used())
+        now = used()
+        peak = None if peak is None or now is None else max(peak, now)
     if turns:
         turn()  # the last turn: the others' timed steps are not to share the device with an exit
-        # The device's used memory is every turn-taker's: not this configuration's peak.
-        peak = None
     if pause is not None:
         pause(0)
         res.update(ab_on_ms=statistics.median(on_ms), ab_off_ms=statistics.median(off_ms),
