@@ -18,6 +18,7 @@ pub mod frameworks;
 pub mod guard;
 pub mod isolate;
 pub mod launch;
+pub mod layout;
 pub mod log;
 pub mod order;
 pub mod release;
@@ -372,7 +373,7 @@ pub fn contexts_changed() {
 /// Kernels may be gone (a module or library unloaded, a context destroyed): the launch check
 /// looks at its cached layouts again before it trusts them.
 pub fn kernels_unloaded() {
-    launch::kernels_unloaded();
+    layout::kernels_unloaded();
 }
 
 /// After a checked launch returned `r` (never changes it).
