@@ -4,7 +4,8 @@ Same arguments and result file as the real worker, and the same turn-taking unde
 --lockstep; a "step" sleeps FAKE_STEP_MS and appends "<config> <model> <step>" to FAKE_LOG,
 the config being ISOLATE_MODE (or "default"). With FAKE_CUDART (the stand-in's libcudart), a
 step also allocates and frees 1 MiB through it, so that a run with the library leaves a
-trace for the benchmark's summary."""
+trace for the benchmark's summary. FAKE_CRASH=<config>: that configuration's process dies in
+its second timed step."""
 import json
 import os
 import sys
@@ -49,6 +50,8 @@ for model in models:
             turn()
             if probe and "bandwidth" not in res:
                 res["bandwidth"] = 1e12
+        if os.environ.get("FAKE_CRASH") == name and i == warmup + 1:
+            os._exit(7)  # a configuration's process dying mid-run (FAKE_CRASH=<config>)
         t0 = time.perf_counter()
         with open(os.environ["FAKE_LOG"], "a") as f:
             f.write(f"{name} {model} {i}\n")

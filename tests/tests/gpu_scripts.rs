@@ -83,6 +83,11 @@ fn the_baselines_run_without_the_library() {
 /// step a 1 MiB allocation and free through the stand-in) and `lib` as the library; returns
 /// (the steps as they ran, stdout).
 fn fake_bench(lib: &str, extra: &[&str]) -> (String, String) {
+    fake_bench_with(lib, extra, &[])
+}
+
+/// [`fake_bench`] with more variables for the worker.
+fn fake_bench_with(lib: &str, extra: &[&str], vars: &[(&str, &str)]) -> (String, String) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("steps");
@@ -99,6 +104,7 @@ fn fake_bench(lib: &str, extra: &[&str]) -> (String, String) {
         .env("LD_LIBRARY_PATH", isolate_tests::standin_dir())
         .env("FAKE_LOG", &log)
         .env("OUT", dir.path())
+        .envs(vars.iter().copied())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -186,5 +192,35 @@ fn a_library_run_without_a_trace_says_so() {
             "{stdout}"
         );
         assert!(row(&stdout, "a", "default").ends_with("| – |"), "{stdout}");
+    }
+}
+
+/// A configuration's process that dies in the middle of a side-by-side run costs that
+/// configuration's row ("no run"), not the call: the others take their turns to the end and
+/// are measured.
+#[test]
+fn a_process_dying_side_by_side_leaves_the_others_measured() {
+    let (steps, stdout) = fake_bench_with(
+        "/nonexistent/libisolate.so",
+        &[
+            "--lockstep",
+            "2",
+            "--steps",
+            "6",
+            "--models",
+            "a",
+            "--configs",
+            "default,log,isolate",
+        ],
+        &[("FAKE_CRASH", "log")],
+    );
+    assert!(row(&stdout, "a", "log").contains("no run"), "{stdout}");
+    for config in ["default", "isolate"] {
+        let timed = steps
+            .lines()
+            .filter(|l| l.starts_with(&format!("{config} a ")) && !l.ends_with(" 0"))
+            .count();
+        assert_eq!(timed, 6, "{config}: {steps}");
+        assert!(!row(&stdout, "a", config).contains("no run"), "{stdout}");
     }
 }
