@@ -210,6 +210,41 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 
+/* A device's UUID. The stand-in's devices are each process's own (its memory is the process's),
+ * so each process's are different: the process id and the ordinal in its bytes. STANDIN_UUID
+ * (32 hex digits) names device 0 of processes meant to share one (the quarantine's tenants). */
+static CUresult device_uuid(unsigned char *uuid, CUdevice dev) {
+    NEED_INIT();
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    const char *fixed = getenv("STANDIN_UUID");
+    if (fixed && strlen(fixed) == 32 && dev == 0) {
+        for (int i = 0; i < 16; i++) {
+            unsigned v = 0;
+            if (sscanf(fixed + 2 * i, "%2x", &v) != 1)
+                return CUDA_ERROR_INVALID_VALUE;
+            uuid[i] = (unsigned char)v;
+        }
+        return CUDA_SUCCESS;
+    }
+    memset(uuid, 0, 16);
+    unsigned pid = (unsigned)getpid();
+    memcpy(uuid, "standin", 7);
+    memcpy(uuid + 8, &pid, sizeof pid);
+    uuid[12] = (unsigned char)dev;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+    return device_uuid(uuid ? (unsigned char *)uuid->bytes : NULL, dev);
+}
+
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+    return device_uuid(uuid ? (unsigned char *)uuid->bytes : NULL, dev);
+}
+
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     NEED_INIT();
     if (!pctx)

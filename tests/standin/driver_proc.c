@@ -25,6 +25,8 @@ static const struct proc g_procs[] = {
     {"cuDeviceGetCount", 2000, F(cuDeviceGetCount), NULL},
     {"cuDeviceGetName", 2000, F(cuDeviceGetName), NULL},
     {"cuDeviceTotalMem", 3020, F(cuDeviceTotalMem_v2), NULL},
+    {"cuDeviceGetUuid", 9020, F(cuDeviceGetUuid), NULL},
+    {"cuDeviceGetUuid", 11040, F(cuDeviceGetUuid_v2), NULL},
     {"cuDevicePrimaryCtxRetain", 7000, F(cuDevicePrimaryCtxRetain), NULL},
     {"cuDevicePrimaryCtxRelease", 7000, F(cuDevicePrimaryCtxRelease), NULL},
     {"cuDevicePrimaryCtxRelease", 11000, F(cuDevicePrimaryCtxRelease_v2), NULL},

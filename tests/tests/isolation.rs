@@ -1349,3 +1349,118 @@ fn a_launch_out_of_memory_gets_the_quarantine_back_and_runs() {
         "{text}"
     );
 }
+
+/// The `QuarantineBudget` note's (bytes, processes sharing the device's share).
+fn budget_note(out: &Output) -> (u64, u64) {
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    t.records
+        .iter()
+        .find_map(|r| match r {
+            Record::Note(n)
+                if isolate_trace::CostTopic::of(n)
+                    == Some(isolate_trace::CostTopic::QuarantineBudget) =>
+            {
+                Some((n.size, n.value))
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no quarantine-budget note:\n{}", out.stderr))
+}
+
+/// Several isolate-mode processes on one device split `ISOLATE_QUARANTINE=25%` between them
+/// (`ISOLATE_TENANTS=share`, the default): two other live processes registered for the
+/// stand-in device (`STANDIN_UUID`), and a third whose process is gone, make the budget a third
+/// of the process's own share; the gone one's file is removed, and so is the process's own at
+/// exit. With `ISOLATE_TENANTS=alone`, or alone on the device, the whole share.
+#[test]
+fn isolate_processes_on_one_device_share_its_quarantine_budget() {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let dir = std::path::PathBuf::from(format!("/dev/shm/isolate-tenants-{uid}"));
+    if !std::path::Path::new("/dev/shm").is_dir() {
+        panic!("this test needs /dev/shm (the registry of a device's tenants lives there)");
+    }
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    }
+    let uuid = format!("5e1f7e5700000000{:016x}", std::process::id() as u64);
+    let mut others: Vec<std::process::Child> = (0..2)
+        .map(|_| {
+            std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let gone_pid = gone.id();
+    gone.wait().unwrap();
+    let file = |pid: u32| dir.join(format!("{uuid}.{pid}"));
+    for pid in others.iter().map(|c| c.id()).chain([gone_pid]) {
+        std::fs::write(file(pid), b"").unwrap();
+    }
+    let run = |tenants: &str| {
+        let out = isolate(quarantine("budget"))
+            .env("STANDIN_UUID", &uuid)
+            .env("ISOLATE_TENANTS", tenants)
+            .run();
+        out.assert_success();
+        out
+    };
+    let shared = run("share");
+    let alone = run("alone");
+    let (b_shared, n_shared) = budget_note(&shared);
+    let (b_alone, n_alone) = budget_note(&alone);
+    let dead_left = file(gone_pid).exists();
+    let own_left = file(shared.only_trace().header.pid).exists();
+    for c in &mut others {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    for c in &others {
+        let _ = std::fs::remove_file(file(c.id()));
+    }
+    assert_eq!(
+        n_shared, 3,
+        "itself and the two live ones:\n{}",
+        shared.stderr
+    );
+    // The summary says so (and says nothing of a budget not shared).
+    let said = |out: &Output| {
+        let s = out.only_trace().analyzer_summary();
+        s["library_cost"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|l| l.as_str())
+            .find(|l| l.contains("quarantine budget:"))
+            .map(str::to_string)
+    };
+    assert!(
+        said(&shared).is_some_and(|l| l.contains("split among up to 3 isolate-mode processes")),
+        "{:?}",
+        said(&shared)
+    );
+    assert_eq!(said(&alone), None);
+    assert_eq!(b_shared, b_alone / 3, "{b_shared} of {b_alone}");
+    assert_eq!(n_alone, 0);
+    assert!(b_alone > 0);
+    assert!(
+        !dead_left,
+        "the gone process's file is removed by whoever counts"
+    );
+    assert!(!own_left, "a process's own file is removed at its exit");
+    // Alone on the device (its own stand-in device: no STANDIN_UUID): the whole share, 1.
+    let own = isolate(quarantine("budget")).run();
+    own.assert_success();
+    assert_eq!(budget_note(&own), (b_alone, 1));
+    // A budget in bytes is never split.
+    let bytes = isolate(quarantine("budget"))
+        .env("STANDIN_UUID", &uuid)
+        .env("ISOLATE_QUARANTINE", "4MiB")
+        .run();
+    bytes.assert_success();
+    assert_eq!(budget_note(&bytes), (4 << 20, 0));
+}

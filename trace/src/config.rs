@@ -90,6 +90,10 @@ pub struct Config {
     /// Checked allocations of the default pool are kept for the next stream-ordered
     /// allocation of the same size instead of freed (`ISOLATE_REUSE=on`, the default).
     pub reuse: bool,
+    /// A budget given as a share of the device (`ISOLATE_QUARANTINE=25%`) is split among the
+    /// isolate-mode processes using the device (`ISOLATE_TENANTS=share`, the default); `alone`:
+    /// each takes the whole share.
+    pub tenants_share: bool,
     /// The fast tier (`ISOLATE_CHECK=fast`): a stream-ordered free's block of more than 64 KiB
     /// is poisoned and checked only at 16-byte canaries every 4 KiB and at its last 16 bytes
     /// (the interposer's `policy/tier.rs`); `full` (the default): every byte.
@@ -174,6 +178,7 @@ const REUSE: TwoWay = TwoWay::new("ISOLATE_REUSE", "on", "off", true);
 const CHECK: TwoWay = TwoWay::new("ISOLATE_CHECK", "fast", "full", false);
 const ORDER: TwoWay = TwoWay::new("ISOLATE_TEST_ORDER", "on", "off", true);
 const PROFILE: TwoWay = TwoWay::new("ISOLATE_PROFILE", "on", "off", false);
+const TENANTS: TwoWay = TwoWay::new("ISOLATE_TENANTS", "share", "alone", true);
 
 /// An on/off setting (`on`, `1`, `yes`, `true` or their opposites, in any case), `unset` when
 /// it is not set.
@@ -276,6 +281,7 @@ pub fn from_env(
     let poison_kernel = POISON_BY.read(&var)?;
     let poison_batch = POISON_BATCH.read(&var)?;
     let reuse = REUSE.read(&var)?;
+    let tenants_share = TENANTS.read(&var)?;
     let check_fast = CHECK.read(&var)?;
     let profile = PROFILE.read(&var)?;
     let order = ORDER.read(&var)?;
@@ -364,6 +370,7 @@ pub fn from_env(
         POISON_BY.pair(poison_kernel),
         POISON_BATCH.pair(poison_batch),
         REUSE.pair(reuse),
+        TENANTS.pair(tenants_share),
         CHECK.pair(check_fast),
         PROFILE.pair(profile),
         ORDER.pair(order),
@@ -405,6 +412,7 @@ pub fn from_env(
         poison_kernel,
         poison_batch,
         reuse,
+        tenants_share,
         check_fast,
         profile,
         order,
@@ -492,6 +500,30 @@ mod tests {
         assert_eq!(
             cfg(&[("ISOLATE_CHECK", "Fast")]).unwrap_err(),
             "ISOLATE_CHECK=\"Fast\" is not valid; accepted: full, fast"
+        );
+    }
+
+    /// `ISOLATE_TENANTS`: `share` unless set, `alone` the one other value, in the header.
+    #[test]
+    fn tenants_share_a_percentage_unless_alone() {
+        assert!(cfg(&[]).unwrap().tenants_share);
+        assert!(
+            cfg(&[])
+                .unwrap()
+                .pairs
+                .contains(&("ISOLATE_TENANTS".to_string(), "share".to_string()))
+        );
+        let alone = cfg(&[("ISOLATE_TENANTS", "alone")]).unwrap();
+        assert!(!alone.tenants_share);
+        assert!(
+            alone
+                .pairs
+                .contains(&("ISOLATE_TENANTS".to_string(), "alone".to_string()))
+        );
+        assert_eq!(
+            cfg(&[("ISOLATE_TENANTS", "off")]).unwrap_err(),
+            "ISOLATE_TENANTS=\"off\" is not valid; accepted: share (isolate-mode processes on \
+             one device split a percentage budget), alone"
         );
     }
 

@@ -245,10 +245,14 @@ pub enum CostTopic {
     /// it): `size` = times the quarantine was cut because the device's free memory was below
     /// the library's reserve, `value` = bytes released early because of it.
     MemoryPressure = 13,
+    /// The quarantine's budget (eighteenth session; appended, so older readers skip it):
+    /// `size` = bytes, `value` = the isolate-mode processes sharing the device's share
+    /// (`ISOLATE_TENANTS=share`), itself included.
+    QuarantineBudget = 14,
 }
 
 impl CostTopic {
-    pub const ALL: [CostTopic; 13] = [
+    pub const ALL: [CostTopic; 14] = [
         CostTopic::Isolation,
         CostTopic::Stacks,
         CostTopic::Reuse,
@@ -262,6 +266,7 @@ impl CostTopic {
         CostTopic::Freed,
         CostTopic::StreamOrder,
         CostTopic::MemoryPressure,
+        CostTopic::QuarantineBudget,
     ];
 
     /// The topic of a note: `None` unless it is a [`NoteKind::Cost`] note of a known topic.

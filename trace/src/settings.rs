@@ -86,6 +86,11 @@ pub const SETTINGS: &[Setting] = &[
         "a number of frames from 1 to 256, or all",
     ),
     s("ISOLATE_REUSE", Library, "on, off"),
+    s(
+        "ISOLATE_TENANTS",
+        Library,
+        "share (isolate-mode processes on one device split a percentage budget), alone",
+    ),
     s("ISOLATE_CHECK", Library, "full, fast"),
     s("ISOLATE_PROFILE", Library, "on, off"),
     s("ISOLATE_TEST_PANIC", LibraryTest, "1 (internal test hook)"),

@@ -791,10 +791,12 @@ impl Observer for Summarizer {
                         if isolate_trace::CostTopic::of(n).is_some_and(|t| {
                             // The order check's line says it ran, what it saw, and how many
                             // unordered frees' releases waited for their use; the pressure
-                            // line, that the quarantine was cut for the device's sake.
+                            // line, that the quarantine was cut for the device's sake; the
+                            // budget's, when other processes shared the device's share.
                             t.is_time()
                                 || t == isolate_trace::CostTopic::StreamOrder
                                 || t == isolate_trace::CostTopic::MemoryPressure
+                                || (t == isolate_trace::CostTopic::QuarantineBudget && n.value > 1)
                         }) && self.library_cost.len() < LIST_CAP =>
                     {
                         self.library_cost.push(n.text.clone())

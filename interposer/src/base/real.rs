@@ -207,6 +207,7 @@ reals! { $
         STREAM_WAIT_EVENT = cuStreamWaitEvent: fn(CUstream, *mut c_void, c_uint) -> CUresult;
         EVENT_QUERY = cuEventQuery: fn(*mut c_void) -> CUresult;
         DEVICE_TOTAL_MEM = cuDeviceTotalMem_v2: fn(*mut usize, CUdevice) -> CUresult;
+        DEVICE_GET_UUID = cuDeviceGetUuid_v2: fn(*mut [u8; 16], CUdevice) -> CUresult;
         MEM_GET_INFO = cuMemGetInfo_v2: fn(*mut usize, *mut usize) -> CUresult;
         DEVICE_GET_DEFAULT_MEM_POOL = cuDeviceGetDefaultMemPool: fn(*mut *mut c_void, CUdevice) -> CUresult;
         MEM_POOL_TRIM_TO = cuMemPoolTrimTo: fn(*mut c_void, usize) -> CUresult;

@@ -13,6 +13,11 @@ use std::sync::atomic::{AtomicU64, Ordering::*};
 
 /// Entries verified by the kernel on the device, and by copies to the host (the fallback where
 /// the driver cannot load the kernel): noted at exit.
+/// The quarantine's last budget, and the most isolate-mode processes that shared the device's
+/// share with this one, itself included (0: not shared: a budget in bytes, or
+/// `ISOLATE_TENANTS=alone`).
+pub(super) static BUDGET: AtomicU64 = AtomicU64::new(0);
+pub(super) static TENANTS_MAX: AtomicU64 = AtomicU64::new(0);
 pub(super) static ON_DEVICE: AtomicU64 = AtomicU64::new(0);
 
 pub(super) static ON_HOST: AtomicU64 = AtomicU64::new(0);
@@ -86,6 +91,24 @@ pub fn exit_notes() {
                 "reuse (ISOLATE_REUSE=on): {kept} checked allocations kept instead of freed, \
                  {served} stream-ordered allocations served from them without the driver"
             ),
+        );
+    }
+    let (budget, tenants) = (BUDGET.load(Relaxed), TENANTS_MAX.load(Relaxed));
+    if budget > 0 {
+        let shared = match tenants {
+            0 => String::new(),
+            1 => " (the device's share its own: no other isolate-mode process used the device)"
+                .to_string(),
+            n => format!(
+                " (the device's share split among up to {n} isolate-mode processes using it, \
+                 ISOLATE_TENANTS=share)"
+            ),
+        };
+        event::cost_note(
+            isolate_trace::CostTopic::QuarantineBudget,
+            budget,
+            tenants,
+            format!("quarantine budget: {budget} bytes{shared}"),
         );
     }
     let (cuts, cut_bytes) = (PRESSURE_CUTS.load(Relaxed), PRESSURE_BYTES.load(Relaxed));

@@ -43,6 +43,8 @@ pub fn at_exit_bounded() {
     if !exit_is_ours() {
         return; // a vfork child: the quarantine is its parent's, and so is the address space
     }
+    // Whatever the check does, this process stops sharing the device's budget.
+    let _left = Left;
     if EXIT_GAVE_UP.load(Acquire) {
         return; // an earlier check is still waiting for the device (and holds the queue)
     }
@@ -82,6 +84,16 @@ pub fn at_exit_bounded() {
         EXIT_GAVE_UP.store(true, Release);
         warn(&text);
         event::note(NoteKind::Info, 0, 0, 0, text);
+    }
+}
+
+/// Removes this process from the device's tenants ([`super::tenants`]) when dropped: on every
+/// way out of [`at_exit_bounded`].
+struct Left;
+
+impl Drop for Left {
+    fn drop(&mut self) {
+        super::tenants::leave();
     }
 }
 

@@ -4,7 +4,8 @@
 //! out of memory. When an allocation leaves quarantine, and for all of them at exit, the poison
 //! is checked on the device: a changed byte is a write through a stale pointer.
 //!
-//! One job a file, from the bottom: [`state`] (what is live and what is held), [`counters`]
+//! One job a file, from the bottom: [`tenants`] (the processes sharing a device's budget),
+//! [`state`] (what is live and what is held), [`counters`]
 //! (noted at exit), [`pytorch`] (its allocator set up before `main`), [`verify`] (the poison
 //! checked), [`poison`] (the poison written), [`leave`] (both ways out of quarantine),
 //! [`exit`] (the exit check), [`quarantine`] (in, and out over the budget), [`vmm`] (mappings),
@@ -23,6 +24,7 @@ mod poison;
 mod pytorch;
 mod quarantine;
 mod state;
+mod tenants;
 mod verify;
 mod vmm;
 
@@ -50,4 +52,5 @@ pub fn after_fork_child() {
     // SAFETY: getpid has no preconditions.
     exit::EXIT_OWNER.store(unsafe { libc::getpid() } as u32, Release);
     super::release::after_fork_child();
+    tenants::after_fork_child();
 }

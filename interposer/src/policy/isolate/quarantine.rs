@@ -8,19 +8,25 @@
 //! Layer: policies. Uses the base, recording and the folder's state, release paths and exit
 //! check.
 
-use super::counters::{PRESSURE_BYTES, PRESSURE_CUTS};
+use super::counters::{BUDGET, PRESSURE_BYTES, PRESSURE_CUTS, TENANTS_MAX};
 use super::exit::{ATEXIT, EXIT_OWNER};
 use super::leave::{Release, device_memory, free_to_driver, release_batch, trim_default_pool};
 use super::state::{Entry, HIGH, Held, LOW, STATE, State, st, state};
 use crate::base::config::{self, Budget};
 use crate::base::cu;
+use crate::base::sys::now_ns;
 use crate::policy::reuse;
 use crate::record::profile::{self, Part};
 use crate::record::writer::{Q_EARLY, Q_PEAK};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
+/// The quarantine's budget: `ISOLATE_QUARANTINE`'s bytes, or its share of the device split
+/// among the isolate-mode processes using it (`ISOLATE_TENANTS=share`: counted again at most
+/// once a second, [`super::tenants`]).
 pub(super) fn budget(s: &mut State, device: i32) -> u64 {
-    if let Some(b) = s.budget {
+    if let Some(b) = s.budget
+        && (s.budget_until == 0 || now_ns() < s.budget_until)
+    {
         return b;
     }
     let b = match config::get().quarantine {
@@ -30,9 +36,18 @@ pub(super) fn budget(s: &mut State, device: i32) -> u64 {
             if total == 0 {
                 total = 8 << 30;
             }
-            (total as f64 * pct / 100.0) as u64
+            let share = (total as f64 * pct / 100.0) as u64;
+            if config::get().tenants_share {
+                let n = super::tenants::count(device);
+                TENANTS_MAX.fetch_max(n, Relaxed);
+                s.budget_until = now_ns() + 1_000_000_000;
+                share / n
+            } else {
+                share
+            }
         }
     };
+    BUDGET.store(b, Relaxed);
     s.budget = Some(b);
     b
 }

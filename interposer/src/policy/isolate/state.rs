@@ -105,6 +105,9 @@ pub(super) struct State {
     pub(super) index: BTreeMap<u64, Entry>,
     pub(super) held: u64,
     pub(super) budget: Option<u64>,
+    /// When a budget shared with other processes ([`super::tenants`]) is counted again
+    /// (`now_ns`); 0 for a budget that never changes.
+    pub(super) budget_until: u64,
     /// Virtual-memory mappings made with `cuMemMap`, by start: what `cuMemUnmap` may hold back.
     pub(super) mapped: BTreeMap<u64, u64>,
     /// Physical handles made by this process's `cuMemCreate` and not yet released.
