@@ -389,6 +389,7 @@ def config_env(cfg, base, lib, trace_dir, pluggable_so):
     for k in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
               "LD_PRELOAD", "ISOLATE_MODE", "ISOLATE_CHECK", "ISOLATE_STACKS", "ISOLATE_POISON",
               "ISOLATE_TEST_ORDER", "ISOLATE_PROFILE", "ISOLATE_CHECK_LAUNCH", "ISOLATE_TRACE",
+              "ISOLATE_TENANTS",
               "TIER_AB", "TIER_PLUGGABLE"):
         env.pop(k, None)
     env.update({k: v for k, v in (CONFIGS[cfg] or {}).items() if k != "_NO_LIBRARY"})
@@ -475,6 +476,10 @@ def run_lockstep(args, configs, rnd, model, work, logs, probe):
         ready_r, ready_w = os.pipe()
         env = config_env(cfg, os.environ, args.lib, d, os.path.join(work, "pluggable.so"))
         env["TIER_TURNS"] = f"{go_r},{ready_w},{args.lockstep}"
+        if uses_library(cfg):
+            # Each its whole quarantine, as when it runs alone: side by side, isolate and fast
+            # would otherwise split the device's share (ISOLATE_TENANTS=share, the default).
+            env["ISOLATE_TENANTS"] = "alone"
         out = open(os.path.join(d, "stdout"), "w")
         err = open(os.path.join(d, "stderr"), "w")
         p = subprocess.Popen([sys.executable, os.path.join(work, "worker.py"), "single", model,
