@@ -1394,9 +1394,9 @@ fn isolate_processes_on_one_device_share_its_quarantine_budget() {
                 .unwrap()
         })
         .collect();
-    let mut gone = std::process::Command::new("true").spawn().unwrap();
-    let gone_pid = gone.id();
-    gone.wait().unwrap();
+    // Above the largest pid Linux hands out (pid_max is at most 2^22): never a live process,
+    // where a real child's pid, once it ended, could be handed to another on a busy machine.
+    let gone_pid: u32 = (1 << 22) + 12_345;
     let file = |pid: u32| dir.join(format!("{uuid}.{pid}"));
     for pid in others.iter().map(|c| c.id()).chain([gone_pid]) {
         std::fs::write(file(pid), b"").unwrap();
