@@ -11,13 +11,13 @@ use crate::record::event;
 use crate::record::writer;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
-/// Entries verified by the kernel on the device, and by copies to the host (the fallback where
-/// the driver cannot load the kernel): noted at exit.
 /// The quarantine's last budget, and the most isolate-mode processes that shared the device's
 /// share with this one, itself included (0: not shared: a budget in bytes, or
 /// `ISOLATE_TENANTS=alone`).
 pub(super) static BUDGET: AtomicU64 = AtomicU64::new(0);
 pub(super) static TENANTS_MAX: AtomicU64 = AtomicU64::new(0);
+/// Entries verified by the kernel on the device, and by copies to the host (the fallback where
+/// the driver cannot load the kernel): noted at exit.
 pub(super) static ON_DEVICE: AtomicU64 = AtomicU64::new(0);
 
 pub(super) static ON_HOST: AtomicU64 = AtomicU64::new(0);
