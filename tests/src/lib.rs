@@ -830,6 +830,14 @@ impl Trace {
         n
     }
 
+    /// The library's exit note on `topic` (a `Cost` note), if it wrote one.
+    pub fn cost_note(&self, topic: isolate_trace::CostTopic) -> Option<&isolate_trace::Note> {
+        self.records.iter().find_map(|r| match r {
+            Record::Note(n) if isolate_trace::CostTopic::of(n) == Some(topic) => Some(n),
+            _ => None,
+        })
+    }
+
     /// The stale-write records, in file order.
     pub fn violations(&self) -> Vec<Violation> {
         self.records

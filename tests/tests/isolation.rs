@@ -1149,17 +1149,8 @@ fn the_quarantine_gives_way_while_the_device_is_short_of_memory() {
     let t = out.only_trace();
     t.assert_complete(EndReason::Exit);
     let (cuts, bytes) = t
-        .records
-        .iter()
-        .find_map(|r| match r {
-            Record::Note(n)
-                if isolate_trace::CostTopic::of(n)
-                    == Some(isolate_trace::CostTopic::MemoryPressure) =>
-            {
-                Some((n.size, n.value))
-            }
-            _ => None,
-        })
+        .cost_note(isolate_trace::CostTopic::MemoryPressure)
+        .map(|n| (n.size, n.value))
         .unwrap_or_else(|| panic!("no memory-pressure note:\n{}", out.stderr));
     assert!(cuts > 0 && bytes >= 128 << 20, "{cuts} cuts, {bytes} bytes");
     assert!(t.violations().is_empty());
@@ -1354,17 +1345,8 @@ fn a_launch_out_of_memory_gets_the_quarantine_back_and_runs() {
 fn budget_note(out: &Output) -> (u64, u64) {
     let t = out.only_trace();
     t.assert_complete(EndReason::Exit);
-    t.records
-        .iter()
-        .find_map(|r| match r {
-            Record::Note(n)
-                if isolate_trace::CostTopic::of(n)
-                    == Some(isolate_trace::CostTopic::QuarantineBudget) =>
-            {
-                Some((n.size, n.value))
-            }
-            _ => None,
-        })
+    t.cost_note(isolate_trace::CostTopic::QuarantineBudget)
+        .map(|n| (n.size, n.value))
         .unwrap_or_else(|| panic!("no quarantine-budget note:\n{}", out.stderr))
 }
 

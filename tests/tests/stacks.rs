@@ -391,17 +391,10 @@ fn assert_replayed_after_the_first(note: &str, walks: u64) {
 
 /// The exit note on call stacks.
 fn stacks_note(t: &Trace) -> String {
-    t.records
-        .iter()
-        .find_map(|r| match r {
-            Record::Note(n)
-                if isolate_trace::CostTopic::of(n) == Some(isolate_trace::CostTopic::Stacks) =>
-            {
-                Some(n.text.clone())
-            }
-            _ => None,
-        })
+    t.cost_note(isolate_trace::CostTopic::Stacks)
         .expect("a call stacks note")
+        .text
+        .clone()
 }
 
 /// The number that follows `after` in `note`.
