@@ -617,49 +617,39 @@ def main():
     data["lockstep"] = args.lockstep
     data["pinned"] = sorted(pinned_cpus() or [])
     for rnd in range(args.round_from, args.round_from + args.rounds):
-        if args.lockstep:
-            order = list(models)
-            random.Random(rnd).shuffle(order)
-            for model in order:
-                if time.time() - t_start > budget:
-                    print(f"budget of {budget:.0f} s spent: {model} round {rnd} and later not run",
-                          flush=True)
-                    data["cut_short"] = True
-                    save(path, data, logs, out)
-                    print(tier_bench_table.render(data))
-                    return 0
-                rs = run_lockstep(args, configs, rnd, model, work, logs,
-                                  rnd == args.round_from and model == order[0])
-                for r in rs:
-                    if "bandwidth" in r:
-                        data.setdefault("bandwidth_samples", []).append(r["bandwidth"])
-                    print(f"round {rnd} {r['config']:8} {model:9} rc={r['rc']} "
-                          f"ms={r.get('ms_per_step', float('nan')):.2f} "
-                          f"findings={r.get('findings')} wall={r.get('wall_s', 0):.0f}s", flush=True)
-                data["runs"].extend(rs)
-                save(path, data, logs, out)
-            continue
-        # A new order each round (seeded: the run can be repeated), so that no configuration
-        # always follows the same one: with the order rotated by round, isolate followed log in
-        # every round of the twelfth session's call, and one round can differ by 0.5x.
-        order = list(configs)
+        # What a round runs, as (name, the call that runs it): side by side, each model's
+        # configurations at once; else each configuration's process with every model. A new
+        # order each round (seeded: the run can be repeated), so that nothing always follows
+        # the same one: with the order rotated by round, isolate followed log in every round of
+        # the twelfth session's call, and one round can differ by 0.5x.
+        order = list(models if args.lockstep else configs)
         random.Random(rnd).shuffle(order)
-        for cfg in order:
+        first = rnd == args.round_from
+        if args.lockstep:
+            units = [(m, lambda m=m: run_lockstep(args, configs, rnd, m, work, logs,
+                                                  first and m == order[0]))
+                     for m in order]
+        else:
+            units = [(c, lambda c=c: run_config(args, c, rnd, models, work, logs,
+                                                first and c == "default"))
+                     for c in order]
+        for name, run in units:
             if time.time() - t_start > budget:
-                print(f"budget of {budget:.0f} s spent: {cfg} round {rnd} and later not run", flush=True)
+                print(f"budget of {budget:.0f} s spent: {name} round {rnd} and later not run",
+                      flush=True)
                 data["cut_short"] = True
                 save(path, data, logs, out)
                 print(tier_bench_table.render(data))
                 return 0
-            probe = cfg == "default" and rnd == args.round_from
             try:
-                rs = run_config(args, cfg, rnd, models, work, logs, probe)
-            except subprocess.TimeoutExpired:
-                rs = [{"config": cfg, "round": rnd, "model": m, "rc": "timeout"} for m in models]
+                rs = run()
+            except subprocess.TimeoutExpired:  # run_config's process (run_lockstep waits itself)
+                rs = [{"config": name, "round": rnd, "model": m, "rc": "timeout"} for m in models]
             for r in rs:
                 if "bandwidth" in r:
                     data.setdefault("bandwidth_samples", []).append(r["bandwidth"])
-                print(f"round {rnd} {cfg:8} {r['model']:9} rc={r['rc']} ms={r.get('ms_per_step', float('nan')):.2f} "
+                print(f"round {rnd} {r['config']:8} {r['model']:9} rc={r['rc']} "
+                      f"ms={r.get('ms_per_step', float('nan')):.2f} "
                       f"findings={r.get('findings')} wall={r.get('wall_s', 0):.0f}s", flush=True)
             data["runs"].extend(rs)
             save(path, data, logs, out)
