@@ -35,6 +35,7 @@ size_t g_capacity = (size_t)1 << 30;
  * module (lazy loading) or grow its local memory. 0: never. */
 size_t g_launch_room = 0;
 unsigned g_slow_fill_ms = 0;
+int g_no_param_count = 0;
 size_t g_gran = (size_t)64 << 10;
 int g_sync;
 size_t g_used; /* bytes held: arena blocks + cuMemCreate handles */
@@ -98,6 +99,7 @@ static void setup(void) {
     g_va_limit = parse_size(getenv("STANDIN_VA_BYTES"), 0);
     g_launch_room = parse_size(getenv("STANDIN_LAUNCH_ROOM"), 0);
     g_slow_fill_ms = (unsigned)parse_size(getenv("STANDIN_SLOW_FILL_MS"), 0);
+    g_no_param_count = parse_size(getenv("STANDIN_NO_PARAM_COUNT"), 0) == 1;
     for (int i = 0; i < MAX_DEVICES; i++) {
         g_primary[i].device = i;
         g_primary[i].primary = 1;

@@ -96,6 +96,8 @@ HIDDEN extern size_t g_launch_room; /* STANDIN_LAUNCH_ROOM (driver_core.c) */
 /* STANDIN_SLOW_FILL_MS: a launch of isolate's isolate_poison_many takes that long to queue (a
  * host busy elsewhere), so that another thread's work can come in the meantime. */
 HIDDEN extern unsigned g_slow_fill_ms;
+/* STANDIN_NO_PARAM_COUNT=1: a driver without cuFuncGetParamCount and cuKernelGetParamCount. */
+HIDDEN extern int g_no_param_count;
 HIDDEN extern size_t g_gran;
 HIDDEN extern int g_sync;
 HIDDEN extern atomic_int g_stuck; /* standin_device_stuck: nothing on the device ever finishes */

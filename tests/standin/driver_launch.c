@@ -476,8 +476,7 @@ static CUresult param_info(void *handle, int kind, size_t paramIndex, size_t *pa
  * as an error: the real drivers without them have no such symbol at all). */
 static CUresult param_count(void *handle, int kind, size_t *count) {
     NEED_INIT();
-    const char *no = getenv("STANDIN_NO_PARAM_COUNT");
-    if (no && *no == '1')
+    if (g_no_param_count)
         return CUDA_ERROR_NOT_SUPPORTED;
     struct CUfunc_st *f = find_func(handle);
     if (!count) {
