@@ -46,6 +46,7 @@ the bandwidth) and $OUT/tier_bench-logs.tgz; prints the table (tier_bench_table.
 as markdown for docs/performance.md).
 """
 import argparse
+import functools
 import json
 import os
 import random
@@ -65,6 +66,7 @@ CONFIGS = {
     # The default again, as a configuration of its own: the ratio it gets is the method's noise
     # (an A/A test).
     "default-again": None,
+    "default-third": None,
     "log": {"ISOLATE_MODE": "log"},
     "isolate": {"ISOLATE_MODE": "isolate"},
     "fast": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast"},
@@ -84,6 +86,11 @@ CONFIGS = {
     # stream-ordered backend's own cost (10-14% on ResNet-50 and BERT on the H100, sixteenth
     # session). Without the library, and with it in the fast tier.
     "pluggable": {"TIER_PLUGGABLE": "1", "_NO_LIBRARY": "1"},
+    # The same C library keeping every freed block for the next request of its size (a free
+    # list by exact size, no driver call once warm, stream order ignored: one-stream models
+    # only): the pluggable interface's own floor, what a sub-allocator inside the library
+    # behind it could reach at best.
+    "pluggable-pool": {"TIER_PLUGGABLE": "1", "TIER_PLUGGABLE_POOL": "1", "_NO_LIBRARY": "1"},
     # PYTORCH_NO_CUDA_MEMORY_CACHING=1: the library leaves PyTorch's variables alone (a
     # backend named in PYTORCH_CUDA_ALLOC_CONF makes PyTorch refuse a pluggable allocator).
     "fast-pluggable": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "TIER_PLUGGABLE": "1",
@@ -113,9 +120,23 @@ PLUGGABLE_C = r'''
 #include <sys/types.h>
 typedef int (*malloc_async_t)(void **, size_t, void *);
 typedef int (*free_async_t)(void *, void *);
+#include <pthread.h>
+#include <stdlib.h>
 static malloc_async_t m;
 static free_async_t f;
+/* TIER_PLUGGABLE_POOL=1: freed blocks kept by exact size (a chained hash of free lists). */
+struct blk { void *p; size_t size; struct blk *next; };
+#define SLOTS 4096
+static struct blk *slot[SLOTS];
+static struct blk *spare;
+static int pool = -1;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static size_t h(size_t n) { return (n * 0x9E3779B97F4A7C15ull) >> 52; }
 static void init(void) {
+    if (pool < 0) {
+        const char *e = getenv("TIER_PLUGGABLE_POOL");
+        pool = e && e[0] == '1';
+    }
     if (m && f)
         return;
     const char *names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
@@ -131,14 +152,46 @@ void *tier_malloc(ssize_t size, int device, void *stream) {
     (void)device;
     void *p = NULL;
     init();
+    if (pool) {
+        pthread_mutex_lock(&lock);
+        for (struct blk **b = &slot[h((size_t)size) % SLOTS]; *b; b = &(*b)->next)
+            if ((*b)->size == (size_t)size) {
+                struct blk *k = *b;
+                *b = k->next;
+                p = k->p;
+                k->next = spare;
+                spare = k;
+                break;
+            }
+        pthread_mutex_unlock(&lock);
+        if (p)
+            return p;
+    }
     if (!m || m(&p, (size_t)size, stream) != 0)
         return NULL;
     return p;
 }
 void tier_free(void *p, ssize_t size, int device, void *stream) {
-    (void)size;
     (void)device;
     init();
+    if (pool) {
+        pthread_mutex_lock(&lock);
+        struct blk *k = spare;
+        if (k)
+            spare = k->next;
+        else
+            k = malloc(sizeof *k);
+        if (k) {
+            struct blk **b = &slot[h((size_t)size) % SLOTS];
+            k->p = p;
+            k->size = (size_t)size;
+            k->next = *b;
+            *b = k;
+        }
+        pthread_mutex_unlock(&lock);
+        if (k)
+            return;
+    }
     if (f)
         f(p, stream);
 }
@@ -271,6 +324,9 @@ def child(work):
             turn()
             if probe and "bandwidth" not in res:
                 res["bandwidth"] = bandwidth()  # alone on the device: in its first turn
+                # The probe's two 1 GiB blocks leave the cache and the peak, as if never made.
+                torch.cuda.empty_cache()
+                peak = used()
         off = pause is not None and i >= warmup and i % 2 == 1
         if pause is not None:
             pause(1 if off else 0)
@@ -357,17 +413,32 @@ def findings(s):
     return int(s.get("findings") or 0)
 
 
+@functools.lru_cache(maxsize=None)  # asked once, in the controller; never in a preexec_fn
 def pinned_cpus():
     """TIER_PIN (a CPU list, "2-9" or "2,3,8-11"): every run's processes on those CPUs only, so
     that every configuration runs on the same ones (None: anywhere)."""
     spec = os.environ.get("TIER_PIN", "").strip()
     if not spec:
         return None
+    if spec == "gpu":
+        spec = gpu_cpulist()
     cpus = set()
     for part in spec.split(","):
         a, _, b = part.partition("-")
         cpus.update(range(int(a), int(b or a) + 1))
     return cpus
+
+
+def gpu_cpulist():
+    """The CPUs next to device 0 (its PCI device's NUMA node, from sysfs): TIER_PIN=gpu. A
+    process on them gets its memory there too (first touch), where a process left to the
+    scheduler may run on the far node and differ from the next by 15% (nineteenth session)."""
+    bus = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "0"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    # "00000000:19:00.0" (an 8-digit domain) is "0000:19:00.0" in sysfs.
+    path = f"/sys/bus/pci/devices/{bus[-12:].lower()}/local_cpulist"
+    with open(path) as f:
+        return f.read().strip()
 
 
 def pin():
@@ -390,7 +461,7 @@ def config_env(cfg, base, lib, trace_dir, pluggable_so):
               "LD_PRELOAD", "ISOLATE_MODE", "ISOLATE_CHECK", "ISOLATE_STACKS", "ISOLATE_POISON",
               "ISOLATE_TEST_ORDER", "ISOLATE_PROFILE", "ISOLATE_CHECK_LAUNCH", "ISOLATE_TRACE",
               "ISOLATE_TENANTS",
-              "TIER_AB", "TIER_PLUGGABLE"):
+              "TIER_AB", "TIER_PLUGGABLE", "TIER_PLUGGABLE_POOL"):
         env.pop(k, None)
     env.update({k: v for k, v in (CONFIGS[cfg] or {}).items() if k != "_NO_LIBRARY"})
     if uses_library(cfg):
