@@ -58,6 +58,15 @@
 # BUDGET_S=300 ... tiers:340; tier_bench_table.py renders both files as one table);
 # CUDA_LOG_FILE=stderr MODEL_RUNS=1 MODEL_JOBS=4 MODEL_MODES=isolate,fast
 # MODELS=gpt2,bert,resnet50,vit ... models:130.
+# Run in the nineteenth (H100, docs/performance.md "Nineteenth session"): the table side by side
+# in one call (TIER_LOCKSTEP=5 TIER_CONFIGS=default,default-again,log,isolate,fast
+# TIER_MODELS=gpt2,resnet50,bert,vit TIER_ROUNDS=3 TIER_STEPS=40 TIER_PLANTED=0 BUDGET_S=470
+# BENCH_LIMIT_S=540 ... tiers:560, 323 s); the decomposition (TIER_CONFIGS=default,
+# default-again,backend,pluggable,fast-nostacks,fast TIER_MODELS=resnet50,bert TIER_ROUNDS=3 ...
+# tiers:270); the model set four at a time (CUDA_LOG_FILE=stderr MODEL_JOBS=4 ... models:130);
+# the pluggable interface's floor (TIER_PIN=gpu ... TIER_CONFIGS=default,default-again,
+# default-third,backend,pluggable,pluggable-pool ... TIER_ROUNDS=2 ... tiers:230) and
+# default,default-again,pluggable-pool,fast-pluggable,fast,fast-nostacks (tiers:180).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
