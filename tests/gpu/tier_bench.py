@@ -273,6 +273,19 @@ def own_device_memory():
         pass
     return None
 
+def library_events():
+    """The calls libisolate.so has recorded so far (its C API's `isolate_counters`), or None
+    where it is not loaded or not recording."""
+    import ctypes
+    try:
+        f = ctypes.CDLL(None).isolate_counters
+    except (OSError, AttributeError):
+        return None
+    buf = (ctypes.c_uint64 * 2)()  # size, events: the struct's first two fields
+    if f(buf, ctypes.sizeof(buf)) != 0 or buf[0] < 16:
+        return None
+    return int(buf[1])
+
 def child(work):
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
@@ -319,6 +332,7 @@ def child(work):
         pause = ctypes.CDLL(None).isolate_test_order_pause
         res["ab_active"] = pause(0) == 0
     on_ms, off_ms = [], []
+    events0 = None
     for i in range(warmup + steps):
         if turns and i >= warmup and (i - warmup) % burst == 0:
             turn()
@@ -327,6 +341,8 @@ def child(work):
                 # The probe's two 1 GiB blocks leave the cache and the peak, as if never made.
                 torch.cuda.empty_cache()
                 peak = used()
+        if i == warmup:
+            events0 = library_events()
         off = pause is not None and i >= warmup and i % 2 == 1
         if pause is not None:
             pause(1 if off else 0)
@@ -344,6 +360,11 @@ def child(work):
         losses.append(float(loss.detach().float().item()))
         now = used()
         peak = None if peak is None or now is None else max(peak, now)
+    # Calls the library recorded during the timed steps (none where it is not loaded): a tier's
+    # work on the program's threads is at most that many hooks' worth, whatever the host's noise.
+    events1 = library_events()
+    if events0 is not None and events1 is not None:
+        res["library_events_timed"] = events1 - events0
     if turns:
         turn()  # the last turn: the others' timed steps are not to share the device with an exit
     if pause is not None:

@@ -37,6 +37,19 @@ def cuda_step():
         sys.exit(6)
 
 
+def library_events():
+    """As the real worker's: libisolate.so's recorded calls so far (isolate_counters), or None."""
+    import ctypes
+    try:
+        f = ctypes.CDLL(None).isolate_counters
+    except (OSError, AttributeError):
+        return None
+    buf = (ctypes.c_uint64 * 2)()
+    if f(buf, ctypes.sizeof(buf)) != 0 or buf[0] < 16:
+        return None
+    return int(buf[1])
+
+
 def turn():
     os.write(ready_fd, b"r")
     if os.read(go_fd, 1) != b"g":
@@ -45,11 +58,14 @@ def turn():
 
 for model in models:
     times, res = [], {"model": model}
+    events0 = None
     for i in range(warmup + steps):
         if turns and i >= warmup and (i - warmup) % burst == 0:
             turn()
             if probe and "bandwidth" not in res:
                 res["bandwidth"] = 1e12
+        if i == warmup:
+            events0 = library_events()
         if os.environ.get("FAKE_CRASH") == name and i == warmup + 1:
             os._exit(7)  # a configuration's process dying mid-run (FAKE_CRASH=<config>)
         t0 = time.perf_counter()
@@ -60,6 +76,9 @@ for model in models:
             cuda_step()
         if i >= warmup:
             times.append((time.perf_counter() - t0) * 1e3)
+    events1 = library_events()
+    if events0 is not None and events1 is not None:
+        res["library_events_timed"] = events1 - events0
     if turns:
         turn()
     times.sort()

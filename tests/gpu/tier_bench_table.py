@@ -86,6 +86,11 @@ def rows(data):
                 "findings": "NO TRACE" if any(r.get("no_trace") for r in rs)
                 else None if cfg == "default" or any(f is None for f in finds) else sum(finds),
                 "rounds": len(rs),
+                # The calls the library recorded a timed step (its C API's event count before
+                # and after the timed steps; None without the library).
+                "calls_per_step": _median(r["library_events_timed"] / data["steps"] for r in rs
+                                          if r.get("library_events_timed") is not None
+                                          and data.get("steps")),
             })
     return out, bw
 
@@ -104,13 +109,14 @@ def render(data):
         + (f"; pinned to CPUs {data['pinned'][0]}-{data['pinned'][-1]}" if data.get("pinned") else ""),
         "",
         "| model | config | ms/step | × default (per round) | floor ms/step (× default) | "
-        "full-coverage floor ms | device peak GiB | max allocated GiB | losses | findings |",
-        "|---|---|---:|---|---:|---:|---:|---:|---|---:|",
+        "full-coverage floor ms | device peak GiB | max allocated GiB | library calls a step | "
+        "losses | findings |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---|---:|",
     ]
     f2 = lambda x: "–" if x is None else f"{x:.2f}"
     for r in table:
         if r.get("missing"):
-            lines.append(f"| {r['model']} | {r['config']} | no run | | | | | | | |")
+            lines.append(f"| {r['model']} | {r['config']} | no run | | | | | | | | |")
             continue
         ratio = "1" if r["config"] == "default" else (
             f"**{r['ratio']:.3f}×** ({', '.join(f'{x:.2f}' for x in r['per_round'])})"
@@ -118,9 +124,11 @@ def render(data):
         floor = "–" if r["floor_ms"] is None else f"{r['floor_ms']:.2f} ({r['floor_ratio']:.3f}×)"
         full = "–" if r["config"] != "fast" or r["full_floor_ms"] is None else f"{r['full_floor_ms']:.2f}"
         finds = "–" if r["findings"] is None else str(r["findings"])
+        calls = "–" if r["calls_per_step"] is None else f"{r['calls_per_step']:.1f}"
         lines.append(
             f"| {r['model']} | {r['config']} | {f2(r['ms_per_step'])} | {ratio} | {floor} | {full} | "
-            f"{f2(r['device_peak_gib'])} | {f2(r['max_allocated_gib'])} | {r['losses']} | {finds} |")
+            f"{f2(r['device_peak_gib'])} | {f2(r['max_allocated_gib'])} | {calls} | "
+            f"{r['losses']} | {finds} |")
     ab = ab_rows(data)
     if ab:
         lines += ["", "The stream-order check inside one process (`isolate-ab`: isolate mode, the check "
