@@ -17,6 +17,7 @@ use crate::base::real::*;
 use crate::base::sys::{ForkLock, now_ns};
 use crate::policy::device::BATCH;
 use crate::policy::{release, reuse};
+use crate::record::event;
 use crate::record::writer::Q_RELEASES;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
@@ -412,20 +413,17 @@ pub(super) fn release_sync(entries: &[Entry], free: bool, repoison: bool) {
 /// pool, can then have it. On an allocation that ran out of memory, and while the device is
 /// short of free memory (quarantine.rs).
 pub(super) fn trim_default_pool() {
-    let (Some(get_dev), Some(get_pool), Some(trim)) = (
-        CTX_GET_DEVICE.get(),
-        DEVICE_GET_DEFAULT_MEM_POOL.get(),
-        MEM_POOL_TRIM_TO.get(),
-    ) else {
+    let (Some(get_pool), Some(trim)) = (DEVICE_GET_DEFAULT_MEM_POOL.get(), MEM_POOL_TRIM_TO.get())
+    else {
         return;
     };
-    let mut dev: CUdevice = 0;
+    // The current context's device, asked without failing where the thread has none (a failed
+    // cuCtxGetDevice is a line in the driver's error log, CUDA_LOG_FILE).
+    let dev: CUdevice = event::current_device();
     let mut pool: *mut std::ffi::c_void = std::ptr::null_mut();
-    // SAFETY: cuCtxGetDevice writes one CUdevice through a pointer to a live local.
-    let got_dev = unsafe { get_dev(&mut dev) } == CUDA_SUCCESS;
     // SAFETY: cuDeviceGetDefaultMemPool writes one handle through a pointer to a live local;
     // `dev` is the current context's device.
-    if got_dev && unsafe { get_pool(&mut pool, dev) } == CUDA_SUCCESS && !pool.is_null() {
+    if dev >= 0 && unsafe { get_pool(&mut pool, dev) } == CUDA_SUCCESS && !pool.is_null() {
         // SAFETY: `pool` is the device's default pool, which lives as long as the device;
         // trimming releases only memory no allocation holds.
         unsafe { trim(pool, 0) };
