@@ -452,8 +452,9 @@ def pinned_cpus():
 
 def gpu_cpulist():
     """The CPUs next to device 0 (its PCI device's NUMA node, from sysfs): TIER_PIN=gpu. A
-    process on them gets its memory there too (first touch), where a process left to the
-    scheduler may run on the far node and differ from the next by 15% (nineteenth session)."""
+    process on them gets its memory there too (first touch), on a host with more than one
+    node. (The nineteenth session's H100 host had one: all 16 CPUs, and the processes' ±10%
+    spread stayed as it was unpinned.)"""
     bus = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "0"],
                          capture_output=True, text=True, check=True).stdout.strip()
     # "00000000:19:00.0" (an 8-digit domain) is "0000:19:00.0" in sysfs.
