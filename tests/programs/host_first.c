@@ -22,6 +22,9 @@
  *                     the same; where each was loaded goes to stderr
  *   trim N SIZE       N allocations of SIZE bytes, all freed (the quarantine trims when over
  *                     budget); the longest single free goes to stderr
+ *   fdsize            the descriptor table's size (FDSize, /proc/self/status) before the
+ *                     first CUDA call and after it (the library's trace opens then), to stderr;
+ *                     one allocation made and freed
  *   destroyed_stream  an allocation made on a stream, the stream destroyed, then the
  *                     allocation freed on it (as PyTorch's stream-ordered backend frees a tensor
  *                     on a CuPy stream the program destroyed first): the free's error printed;
@@ -225,6 +228,32 @@ static int nofile(int limit) {
     return 0;
 }
 
+/* ----------------------------------------------------------------------------- fdsize */
+
+/* FDSize of /proc/self/status: how many descriptors the process's table holds now. */
+static int fd_table_size(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    int n = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "FDSize: %d", &n) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+static int fdsize(void) {
+    fprintf(stderr, "fdsize_before %d\n", fd_table_size());
+    void *p = NULL;
+    double t0 = now_s();
+    say("cudaMalloc %d", cudaMalloc(&p, 4096));
+    fprintf(stderr, "first_call_ms %.3f\n", (now_s() - t0) * 1e3);
+    fprintf(stderr, "fdsize_after %d\n", fd_table_size());
+    say("cudaFree %d", cudaFree(p));
+    return 0;
+}
+
 /* ----------------------------------------------------------------------- stderr_reuse */
 
 static int stderr_reuse(void) {
@@ -335,6 +364,8 @@ int main(int argc, char **argv) {
         return samebase();
     if (!strcmp(s, "destroyed_stream"))
         return destroyed_stream();
+    if (!strcmp(s, "fdsize"))
+        return fdsize();
     if (!strcmp(s, "trim"))
         return trim(n, argc > 3 ? (size_t)atol(argv[3]) : 768);
     return 2;

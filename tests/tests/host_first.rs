@@ -171,6 +171,36 @@ fn the_trace_costs_no_descriptor_under_a_low_limit() {
     }
 }
 
+/// The descriptor table is grown before `main` to hold the trace's high descriptor, so that the
+/// first recorded call does not grow it: grown then, with the writer's thread running, the
+/// kernel waited an RCU grace period in that `fcntl` (9-15 ms on this CI machine) while the
+/// program's thread waited for the trace to open. Before the fix the table was 64 at `main`
+/// and grew at the first call (`fdsize_after` > `fdsize_before`).
+#[test]
+fn the_descriptor_table_is_grown_before_main_not_at_the_first_call() {
+    let number = |out: &Output, key: &str| {
+        isolate_tests::number_after(&out.stderr, key)
+            .unwrap_or_else(|| panic!("{key} in {}", out.stderr))
+    };
+    let plain = scenario("fdsize").preload(false).run();
+    plain.assert_success();
+    let plain_size = number(&plain, "fdsize_before");
+    for out in against_plain(scenario("fdsize"), &["log", "isolate"]) {
+        complete(&out);
+        let (before, after) = (number(&out, "fdsize_before"), number(&out, "fdsize_after"));
+        assert!(
+            before > plain_size && before >= 1000,
+            "{}: {before} at main, {plain_size} without the library",
+            out.describe
+        );
+        assert_eq!(before, after, "{}: grown at the first call", out.describe);
+    }
+    // Off: the library changes nothing, the table included.
+    let off = scenario("fdsize").env("ISOLATE_MODE", "off").run();
+    off.assert_same_as(&plain);
+    assert_eq!(number(&off, "fdsize_before"), plain_size);
+}
+
 /// With stderr closed and its number reused for the program's file, the live `STALE WRITE` line
 /// is not written into that file (the finding is in the trace). Before the fix the file held it.
 #[test]

@@ -46,6 +46,9 @@ unsafe fn init() {
         crate::policy::before_main();
     }
     writer::on_start(trace_started);
+    if cfg.mode != config::Mode::Off {
+        writer::prepare_descriptors();
+    }
     // SAFETY: `child_after_fork` is an `extern "C" fn()`, the handler's signature, and lives as
     // long as this library (which is never unloaded: it is preloaded); no other handler is given.
     unsafe { libc::pthread_atfork(None, None, Some(child_after_fork)) };

@@ -466,6 +466,30 @@ fn move_up(fd: i32) -> i32 {
     unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 1000) }
 }
 
+/// Grows the process's descriptor table, before `main`, to hold the number the trace's
+/// descriptor will be moved up to ([`move_up`]), with a copy of `/dev/null` made there and
+/// closed at once (a table never shrinks). Grown later, when the writer opens the trace at the
+/// first recorded call, the table is shared with the program's threads (the writer's at
+/// least) and the kernel waits for an RCU grace period before it frees the old one: the
+/// `fcntl` took 9-15 ms on this repository's CI machine, and the program's thread waits for it
+/// (it goes on once the trace's descriptor is out of the low numbers). Before `main` the
+/// process has one thread and the kernel resizes in place. Nothing else changes: the copy is
+/// gone before the program runs, and its own descriptors get the numbers they would get.
+pub fn prepare_descriptors() {
+    // SAFETY: the path is a NUL-terminated literal; O_RDONLY needs no mode argument.
+    let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return; // no /dev/null (a sandbox): the writer grows the table when it opens the trace
+    }
+    let high = move_up(fd);
+    if high >= 0 {
+        // SAFETY: `high` is the copy move_up just made, known to no one else.
+        unsafe { libc::close(high) };
+    }
+    // SAFETY: `fd` was opened above, before `main`: the program has not seen it.
+    unsafe { libc::close(fd) };
+}
+
 /// Opens `path` and moves the descriptor up, out of the way of the small numbers programs reuse
 /// and `dup2` onto; returns it with the file's identity. Between the `open` and the move, another
 /// thread of the program may close the small number (it closes every descriptor it did not open)
