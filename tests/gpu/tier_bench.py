@@ -340,6 +340,7 @@ def child(work):
                 res["bandwidth"] = bandwidth()  # alone on the device: in its first turn
                 # The probe's two 1 GiB blocks leave the cache and the peak, as if never made.
                 torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
                 peak = used()
         if i == warmup:
             events0 = library_events()
