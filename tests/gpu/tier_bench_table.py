@@ -15,6 +15,7 @@ torch.cuda.max_memory_allocated, medians; whether every loss equals the default'
 round bit for bit; findings summed over the rounds.
 """
 import json
+import math
 import statistics
 import sys
 
@@ -129,6 +130,17 @@ def render(data):
             f"| {r['model']} | {r['config']} | {f2(r['ms_per_step'])} | {ratio} | {floor} | {full} | "
             f"{f2(r['device_peak_gib'])} | {f2(r['max_allocated_gib'])} | {calls} | "
             f"{r['losses']} | {finds} |")
+    noise = aa_noise(data)
+    if noise:
+        lines += ["", "The method's own noise: the default run again as configurations of their own "
+                  "(`default-again`, `default-third`: PyTorch against itself), per model: the ratios "
+                  "of every round, and the standard deviation of their logarithm (a configuration's "
+                  "ratio from one process pair is good to about that; the median of n rounds to "
+                  "about that over the square root of n).", "",
+                  "| model | A/A ratios | SD of log |", "|---|---|---:|"]
+        for m, ratios, sd in noise:
+            lines.append(f"| {m} | {', '.join(f'{x:.2f}' for x in ratios)} | "
+                         f"{'–' if sd is None else f'{sd:.3f}'} |")
     ab = ab_rows(data)
     if ab:
         lines += ["", "The stream-order check inside one process (`isolate-ab`: isolate mode, the check "
@@ -139,6 +151,23 @@ def render(data):
             lines.append(f"| {m} | {on:.2f} | {off:.2f} | **{(_median(per) - 1) * 100:+.1f}%** "
                          f"({', '.join(f'{(x - 1) * 100:+.1f}%' for x in per)}) |")
     return "\n".join(lines)
+
+
+def aa_noise(data):
+    """(model, the A/A configurations' per-round ratios to the default, SD of their log or
+    None under two) for the models that ran `default-again` or `default-third`."""
+    out = []
+    runs = [r for r in data["runs"] if r.get("ms_per_step")]
+    for model in data["models"]:
+        base = {r["round"]: r["ms_per_step"] for r in runs
+                if r["model"] == model and r["config"] == "default"}
+        ratios = [r["ms_per_step"] / base[r["round"]] for r in runs
+                  if r["model"] == model and r["config"] in ("default-again", "default-third")
+                  and r["round"] in base]
+        if ratios:
+            logs = [math.log(x) for x in ratios]
+            out.append((model, ratios, statistics.stdev(logs) if len(logs) > 1 else None))
+    return out
 
 
 def ab_rows(data):

@@ -229,3 +229,40 @@ fn a_process_dying_side_by_side_leaves_the_others_measured() {
         assert!(!row(&stdout, "a", config).contains("no run"), "{stdout}");
     }
 }
+
+/// With the default run again as configurations of their own (`default-again`,
+/// `default-third`), the table ends with the method's noise: per model, every A/A ratio (two a
+/// round) and the SD of their logarithm.
+#[test]
+fn the_table_states_the_methods_own_noise_from_the_default_run_again() {
+    let (_, stdout) = fake_bench(
+        "/nonexistent/libisolate.so",
+        &[
+            "--rounds",
+            "2",
+            "--steps",
+            "2",
+            "--models",
+            "a",
+            "--configs",
+            "default,default-again,default-third",
+        ],
+    );
+    assert!(stdout.contains("The method's own noise"), "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("| a | ") && l.matches(',').count() == 3)
+        .unwrap_or_else(|| panic!("no noise row: {stdout}"));
+    let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+    let ratios: Vec<f64> = cells[2].split(", ").map(|x| x.parse().unwrap()).collect();
+    assert_eq!(ratios.len(), 4, "{line}");
+    assert!(ratios.iter().all(|x| (0.2..5.0).contains(x)), "{line}");
+    let sd: f64 = cells[3].parse().unwrap_or_else(|_| panic!("{line}"));
+    assert!(sd >= 0.0, "{line}");
+    // Without them, no such section.
+    let (_, plain) = fake_bench(
+        "/nonexistent/libisolate.so",
+        &["--steps", "2", "--models", "a", "--configs", "default"],
+    );
+    assert!(!plain.contains("The method's own noise"), "{plain}");
+}
