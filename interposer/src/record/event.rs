@@ -4,8 +4,9 @@
 
 use super::{stacks, writer};
 use crate::base::config;
+use crate::base::cu;
 use crate::base::cuda::*;
-use crate::base::real::{CTX_GET_CURRENT, CTX_GET_DEVICE};
+use crate::base::real::CTX_GET_DEVICE;
 use crate::base::sys::{gettid, now_ns};
 use isolate_trace::{Api, Event, Note, NoteKind, Record};
 use std::sync::atomic::{AtomicU64, Ordering::*};
@@ -51,16 +52,14 @@ pub fn contexts_changed() {
 /// call, as before.
 #[inline]
 pub fn current_device() -> i32 {
-    let (Some(get_ctx), Some(get_dev)) = (CTX_GET_CURRENT.get(), CTX_GET_DEVICE.get()) else {
+    let Some(get_dev) = CTX_GET_DEVICE.get() else {
         return -1;
     };
     super::profile::timed(super::profile::Part::Context, || {
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: `get_ctx` is the driver's cuCtxGetCurrent, resolved with that declaration by
-        // base::real; it writes one CUcontext through a pointer to a live local.
-        if unsafe { get_ctx(&mut ctx) } != CUDA_SUCCESS || ctx.is_null() {
-            return -1;
-        }
+        let ctx = match cu::ctx_get_current() {
+            Ok(c) if !c.is_null() => c,
+            _ => return -1,
+        };
         let generation = CONTEXTS.load(Relaxed);
         let last = LAST_DEVICE.try_with(|c| c.get()).ok();
         if let Some((c, d, g)) = last
