@@ -130,7 +130,7 @@ def render(data):
             f"| {r['model']} | {r['config']} | {f2(r['ms_per_step'])} | {ratio} | {floor} | {full} | "
             f"{f2(r['device_peak_gib'])} | {f2(r['max_allocated_gib'])} | {calls} | "
             f"{r['losses']} | {finds} |")
-    noise = aa_noise(data)
+    noise = aa_noise(table)
     if noise:
         lines += ["", "The method's own noise: the default run again as configurations of their own "
                   "(`default-again`, `default-third`: PyTorch against itself), per model: the ratios "
@@ -153,17 +153,14 @@ def render(data):
     return "\n".join(lines)
 
 
-def aa_noise(data):
+def aa_noise(table):
     """(model, the A/A configurations' per-round ratios to the default, SD of their log or
-    None under two) for the models that ran `default-again` or `default-third`."""
+    None under two) for the models that ran `default-again` or `default-third`, from the
+    table's rows ([`rows`]: each row's per-round ratios)."""
     out = []
-    runs = [r for r in data["runs"] if r.get("ms_per_step")]
-    for model in data["models"]:
-        base = {r["round"]: r["ms_per_step"] for r in runs
-                if r["model"] == model and r["config"] == "default"}
-        ratios = [r["ms_per_step"] / base[r["round"]] for r in runs
-                  if r["model"] == model and r["config"] in ("default-again", "default-third")
-                  and r["round"] in base]
+    for model in dict.fromkeys(r["model"] for r in table):
+        ratios = [x for r in table if r["model"] == model and not r.get("missing")
+                  and r["config"] in ("default-again", "default-third") for x in r["per_round"]]
         if ratios:
             logs = [math.log(x) for x in ratios]
             out.append((model, ratios, statistics.stdev(logs) if len(logs) > 1 else None))
