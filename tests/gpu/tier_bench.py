@@ -203,6 +203,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 # torch.cuda.is_available() through NVML, not cuInit: nothing may initialise CUDA before the fork.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 import torch, torchvision, timm, transformers  # once, before any CUDA call: the children share them
+from tier_counters import library_events
 single = sys.argv[1] == "single"
 if single:
     del sys.argv[1]
@@ -272,19 +273,6 @@ def own_device_memory():
     except Exception:
         pass
     return None
-
-def library_events():
-    """The calls libisolate.so has recorded so far (its C API's `isolate_counters`), or None
-    where it is not loaded or not recording."""
-    import ctypes
-    try:
-        f = ctypes.CDLL(None).isolate_counters
-    except (OSError, AttributeError):
-        return None
-    buf = (ctypes.c_uint64 * 2)()  # size, events: the struct's first two fields
-    if f(buf, ctypes.sizeof(buf)) != 0 or buf[0] < 16:
-        return None
-    return int(buf[1])
 
 def child(work):
     torch.backends.cudnn.benchmark = False
@@ -692,6 +680,8 @@ def main():
     # needs no torch and no GPU).
     worker = open(os.environ["TIER_WORKER"]).read() if os.environ.get("TIER_WORKER") else WORKER
     open(os.path.join(work, "worker.py"), "w").write(worker)
+    # The workers' one helper module, beside them (a script's folder is on its import path).
+    shutil.copy(os.path.join(HERE, "tier_counters.py"), work)
     if any("TIER_PLUGGABLE" in (CONFIGS[c] or {}) for c in args.configs.split(",")):
         open(os.path.join(work, "pluggable.c"), "w").write(PLUGGABLE_C)
         subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", os.path.join(work, "pluggable.so"),

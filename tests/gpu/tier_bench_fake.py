@@ -11,6 +11,8 @@ import os
 import sys
 import time
 
+from tier_counters import library_events
+
 args = sys.argv[1:]
 if args[0] == "single":
     args = args[1:]
@@ -35,19 +37,6 @@ def cuda_step():
         sys.exit(5)
     if cudart.cudaFree(p) != 0:
         sys.exit(6)
-
-
-def library_events():
-    """As the real worker's: libisolate.so's recorded calls so far (isolate_counters), or None."""
-    import ctypes
-    try:
-        f = ctypes.CDLL(None).isolate_counters
-    except (OSError, AttributeError):
-        return None
-    buf = (ctypes.c_uint64 * 2)()
-    if f(buf, ctypes.sizeof(buf)) != 0 or buf[0] < 16:
-        return None
-    return int(buf[1])
 
 
 def turn():
