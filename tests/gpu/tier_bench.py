@@ -108,6 +108,12 @@ CONFIGS = {
     # (isolate against isolate-noorder) differ by up to 10% on a host-bound model for reasons
     # of their own; steps of one process, alternated, do not.
     "isolate-ab": {"ISOLATE_MODE": "isolate", "TIER_AB": "order"},
+    # The same tiers with another build of the library ($TIER_LIB_BASE, by default
+    # target/gpu/base/libisolate.so): a change measured against the build before it, side by
+    # side in one call.
+    "log-base": {"ISOLATE_MODE": "log", "_LIB": "base"},
+    "isolate-base": {"ISOLATE_MODE": "isolate", "_LIB": "base"},
+    "fast-base": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "_LIB": "base"},
 }
 
 # The pluggable allocator's two functions (PyTorch's signatures), calling the runtime PyTorch
@@ -474,7 +480,9 @@ def config_env(cfg, base, lib, trace_dir, pluggable_so):
               "ISOLATE_TENANTS",
               "TIER_AB", "TIER_PLUGGABLE", "TIER_PLUGGABLE_POOL"):
         env.pop(k, None)
-    env.update({k: v for k, v in (CONFIGS[cfg] or {}).items() if k != "_NO_LIBRARY"})
+    env.update({k: v for k, v in (CONFIGS[cfg] or {}).items() if not k.startswith("_")})
+    if (CONFIGS[cfg] or {}).get("_LIB") == "base":
+        lib = os.environ.get("TIER_LIB_BASE", "target/gpu/base/libisolate.so")
     if uses_library(cfg):
         # (From the seventeenth session's first call until the eighteenth's first, this was
         # done for pluggable configurations only: those calls' log, isolate and fast rows ran

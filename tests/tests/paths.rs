@@ -594,6 +594,45 @@ fn step_bench_runs_clean_in_every_mode() {
     }
 }
 
+/// The hooks read the fine clock about four times a tensor (an allocation's real call, start
+/// and end; a free kept in quarantine, once; the launch naming it, once; a stack's capture
+/// timed one in 16), where the library before the twentieth session read it 8 times a tensor
+/// in log mode and 12 in isolate mode on this program (14 on the Python one): on the GPU hosts
+/// a read costs 45 ns (docs/performance.md, "Clock reads"). Counted by a preloaded
+/// `clock_gettime` against the same run with the library off.
+#[test]
+fn a_tensor_costs_about_four_fine_clock_reads() {
+    let counter = standin_bin().join("libclockcount.so");
+    let reads = |mode: &str, check: &str| -> (f64, f64) {
+        let out = Run::program("step_bench")
+            .args(["20", "200"])
+            .env("ISOLATE_MODE", mode)
+            .env("ISOLATE_CHECK", check)
+            .also_preload(&counter)
+            .run();
+        out.assert_success();
+        let line = out
+            .stderr
+            .lines()
+            .find(|l| l.starts_with("clock reads: "))
+            .unwrap_or_else(|| panic!("no count: {}", out.stderr));
+        let w: Vec<&str> = line.split_whitespace().collect();
+        (w[3].parse().unwrap(), w[5].parse().unwrap())
+    };
+    // 25 steps (5 of warm-up) of 200 tensors.
+    let tensors = 25.0 * 200.0;
+    let (off, _) = reads("off", "full");
+    for (mode, check) in [("log", "full"), ("isolate", "fast"), ("isolate", "full")] {
+        let (fine, coarse) = reads(mode, check);
+        let per = (fine - off) / tensors;
+        assert!(
+            (3.0..=5.0).contains(&per),
+            "{mode} {check}: {per:.2} fine clock reads a tensor ({fine} against {off} off; \
+             {coarse} coarse)"
+        );
+    }
+}
+
 /// CUDA IPC (issue 17's example of one hooked entry point, one declaration each): memory another
 /// process shares is recorded when opened and closed, through the runtime and the driver, in
 /// the process that opens it; in isolate mode it is never quarantined or poisoned (it is not

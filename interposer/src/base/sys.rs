@@ -21,6 +21,23 @@ pub fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The same clock as [`now_ns`] at the kernel's tick (1–4 ms behind it at most), for checks
+/// that ask "has a few milliseconds passed" on every event: `CLOCK_MONOTONIC_COARSE` is read
+/// from the vDSO without the time counter, a few ns where [`now_ns`] costs 18–45 ns
+/// (docs/performance.md, "Clock reads"). Never ahead of [`now_ns`] read after it.
+#[inline]
+pub fn coarse_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a live, writable timespec; CLOCK_MONOTONIC_COARSE exists since Linux 2.6.32.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
+        return now_ns();
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// Sleeps `ns` nanoseconds (less than a second) with plain `nanosleep`: async-signal-safe, and
 /// no thread handle needed, so fine in a signal handler and during thread teardown.
 pub fn nap(ns: u64) {

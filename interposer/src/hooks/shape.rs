@@ -43,10 +43,11 @@ pub(crate) fn run(
     }
 }
 
-/// Calls the real function and puts its result in the slot.
+/// Calls the real function, timed as the pending event's real call
+/// ([`crate::record::event::real_call`]), and puts its result in the slot.
 #[inline(always)]
 pub(crate) fn call(slot: &Cell<Option<i32>>, f: impl FnOnce() -> i32) -> i32 {
-    let r = profile::real(f);
+    let r = crate::record::event::real_call(f);
     slot.set(Some(r));
     r
 }

@@ -80,12 +80,38 @@ pub fn current_device() -> i32 {
     })
 }
 
-/// An event under construction: the sequence number and start time are taken when it is made.
+thread_local! {
+    /// The real calls of the recorded event this thread is making ([`Pending`]): when the
+    /// first started and the last returned ([`now_ns`]), 0 for none yet.
+    static CALL: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Makes the real call of the event this thread has pending, timing it: the event's duration
+/// is its real calls' time (from the first's start to the last's end, retries included) and its
+/// timestamp when the last returned. Two clock reads an event; the library's own work around
+/// the call (the stack's capture, the policy) is in neither.
+#[inline(always)]
+pub fn real_call(f: impl FnOnce() -> i32) -> i32 {
+    let t0 = now_ns();
+    let r = f();
+    let t1 = now_ns();
+    super::profile::add_real(t1.saturating_sub(t0));
+    let _ = CALL.try_with(|c| {
+        let (first, _) = c.get();
+        c.set((if first == 0 { t0 } else { first }, t1));
+    });
+    r
+}
+
+/// An event under construction: the sequence number is taken when it is made ([`Pending::before`])
+/// or finished ([`Pending::after`]); its time is its real calls' ([`real_call`]), or when it is
+/// finished for an event that made none (a free isolation keeps in quarantine).
 pub struct Pending {
     pub ev: Event,
-    t0: u64,
     /// [`Pending::stack`] was called: `ev.stack` holds the capture.
     captured: bool,
+    /// The time a policy read for what it did instead of the real call ([`Pending::at`]).
+    at: u64,
 }
 
 impl Pending {
@@ -101,6 +127,7 @@ impl Pending {
     /// For calls that hand memory out: the sequence number is taken when the call returns.
     #[inline]
     pub fn after(api: Api) -> Pending {
+        let _ = CALL.try_with(|c| c.set((0, 0)));
         Pending {
             ev: Event {
                 seq: u64::MAX,
@@ -108,21 +135,25 @@ impl Pending {
                 device: -1,
                 ..Event::default()
             },
-            t0: now_ns(),
             captured: false,
+            at: 0,
         }
+    }
+
+    /// For an event that makes no real call (a free isolation keeps in quarantine): `t`
+    /// ([`now_ns`]), which the policy read for its own record of it, is the event's time too.
+    #[inline]
+    pub fn at(&mut self, t: u64) {
+        self.at = t;
     }
 
     /// The calling thread's stack id ([`stacks::capture`]), captured now, once: the event
     /// carries the same id when it is finished. For a policy that keeps the id with what it
-    /// tracks (isolation: a live allocation, a quarantine entry). 0 is "no stack". The
-    /// capture's time is left out of the event's duration, as when `finish` captures.
+    /// tracks (isolation: a live allocation, a quarantine entry). 0 is "no stack".
     #[inline]
     pub fn stack(&mut self) -> u32 {
         if !self.captured {
-            let (id, ns) = stacks::capture_timed();
-            self.ev.stack = id;
-            self.t0 = self.t0.saturating_add(ns);
+            self.ev.stack = stacks::capture();
             self.captured = true;
         }
         self.ev.stack
@@ -131,13 +162,18 @@ impl Pending {
     /// Stamps the result and timing and hands the event to the writer.
     #[inline]
     pub fn finish(mut self, result: i32) {
-        let t1 = now_ns();
+        let (t0, t1) = CALL.try_with(|c| c.replace((0, 0))).unwrap_or((0, 0));
         if self.ev.seq == u64::MAX {
             self.ev.seq = next_seq();
         }
         self.ev.result = result;
-        self.ev.ts_ns = t1;
-        self.ev.duration_ns = t1.saturating_sub(self.t0);
+        if t1 != 0 {
+            self.ev.ts_ns = t1;
+            self.ev.duration_ns = t1.saturating_sub(t0);
+        } else {
+            self.ev.ts_ns = if self.at != 0 { self.at } else { now_ns() };
+            self.ev.duration_ns = 0;
+        }
         self.ev.tid = gettid();
         if self.ev.device < 0 {
             self.ev.device = current_device();

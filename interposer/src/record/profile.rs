@@ -98,6 +98,141 @@ impl Drop for Span {
     }
 }
 
+/// The time of a frequent piece of work, for an exit note, at a fraction of the clock reads:
+/// the first [`Sampled::FIRST`] timed, then one in [`Sampled::EVERY`], the rest estimated from
+/// those (two clock reads each at 18–45 ns, where the work takes 0.3–5 µs).
+pub struct Sampled {
+    n: AtomicU64,
+    first_ns: AtomicU64,
+    sampled_ns: AtomicU64,
+}
+
+/// A started [`Sampled`]: `t0` is 0 where this one is not timed.
+pub struct Sample {
+    n: u64,
+    t0: u64,
+}
+
+impl Sampled {
+    pub const FIRST: u64 = 16;
+    pub const EVERY: u64 = 16;
+
+    pub const fn new() -> Sampled {
+        Sampled {
+            n: AtomicU64::new(0),
+            first_ns: AtomicU64::new(0),
+            sampled_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts one and starts its clock where it is one of those timed.
+    #[inline]
+    pub fn start(&self) -> Sample {
+        let n = self.n.fetch_add(1, Relaxed);
+        let timed = n < Self::FIRST || n.is_multiple_of(Self::EVERY);
+        Sample {
+            n,
+            t0: if timed { now_ns() } else { 0 },
+        }
+    }
+
+    /// Ends `s`, adding its time where it was timed.
+    #[inline]
+    pub fn stop(&self, s: Sample) {
+        if s.t0 == 0 {
+            return;
+        }
+        let ns = now_ns().saturating_sub(s.t0);
+        if s.n < Self::FIRST {
+            self.first_ns.fetch_add(ns, Relaxed);
+        } else {
+            self.sampled_ns.fetch_add(ns, Relaxed);
+        }
+    }
+
+    /// How many were counted and their estimated time (ns): the first [`Sampled::FIRST`] as
+    /// measured, the rest scaled from the one in [`Sampled::EVERY`] timed.
+    pub fn total(&self) -> (u64, u64) {
+        let n = self.n.load(Relaxed);
+        (
+            n,
+            estimate(
+                n,
+                self.first_ns.load(Relaxed),
+                self.sampled_ns.load(Relaxed),
+            ),
+        )
+    }
+
+    /// In a fork child, or a test: counted from nothing again.
+    pub fn reset(&self) {
+        self.n.store(0, Relaxed);
+        self.first_ns.store(0, Relaxed);
+        self.sampled_ns.store(0, Relaxed);
+    }
+}
+
+/// The time of `n` pieces of work of which the first [`Sampled::FIRST`] took `first_ns` and the
+/// ones timed after them (the multiples of [`Sampled::EVERY`] in `FIRST..n`) `sampled_ns`.
+fn estimate(n: u64, first_ns: u64, sampled_ns: u64) -> u64 {
+    let rest = n.saturating_sub(Sampled::FIRST);
+    let timed = (n.saturating_sub(1) / Sampled::EVERY)
+        .saturating_sub((Sampled::FIRST - 1) / Sampled::EVERY);
+    if rest == 0 || timed == 0 {
+        return first_ns;
+    }
+    first_ns + (sampled_ns as u128 * rest as u128 / timed as u128) as u64
+}
+
+#[cfg(test)]
+mod sampled_tests {
+    use super::*;
+
+    #[test]
+    fn the_estimate_scales_the_sampled_times_to_the_untimed() {
+        // 16 or fewer: all timed, as measured.
+        assert_eq!(estimate(0, 0, 0), 0);
+        assert_eq!(estimate(16, 1600, 0), 1600);
+        // The 17th (index 16) is the first sampled one: it stands for itself.
+        assert_eq!(estimate(17, 1600, 100), 1700);
+        // Index 16 timed for indices 16..32 (16 of them).
+        assert_eq!(estimate(32, 1600, 100), 1600 + 16 * 100);
+        // Indices 16 and 32 timed (200 ns together) for 17 pieces.
+        assert_eq!(estimate(33, 1600, 200), 1600 + 17 * 100);
+    }
+
+    #[test]
+    fn the_first_sixteen_and_one_in_sixteen_are_timed() {
+        let s = Sampled::new();
+        let mut timed = 0;
+        for _ in 0..64 {
+            let x = s.start();
+            timed += (x.t0 != 0) as u32;
+            s.stop(x);
+        }
+        // Indices 0..16, then 16, 32 and 48.
+        assert_eq!(timed, 16 + 3);
+        assert_eq!(s.total().0, 64);
+    }
+}
+
+impl Default for Sampled {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Adds `ns`, a real call's time measured by its caller, to the real part of the hook running
+/// on this thread (nothing when profiling is off).
+#[inline]
+pub fn add_real(ns: u64) {
+    if !on() {
+        return;
+    }
+    let i = CURRENT.try_with(|c| c.get()).unwrap_or(0) as usize;
+    REAL_NS[i.min(CLASSES - 1)].fetch_add(ns, Relaxed);
+}
+
 /// Runs the real function `f`, timed as the real part of the hook running on this thread.
 #[inline]
 pub fn real<R>(f: impl FnOnce() -> R) -> R {

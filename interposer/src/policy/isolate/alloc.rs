@@ -8,7 +8,7 @@
 //! [`crate::policy::release`], [`crate::policy::order`] and the folder's state, poison, quarantine, release paths, exit
 //! check and counters.
 
-use super::counters::{CAPTURED, POISON_BYTES, POISON_NS, POISONED, WRITTEN_BYTES};
+use super::counters::{CAPTURED, POISON_BYTES, POISON_TIME, POISONED, WRITTEN_BYTES};
 use super::exit::EXIT_GAVE_UP;
 use super::leave::{
     IN_FLIGHT, INFLIGHT, POLL_EVERY, SINCE_POLL, device_memory, free_to_driver, reap,
@@ -230,7 +230,9 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     };
     if guard::owns(proto.ptr) {
         let r = guard::free(proto.ptr, ordered.then_some(proto.stream as CUstream));
-        let entry = freed(&proto, live, seq, p.stack(), Held::Guarded, now_ns());
+        let t = now_ns();
+        p.at(t);
+        let entry = freed(&proto, live, seq, p.stack(), Held::Guarded, t);
         p.finish(r);
         // The range stays reserved and unmapped for good: listed so launches into it are named.
         quarantine_index_only(entry);
@@ -245,8 +247,10 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     }
     // Taken before the poison's clock starts (`finish` writes the same id in the event).
     let free_stack = p.stack();
-    let t0 = now_ns();
-    let mut entry = freed(&proto, live, seq, free_stack, Held::Allocation, t0);
+    let poisoning = POISON_TIME.start();
+    let t = now_ns();
+    p.at(t);
+    let mut entry = freed(&proto, live, seq, free_stack, Held::Allocation, t);
     if let Some(user) = unordered
         && stream_usable(user)
     {
@@ -286,7 +290,7 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
             entry.event = release::record_event(proto.stream as usize);
         }
     }
-    POISON_NS.fetch_add(now_ns().saturating_sub(t0), Relaxed);
+    POISON_TIME.stop(poisoning);
     POISONED.fetch_add(1, Relaxed);
     POISON_BYTES.fetch_add(live.size, Relaxed);
     if config::get().poison.is_some() {

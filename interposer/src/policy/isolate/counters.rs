@@ -8,6 +8,7 @@
 use crate::base::config;
 use crate::policy::{release, reuse};
 use crate::record::event;
+use crate::record::profile::Sampled;
 use crate::record::writer;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
@@ -47,7 +48,8 @@ pub(super) static CHECKED_BYTES: AtomicU64 = AtomicU64::new(0);
 /// Of those frees, the ones poisoned by the library's fill kernel (`ISOLATE_TEST_POISON_BY=kernel`).
 pub(super) static BY_KERNEL: AtomicU64 = AtomicU64::new(0);
 
-pub(super) static POISON_NS: AtomicU64 = AtomicU64::new(0);
+/// The frees' time on the freeing threads, poison queued (sampled: [`Sampled`]).
+pub(super) static POISON_TIME: Sampled = Sampled::new();
 
 pub(super) static RELEASE_NS: AtomicU64 = AtomicU64::new(0);
 
@@ -141,6 +143,7 @@ pub fn exit_notes() {
         device_bytes_notes();
     }
     if poisoned > 0 {
+        let poison_ns = POISON_TIME.total().1;
         let (done, bytes) = if config::get().poison.is_some() {
             (
                 "poisoned",
@@ -166,8 +169,8 @@ pub fn exit_notes() {
                  on the release stream",
                 POISON_BYTES.load(Relaxed),
                 BY_KERNEL.load(Relaxed),
-                ms(&POISON_NS),
-                ms(&POISON_NS) * 1e3 / poisoned as f64,
+                poison_ns as f64 / 1e6,
+                poison_ns as f64 / 1e3 / poisoned as f64,
                 ms(&RELEASE_NS),
                 ms(&WAIT_NS),
                 ASYNC_BATCHES.load(Relaxed)

@@ -14,7 +14,7 @@ use super::leave::{Release, device_memory, free_to_driver, release_batch, trim_d
 use super::state::{Entry, HIGH, Held, LOW, STATE, State, st, state};
 use crate::base::config::{self, Budget};
 use crate::base::cu;
-use crate::base::sys::now_ns;
+use crate::base::sys::{coarse_ns, now_ns};
 use crate::policy::reuse;
 use crate::record::profile::{self, Part};
 use crate::record::writer::{Q_EARLY, Q_PEAK};
@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 /// once a second, [`super::tenants`]).
 pub(super) fn budget(s: &mut State, device: i32) -> u64 {
     if let Some(b) = s.budget
-        && (s.budget_until == 0 || now_ns() < s.budget_until)
+        && (s.budget_until == 0 || coarse_ns() < s.budget_until)
     {
         return b;
     }

@@ -13,7 +13,7 @@
 //!
 //! Layer: recording. Uses the base.
 
-use crate::base::sys::{ForkLock, now_ns};
+use crate::base::sys::ForkLock;
 use framehop::x86_64::UnwinderX86_64;
 use framehop::{ExplicitModuleSectionInfo, Module, Unwinder};
 use std::ffi::{CStr, c_int, c_void};
@@ -46,6 +46,8 @@ pub struct Snapshot {
     /// loaded where an unloaded one was): the same return addresses mean other code in
     /// another epoch, so the stacks are interned per epoch.
     pub epoch: u64,
+    /// [`DLOPENS`] when it was taken.
+    pub dlopens: u64,
 }
 
 impl Snapshot {
@@ -78,9 +80,25 @@ std::thread_local! {
     static LOADED_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Calls of `dlopen` so far, any thread's (counted before the real one runs).
+static DLOPENS: AtomicU64 = AtomicU64::new(0);
+
 /// Called by the `dlopen` hook on the calling thread, before the real `dlopen` runs.
 pub fn dlopen_called() {
+    DLOPENS.fetch_add(1, Release);
     let _ = LOADED_HERE.try_with(|c| c.set(true));
+}
+
+/// For a walk that ended in code no object of `snap` holds: the loader is asked at once
+/// where any thread called `dlopen` since `snap` was taken, else at the usual 10 ms. Code no
+/// loaded object holds (a JIT's, a trampoline's) ends walks all the time: asking the loader
+/// at each (`dl_iterate_phdr` takes its lock) cost every such capture a lock and a walk of the
+/// object list.
+pub fn after_unknown(snap: &Snapshot) -> Option<&'static Snapshot> {
+    current_at(
+        DLOPENS.load(Acquire) != snap.dlopens,
+        crate::base::sys::coarse_ns(),
+    )
 }
 
 static CURRENT: AtomicPtr<Snapshot> = AtomicPtr::new(std::ptr::null_mut());
@@ -117,11 +135,11 @@ fn generation_now() -> u64 {
 /// The current snapshot, rebuilt first when objects were loaded or unloaded since it was taken
 /// (looked at most every 10 ms, or now when `now` is set). `None` when none could be built.
 pub fn current(now: bool) -> Option<&'static Snapshot> {
-    current_at(now, now_ns())
+    current_at(now, crate::base::sys::coarse_ns())
 }
 
-/// [`current`] with the time already read by the caller (`t`, [`now_ns`]): a stack's capture
-/// reads the clock once for its own timing and this.
+/// [`current`] with the time already read by the caller (`t`, [`crate::base::sys::coarse_ns`]
+/// or [`crate::base::sys::now_ns`]).
 pub fn current_at(now: bool, t: u64) -> Option<&'static Snapshot> {
     let p = CURRENT.load(Acquire);
     let now = now || LOADED_HERE.try_with(|c| c.replace(false)).unwrap_or(false);
@@ -131,6 +149,8 @@ pub fn current_at(now: bool, t: u64) -> Option<&'static Snapshot> {
         return Some(unsafe { &*p });
     }
     CHECKED_AT.store(t, Relaxed);
+    // Before the loader's count: a `dlopen` after this is seen by `after_unknown` again.
+    let dlopens = DLOPENS.load(Acquire);
     let g = generation_now();
     if !p.is_null() {
         // SAFETY: as above: a leaked, never freed Snapshot.
@@ -148,7 +168,7 @@ pub fn current_at(now: bool, t: u64) -> Option<&'static Snapshot> {
             return Some(s);
         }
     }
-    let fresh = Box::leak(Box::new(build(g)));
+    let fresh = Box::leak(Box::new(build(g, dlopens)));
     CURRENT.store(fresh, Release);
     Some(fresh)
 }
@@ -173,7 +193,7 @@ struct Found {
     eh_frame: Option<(u64, u64)>,
 }
 
-fn build(generation: u64) -> Snapshot {
+fn build(generation: u64, dlopens: u64) -> Snapshot {
     unsafe extern "C" fn each(
         info: *mut libc::dl_phdr_info,
         _size: usize,
@@ -262,6 +282,7 @@ fn build(generation: u64) -> Snapshot {
         generation,
         own,
         epoch: EPOCH.load(Acquire),
+        dlopens,
     }
 }
 
