@@ -67,6 +67,13 @@
 # the pluggable interface's floor (TIER_PIN=gpu ... TIER_CONFIGS=default,default-again,
 # default-third,backend,pluggable,pluggable-pool ... TIER_ROUNDS=2 ... tiers:230) and
 # default,default-again,pluggable-pool,fast-pluggable,fast,fast-nostacks (tiers:180).
+# Run in the twentieth (H100; the H200 never started; docs/gpu-results.md "Twentieth
+# session"): OUT=$OUT/ab TIER_LOCKSTEP=5 TIER_CONFIGS=default,default-again,fast,fast-base,log,log-base
+# TIER_MODELS=resnet50,bert TIER_ROUNDS=3 TIER_STEPS=40 TIER_PLANTED=0 BUDGET_S=150
+# BENCH_LIMIT_S=175 ... tiers:185 (target/gpu/base/libisolate.so: bf7bd3a's);
+# OUT=$OUT/drv bash tests/gpu/driver_log_baseline.sh; OUT=$OUT/table TIER_LOCKSTEP=5
+# TIER_CONFIGS=default,default-again,log,isolate,fast TIER_MODELS=gpt2,resnet50,bert,vit
+# TIER_ROUNDS=3 TIER_STEPS=40 TIER_PLANTED=0 BUDGET_S=250 BENCH_LIMIT_S=300 ... tiers:310.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
