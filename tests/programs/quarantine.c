@@ -8,9 +8,10 @@
  *   quarantine budget   20 x 1 MiB allocated, all freed, then 16 more: where do they come from
  *   quarantine stream   a copy and a kernel read X on a stream, then cudaFreeAsync(X) on it
  *   quarantine double   double frees (runtime, stream-ordered, driver, a thread with no context)
- *   quarantine capture  stream-ordered frees on a stream capturing a CUDA graph (the stand-in's
- *                       standin_set_capturing): of memory the capture allocated, and of memory
- *                       from before it (refused); then the same size again on that stream
+ *   quarantine capture  stream-ordered frees on a stream capturing a CUDA graph (begun and
+ *                       ended with cuStreamBeginCapture_v2 / cuStreamEndCapture): of memory
+ *                       the capture allocated, and of memory from before it (refused); then
+ *                       the same size again on that stream
  *   quarantine graph-memory  graph memory through cuStreamBeginCapture_v2: see graph_memory
  *   quarantine pool     the default pool's used-memory counters (what PyTorch's memory_allocated
  *                       reads on its stream-ordered backend) around stream-ordered frees
@@ -410,7 +411,6 @@ static int double_free(void) {
     return 0;
 }
 
-typedef int (*PFN_set_capturing)(CUstream, int);
 typedef CUresult (*PFN_begin_capture)(CUstream, int);
 typedef CUresult (*PFN_begin_capture_legacy)(CUstream);
 typedef CUresult (*PFN_end_capture)(CUstream, void **);
@@ -448,17 +448,23 @@ static void *switch_and_stream(const char *fn, const char *what, cudaStream_t *s
 static int capture(void) {
     cudaStream_t s = NULL;
     void *a = NULL, *b = NULL, *c = NULL;
-    PFN_set_capturing set =
-        (PFN_set_capturing)switch_and_stream("standin_set_capturing", "capture", &s, &a);
-    if (!set)
+    /* Begun and ended through the driver's calls, as a program does (the library counts the
+     * captures it sees begin, and asks a stream only while one may run). */
+    PFN_begin_capture begin = (PFN_begin_capture)driver_fn("cuStreamBeginCapture_v2");
+    PFN_end_capture end = (PFN_end_capture)driver_fn("cuStreamEndCapture");
+    say("capture functions %d", begin && end);
+    if (!begin || !end)
         return 1;
-    say("capturing %d", set(s, 1));
+    say("cudaStreamCreateWithFlags %d", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    say("cudaMallocAsync %d", cudaMallocAsync(&a, MIB, s));
+    say("capturing %d", begin((CUstream)s, 0));
     say("cudaMallocAsync %d", cudaMallocAsync(&c, MIB, s));
     say("cudaFreeAsync %d", cudaFreeAsync(c, s));
     /* A capture frees only what it allocated: the driver refuses memory from before it. */
     say("cudaFreeAsync of earlier memory refused %d", cudaFreeAsync(a, s) != cudaSuccess);
     (void)cudaGetLastError();
-    say("not capturing %d", set(s, 0));
+    void *graph = NULL;
+    say("not capturing %d", end((CUstream)s, &graph));
     say("cudaStreamSynchronize %d", cudaStreamSynchronize(s));
     say("cudaMallocAsync %d", cudaMallocAsync(&b, MIB, s));
     say("b==c %d", c == b);

@@ -924,7 +924,7 @@ fn pool_statistics_do_not_count_the_quarantine() {
 fn a_free_during_graph_capture_goes_to_the_driver() {
     let plain = quarantine("capture").preload(false).run();
     plain.assert_success();
-    has_line(&plain, "stand-in capture switch 1");
+    has_line(&plain, "capture functions 1");
     has_line(&plain, "b==c 1");
     has_line(&plain, "cudaFreeAsync of earlier memory refused 1");
     let out = isolate(quarantine("capture")).run();

@@ -633,6 +633,46 @@ fn a_tensor_costs_about_four_fine_clock_reads() {
     }
 }
 
+/// A stream-ordered free (or allocation) asks its stream whether it is capturing a graph only where a capture
+/// may be running: where captures' starts and ends reach the library (stream work hooked:
+/// the default isolate mode) it counts them, and a program that captures nothing makes no
+/// such query (the profile's "capture queries" part); with stream work not hooked (no
+/// deferred poisons, no order check) every allocation and free still asks.
+#[test]
+fn a_free_asks_about_graph_capture_only_when_one_may_run() {
+    let queries = |extra: &[(&str, &str)]| -> u64 {
+        let mut run = Run::program("step_bench")
+            .args(["4", "50"])
+            .env("ISOLATE_MODE", "isolate")
+            .env("ISOLATE_PROFILE", "on");
+        for (k, v) in extra {
+            run = run.env(*k, *v);
+        }
+        let out = run.run();
+        out.assert_success();
+        let parts = out
+            .only_trace()
+            .cost_note(isolate_trace::CostTopic::HookParts)
+            .expect("a parts note with ISOLATE_PROFILE=on")
+            .text
+            .clone();
+        parts
+            .split(';')
+            .find_map(|p| p.trim().strip_prefix("capture queries "))
+            .map(|rest| rest.split(',').next().unwrap().trim().parse().unwrap())
+            .unwrap_or(0)
+    };
+    assert_eq!(queries(&[]), 0, "stream work hooked: captures counted");
+    // 9 steps (5 of warm-up) of 50 allocations and 50 frees, each asking.
+    assert_eq!(
+        queries(&[
+            ("ISOLATE_TEST_POISON_BATCH", "off"),
+            ("ISOLATE_TEST_ORDER", "off")
+        ]),
+        9 * 50 * 2
+    );
+}
+
 /// CUDA IPC (issue 17's example of one hooked entry point, one declaration each): memory another
 /// process shares is recorded when opened and closed, through the runtime and the driver, in
 /// the process that opens it; in isolate mode it is never quarantined or poisoned (it is not

@@ -217,7 +217,7 @@ pub fn handed_out(h: &Hooked) -> bool {
         .iter()
         .any(|x| std::ptr::eq(x, h))
     {
-        return crate::policy::defers_poison() || crate::policy::order::active();
+        return crate::policy::stream_work_hooked();
     }
     if h.launch || super::room::ROOM_HOOKED.iter().any(|x| std::ptr::eq(x, h)) {
         return crate::policy::isolating();

@@ -51,8 +51,9 @@ pub fn alloc(
     // allocation handed out here was freed inside the capture by the driver's rules: an
     // "invalid argument" abort in PyTorch's tests), and no release may synchronise (it would
     // invalidate the capture).
-    let captured =
-        proto.api.stream_ordered() && order::any_capture() && capturing(proto.stream as CUstream);
+    let captured = proto.api.stream_ordered()
+        && crate::policy::may_capture()
+        && capturing(proto.stream as CUstream);
     // Checked memory of this size kept by the library (`ISOLATE_REUSE=on`): no driver call.
     let kept = if !guarded
         && !captured
@@ -238,7 +239,7 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         quarantine_index_only(entry);
         return r;
     }
-    if ordered && capturing(proto.stream as CUstream) {
+    if ordered && crate::policy::may_capture() && capturing(proto.stream as CUstream) {
         // A free recorded into a CUDA graph (stream capture): the graph must free what it
         // allocated, and nothing may be queued on a capturing stream that the graph does not
         // own (a capture frees only what it allocated: the driver answers the rest).
