@@ -113,6 +113,15 @@ pub struct Sample {
     t0: u64,
 }
 
+impl Sample {
+    /// When it started ([`now_ns`]), where it is timed: a caller that needs the time anyway
+    /// reads the clock once.
+    #[inline]
+    pub fn started(&self) -> Option<u64> {
+        (self.t0 != 0).then_some(self.t0)
+    }
+}
+
 impl Sampled {
     pub const FIRST: u64 = 16;
     pub const EVERY: u64 = 16;
@@ -162,13 +171,6 @@ impl Sampled {
                 self.sampled_ns.load(Relaxed),
             ),
         )
-    }
-
-    /// In a fork child, or a test: counted from nothing again.
-    pub fn reset(&self) {
-        self.n.store(0, Relaxed);
-        self.first_ns.store(0, Relaxed);
-        self.sampled_ns.store(0, Relaxed);
     }
 }
 

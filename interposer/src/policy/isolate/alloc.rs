@@ -249,7 +249,7 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     // Taken before the poison's clock starts (`finish` writes the same id in the event).
     let free_stack = p.stack();
     let poisoning = POISON_TIME.start();
-    let t = now_ns();
+    let t = poisoning.started().unwrap_or_else(now_ns);
     p.at(t);
     let mut entry = freed(&proto, live, seq, free_stack, Held::Allocation, t);
     if let Some(user) = unordered
