@@ -51,9 +51,7 @@ pub fn alloc(
     // allocation handed out here was freed inside the capture by the driver's rules: an
     // "invalid argument" abort in PyTorch's tests), and no release may synchronise (it would
     // invalidate the capture).
-    let captured = proto.api.stream_ordered()
-        && crate::policy::may_capture()
-        && capturing(proto.stream as CUstream);
+    let captured = proto.api.stream_ordered() && capturing(proto.stream as CUstream);
     // Checked memory of this size kept by the library (`ISOLATE_REUSE=on`): no driver call.
     let kept = if !guarded
         && !captured
@@ -239,7 +237,7 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         quarantine_index_only(entry);
         return r;
     }
-    if ordered && crate::policy::may_capture() && capturing(proto.stream as CUstream) {
+    if ordered && capturing(proto.stream as CUstream) {
         // A free recorded into a CUDA graph (stream capture): the graph must free what it
         // allocated, and nothing may be queued on a capturing stream that the graph does not
         // own (a capture frees only what it allocated: the driver answers the rest).
@@ -606,9 +604,10 @@ pub(super) fn double_free(api: Api, stream: CUstream) -> i32 {
     r.unwrap_or(CUDA_ERROR_INVALID_VALUE)
 }
 
-/// Whether `stream` is capturing a CUDA graph (false where the driver cannot say).
+/// Whether `stream` is capturing a CUDA graph (false where the driver cannot say). The driver
+/// is asked only while a capture may run ([`crate::policy::may_capture`]).
 pub(super) fn capturing(stream: CUstream) -> bool {
-    if STREAM_IS_CAPTURING.get().is_none() {
+    if !crate::policy::may_capture() || STREAM_IS_CAPTURING.get().is_none() {
         return false;
     }
     profile::timed(Part::Capturing, || {

@@ -100,13 +100,10 @@ thread_local! {
 /// ~22 KiB of frame buffers ([`capture_inner`], never inlined here), and a thread whose stack
 /// has less than [`CAPTURE_ROOM`] left (glibc allows 16 KiB stacks) gets no stack rather
 /// than a fault ([`small_stacks`] counts them).
-pub fn capture() -> u32 {
-    capture_sampled()
-}
-
+///
 /// Captures are timed for the exit note's cost one in [`Sampled::EVERY`] after the first
 /// [`Sampled::FIRST`] (two clock reads each, 18–45 ns a read, where a capture is ~0.3–1 µs).
-fn capture_sampled() -> u32 {
+pub fn capture() -> u32 {
     let cfg = config::get();
     if cfg.stacks == Stacks::None || !writer::active() {
         return 0;
@@ -116,14 +113,8 @@ fn capture_sampled() -> u32 {
         return 0;
     }
     let s = CAPTURES.start();
-    let id = std::panic::catch_unwind(|| {
-        capture_inner(
-            cfg.stacks,
-            cfg.stack_depth as usize,
-            crate::base::sys::coarse_ns(),
-        )
-    })
-    .unwrap_or(0);
+    let id = std::panic::catch_unwind(|| capture_inner(cfg.stacks, cfg.stack_depth as usize))
+        .unwrap_or(0);
     CAPTURES.stop(s);
     id
 }
@@ -290,10 +281,10 @@ impl<'a> Merge<'a> {
 /// Never inlined into [`capture`]: its frame (the buffers) is reserved only once the capture
 /// is known to be wanted and to fit.
 #[inline(never)]
-fn capture_inner(mode: Stacks, depth: usize, t0: u64) -> u32 {
+fn capture_inner(mode: Stacks, depth: usize) -> u32 {
     let want_native = matches!(mode, Stacks::Native | Stacks::All);
     let want_python = matches!(mode, Stacks::Python | Stacks::All);
-    let Some(mut snap) = modules::current_at(false, t0) else {
+    let Some(mut snap) = modules::current(false) else {
         return 0;
     };
     // Python first (cheap): the native walk stops once the merged stack is `depth` deep.

@@ -138,9 +138,8 @@ pub fn current(now: bool) -> Option<&'static Snapshot> {
     current_at(now, crate::base::sys::coarse_ns())
 }
 
-/// [`current`] with the time already read by the caller (`t`, [`crate::base::sys::coarse_ns`]
-/// or [`crate::base::sys::now_ns`]).
-pub fn current_at(now: bool, t: u64) -> Option<&'static Snapshot> {
+/// [`current`] at time `t` ([`crate::base::sys::coarse_ns`]).
+fn current_at(now: bool, t: u64) -> Option<&'static Snapshot> {
     let p = CURRENT.load(Acquire);
     let now = now || LOADED_HERE.try_with(|c| c.replace(false)).unwrap_or(false);
     if !p.is_null() && !now && t.saturating_sub(CHECKED_AT.load(Relaxed)) < CHECK_EVERY_NS {
