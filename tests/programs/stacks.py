@@ -6,6 +6,10 @@ Python frames must come from the thread's own frame chain either way.
     python3 stacks.py cdll|pydll|both [N]
     python3 stacks.py bench N [D]  N allocations and frees D (10) Python calls deep, quietly
                                    (isolate-bench: the cost of a stack with Python frames)
+    python3 stacks.py walks        allocations whose stacks differ from the one before in one
+                                   frame each (the innermost, an outer one, the depth, up and
+                                   down): a thread's walk reuses what the last walk read of the
+                                   frames it has in common, so each stack must still be its own
 
 Prints one line per call: "<how> <function> line <L> rc <rc>", where L is the line of the
 ctypes call in that function (read from this file, so the test needs no line numbers of its own).
@@ -56,8 +60,42 @@ def bench_level(rt, depth, n):
         rt.cudaFree(p)
 
 
+def site_a(rt, p):
+    return rt.cudaMalloc(ctypes.byref(p), 256)  # SITE_A
+
+
+def site_b(rt, p):
+    return rt.cudaMalloc(ctypes.byref(p), 256)  # SITE_B
+
+
+def nest(rt, depth, site):
+    if depth > 0:
+        return nest(rt, depth - 1, site)  # NEST
+    p = ctypes.c_void_p()
+    site(rt, p)  # CALL_SITE
+    rt.cudaFree(p)
+    return 0
+
+
+def walks(rt):
+    # One line a cudaMalloc: "walk <site> <nest frames> <caller line>", in order.
+    for round in range(3):
+        for depth, site in [(2, site_a), (2, site_b), (2, site_a), (5, site_a), (1, site_a),
+                            (1, site_b), (4, site_b), (0, site_b)]:
+            if round % 2 == 0:
+                nest(rt, depth, site)  # CALLER_1
+                caller = line_of("CALLER_1")
+            else:
+                nest(rt, depth, site)  # CALLER_2
+                caller = line_of("CALLER_2")
+            print(f"walk {site.__name__} {depth + 1} {caller}", flush=True)
+
+
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else "both"
+    if what == "walks":
+        walks(runtime("cdll"))
+        return
     if what == "bench":
         bench_level(runtime("cdll"), int(sys.argv[3]) if len(sys.argv) > 3 else 10, int(sys.argv[2]))
         return

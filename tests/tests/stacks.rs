@@ -592,6 +592,67 @@ fn the_python_step_benchmark_runs_clean_in_both_tiers() {
     }
 }
 
+/// A thread's walk takes from its last walk what it read of the frames the two have in
+/// common (the same frame, code object and instruction: python.rs `Memo`). Stacks that differ
+/// from the one before in one frame each — the innermost function, the line of an outer
+/// frame, the depth, deeper and shallower — must each still name their own frames.
+#[test]
+fn each_python_stack_names_its_own_frames_when_the_walk_before_shares_most_of_them() {
+    let pythons = pythons();
+    if pythons.is_empty() {
+        skip("no CPython 3.10 - 3.13 found: Python frames are not tested");
+        return;
+    }
+    let script = workspace_root().join("tests/programs/stacks.py");
+    let script = script.to_string_lossy().into_owned();
+    let text = std::fs::read_to_string(&script).unwrap();
+    let line_of = |marker: &str| {
+        1 + text
+            .lines()
+            .position(|l| l.trim_end().ends_with(&format!("# {marker}")))
+            .unwrap() as u32
+    };
+    for (version, python) in &pythons {
+        for mode in ["isolate", "log"] {
+            let (stdout, t) = run_python(python, &["walks"], &[("ISOLATE_MODE", mode)]);
+            let s = Stacks::of(&t);
+            let mut syms = Symbols::default();
+            let mallocs = events_of(&t, Api::CudaMalloc);
+            let want: Vec<&str> = stdout.lines().filter(|l| l.starts_with("walk ")).collect();
+            assert_eq!(mallocs.len(), want.len(), "{stdout}");
+            assert_eq!(want.len(), 24);
+            let mut distinct = std::collections::HashSet::new();
+            for (e, w) in mallocs.iter().zip(&want) {
+                let f: Vec<&str> = w.split_whitespace().collect();
+                let (site, nests, caller): (&str, usize, u32) =
+                    (f[1], f[2].parse().unwrap(), f[3].parse().unwrap());
+                let words = s.render(e.stack, &mut syms);
+                let py: Vec<&String> = words.iter().filter(|w| w.starts_with("py ")).collect();
+                let ctx = format!("Python {version}, {mode}, {w}: {py:#?}");
+                let site_line = line_of(if site == "site_a" { "SITE_A" } else { "SITE_B" });
+                assert_eq!(*py[0], format!("py {site} ({script}:{site_line})"), "{ctx}");
+                // The innermost nest calls the site; the others call nest.
+                let at = |m: &str| format!("py nest ({script}:{})", line_of(m));
+                assert_eq!(*py[1], at("CALL_SITE"), "{ctx}");
+                for k in 2..=nests {
+                    assert_eq!(*py[k], at("NEST"), "{ctx}");
+                }
+                assert_eq!(
+                    *py[nests + 1],
+                    format!("py walks ({script}:{caller})"),
+                    "{ctx}"
+                );
+                assert!(py[nests + 2].starts_with("py main ("), "{ctx}");
+                assert_eq!(py.len(), nests + 4, "{ctx}");
+                distinct.insert(py.iter().map(|w| w.to_string()).collect::<Vec<_>>());
+            }
+            // Two callers' lines × the seven (site, depth) pairs of each round, in Python frames
+            // (the native frames may differ too: ctypes' first calls take other paths).
+            assert_eq!(distinct.len(), 14, "Python {version}, {mode}");
+        }
+    }
+}
+
 #[test]
 fn python_frames_name_function_file_and_line_with_and_without_the_gil() {
     let pythons = pythons();

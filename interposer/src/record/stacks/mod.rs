@@ -96,8 +96,8 @@ thread_local! {
 /// nothing could be captured, or recording is off. Never fails the caller: a capture that
 /// panics gives 0.
 ///
-/// Checked first, before anything is reserved on the stack: the capture's own frame holds
-/// ~22 KiB of frame buffers ([`capture_inner`], never inlined here), and a thread whose stack
+/// Checked first, before anything is reserved on the stack: the capture's own frames hold
+/// ~4 KiB of frame buffers ([`merge_and_intern`], never inlined here), and a thread whose stack
 /// has less than [`CAPTURE_ROOM`] left (glibc allows 16 KiB stacks) gets no stack rather
 /// than a fault ([`small_stacks`] counts them).
 ///
@@ -119,12 +119,13 @@ pub fn capture() -> u32 {
     id
 }
 
-/// The stack a capture may use below its caller: its frame buffers (`MAX_DEPTH` Python and
-/// merged frames, ~22 KiB), the walk (framehop's iterator, a few KiB) and the first stack's
-/// interning (hash maps, the allocator), with room to spare for the signal handlers the
-/// program may run on top. Measured: the frame of [`capture_inner`] is 22.3 KiB in the test
-/// build (it was 34.3 KiB, reserved by `capture` itself, before the check, when inlined there
-/// and holding two `Merge`s).
+/// The stack a capture may use below its caller: its frame buffers (`MAX_DEPTH` merged
+/// frames of 16 bytes, 4 KiB; the Python frames are the thread's memo, on the heap), the walk
+/// (framehop's iterator, a few KiB) and the first stack's interning (hash maps, the
+/// allocator), with room to spare for the signal handlers the program may run on top.
+/// Measured: the frame of [`merge_and_intern`] is 4.3 KiB in the test build (the capture's
+/// frames were 22.3 KiB until the twenty-first session, with the Python frames and merged
+/// frames copied on the stack, and 34.3 KiB before that, reserved by `capture` itself).
 pub const CAPTURE_ROOM: u64 = 48 << 10;
 
 /// The most native frames the fast tier walks before a thread's Python frames.
@@ -189,7 +190,7 @@ struct Merge<'a> {
     native_n: usize,
     /// The next Python frame to place.
     pi: usize,
-    frames: [MaybeUninit<RawFrame>; MAX_DEPTH],
+    frames: [MaybeUninit<Item>; MAX_DEPTH],
     n: usize,
     truncated: bool,
     /// The last native return address the walk handed over (0: none).
@@ -228,7 +229,7 @@ impl<'a> Merge<'a> {
     }
 
     /// Appends `f`; false (and the stack marked truncated) when `depth` frames are there.
-    fn push(&mut self, f: RawFrame) -> bool {
+    fn push(&mut self, f: Item) -> bool {
         if self.n == self.depth {
             self.truncated = true;
             return false;
@@ -245,7 +246,7 @@ impl<'a> Merge<'a> {
             Some((lo, hi)) if self.pi < self.py.len() && pc > lo && pc <= hi => {
                 let act = self.py[self.pi].act;
                 while self.pi < self.py.len() && self.py[self.pi].act == act {
-                    if !self.push(RawFrame::Python(self.py[self.pi])) {
+                    if !self.push(Item::Python(self.pi as u32)) {
                         return false;
                     }
                     self.pi += 1;
@@ -256,7 +257,7 @@ impl<'a> Merge<'a> {
                 // The budget is spent: the Python frames still to place follow a gap marker
                 // (`Native(0)`, "native frames left out"); the outer native frames are dropped.
                 if self.pi < self.py.len() {
-                    self.push(RawFrame::Native(GAP));
+                    self.push(Item::Native(GAP));
                 } else if self.py.is_empty() {
                     // No Python to follow: the stack is cut here.
                     self.truncated = true;
@@ -265,41 +266,83 @@ impl<'a> Merge<'a> {
             }
             _ => {
                 self.native_n += 1;
-                self.push(RawFrame::Native(pc))
+                self.push(Item::Native(pc))
             }
         }
     }
 
+    /// The frames placed.
+    fn items(&self) -> &[Item] {
+        // SAFETY: `push` wrote `frames[n]` before it incremented `n`, and nothing else
+        // changes `n` but `reset` (to 0), so the first `n` are initialised.
+        unsafe { std::slice::from_raw_parts(self.frames.as_ptr().cast(), self.n) }
+    }
+
+    /// The frames placed, as the table keys them.
+    fn raw_frames(&self) -> Vec<RawFrame> {
+        self.items()
+            .iter()
+            .map(|&it| match it {
+                Item::Native(pc) => RawFrame::Native(pc),
+                Item::Python(i) => RawFrame::Python(self.py[i as usize]),
+            })
+            .collect()
+    }
+
+    /// The stack's two hashes ([`hashes`]), from the frames placed.
+    fn hashes(&self, truncated: bool, epoch: u64) -> (u64, u64) {
+        let py = self.py;
+        hashes(
+            self.items().iter().map(|&it| match it {
+                Item::Native(pc) => pc,
+                Item::Python(i) => py[i as usize].dig ^ PYTHON_WORD,
+            }),
+            self.n,
+            truncated,
+            epoch,
+        )
+    }
+
     /// The Python frames no native frame stood for, outermost last.
     fn python_left(&mut self) {
-        while self.pi < self.py.len() && self.push(RawFrame::Python(self.py[self.pi])) {
+        while self.pi < self.py.len() && self.push(Item::Python(self.pi as u32)) {
             self.pi += 1;
         }
     }
 }
 
-/// Never inlined into [`capture`]: its frame (the buffers) is reserved only once the capture
-/// is known to be wanted and to fit.
+/// Never inlined into [`capture`]: its frames (the buffers) are reserved only once the
+/// capture is known to be wanted and to fit.
 #[inline(never)]
 fn capture_inner(mode: Stacks, depth: usize) -> u32 {
     let want_native = matches!(mode, Stacks::Native | Stacks::All);
     let want_python = matches!(mode, Stacks::Python | Stacks::All);
-    let Some(mut snap) = modules::current(false) else {
+    let Some(snap) = modules::current(false) else {
         return 0;
     };
     // Python first (cheap): the native walk stops once the merged stack is `depth` deep.
-    let mut py_store = [const { MaybeUninit::<python::Raw>::uninit() }; MAX_DEPTH];
-    let mut pw = python::Walk {
-        n: 0,
-        truncated: false,
+    let _t = PartSpan::start(Part::PythonFrames);
+    let rest = |py: &[python::Raw], py_truncated: bool| {
+        drop(_t);
+        merge_and_intern(py, py_truncated, want_native, depth, snap)
     };
     if want_python {
-        pw = timed(Part::PythonFrames, || {
-            python::frames(snap.generation, &mut py_store[..depth])
-        });
+        python::with_frames(snap.generation, depth, rest)
+    } else {
+        rest(&[], false)
     }
-    // SAFETY: `frames` wrote the first `pw.n`.
-    let py: &[python::Raw] = unsafe { std::slice::from_raw_parts(py_store.as_ptr().cast(), pw.n) };
+}
+
+/// The rest of [`capture_inner`], with the thread's Python frames (`py`) in hand: the native
+/// walk merged with them, and the stack interned.
+#[inline(never)]
+fn merge_and_intern(
+    py: &[python::Raw],
+    py_truncated: bool,
+    want_native: bool,
+    depth: usize,
+    mut snap: &'static modules::Snapshot,
+) -> u32 {
     let eval = if want_native && !py.is_empty() {
         python::eval_range(snap.generation)
     } else {
@@ -344,14 +387,25 @@ fn capture_inner(mode: Stacks, depth: usize) -> u32 {
     if m.n == 0 {
         return 0;
     }
-    // SAFETY: `push` wrote the first `n`.
-    let frames: &[RawFrame] = unsafe { std::slice::from_raw_parts(m.frames.as_ptr().cast(), m.n) };
     timed(Part::Interning, || {
-        intern(frames, m.truncated || pw.truncated, snap)
+        intern(&m, m.truncated || py_truncated, snap)
     })
 }
 
-fn hashes(frames: &[RawFrame], truncated: bool, epoch: u64) -> (u64, u64) {
+/// A frame as the merge places it: a native return address, or the index of a Python frame
+/// in the walk's list (16 bytes: the frame itself is copied only for a stack the thread has
+/// not seen).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Item {
+    Native(u64),
+    Python(u32),
+}
+
+/// Mixed into a Python frame's [`python::Raw::dig`] in a stack's hash: a Python frame is
+/// not a return address.
+const PYTHON_WORD: u64 = 0x5059_7468_6f6e_0000;
+
+fn hashes(words: impl Iterator<Item = u64>, len: usize, truncated: bool, epoch: u64) -> (u64, u64) {
     // Two fixed-key hashers: the same stack hashes the same on every thread. Each runs two
     // lanes, the words taken in turn, so that a word's multiply need not wait for the one
     // before it (a stack of ten Python frames is ~45 words: the chain of multiplies was most
@@ -359,8 +413,8 @@ fn hashes(frames: &[RawFrame], truncated: bool, epoch: u64) -> (u64, u64) {
     const K1: u64 = 0x9e37_79b9_7f4a_7c15;
     const K2: u64 = 0xc2b2_ae3d_27d4_eb4f;
     const P: u64 = 0x0000_0100_0000_01b3;
-    let a0 = K1 ^ frames.len() as u64 ^ ((truncated as u64) << 63) ^ epoch.rotate_left(40);
-    let b0 = K2.wrapping_add(frames.len() as u64) ^ epoch ^ ((truncated as u64) << 62);
+    let a0 = K1 ^ len as u64 ^ ((truncated as u64) << 63) ^ epoch.rotate_left(40);
+    let b0 = K2.wrapping_add(len as u64) ^ epoch ^ ((truncated as u64) << 62);
     let (mut a, mut c) = (a0, a0 ^ K2);
     let (mut b, mut d) = (b0, b0.rotate_left(32));
     let mut pending: Option<u64> = None;
@@ -374,16 +428,8 @@ fn hashes(frames: &[RawFrame], truncated: bool, epoch: u64) -> (u64, u64) {
             d = (d.rotate_left(17) ^ x).wrapping_mul(K1 | 1);
         }
     };
-    for f in frames {
-        match f {
-            RawFrame::Native(pc) => mix(*pc),
-            RawFrame::Python(p) => {
-                mix(p.code ^ 0x5059);
-                mix(p.file);
-                mix(p.name);
-                mix(((p.first_line as u32 as u64) << 32) | p.offset as u32 as u64);
-            }
-        }
+    for w in words {
+        mix(w);
     }
     if let Some(w) = pending {
         a = (a ^ w).wrapping_mul(P).rotate_left(29);
@@ -394,8 +440,8 @@ fn hashes(frames: &[RawFrame], truncated: bool, epoch: u64) -> (u64, u64) {
     (a ^ (a >> 31), b ^ (b >> 29))
 }
 
-fn intern(frames: &[RawFrame], truncated: bool, snap: &modules::Snapshot) -> u32 {
-    let (h1, h2) = hashes(frames, truncated, snap.epoch);
+fn intern(m: &Merge, truncated: bool, snap: &modules::Snapshot) -> u32 {
+    let (h1, h2) = m.hashes(truncated, snap.epoch);
     let generation = GENERATION.load(Acquire);
     // Two ways a set: two stacks met in turn whose hashes fall in one set (an allocation and
     // its free, a loop's two sites) do not evict each other at every call, as they did in a
@@ -411,7 +457,7 @@ fn intern(frames: &[RawFrame], truncated: bool, snap: &modules::Snapshot) -> u32
         return id;
     }
     LOOKED_UP.fetch_add(1, Relaxed);
-    let id = intern_locked(frames, truncated, snap);
+    let id = intern_locked(&m.raw_frames(), truncated, snap);
     if id != 0 {
         let _ = SEEN.try_with(|s| {
             s[set + 1].set(s[set].get());
@@ -568,14 +614,19 @@ mod tests {
     use super::*;
 
     fn py(code: u64, act: u32) -> python::Raw {
-        python::Raw {
-            code,
-            file: 0,
-            name: 0,
-            first_line: 1,
-            offset: 0,
-            act,
+        python::Raw::new(code, 0, 0, 1, 0, act)
+    }
+
+    /// A frame's word in its stack's hash, as [`Merge::hashes`] takes it.
+    fn word(f: &RawFrame) -> u64 {
+        match f {
+            RawFrame::Native(pc) => *pc,
+            RawFrame::Python(p) => p.dig ^ PYTHON_WORD,
         }
+    }
+
+    fn hashes(frames: &[RawFrame], truncated: bool, epoch: u64) -> (u64, u64) {
+        super::hashes(frames.iter().map(word), frames.len(), truncated, epoch)
     }
 
     /// The interning's two hashes (two lanes each): the same stack the same; a stack that
@@ -614,12 +665,7 @@ mod tests {
     fn run(m: &mut Merge, pcs: &[u64]) -> (Vec<RawFrame>, usize) {
         let fed = pcs.iter().take_while(|&&pc| m.native(pc)).count();
         m.python_left();
-        let frames = (0..m.n)
-            // SAFETY: `Merge::push` writes `frames[n]` before it increments `n`, and
-            // nothing else changes `n`, so every frame below `m.n` is initialised.
-            .map(|i| unsafe { m.frames[i].assume_init() })
-            .collect();
-        (frames, fed)
+        (m.raw_frames(), fed)
     }
 
     #[test]

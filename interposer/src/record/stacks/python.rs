@@ -32,7 +32,6 @@
 use crate::base::resolve::dlsym_in;
 use crate::base::sys::warn;
 use std::ffi::{c_int, c_void};
-use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
 
 /// One Python frame as read: enough to tell it apart and, later, to describe it.
@@ -46,6 +45,41 @@ pub struct Raw {
     pub offset: i32,
     /// Which activation of the evaluation loop runs it, 0 = the innermost.
     pub act: u32,
+    /// The frame's word in its stack's hash: `code`, `file`, `name`, `first_line` and
+    /// `offset` mixed ([`Raw::digest`]), made once when the frame is described.
+    pub dig: u64,
+}
+
+impl Raw {
+    /// A frame as described, with its [`Raw::dig`].
+    pub fn new(code: u64, file: u64, name: u64, first_line: i32, offset: i32, act: u32) -> Raw {
+        let mut r = Raw {
+            code,
+            file,
+            name,
+            first_line,
+            offset,
+            act,
+            dig: 0,
+        };
+        r.dig = r.digest();
+        r
+    }
+
+    /// The identity fields mixed into one word (fixed keys: the same on every thread).
+    pub fn digest(&self) -> u64 {
+        const K: u64 = 0x9e37_79b9_7f4a_7c15;
+        const M: u64 = 0xff51_afd7_ed55_8ccd;
+        let mut h = (self.code ^ 0x5059_0000_0000_0000).wrapping_mul(K);
+        for w in [
+            self.file,
+            self.name,
+            ((self.first_line as u32 as u64) << 32) | self.offset as u32 as u64,
+        ] {
+            h = (h.rotate_left(27) ^ w).wrapping_mul(M);
+        }
+        h ^ (h >> 33)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -421,37 +455,48 @@ pub fn eval_range(generation: u64) -> Option<(u64, u64)> {
     get(generation).map(|p| p.eval).filter(|r| r.1 > r.0)
 }
 
-/// Writes into `out` the calling thread's Python frames, innermost first. Nothing (n = 0) when
-/// the thread runs no Python or Python frames are off.
-pub fn frames(generation: u64, out: &mut [MaybeUninit<Raw>]) -> Walk {
-    let none = Walk {
-        n: 0,
-        truncated: false,
-    };
+/// Calls `with` with the calling thread's Python frames, innermost first (at most `depth`),
+/// and whether there were more. None (an empty list) when the thread runs no Python, Python
+/// frames are off, or a capture on this thread is already inside this function (a signal
+/// handler's capture that interrupted one: it gets native frames only). The frames are the
+/// thread's [`Memo`], lent for the call: no copy, and no buffer on the caller's stack.
+pub fn with_frames<R>(generation: u64, depth: usize, with: impl FnOnce(&[Raw], bool) -> R) -> R {
     let Some(py) = get(generation) else {
-        return none;
+        return with(&[], false);
     };
-    if STATE.load(Acquire) == ON {
-        match walk(py, &Direct, out) {
-            Ok(w) => w,
-            Err(why) => {
-                turn_off(&why);
-                none
+    let mut with = Some(with);
+    let lent = MEMO.try_with(|c| {
+        let mut c = c.try_borrow_mut().ok()?;
+        let memo = c.get_or_insert_with(Memo::new);
+        let cap = depth.min(memo.raw.len());
+        let r = if STATE.load(Acquire) == ON {
+            walk_known(py, memo, cap)
+        } else {
+            // The process's first walk: every read checked (see `Checked`); the memo keeps
+            // nothing of it.
+            memo.n = 0;
+            let r = walk(py, &Checked, &mut memo.raw[..cap]);
+            if matches!(r, Ok(ref w) if w.n > 0) {
+                let _ = STATE.compare_exchange(CHECKING, ON, AcqRel, Relaxed);
             }
-        }
-    } else {
-        match walk(py, &Checked, out) {
-            Ok(w) => {
-                if w.n > 0 {
-                    let _ = STATE.compare_exchange(CHECKING, ON, AcqRel, Relaxed);
-                }
-                w
+            r
+        };
+        let w = r.unwrap_or_else(|why| {
+            turn_off(&why);
+            memo.n = 0;
+            Walk {
+                n: 0,
+                truncated: false,
             }
-            Err(why) => {
-                turn_off(&why);
-                none
-            }
-        }
+        });
+        let f = with.take()?;
+        Some(f(&memo.raw[..w.n], w.truncated))
+    });
+    match (lent, with) {
+        (Ok(Some(r)), _) => r,
+        // Lent already, or the thread's memo is gone (its teardown): no Python frames.
+        (_, Some(f)) => f(&[], false),
+        (_, None) => unreachable!("the frames' user is called once"),
     }
 }
 
@@ -463,94 +508,293 @@ fn turn_off(why: &str) {
     }
 }
 
-fn walk(py: &Py, m: &impl Mem, out: &mut [MaybeUninit<Raw>]) -> Result<Walk, String> {
+fn bad(what: &str, at: u64) -> String {
+    format!("unreadable {what} at 0x{at:x}")
+}
+
+/// The calling thread's innermost frame, 0 when it runs no Python.
+fn innermost(py: &Py, m: &impl Mem) -> Result<u64, String> {
     let l = &py.layout;
     // SAFETY: PyGILState_GetThisThreadState (see `find`) takes nothing, needs no GIL and
     // only reads this thread's thread-local state; null when this thread has none.
     let ts = unsafe { (py.this_ts)() } as u64;
     if ts == 0 {
-        return Ok(Walk {
-            n: 0,
-            truncated: false,
-        });
+        return Ok(0);
     }
-    let bad = |what: &str, at: u64| format!("unreadable {what} at 0x{at:x}");
-    let mut f = match l.cframe_current {
-        Some(cur) => {
-            let cf = m
-                .word(ts + l.ts_frame)
-                .ok_or_else(|| bad("thread state", ts))?;
-            if cf == 0 {
-                0
-            } else {
-                m.word(cf + cur).ok_or_else(|| bad("C frame", cf))?
-            }
-        }
-        None => m
-            .word(ts + l.ts_frame)
-            .ok_or_else(|| bad("thread state", ts))?,
+    let at = m
+        .word(ts + l.ts_frame)
+        .ok_or_else(|| bad("thread state", ts))?;
+    match l.cframe_current {
+        Some(cur) if at != 0 => m.word(at + cur).ok_or_else(|| bad("C frame", at)),
+        _ => Ok(at),
+    }
+}
+
+/// One step of a walk: the frame at `f` read as far as its identity ([`Key`]).
+enum Step {
+    /// A frame owned by the C stack (3.12+: an activation's shim), not a Python frame.
+    Shim {
+        prev: u64,
+    },
+    Frame {
+        prev: u64,
+        key: Key,
+        entry: bool,
+    },
+}
+
+fn step(py: &Py, m: &impl Mem, f: u64) -> Result<Step, String> {
+    let l = &py.layout;
+    let prev = m.word(f + l.prev).ok_or_else(|| bad("frame", f))?;
+    if let Some(o) = l.owner
+        && m.u8_at(f + o).ok_or_else(|| bad("frame", f))? == FRAME_OWNED_BY_CSTACK
+    {
+        return Ok(Step::Shim { prev });
+    }
+    let code = m.word(f + l.code).ok_or_else(|| bad("frame", f))?;
+    let instr = if l.minor == 10 {
+        m.u32_at(f + l.instr).ok_or_else(|| bad("frame", f))? as u64
+    } else {
+        m.word(f + l.instr).ok_or_else(|| bad("frame", f))?
     };
-    let (mut n, mut act, mut steps) = (0usize, 0u32, 0u32);
+    let entry = match l.is_entry {
+        Some(o) => m.u8_at(f + o).ok_or_else(|| bad("frame", f))? != 0,
+        None => l.minor == 10,
+    };
+    Ok(Step::Frame {
+        prev,
+        key: Key {
+            frame: f,
+            code,
+            instr,
+        },
+        entry,
+    })
+}
+
+/// The frame `k` described: its code object checked and read.
+fn describe_key(py: &Py, m: &impl Mem, k: Key, act: u32) -> Result<Raw, String> {
+    let l = &py.layout;
+    let code = k.code;
+    if m.word(code + 8) != Some(py.code_type) {
+        return Err(format!(
+            "frame 0x{:x}: 0x{code:x} is not a code object",
+            k.frame
+        ));
+    }
+    let offset = if l.minor == 10 {
+        let lasti = k.instr as u32 as i32;
+        if lasti < 0 {
+            -1
+        } else {
+            lasti.saturating_mul(2)
+        }
+    } else {
+        let start = code + l.co_code;
+        if k.instr < start || k.instr - start > i32::MAX as u64 {
+            -1
+        } else {
+            (k.instr - start) as i32
+        }
+    };
+    Ok(Raw::new(
+        code,
+        m.word(code + l.co_file).ok_or_else(|| bad("code", code))?,
+        m.word(code + l.co_name).ok_or_else(|| bad("code", code))?,
+        m.u32_at(code + l.co_first)
+            .ok_or_else(|| bad("code", code))? as i32,
+        offset,
+        act,
+    ))
+}
+
+/// Walks the frame chain from `f`, handing each Python frame's identity and activation to
+/// `each` until it answers false (the buffer is full: truncated).
+fn chain(
+    py: &Py,
+    m: &impl Mem,
+    mut f: u64,
+    mut each: impl FnMut(Key, u32) -> Result<bool, String>,
+) -> Result<bool, String> {
+    let (mut act, mut steps) = (0u32, 0u32);
     while f != 0 {
         steps += 1;
         if steps > 100_000 {
             return Err("a frame chain that does not end".into());
         }
-        let prev = m.word(f + l.prev).ok_or_else(|| bad("frame", f))?;
+        match step(py, m, f)? {
+            Step::Shim { prev } => {
+                act += 1;
+                f = prev;
+            }
+            Step::Frame { prev, key, entry } => {
+                if !each(key, act)? {
+                    return Ok(true);
+                }
+                if entry {
+                    act += 1;
+                }
+                f = prev;
+            }
+        }
+    }
+    Ok(false)
+}
+
+fn walk(py: &Py, m: &impl Mem, out: &mut [Raw]) -> Result<Walk, String> {
+    let f = innermost(py, m)?;
+    let mut n = 0usize;
+    let truncated = chain(py, m, f, |key, act| {
+        if n == out.len() {
+            return Ok(false);
+        }
+        out[n] = describe_key(py, m, key, act)?;
+        n += 1;
+        Ok(true)
+    })?;
+    Ok(Walk { n, truncated })
+}
+
+/// A frame's identity: where it is, the code object it runs and its instruction (3.10: its
+/// `f_lasti`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Key {
+    frame: u64,
+    code: u64,
+    instr: u64,
+}
+
+/// A thread's last walk, innermost first. A frame met again — the same address, code object
+/// and instruction, and the code object's file, name and first line the same ([`same_code`])
+/// — is taken as it was then: not checked, described and digested again. In a training step
+/// the outer frames (the loop, the model's modules) are the same from one allocation to the
+/// next and only the innermost few change.
+struct Memo {
+    n: usize,
+    key: Box<[Key]>,
+    raw: Box<[Raw]>,
+    /// This walk's frames as read, before they are matched with the last walk's (swapped
+    /// with `key` after).
+    now: Box<[Key]>,
+    act: Box<[u32]>,
+}
+
+impl Memo {
+    fn new() -> Memo {
+        // Made on the heap in place (a 24 KiB array would pass through the caller's stack).
+        Memo {
+            n: 0,
+            key: vec![Key::default(); super::MAX_DEPTH].into_boxed_slice(),
+            raw: vec![Raw::default(); super::MAX_DEPTH].into_boxed_slice(),
+            now: vec![Key::default(); super::MAX_DEPTH].into_boxed_slice(),
+            act: vec![0; super::MAX_DEPTH].into_boxed_slice(),
+        }
+    }
+}
+
+std::thread_local! {
+    static MEMO: std::cell::RefCell<Option<Memo>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Whether the code object at `code` still has the file, name and first line `r` was
+/// described with: a code object freed and another made at the same address, run by a new
+/// frame at the same address and instruction, is told apart as the interning's key tells it
+/// (the type was checked when `r` was described; the frame holds its code object alive).
+#[inline(always)]
+fn same_code(l: &Layout, code: u64, r: &Raw) -> bool {
+    // SAFETY: `code` is the code object of a live frame of the calling thread (read from
+    // the frame just now), at the offsets the process's first walk checked, as `Direct`.
+    let word = |a: u64| unsafe { *(a as *const u64) };
+    let first = (word((code + l.co_first) & !7) >> ((l.co_first & 7) * 8)) as u32 as i32;
+    word(code + l.co_file) == r.file && word(code + l.co_name) == r.name && first == r.first_line
+}
+
+/// [`walk`] with the thread's last walk at hand ([`Memo`]), for walks after the first was
+/// checked (as [`Direct`] reads): each frame is read as far as its identity in one tight
+/// loop, matched with the last walk's frames aligned at the outermost, and only the frames
+/// not matched are described. The frames are left in `memo.raw[..n]`, matched frames moved
+/// in place.
+fn walk_known(py: &Py, memo: &mut Memo, cap: usize) -> Result<Walk, String> {
+    let m = &Direct;
+    let l = &py.layout;
+    let mut f = innermost(py, m)?;
+    let cap = cap.min(memo.now.len());
+    // SAFETY (the reads below): as for `Direct`: after the process's first walk was checked,
+    // the frames of the calling thread's own live chain, each checked aligned and above the
+    // null page before its fields (at offsets the layout checked) are read.
+    let word = |a: u64| unsafe { *(a as *const u64) };
+    let byte = |a: u64| unsafe { *(a as *const u8) };
+    let (mut n, mut act, mut steps, mut truncated) = (0usize, 0u32, 0u32, false);
+    let (now, acts) = (&mut memo.now[..cap], &mut memo.act[..cap]);
+    while f != 0 {
+        steps += 1;
+        if f < 4096 || !f.is_multiple_of(8) || steps > 100_000 {
+            return Err(if steps > 100_000 {
+                "a frame chain that does not end".into()
+            } else {
+                bad("frame", f)
+            });
+        }
+        let prev = word(f + l.prev);
         if let Some(o) = l.owner
-            && m.u8_at(f + o).ok_or_else(|| bad("frame", f))? == FRAME_OWNED_BY_CSTACK
+            && byte(f + o) == FRAME_OWNED_BY_CSTACK
         {
             act += 1;
             f = prev;
             continue;
         }
-        if n == out.len() {
-            return Ok(Walk { n, truncated: true });
+        if n == cap {
+            truncated = true;
+            break;
         }
-        let code = m.word(f + l.code).ok_or_else(|| bad("frame", f))?;
-        if m.word(code + 8) != Some(py.code_type) {
-            return Err(format!("frame 0x{f:x}: 0x{code:x} is not a code object"));
-        }
-        let offset = if l.minor == 10 {
-            let lasti = m.u32_at(f + l.instr).ok_or_else(|| bad("frame", f))? as i32;
-            if lasti < 0 {
-                -1
-            } else {
-                lasti.saturating_mul(2)
-            }
+        let instr = if l.minor == 10 {
+            (word((f + l.instr) & !7) >> ((l.instr & 7) * 8)) as u32 as u64
         } else {
-            let ip = m.word(f + l.instr).ok_or_else(|| bad("frame", f))?;
-            let start = code + l.co_code;
-            if ip < start || ip - start > i32::MAX as u64 {
-                -1
-            } else {
-                (ip - start) as i32
-            }
+            word(f + l.instr)
         };
-        out[n].write(Raw {
-            code,
-            file: m.word(code + l.co_file).ok_or_else(|| bad("code", code))?,
-            name: m.word(code + l.co_name).ok_or_else(|| bad("code", code))?,
-            first_line: m
-                .u32_at(code + l.co_first)
-                .ok_or_else(|| bad("code", code))? as i32,
-            offset,
-            act,
-        });
+        now[n] = Key {
+            frame: f,
+            code: word(f + l.code),
+            instr,
+        };
+        acts[n] = act;
         n += 1;
         let entry = match l.is_entry {
-            Some(o) => m.u8_at(f + o).ok_or_else(|| bad("frame", f))? != 0,
+            Some(o) => byte(f + o) != 0,
             None => l.minor == 10,
         };
-        if entry {
-            act += 1;
-        }
+        act += entry as u32;
         f = prev;
     }
-    Ok(Walk {
-        n,
-        truncated: false,
-    })
+    // The last walk's frame j = i + shift stands where this walk's i does. Moved in place:
+    // upwards when j >= i, downwards when j < i, so that no frame is overwritten before it
+    // is read.
+    let shift = memo.n as isize - n as isize;
+    let up = shift >= 0;
+    for s in 0..n {
+        let i = if up { s } else { n - 1 - s };
+        let (k, a) = (memo.now[i], memo.act[i]);
+        let j = i as isize + shift;
+        if j >= 0 && memo.key[j as usize] == k && same_code(l, k.code, &memo.raw[j as usize]) {
+            // The same frame as the last walk's j: only its activation may differ.
+            let j = j as usize;
+            if j != i {
+                memo.raw[i] = memo.raw[j];
+            }
+            memo.raw[i].act = a;
+            continue;
+        }
+        match describe_key(py, m, k, a) {
+            Ok(r) => memo.raw[i] = r,
+            Err(why) => {
+                memo.n = 0;
+                return Err(why);
+            }
+        }
+    }
+    std::mem::swap(&mut memo.key, &mut memo.now);
+    memo.n = n;
+    Ok(Walk { n, truncated })
 }
 
 /// The line a frame is at (`PyCode_Addr2Line`: pure, no GIL needed).
