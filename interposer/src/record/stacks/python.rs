@@ -719,10 +719,11 @@ fn walk_known(py: &Py, memo: &mut Memo, cap: usize) -> Result<Walk, String> {
     let l = &py.layout;
     let mut f = innermost(py, m)?;
     let cap = cap.min(memo.now.len());
-    // SAFETY (the reads below): as for `Direct`: after the process's first walk was checked,
-    // the frames of the calling thread's own live chain, each checked aligned and above the
-    // null page before its fields (at offsets the layout checked) are read.
+    // SAFETY: as for `Direct`: after the process's first walk was checked, the frames of the
+    // calling thread's own live chain, each checked aligned and above the null page before
+    // its fields (at offsets the layout checked) are read.
     let word = |a: u64| unsafe { *(a as *const u64) };
+    // SAFETY: as `word` just above, for the frame's one-byte fields (owner, is_entry).
     let byte = |a: u64| unsafe { *(a as *const u8) };
     let (mut n, mut act, mut steps, mut truncated) = (0usize, 0u32, 0u32, false);
     let (now, acts) = (&mut memo.now[..cap], &mut memo.act[..cap]);
