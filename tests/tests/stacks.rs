@@ -634,8 +634,8 @@ fn each_python_stack_names_its_own_frames_when_the_walk_before_shares_most_of_th
                 // The innermost nest calls the site; the others call nest.
                 let at = |m: &str| format!("py nest ({script}:{})", line_of(m));
                 assert_eq!(*py[1], at("CALL_SITE"), "{ctx}");
-                for k in 2..=nests {
-                    assert_eq!(*py[k], at("NEST"), "{ctx}");
+                for w in &py[2..=nests] {
+                    assert_eq!(**w, at("NEST"), "{ctx}");
                 }
                 assert_eq!(
                     *py[nests + 1],
