@@ -20,7 +20,8 @@
 //!
 //! Fail-safe: the first walk of the process reads every word with `process_vm_readv` on our own
 //! pid (a bad address is an error, not a fault) and checks that each code object's type is
-//! `PyCode_Type`; later walks read directly and still check each code object's type. Any
+//! `PyCode_Type`; later walks read directly and still check the type of each code object they
+//! describe (a frame taken from the thread's last walk, [`Memo`], was checked when described). Any
 //! mismatch turns Python frames off for the process, with one line on stderr. A process without
 //! Python pays nothing; an unsupported version is said once and gets native frames only.
 //!
