@@ -24,6 +24,7 @@ use crate::base::cuda::*;
 use crate::base::sys::ForkLock;
 use crate::base::sys::{gettid, now_ns, warn};
 use crate::record::{event, profile, stacks, writer};
+use arrayvec::ArrayVec;
 use isolate_trace::{Api, NoteKind, Record, StaleLaunch};
 use std::collections::{HashSet, VecDeque};
 use std::ffi::c_void;
@@ -87,42 +88,48 @@ const BATCH: usize = 64;
 /// 8-aligned parameter of 16 to [`order::GROUP`] × 8 bytes (a struct passed by value, such as
 /// PyTorch's `at::detail::Array<char*, N>` of an elementwise kernel's operands), which is a use
 /// only if every one of its words is an allocation's start or zero (order/).
+///
+/// Its buffers (and [`Words`]'s) are `ArrayVec`s: nothing is written to them before it is
+/// used (zeroing the arrays of a launch's buffers was ~150 instructions of every launch).
 struct Whole {
     on: bool,
-    n: usize,
-    words: [u64; order::WORDS],
-    /// Where each group starts in `words`; its end is the next one's start (or `n`).
-    groups: [u8; order::WORDS],
-    ng: usize,
+    words: ArrayVec<u64, { order::WORDS }>,
+    /// Where each group starts in `words`; its end is the next one's start (or the end).
+    groups: ArrayVec<u8, { order::WORDS }>,
 }
 
 impl Whole {
+    fn new() -> Whole {
+        Whole {
+            on: order::active(),
+            words: ArrayVec::new(),
+            groups: ArrayVec::new(),
+        }
+    }
+
     /// Starts a parameter's group; false when there is no room for `len` more words.
     fn begin(&mut self, len: usize) -> bool {
-        if !self.on || self.n + len > order::WORDS {
+        if !self.on || self.words.len() + len > order::WORDS {
             return false;
         }
-        self.groups[self.ng] = self.n as u8;
-        self.ng += 1;
+        self.groups.push(self.words.len() as u8);
         true
     }
 
     fn push(&mut self, word: u64) {
-        self.words[self.n] = word;
-        self.n += 1;
+        self.words.push(word);
     }
 }
 
 struct Words {
-    n: usize,
-    words: [u64; BATCH],
+    words: ArrayVec<u64, BATCH>,
     /// Each word's parameter, its offset, and whether it is the whole of a parameter of exactly
     /// 8 bytes at an 8-aligned offset (a pointer parameter, or an 8-byte struct of integers):
     /// only there is exactly the freed allocation's start evidence (a stale launch). A word
     /// inside a wider parameter passed by value (a struct: a pointer, a stale pointer in a slot
     /// the kernel does not read, or two 32-bit integers side by side) or in a packed buffer
     /// whose layout no query gave is never evidence: a suspect.
-    at: [(u32, u32, bool); BATCH],
+    at: ArrayVec<(u32, u32, bool), BATCH>,
     /// [`isolate::LOW`] and [`isolate::HIGH`] as the launch began (a free on another thread
     /// during the launch is a race of the program's either way).
     low: u64,
@@ -134,23 +141,22 @@ impl Words {
         if word < self.low || word >= self.high {
             return; // below or above everything ever freed: the common case, no lock
         }
-        self.words[self.n] = word;
-        self.at[self.n] = (index, offset, whole);
-        self.n += 1;
-        if self.n == BATCH {
+        self.words.push(word);
+        self.at.push((index, offset, whole));
+        if self.words.is_full() {
             self.flush(out);
         }
     }
 
     fn flush(&mut self, out: &mut Found) {
-        if self.n == 0 {
+        if self.words.is_empty() {
             return;
         }
-        let at = self.at;
-        let words = self.words;
+        let (words, at) = (&self.words, &self.at);
         let _t = profile::PartSpan::start(profile::Part::LaunchLookup);
-        isolate::lookup_each(&words[..self.n], |i, e| out.found(at[i], words[i], e));
-        self.n = 0;
+        isolate::lookup_each(words, |i, e| out.found(at[i], words[i], e));
+        self.words.clear();
+        self.at.clear();
     }
 }
 
@@ -365,13 +371,7 @@ pub unsafe fn check(
     extra: *mut *mut c_void,
 ) -> Checked {
     CHECKED.fetch_add(1, Relaxed);
-    let mut whole = Whole {
-        on: order::active(),
-        n: 0,
-        words: [0; order::WORDS],
-        groups: [0; order::WORDS],
-        ng: 0,
-    };
+    let mut whole = Whole::new();
     let mut name = "";
     // SAFETY: the caller's contract.
     let checked = unsafe { walk(api, f, params, extra, &mut whole, &mut name) };
@@ -380,8 +380,8 @@ pub unsafe fn check(
         order::launch(
             stream,
             api.per_thread_stream(),
-            &whole.words[..whole.n],
-            &whole.groups[..whole.ng],
+            &whole.words,
+            &whole.groups,
             name,
         );
     }
@@ -405,9 +405,8 @@ unsafe fn walk(
         return Checked::NOTHING; // nothing freed yet, and no order check
     }
     let mut words = Words {
-        n: 0,
-        words: [0; BATCH],
-        at: [(0, 0, true); BATCH],
+        words: ArrayVec::new(),
+        at: ArrayVec::new(),
         low: isolate::LOW.load(Relaxed),
         high: isolate::HIGH.load(Relaxed),
     };
