@@ -240,6 +240,7 @@ impl<'a> Merge<'a> {
     }
 
     /// The native walk's next return address; false once the stack is full.
+    #[inline]
     fn native(&mut self, pc: u64) -> bool {
         self.last = pc;
         match self.eval {
@@ -369,7 +370,7 @@ fn merge_and_intern(
     let mut m = Merge::new(py, eval, depth, native_budget);
     if want_native {
         let _t = PartSpan::start(Part::NativeFrames);
-        let stopped = native::unwind(snap, &mut |pc| m.native(pc));
+        let stopped = walk_native(snap, &mut m);
         // Ended in code no known object holds: loaded since the snapshot? Look now.
         if !stopped
             && m.last != 0
@@ -380,7 +381,7 @@ fn merge_and_intern(
             snap = fresh;
             // Started again in place: a second `Merge` would double the frame.
             m.reset();
-            native::unwind(snap, &mut |pc| m.native(pc));
+            walk_native(snap, &mut m);
         }
     }
     m.python_left();
@@ -390,6 +391,12 @@ fn merge_and_intern(
     timed(Part::Interning, || {
         intern(&m, m.truncated || py_truncated, snap)
     })
+}
+
+/// The native walk into the merge: one instance of [`native::unwind`], the merge's step
+/// inlined into it (it was a call through a `dyn` closure for every frame).
+fn walk_native(snap: &modules::Snapshot, m: &mut Merge) -> bool {
+    native::unwind(snap, |pc| m.native(pc))
 }
 
 /// A frame as the merge places it: a native return address, or the index of a Python frame

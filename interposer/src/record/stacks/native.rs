@@ -427,7 +427,7 @@ fn probe(
 /// thread's remembered walks ([`Walk`]): a training loop's stacks repeat, so most walks after
 /// the first steps are a check of their words.
 #[inline(never)]
-pub fn unwind(snap: &Snapshot, visit: &mut dyn FnMut(u64) -> bool) -> bool {
+pub fn unwind(snap: &Snapshot, mut visit: impl FnMut(u64) -> bool) -> bool {
     let (ip, sp, bp) = registers();
     let Some((_, hi)) = stack_bounds() else {
         return false;
