@@ -359,7 +359,11 @@ pub fn defer(ctx: usize, stream: usize, ptr: u64, len: u64) -> Option<(usize, u8
         SPAN_HIGH.fetch_max(ptr + len, Relaxed);
         PENDING.fetch_add(1, Relaxed);
         DEFERRED.fetch_add(1, Relaxed);
-        if s.pending.iter().filter(|p| p.0 == ctx).count() >= FILL_RANGES {
+        // The context's count only once there are that many in all (it was counted at every
+        // free, a walk of everything pending: ~30 entries on average).
+        if s.pending.len() >= FILL_RANGES
+            && s.pending.iter().filter(|p| p.0 == ctx).count() >= FILL_RANGES
+        {
             flush_locked(s, ctx);
         }
         Some((ev, shift))
