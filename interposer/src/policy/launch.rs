@@ -90,7 +90,8 @@ const BATCH: usize = 64;
 /// only if every one of its words is an allocation's start or zero (order/).
 ///
 /// Its buffers (and [`Words`]'s) are `ArrayVec`s: nothing is written to them before it is
-/// used (zeroing the arrays of a launch's buffers was ~150 instructions of every launch).
+/// used (zeroing them at every launch, and copying `Words`' whole at every flush, was ~600
+/// instructions a launch: docs/performance.md, "Launch check (stand-in CUDA)").
 struct Whole {
     on: bool,
     words: ArrayVec<u64, { order::WORDS }>,
