@@ -74,7 +74,7 @@
 # OUT=$OUT/drv bash tests/gpu/driver_log_baseline.sh; OUT=$OUT/table TIER_LOCKSTEP=5
 # TIER_CONFIGS=default,default-again,log,isolate,fast TIER_MODELS=gpt2,resnet50,bert,vit
 # TIER_ROUNDS=3 TIER_STEPS=40 TIER_PLANTED=0 BUDGET_S=250 BENCH_LIMIT_S=300 ... tiers:310.
-# Run in the twenty-first: nothing (no machine started in fourteen tries; docs/gpu-results.md
+# Run in the twenty-first: nothing (no machine started in 22 tries; docs/gpu-results.md
 # "Twenty-first session" has the two calls meant for it: the table, then fast/isolate against
 # fast-base/isolate-base with the session's starting build in target/gpu/base).
 set -uo pipefail
