@@ -77,6 +77,13 @@
 # Run in the twenty-first: nothing (no machine started in 22 tries; docs/gpu-results.md
 # "Twenty-first session" has the two calls meant for it: the table, then fast/isolate against
 # fast-base/isolate-base with the session's starting build in target/gpu/base).
+# Run in the twenty-second (H200, docs/gpu-results.md "Twenty-second session"; 5 failed starts
+# first): OUT=$OUT/table TIER_LOCKSTEP=5 TIER_CONFIGS=default,default-again,backend,log,isolate,fast
+# TIER_MODELS=gpt2,resnet50,bert,vit TIER_ROUNDS=3 TIER_STEPS=40 TIER_PLANTED=0 BUDGET_S=470
+# BENCH_LIMIT_S=540 ... tiers:560 (357 s); OUT=$OUT/ab TIER_LOCKSTEP=5
+# TIER_CONFIGS=default,default-again,fast,fast-base,isolate,isolate-base TIER_MODELS=resnet50,bert
+# TIER_ROUNDS=3 TIER_STEPS=40 TIER_PLANTED=0 BUDGET_S=330 BENCH_LIMIT_S=380 ... tiers:390 (158 s;
+# target/gpu/base/libisolate.so: fd286f2's).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
