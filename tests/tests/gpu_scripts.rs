@@ -266,3 +266,76 @@ fn the_table_states_the_methods_own_noise_from_the_default_run_again() {
     );
     assert!(!plain.contains("The method's own noise"), "{plain}");
 }
+
+/// The steadier view: each process's lower-decile step against the geometric mean of the
+/// round's two default processes, computed from the steps themselves (a run's one slow
+/// process, or slow steps within one, move the median table but not this one), and the A/A
+/// row as `default-again` against `default` alone.
+#[test]
+fn the_steady_view_takes_each_processs_lower_decile_against_both_defaults() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = tempfile::tempdir().unwrap();
+    // Ten steps a process: the lower decile is the first of them sorted. Round 0: the
+    // defaults' floors 10 and 12.1 (geometric mean 11), `fast` 13.2 with slow steps around
+    // it; round 1: 20 and 20, `fast` 24. So `fast` is 1.2 in both rounds.
+    let steps = |low: f64, slow: f64| -> Vec<f64> {
+        let mut v = vec![slow; 9];
+        v.push(low);
+        v
+    };
+    let run = |config: &str, round: u32, low: f64, slow: f64| {
+        serde_json::json!({
+            "config": config, "round": round, "model": "m", "rc": 0,
+            "ms_per_step": slow, "ms_steps": steps(low, slow),
+        })
+    };
+    let data = serde_json::json!({
+        "models": ["m"], "configs": ["default", "default-again", "fast"],
+        "rounds": 2, "steps": 10, "warmup": 1,
+        "runs": [
+            run("default", 0, 10.0, 30.0), run("default-again", 0, 12.1, 12.1),
+            run("fast", 0, 13.2, 50.0),
+            run("default", 1, 20.0, 20.0), run("default-again", 1, 20.0, 25.0),
+            run("fast", 1, 24.0, 24.0),
+        ],
+    });
+    let path = dir.path().join("tier_bench.json");
+    std::fs::write(&path, data.to_string()).unwrap();
+    let out = Command::new("python3")
+        .arg(root.join("tests/gpu/tier_bench_table.py"))
+        .arg(&path)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let steady = stdout
+        .split("A steadier view")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no steady view: {stdout}"));
+    let fast = row(steady, "m", "fast");
+    assert!(fast.contains("**1.200×** (1.20, 1.20)"), "{fast}");
+    // The A/A row: 12.1 / 10 and 20 / 20, and the SD of their logarithms.
+    let aa = row(steady, "m", "default-again");
+    let sd = (1.21f64.ln() / 2f64.sqrt()).abs();
+    assert!(aa.contains("(1.21, 1.00; SD of log"), "{aa}");
+    assert!(aa.contains(&format!("{sd:.3}")), "{aa} (want {sd:.3})");
+    // The median table (the measure) still divides by the one default: fast's 50 ms
+    // median against the default's 30 in round 0.
+    assert!(row(&stdout, "m", "fast").contains("(1.67, 1.20)"), "{stdout}");
+    // Without default-again, no steady view.
+    let plain = serde_json::json!({
+        "models": ["m"], "configs": ["default", "fast"], "rounds": 1, "steps": 10,
+        "warmup": 1, "runs": [run("default", 0, 10.0, 10.0), run("fast", 0, 12.0, 12.0)],
+    });
+    std::fs::write(&path, plain.to_string()).unwrap();
+    let out = Command::new("python3")
+        .arg(root.join("tests/gpu/tier_bench_table.py"))
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("A steadier view"));
+}
