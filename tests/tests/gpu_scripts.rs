@@ -325,7 +325,10 @@ fn the_steady_view_takes_each_processs_lower_decile_against_both_defaults() {
     assert!(aa.contains(&format!("{sd:.3}")), "{aa} (want {sd:.3})");
     // The median table (the measure) still divides by the one default: fast's 50 ms
     // median against the default's 30 in round 0.
-    assert!(row(&stdout, "m", "fast").contains("(1.67, 1.20)"), "{stdout}");
+    assert!(
+        row(&stdout, "m", "fast").contains("(1.67, 1.20)"),
+        "{stdout}"
+    );
     // Without default-again, no steady view.
     let plain = serde_json::json!({
         "models": ["m"], "configs": ["default", "fast"], "rounds": 1, "steps": 10,

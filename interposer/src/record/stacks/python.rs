@@ -735,29 +735,52 @@ fn walk_known(py: &Py, memo: &mut Memo, cap: usize) -> Result<Walk, String> {
     }
     // The last walk's frame j = i + shift stands where this walk's i does. Moved in place:
     // upwards when j >= i, downwards when j < i, so that no frame is overwritten before it
-    // is read.
-    let shift = memo.n as isize - n as isize;
-    let up = shift >= 0;
-    for s in 0..n {
-        let i = if up { s } else { n - 1 - s };
-        let (k, a) = (memo.now[i], memo.act[i]);
-        let j = i as isize + shift;
-        if j >= 0 && memo.key[j as usize] == k && same_code(l, k.code, &memo.raw[j as usize]) {
-            // The same frame as the last walk's j: only its activation may differ.
-            let j = j as usize;
-            if j != i {
-                memo.raw[i] = memo.raw[j];
+    // is read. One loop for each direction, over slices, and no copy of a frame that stays
+    // where it was (counted with callgrind on `pystep.py` at 40 Python calls deep: one loop
+    // over indices choosing the direction a frame cost ~11 instructions a frame more).
+    let last = memo.n;
+    let Memo {
+        key, raw, now, act, ..
+    } = memo;
+    let (now, act) = (&now[..n], &act[..n]);
+    let describe = |k: &Key, a: u32| describe_key(py, m, *k, a);
+    let mut matched = || -> Result<(), String> {
+        if last >= n {
+            // As deep as the last walk or less: frame i against the last walk's i + shift.
+            let shift = last - n;
+            let raw = &mut raw[..last];
+            for (i, ((k, &a), old)) in now.iter().zip(act).zip(&key[shift..last]).enumerate() {
+                let j = i + shift;
+                if old == k && same_code(l, k.code, &raw[j]) {
+                    // The same frame as the last walk's j: only its activation may differ.
+                    if shift != 0 {
+                        raw[i] = raw[j];
+                    }
+                    raw[i].act = a;
+                } else {
+                    raw[i] = describe(k, a)?;
+                }
             }
-            memo.raw[i].act = a;
-            continue;
-        }
-        match describe_key(py, m, k, a) {
-            Ok(r) => memo.raw[i] = r,
-            Err(why) => {
-                memo.n = 0;
-                return Err(why);
+        } else {
+            // Deeper: the innermost n - last frames are new; the rest move down, outermost
+            // first.
+            let shift = n - last;
+            let raw = &mut raw[..n];
+            for (i, (k, &a)) in now.iter().zip(act).enumerate().rev() {
+                raw[i] = match i.checked_sub(shift) {
+                    Some(j) if key[j] == *k && same_code(l, k.code, &raw[j]) => {
+                        Raw { act: a, ..raw[j] }
+                    }
+                    _ => describe(k, a)?,
+                };
             }
         }
+        Ok(())
+    };
+    let outcome = matched();
+    if let Err(why) = outcome {
+        memo.n = 0;
+        return Err(why);
     }
     std::mem::swap(&mut memo.key, &mut memo.now);
     memo.n = n;
