@@ -83,6 +83,9 @@ size_t round_up(size_t v, size_t a) {
 
 /* ================================================================ setup, init, checks */
 
+/* STANDIN_UUID as read at initialisation (empty: not set, or not 32 characters). */
+static char g_fixed_uuid[33];
+
 static void setup(void) {
     const char *s = getenv("STANDIN_DEVICES");
     if (s && *s) {
@@ -100,6 +103,15 @@ static void setup(void) {
     g_launch_room = parse_size(getenv("STANDIN_LAUNCH_ROOM"), 0);
     g_slow_fill_ms = (unsigned)parse_size(getenv("STANDIN_SLOW_FILL_MS"), 0);
     g_no_param_count = parse_size(getenv("STANDIN_NO_PARAM_COUNT"), 0) == 1;
+    /* Read here, at initialisation, as a real driver reads its environment: not later, where
+     * a program's own setenv on another thread could free the array under the read (the
+     * library asks for a device's UUID at its first free; environment.rs's setenv_race
+     * crashed in about 1 of 100 runs under load while this was read there). */
+    s = getenv("STANDIN_UUID");
+    if (s && strlen(s) == 32) {
+        memcpy(g_fixed_uuid, s, 32);
+        g_fixed_uuid[32] = 0;
+    }
     for (int i = 0; i < MAX_DEVICES; i++) {
         g_primary[i].device = i;
         g_primary[i].primary = 1;
@@ -221,8 +233,8 @@ static CUresult device_uuid(unsigned char *uuid, CUdevice dev) {
         return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
-    const char *fixed = getenv("STANDIN_UUID");
-    if (fixed && strlen(fixed) == 32 && dev == 0) {
+    const char *fixed = g_fixed_uuid;
+    if (fixed[0] && dev == 0) {
         for (int i = 0; i < 16; i++) {
             unsigned v = 0;
             if (sscanf(fixed + 2 * i, "%2x", &v) != 1)
