@@ -306,8 +306,16 @@ impl<'a> Merge<'a> {
 
     /// The Python frames no native frame stood for, outermost last.
     fn python_left(&mut self) {
-        while self.pi < self.py.len() && self.push(Item::Python(self.pi as u32)) {
-            self.pi += 1;
+        // As many as fit, in one run (no check of the depth a frame); cut short, marked so.
+        let left = self.py.len() - self.pi;
+        let k = left.min(self.depth - self.n);
+        for (slot, i) in self.frames[self.n..self.n + k].iter_mut().zip(self.pi..) {
+            slot.write(Item::Python(i as u32));
+        }
+        self.n += k;
+        self.pi += k;
+        if k < left {
+            self.truncated = true;
         }
     }
 }
@@ -424,23 +432,21 @@ fn hashes(words: impl Iterator<Item = u64>, len: usize, truncated: bool, epoch: 
     let b0 = K2.wrapping_add(len as u64) ^ epoch ^ ((truncated as u64) << 62);
     let (mut a, mut c) = (a0, a0 ^ K2);
     let (mut b, mut d) = (b0, b0.rotate_left(32));
-    let mut pending: Option<u64> = None;
-    let mut mix = |x: u64| match pending.take() {
-        None => pending = Some(x),
-        Some(w) => {
-            // Two independent lanes: `w` into (a, b), `x` into (c, d).
+    // The words two at a time (no state carried between them: a word held over in an
+    // `Option` cost a branch and a move a word).
+    let mut words = words;
+    while let Some(w) = words.next() {
+        let Some(x) = words.next() else {
+            // An odd word count's last word: lanes (a, b) alone.
             a = (a ^ w).wrapping_mul(P).rotate_left(29);
-            c = (c ^ x).wrapping_mul(P).rotate_left(29);
             b = (b.rotate_left(17) ^ w).wrapping_mul(K1 | 1);
-            d = (d.rotate_left(17) ^ x).wrapping_mul(K1 | 1);
-        }
-    };
-    for w in words {
-        mix(w);
-    }
-    if let Some(w) = pending {
+            break;
+        };
+        // Two independent lanes: `w` into (a, b), `x` into (c, d).
         a = (a ^ w).wrapping_mul(P).rotate_left(29);
+        c = (c ^ x).wrapping_mul(P).rotate_left(29);
         b = (b.rotate_left(17) ^ w).wrapping_mul(K1 | 1);
+        d = (d.rotate_left(17) ^ x).wrapping_mul(K1 | 1);
     }
     let a = (a ^ c.rotate_left(23)).wrapping_mul(P);
     let b = (b ^ d.rotate_left(41)).wrapping_mul(K1 | 1);
@@ -697,6 +703,31 @@ mod tests {
             ]
         );
         assert!(!m.truncated);
+    }
+
+    /// The Python frames no native frame stood for fill the stack to its depth, in order;
+    /// those that do not fit cut it short, marked so, and a stack they fit exactly is not.
+    #[test]
+    fn the_python_frames_left_fill_to_the_depth_and_no_further() {
+        let p: Vec<_> = (0..5).map(|i| py(10 + i, 0)).collect();
+        let all: Vec<RawFrame> = p.iter().map(|&r| RawFrame::Python(r)).collect();
+        for (depth, natives, kept, truncated) in [
+            (8, 0, 5, false),
+            (5, 0, 5, false),
+            (3, 0, 3, true),
+            (4, 2, 2, true),
+            (7, 2, 5, false),
+            (2, 2, 0, true),
+        ] {
+            let pcs: Vec<u64> = (0..natives).map(|i| 0x1000 + i).collect();
+            let mut m = Merge::new(&p, None, depth, usize::MAX);
+            let (frames, fed) = run(&mut m, &pcs);
+            assert_eq!(fed, natives as usize, "depth {depth}");
+            let natives: Vec<RawFrame> = pcs.iter().map(|&pc| RawFrame::Native(pc)).collect();
+            assert_eq!(frames[..natives.len()], natives[..], "depth {depth}");
+            assert_eq!(frames[natives.len()..], all[..kept], "depth {depth}");
+            assert_eq!(m.truncated, truncated, "depth {depth}");
+        }
     }
 
     #[test]
