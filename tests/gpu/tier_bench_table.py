@@ -30,6 +30,11 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
+def _sd_log(ratios):
+    """The standard deviation of the ratios' logarithms, or None under two."""
+    return statistics.stdev(math.log(x) for x in ratios) if len(ratios) > 1 else None
+
+
 def _gib(x):
     return None if x is None else x / GIB
 
@@ -178,8 +183,7 @@ def aa_noise(table):
         ratios = [x for r in table if r["model"] == model and not r.get("missing")
                   and r["config"] in ("default-again", "default-third") for x in r["per_round"]]
         if ratios:
-            logs = [math.log(x) for x in ratios]
-            out.append((model, ratios, statistics.stdev(logs) if len(logs) > 1 else None))
+            out.append((model, ratios, _sd_log(ratios)))
     return out
 
 
@@ -210,8 +214,7 @@ def steady_rows(data):
                 # The A/A row: one default process against the other (against their geometric
                 # mean it would show half its own noise).
                 per = [step[(cfg, rnd)] / step[("default", rnd)] for rnd in rounds]
-                sd = statistics.stdev([math.log(x) for x in per]) if len(per) > 1 else None
-                out.append((model, cfg, per, sd))
+                out.append((model, cfg, per, _sd_log(per)))
                 continue
             per = [step[(cfg, rnd)] / math.sqrt(step[("default", rnd)] * step[("default-again", rnd)])
                    for rnd in rounds if (cfg, rnd) in step]

@@ -233,11 +233,10 @@ static CUresult device_uuid(unsigned char *uuid, CUdevice dev) {
         return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
-    const char *fixed = g_fixed_uuid;
-    if (fixed[0] && dev == 0) {
+    if (g_fixed_uuid[0] && dev == 0) {
         for (int i = 0; i < 16; i++) {
             unsigned v = 0;
-            if (sscanf(fixed + 2 * i, "%2x", &v) != 1)
+            if (sscanf(g_fixed_uuid + 2 * i, "%2x", &v) != 1)
                 return CUDA_ERROR_INVALID_VALUE;
             uuid[i] = (unsigned char)v;
         }

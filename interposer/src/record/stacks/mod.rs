@@ -420,7 +420,12 @@ enum Item {
 /// not a return address.
 const PYTHON_WORD: u64 = 0x5059_7468_6f6e_0000;
 
-fn hashes(words: impl Iterator<Item = u64>, len: usize, truncated: bool, epoch: u64) -> (u64, u64) {
+fn hashes(
+    mut words: impl Iterator<Item = u64>,
+    len: usize,
+    truncated: bool,
+    epoch: u64,
+) -> (u64, u64) {
     // Two fixed-key hashers: the same stack hashes the same on every thread. Each runs two
     // lanes, the words taken in turn, so that a word's multiply need not wait for the one
     // before it (a stack of ten Python frames is ~45 words: the chain of multiplies was most
@@ -434,7 +439,6 @@ fn hashes(words: impl Iterator<Item = u64>, len: usize, truncated: bool, epoch: 
     let (mut b, mut d) = (b0, b0.rotate_left(32));
     // The words two at a time (no state carried between them: a word held over in an
     // `Option` cost a branch and a move a word).
-    let mut words = words;
     while let Some(w) = words.next() {
         let Some(x) = words.next() else {
             // An odd word count's last word: lanes (a, b) alone.
