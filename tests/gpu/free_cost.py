@@ -2,6 +2,7 @@
 """What isolate mode adds per tensor, on the host, piece by piece (issue 14's breakdown).
 
     python3 tests/gpu/free_cost.py --lib target/gpu/libisolate.so [--rounds 3] [--pairs 20000]
+        [--depth 30] [--configs native,none,backend-pool,fast,...] [--no-pieces]
 
 Two parts, printed as tables:
   pieces  the driver calls a stream-ordered free costs the freeing thread in isolate mode,
@@ -13,13 +14,18 @@ Two parts, printed as tables:
   pairs   `x = torch.empty(n); x.fill_(1); del x` in a loop on PyTorch's stream-ordered backend
           (what isolate mode sets up), sizes 4 KiB and 1 MiB alternating: us per tensor without
           the preload, in log mode, and in isolate mode with stacks off / launch check off /
-          stacks on / the fill kernel as the poison (ISOLATE_TEST_POISON_BY=kernel).
-          Configurations interleaved, each round in a rotated order; medians.
+          stacks on / the fill kernel as the poison (ISOLATE_TEST_POISON_BY=kernel); the fast
+          tier with its stacks and without; and the lines under them (issue 31): `native`,
+          PyTorch's caching allocator, and `backend-pool`, the backend with its calls answered
+          from kept blocks (backend_pool.c, no library: PyTorch's bookkeeping without the
+          driver's pool). --depth puts the loop that many Python frames deeper, as a model's
+          modules do. Configurations interleaved, each round in a rotated order; medians.
 """
 import argparse
 import ctypes
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -54,7 +60,16 @@ DONE:
 \0"""
 
 CONFIGS = {
+    # PyTorch's caching allocator, no library (the default every tier is measured against).
+    "native": {"_NATIVE": "1"},
+    # The stream-ordered backend without the library.
     "none": {},
+    # The backend with its cudaMallocAsync / cudaFreeAsync answered from kept blocks
+    # (backend_pool.c, no library): PyTorch's bookkeeping without the driver's pool.
+    "backend-pool": {"_PRELOAD": "backend_pool.so"},
+    # The tiers as a user runs them (stacks as by default), and the fast tier without stacks.
+    "fast": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast"},
+    "fast-nostacks": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "ISOLATE_STACKS": "none"},
     "log": {"ISOLATE_MODE": "log", "ISOLATE_STACKS": "none"},
     "isolate": {"ISOLATE_MODE": "isolate", "ISOLATE_STACKS": "none"},
     "isolate-nolaunch": {"ISOLATE_MODE": "isolate", "ISOLATE_STACKS": "none",
@@ -117,7 +132,11 @@ def pieces(n):
     print("RESULT " + json.dumps(out))
 
 
-def pairs(n):
+def pairs(n, depth=0):
+    if depth > 0:
+        # `depth` more Python frames under the loop, as a model's modules put under its
+        # allocations (a stack's Python part costs by the frame).
+        return pairs(n, depth - 1)
     import torch
     torch.cuda.init()
     sizes = [1024, 256 << 10]  # float32 elements: 4 KiB and 1 MiB
@@ -135,16 +154,22 @@ def pairs(n):
     print("RESULT " + json.dumps({"us_per_tensor": (time.perf_counter_ns() - t0) / n / 1e3}))
 
 
-def run(mode, n, env_add, lib, tmp):
+def run(mode, n, env_add, lib, tmp, depth=0):
     env = dict(os.environ)
-    for k in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+    for k in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
+              "LD_PRELOAD"):
         env.pop(k, None)
-    env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
-    if env_add:
-        env.update(env_add)
+    env_add = env_add or {}
+    if not env_add.get("_NATIVE"):
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
+    if env_add.get("_PRELOAD"):
+        env["LD_PRELOAD"] = os.path.join(tmp, env_add["_PRELOAD"])
+    elif any(not k.startswith("_") for k in env_add):
+        env.update({k: v for k, v in env_add.items() if not k.startswith("_")})
         env["LD_PRELOAD"] = os.path.abspath(lib)
-        env["ISOLATE_TRACE"] = os.path.join(tmp, "free-cost-%p.trace")
-    p = subprocess.run([sys.executable, __file__, "--child", mode, "--pairs", str(n)], env=env,
+        env["ISOLATE_TRACE"] = os.path.join(tmp, "traces", "free-cost-%p.trace")
+    p = subprocess.run([sys.executable, __file__, "--child", mode, "--pairs", str(n),
+                        "--depth", str(depth)], env=env,
                        capture_output=True, text=True, timeout=300)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -159,35 +184,53 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pairs", type=int, default=20000)
     ap.add_argument("--child", default=None)
+    ap.add_argument("--depth", type=int, default=0,
+                    help="Python frames under the pairs' loop (a model's modules: ~20-40)")
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="the pairs' configurations, comma-separated (default: all)")
+    ap.add_argument("--no-pieces", action="store_true", help="the pairs only")
     a = ap.parse_args()
     if a.child == "pieces":
         return pieces(a.pairs)
     if a.child == "pairs":
-        return pairs(a.pairs)
+        return pairs(a.pairs, a.depth)
     tmp = os.path.join(os.environ.get("OUT", "/tmp"), "free_cost")
-    os.makedirs(tmp, exist_ok=True)
-    got = run("pieces", a.pairs, None, a.lib, tmp)
-    print("driver calls on a PyTorch stream, us per call (median of 5 x %d, no preload)" % a.pairs)
-    for k, v in (got or {}).items():
-        print(f"  {k:34s} {v:7.2f}")
-    names = list(CONFIGS)
+    # The traces are not kept (FREE_COST_KEEP=1 keeps them): the pairs' time is the result.
+    os.makedirs(os.path.join(tmp, "traces"), exist_ok=True)
+    names = a.configs.split(",")
+    for so in {CONFIGS[k].get("_PRELOAD") for k in names} - {None}:
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", os.path.join(tmp, so),
+                        os.path.join(os.path.dirname(os.path.abspath(__file__)), so[:-3] + ".c"),
+                        "-ldl", "-lpthread"], check=True)
+    if not a.no_pieces:
+        got = run("pieces", a.pairs, None, a.lib, tmp)
+        print("driver calls on a PyTorch stream, us per call (median of 5 x %d, no preload)"
+              % a.pairs)
+        for k, v in (got or {}).items():
+            print(f"  {k:34s} {v:7.2f}")
     per = {k: [] for k in names}
     for r in range(a.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for k in order:
-            res = run("pairs", a.pairs, CONFIGS[k], a.lib, tmp)
+            res = run("pairs", a.pairs, CONFIGS[k], a.lib, tmp, a.depth)
             if res:
                 per[k].append(res["us_per_tensor"])
-    print(f"\nempty + fill_ + del on backend:cudaMallocAsync, us per tensor "
-          f"({a.pairs} tensors, {a.rounds} interleaved rounds)")
-    base = statistics.median(per["none"]) if per["none"] else None
+    print(f"\nempty + fill_ + del, {a.depth} Python frames deeper, us per tensor "
+          f"({a.pairs} tensors, {a.rounds} interleaved rounds; native: the caching allocator, "
+          f"every other on backend:cudaMallocAsync; + against none, the backend alone)")
+    base = statistics.median(per["none"]) if per.get("none") else None
     for k in names:
         if not per[k]:
             print(f"  {k:18s} FAILED")
             continue
         m = statistics.median(per[k])
-        added = f"+{m - base:6.2f}" if base else ""
+        added = f"{m - base:+7.2f}" if base else ""
         print(f"  {k:18s} {m:7.2f}  {added}   rounds: {', '.join(f'{x:.2f}' for x in per[k])}")
+    if os.environ.get("FREE_COST_KEEP") != "1":
+        shutil.rmtree(os.path.join(tmp, "traces"), ignore_errors=True)
+    with open(os.path.join(tmp, f"pairs-depth{a.depth}.json"), "w") as f:
+        json.dump({"command": " ".join(sys.argv), "pairs": a.pairs, "depth": a.depth,
+                   "rounds": a.rounds, "us_per_tensor": per}, f, indent=1)
     return 0
 
 

@@ -3,6 +3,7 @@
 # log into one tarball ($OUT/all.tgz) so that the device tool's 8-file limit holds.
 #   bash tests/gpu/session11_call.sh part[:seconds] ...
 # parts: golden uaf leak race patterns sanitizer models edges tiers launchroom memviz report diag
+# freecost
 # Needs target/gpu/{libisolate.so,isolate} (carry target/gpu).
 #
 # Run in the eleventh session (one call; ~21 of its 30 device minutes went to starts that
@@ -109,6 +110,9 @@ for spec in "$@"; do
     launchroom) cmd=(bash "$here/launch_room.sh") ;;
     memviz) cmd=(bash "$here/memviz_size.sh") ;;
     report) cmd=(bash "$here/report_gpt2.sh") ;;
+    freecost) cmd=(python3 "$here/free_cost.py" --lib "$G/libisolate.so" --no-pieces
+                   --rounds ${FREECOST_ROUNDS:-3} --pairs ${FREECOST_PAIRS:-20000} --depth ${FREECOST_DEPTH:-30}
+                   --configs ${FREECOST_CONFIGS:-native,none,backend-pool,log,fast-nostacks,fast}) ;;
     *) echo "no part $part"; continue ;;
     esac
     export ORDER_BUDGET_S=$(( lim - 15 ))

@@ -91,6 +91,12 @@ CONFIGS = {
     # only): the pluggable interface's own floor, what a sub-allocator inside the library
     # behind it could reach at best.
     "pluggable-pool": {"TIER_PLUGGABLE": "1", "TIER_PLUGGABLE_POOL": "1", "_NO_LIBRARY": "1"},
+    # The stream-ordered backend with its cudaMallocAsync / cudaFreeAsync answered from blocks
+    # freed before, by exact size and stream (backend_pool.c, preloaded without the library):
+    # PyTorch's own bookkeeping with the driver's pool taken out, the floor of a tier that
+    # serves the backend's allocations itself (as the library's kept memory does).
+    "backend-pool": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync", "_NO_LIBRARY": "1",
+                     "_PRELOAD": "backend_pool.so"},
     # PYTORCH_NO_CUDA_MEMORY_CACHING=1: the library leaves PyTorch's variables alone (a
     # backend named in PYTORCH_CUDA_ALLOC_CONF makes PyTorch refuse a pluggable allocator).
     "fast-pluggable": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "TIER_PLUGGABLE": "1",
@@ -491,6 +497,9 @@ def config_env(cfg, base, lib, trace_dir, pluggable_so):
         env["ISOLATE_TRACE"] = os.path.join(trace_dir, "t-%p.trace")
     if env.get("TIER_PLUGGABLE") == "1":
         env["TIER_PLUGGABLE"] = pluggable_so
+    if (CONFIGS[cfg] or {}).get("_PRELOAD"):
+        # Built beside the pluggable allocator's library (main()).
+        env["LD_PRELOAD"] = os.path.join(os.path.dirname(pluggable_so), CONFIGS[cfg]["_PRELOAD"])
     return env
 
 
@@ -694,6 +703,9 @@ def main():
         open(os.path.join(work, "pluggable.c"), "w").write(PLUGGABLE_C)
         subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", os.path.join(work, "pluggable.so"),
                         os.path.join(work, "pluggable.c"), "-ldl"], check=True)
+    for so in {(CONFIGS[c] or {}).get("_PRELOAD") for c in args.configs.split(",")} - {None}:
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", os.path.join(work, so),
+                        os.path.join(HERE, so[:-3] + ".c"), "-ldl", "-lpthread"], check=True)
     models = args.models.split(",")
     configs = args.configs.split(",")
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],

@@ -77,6 +77,101 @@ fn the_baselines_run_without_the_library() {
     let pluggable = env_of("pluggable");
     assert_eq!(get(&pluggable, "LD_PRELOAD"), None);
     assert_eq!(get(&pluggable, "TIER_PLUGGABLE"), Some("PLUGGABLE.so"));
+    // The backend's floor: the backend, its allocations answered by backend_pool.c (built
+    // beside the pluggable allocator's library), and no library.
+    let pool = env_of("backend-pool");
+    assert_eq!(
+        get(&pool, "PYTORCH_CUDA_ALLOC_CONF"),
+        Some("backend:cudaMallocAsync")
+    );
+    assert_eq!(get(&pool, "LD_PRELOAD"), Some("backend_pool.so"));
+    assert_eq!(get(&pool, "ISOLATE_TRACE"), None);
+    assert_eq!(get(&pool, "ISOLATE_MODE"), None);
+}
+
+/// backend_pool.c, the backend's floor in the tier benchmark, on the stand-in: a freed block is
+/// handed out again for the same size on the stream that freed it, never while it is live and
+/// never on another stream (where the driver's pool, as the stand-in's, may hand it out).
+#[test]
+fn the_backends_floor_reuses_a_block_on_its_own_stream_only() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = tempfile::tempdir().unwrap();
+    let so = dir.path().join("backend_pool.so");
+    let cc = |args: &[&std::ffi::OsStr]| {
+        let out = Command::new("cc").args(args).output().expect("cc runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    cc(&[
+        "-O2".as_ref(),
+        "-shared".as_ref(),
+        "-fPIC".as_ref(),
+        "-o".as_ref(),
+        so.as_os_str(),
+        root.join("tests/gpu/backend_pool.c").as_os_str(),
+        "-ldl".as_ref(),
+        "-lpthread".as_ref(),
+    ]);
+    let prog = dir.path().join("prog.c");
+    std::fs::write(
+        &prog,
+        r#"#include <stdio.h>
+#include <stddef.h>
+int cudaMallocAsync(void **, size_t, void *);
+int cudaFreeAsync(void *, void *);
+int cudaStreamCreate(void **);
+int main(void) {
+    void *a = 0, *b = 0, *c = 0, *d = 0, *e = 0, *s1, *s2;
+    int r = cudaStreamCreate(&s1) | cudaStreamCreate(&s2);
+    r |= cudaMallocAsync(&a, 4096, s1);
+    r |= cudaFreeAsync(a, s1);
+    r |= cudaMallocAsync(&b, 4096, s1);
+    r |= cudaMallocAsync(&c, 4096, s1);
+    r |= cudaFreeAsync(c, s1);
+    r |= cudaMallocAsync(&d, 4096, s2);
+    r |= cudaMallocAsync(&e, 8192, s1);
+    printf("rc=%d same-stream-again=%d live-not-again=%d other-stream=%d other-size=%d\n",
+           r, a == b, c != b, d != c, e != c);
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let exe = dir.path().join("prog");
+    let standin = isolate_tests::standin_dir();
+    cc(&[
+        "-o".as_ref(),
+        exe.as_os_str(),
+        prog.as_os_str(),
+        format!("-L{}", standin.display()).as_ref(),
+        "-lcudart".as_ref(),
+        format!("-Wl,-rpath,{}", standin.display()).as_ref(),
+    ]);
+    let run = |preload: bool| {
+        let mut c = Command::new(&exe);
+        c.env("LD_LIBRARY_PATH", &standin).env("STANDIN_SYNC", "1");
+        if preload {
+            c.env("LD_PRELOAD", &so);
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success());
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let (with, report) = run(true);
+    assert_eq!(
+        with.trim(),
+        "rc=0 same-stream-again=1 live-not-again=1 other-stream=1 other-size=1"
+    );
+    assert!(
+        report.contains("backend-pool: 1 of 5 allocations served from 4 kept blocks"),
+        "{report}"
+    );
+    // Without it the stand-in's pool hands the block freed on one stream to the other: the
+    // program tells the two apart.
+    let (without, _) = run(false);
+    assert!(without.contains("other-stream=0"), "{without}");
 }
 
 /// Runs tier_bench.py with the stand-in worker (tier_bench_fake.py: no torch, no GPU; each
