@@ -99,7 +99,11 @@ fn the_backends_floor_reuses_a_block_on_its_own_stream_only() {
     let so = dir.path().join("backend_pool.so");
     let cc = |args: &[&std::ffi::OsStr]| {
         let out = Command::new("cc").args(args).output().expect("cc runs");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     cc(&[
         "-O2".as_ref(),
