@@ -70,6 +70,7 @@ CONFIGS = {
     # The tiers as a user runs them (stacks as by default), and the fast tier without stacks.
     "fast": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast"},
     "fast-nostacks": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "ISOLATE_STACKS": "none"},
+    "fast-python": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "ISOLATE_STACKS": "python"},
     "log": {"ISOLATE_MODE": "log", "ISOLATE_STACKS": "none"},
     "isolate": {"ISOLATE_MODE": "isolate", "ISOLATE_STACKS": "none"},
     "isolate-nolaunch": {"ISOLATE_MODE": "isolate", "ISOLATE_STACKS": "none",

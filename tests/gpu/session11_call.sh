@@ -112,7 +112,7 @@ for spec in "$@"; do
     report) cmd=(bash "$here/report_gpt2.sh") ;;
     freecost) cmd=(python3 "$here/free_cost.py" --lib "$G/libisolate.so" --no-pieces
                    --rounds ${FREECOST_ROUNDS:-3} --pairs ${FREECOST_PAIRS:-20000} --depth ${FREECOST_DEPTH:-30}
-                   --configs ${FREECOST_CONFIGS:-native,none,backend-pool,log,fast-nostacks,fast}) ;;
+                   --configs ${FREECOST_CONFIGS:-native,none,backend-pool,log,fast-nostacks,fast-python,fast}) ;;
     *) echo "no part $part"; continue ;;
     esac
     export ORDER_BUDGET_S=$(( lim - 15 ))
