@@ -85,6 +85,14 @@
 # TIER_CONFIGS=default,default-again,fast,fast-base,isolate,isolate-base TIER_MODELS=resnet50,bert
 # TIER_ROUNDS=3 TIER_STEPS=40 TIER_PLANTED=0 BUDGET_S=330 BENCH_LIMIT_S=380 ... tiers:390 (158 s;
 # target/gpu/base/libisolate.so: fd286f2's).
+# Run in the twenty-third (H100; the H200 never came; ten failed starts first;
+# docs/gpu-results.md "Twenty-third session"): OUT=$OUT/floor FREECOST_ROUNDS=3 FREECOST_DEPTH=30
+# FREECOST_CONFIGS=native,none,backend-pool,fast-nostacks,fast-python,fast TIER_LOCKSTEP=5
+# TIER_CONFIGS=default,default-again,backend,backend-pool,fast-python,fast TIER_MODELS=resnet50,bert
+# TIER_ROUNDS=3 TIER_STEPS=40 TIER_PLANTED=0 BUDGET_S=170 BENCH_LIMIT_S=200 ... freecost:110 tiers:210
+# (183 s); OUT=$OUT/parts FREECOST_ROUNDS=2 FREECOST_CONFIGS=backend-pool,fast-nostacks,isolate,
+# isolate-nolaunch TIER_CONFIGS=default,fast-prof TIER_MODELS=resnet50 TIER_ROUNDS=1 TIER_STEPS=40
+# BUDGET_S=60 BENCH_LIMIT_S=80 ... freecost:70 tiers:90 (52 s).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
