@@ -199,6 +199,9 @@ def main():
     # The traces are not kept (FREE_COST_KEEP=1 keeps them): the pairs' time is the result.
     os.makedirs(os.path.join(tmp, "traces"), exist_ok=True)
     names = a.configs.split(",")
+    unknown = [k for k in names if k not in CONFIGS]
+    if unknown:
+        ap.error(f"--configs: no configuration {', '.join(unknown)}; accepted: {', '.join(CONFIGS)}")
     for so in {CONFIGS[k].get("_PRELOAD") for k in names} - {None}:
         subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", os.path.join(tmp, so),
                         os.path.join(os.path.dirname(os.path.abspath(__file__)), so[:-3] + ".c"),
