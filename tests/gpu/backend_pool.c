@@ -10,6 +10,9 @@
  * allocations without the driver (its kept memory), so this, not `backend` alone, is the line
  * its own cost is measured against.
  *
+ * A measuring tool, not an allocator: kept blocks are never given back to the driver (a model
+ * that runs the device out of memory under it would fail where the backend trims its pool).
+ *
  * Built on the GPU machine with gcc (no CUDA toolkit: the runtime's functions are found with
  * dlsym(RTLD_NEXT)). At exit it prints one line to stderr: how many allocations it served. */
 #define _GNU_SOURCE
