@@ -155,10 +155,14 @@ def pairs(n, depth=0):
     print("RESULT " + json.dumps({"us_per_tensor": (time.perf_counter_ns() - t0) / n / 1e3}))
 
 
-def run(mode, n, env_add, lib, tmp, depth=0):
-    env = dict(os.environ)
+def config_env(env_add, base, lib, tmp):
+    """The environment of a run of the configuration `env_add`: `base` without the variables a
+    configuration sets, then the backend (but for `native`), and the library preloaded with its
+    trace under `tmp` (but for the configurations without it), or the configuration's own
+    preload (`backend-pool`)."""
+    env = dict(base)
     for k in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
-              "LD_PRELOAD"):
+              "LD_PRELOAD", "ISOLATE_TRACE"):
         env.pop(k, None)
     env_add = env_add or {}
     if not env_add.get("_NATIVE"):
@@ -169,6 +173,11 @@ def run(mode, n, env_add, lib, tmp, depth=0):
         env.update({k: v for k, v in env_add.items() if not k.startswith("_")})
         env["LD_PRELOAD"] = os.path.abspath(lib)
         env["ISOLATE_TRACE"] = os.path.join(tmp, "traces", "free-cost-%p.trace")
+    return env
+
+
+def run(mode, n, env_add, lib, tmp, depth=0):
+    env = config_env(env_add, os.environ, lib, tmp)
     p = subprocess.run([sys.executable, __file__, "--child", mode, "--pairs", str(n),
                         "--depth", str(depth)], env=env,
                        capture_output=True, text=True, timeout=300)
@@ -190,7 +199,16 @@ def main():
     ap.add_argument("--configs", default=",".join(CONFIGS),
                     help="the pairs' configurations, comma-separated (default: all)")
     ap.add_argument("--no-pieces", action="store_true", help="the pairs only")
+    ap.add_argument("--env", metavar="CONFIG",
+                    help="print the variables CONFIG's pairs run with (as set by it) and stop")
     a = ap.parse_args()
+    if a.env:
+        if a.env not in CONFIGS:
+            ap.error(f"--env: no configuration {a.env}; accepted: {', '.join(CONFIGS)}")
+        env = config_env(CONFIGS[a.env], {}, a.lib, "TMP")
+        for k in sorted(env):
+            print(f"{k}={env[k]}")
+        return 0
     if a.child == "pieces":
         return pieces(a.pairs)
     if a.child == "pairs":

@@ -441,3 +441,71 @@ fn the_steady_view_takes_each_processs_lower_decile_against_both_defaults() {
         .unwrap();
     assert!(!String::from_utf8_lossy(&out.stdout).contains("A steadier view"));
 }
+
+/// free_cost.py's configurations (`--env`): the lines under the tiers run without the library
+/// (the caching allocator with no variable at all, the backend alone, the backend with its
+/// floor's shim), every tier with it and its trace; a name it does not know is refused.
+#[test]
+fn the_free_cost_pairs_run_each_configuration_as_named() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let env_of = |config: &str| -> Result<Vec<(String, String)>, String> {
+        let out = Command::new("python3")
+            .arg(root.join("tests/gpu/free_cost.py"))
+            .args(["--lib", "/lib/libisolate.so", "--env", config])
+            .output()
+            .expect("python3 runs");
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let (k, v) = l.split_once('=').unwrap();
+                (k.to_string(), v.to_string())
+            })
+            .collect())
+    };
+    let backend = (
+        "PYTORCH_CUDA_ALLOC_CONF".to_string(),
+        "backend:cudaMallocAsync".to_string(),
+    );
+    assert_eq!(env_of("native").unwrap(), vec![]);
+    assert_eq!(env_of("none").unwrap(), vec![backend.clone()]);
+    assert_eq!(
+        env_of("backend-pool").unwrap(),
+        vec![
+            ("LD_PRELOAD".to_string(), "TMP/backend_pool.so".to_string()),
+            backend.clone()
+        ]
+    );
+    for (config, stacks) in [
+        ("fast", None),
+        ("fast-nostacks", Some("none")),
+        ("fast-python", Some("python")),
+    ] {
+        let env = env_of(config).unwrap();
+        assert_eq!(
+            get(&env, "LD_PRELOAD"),
+            Some("/lib/libisolate.so"),
+            "{config}"
+        );
+        assert_eq!(
+            get(&env, "ISOLATE_TRACE"),
+            Some("TMP/traces/free-cost-%p.trace"),
+            "{config}"
+        );
+        assert_eq!(get(&env, "ISOLATE_MODE"), Some("isolate"), "{config}");
+        assert_eq!(get(&env, "ISOLATE_CHECK"), Some("fast"), "{config}");
+        assert_eq!(get(&env, "ISOLATE_STACKS"), stacks, "{config}");
+        assert_eq!(
+            get(&env, "PYTORCH_CUDA_ALLOC_CONF"),
+            Some("backend:cudaMallocAsync")
+        );
+    }
+    let refused = env_of("fastest").unwrap_err();
+    assert!(
+        refused.contains("no configuration fastest") && refused.contains("backend-pool"),
+        "{refused}"
+    );
+}
