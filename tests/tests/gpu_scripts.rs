@@ -6,26 +6,31 @@
 use std::path::Path;
 use std::process::Command;
 
-fn env_of(config: &str) -> Vec<(String, String)> {
+/// The variables `script --env config` prints (its configuration's runs, as set by it), or
+/// its stderr when it refuses.
+fn script_env(script: &str, config: &str) -> Result<Vec<(String, String)>, String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = Command::new("python3")
-        .arg(root.join("tests/gpu/tier_bench.py"))
+        .arg(root.join("tests/gpu").join(script))
         .args(["--lib", "/lib/libisolate.so", "--env", config])
         .output()
         .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "{config}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(String::from_utf8(out.stdout)
         .unwrap()
         .lines()
         .map(|l| {
             let (k, v) = l.split_once('=').unwrap();
             (k.to_string(), v.to_string())
         })
-        .collect()
+        .collect())
+}
+
+/// The tier benchmark's configuration `config`'s variables.
+fn env_of(config: &str) -> Vec<(String, String)> {
+    script_env("tier_bench.py", config).unwrap_or_else(|e| panic!("{config}: {e}"))
 }
 
 fn get<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
@@ -447,25 +452,7 @@ fn the_steady_view_takes_each_processs_lower_decile_against_both_defaults() {
 /// floor's shim), every tier with it and its trace; a name it does not know is refused.
 #[test]
 fn the_free_cost_pairs_run_each_configuration_as_named() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let env_of = |config: &str| -> Result<Vec<(String, String)>, String> {
-        let out = Command::new("python3")
-            .arg(root.join("tests/gpu/free_cost.py"))
-            .args(["--lib", "/lib/libisolate.so", "--env", config])
-            .output()
-            .expect("python3 runs");
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-        }
-        Ok(String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .map(|l| {
-                let (k, v) = l.split_once('=').unwrap();
-                (k.to_string(), v.to_string())
-            })
-            .collect())
-    };
+    let env_of = |config: &str| script_env("free_cost.py", config);
     let backend = (
         "PYTORCH_CUDA_ALLOC_CONF".to_string(),
         "backend:cudaMallocAsync".to_string(),
