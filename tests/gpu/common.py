@@ -190,6 +190,22 @@ class Run:
         return "\n".join(lines)
 
 
+def build_shared(source: str, out: str) -> str:
+    """`source`, a C file, built into the shared library `out` with the machine's gcc (the
+    suite's own preloads and PyTorch's pluggable allocator: no CUDA toolkit needed, the
+    runtime's functions found by name)."""
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", out, source, "-ldl", "-lpthread"],
+                   check=True)
+    return out
+
+
+def preload_of(name: str, folder: str) -> str:
+    """The suite's preload `name` (`backend_pool.so`), built from its source beside this file
+    into `folder`."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return build_shared(os.path.join(here, name[:-3] + ".c"), os.path.join(folder, name))
+
+
 def clip(text: str, keep: int = LOG_KEEP_CHARS) -> str:
     """Head and tail of a long text."""
     if len(text) <= 2 * keep:

@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+import common  # beside this script (a script's folder is on its import path)
+
 FILL_PTX = b"""
 .version 7.0
 .target sm_52
@@ -221,9 +223,7 @@ def main():
     if unknown:
         ap.error(f"--configs: no configuration {', '.join(unknown)}; accepted: {', '.join(CONFIGS)}")
     for so in {CONFIGS[k].get("_PRELOAD") for k in names} - {None}:
-        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", os.path.join(tmp, so),
-                        os.path.join(os.path.dirname(os.path.abspath(__file__)), so[:-3] + ".c"),
-                        "-ldl", "-lpthread"], check=True)
+        common.preload_of(so, tmp)
     if not a.no_pieces:
         got = run("pieces", a.pairs, None, a.lib, tmp)
         print("driver calls on a PyTorch stream, us per call (median of 5 x %d, no preload)"

@@ -59,6 +59,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import common  # noqa: E402
 import tier_bench_table  # noqa: E402
 
 CONFIGS = {
@@ -701,11 +702,9 @@ def main():
     shutil.copy(os.path.join(HERE, "tier_counters.py"), work)
     if any("TIER_PLUGGABLE" in (CONFIGS[c] or {}) for c in args.configs.split(",")):
         open(os.path.join(work, "pluggable.c"), "w").write(PLUGGABLE_C)
-        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", os.path.join(work, "pluggable.so"),
-                        os.path.join(work, "pluggable.c"), "-ldl"], check=True)
+        common.build_shared(os.path.join(work, "pluggable.c"), os.path.join(work, "pluggable.so"))
     for so in {(CONFIGS[c] or {}).get("_PRELOAD") for c in args.configs.split(",")} - {None}:
-        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", os.path.join(work, so),
-                        os.path.join(HERE, so[:-3] + ".c"), "-ldl", "-lpthread"], check=True)
+        common.preload_of(so, work)
     models = args.models.split(",")
     configs = args.configs.split(",")
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
