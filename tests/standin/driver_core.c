@@ -83,8 +83,10 @@ size_t round_up(size_t v, size_t a) {
 
 /* ================================================================ setup, init, checks */
 
-/* STANDIN_UUID as read at initialisation (empty: not set, or not 32 characters). */
-static char g_fixed_uuid[33];
+/* STANDIN_UUID as read at initialisation: 0 not set (or not 32 characters), 1 its 16 bytes
+ * in g_fixed_uuid, -1 set but not hex (every ask then fails, as a malformed value did). */
+static int g_fixed_uuid_set;
+static unsigned char g_fixed_uuid[16];
 
 static void setup(void) {
     const char *s = getenv("STANDIN_DEVICES");
@@ -109,8 +111,13 @@ static void setup(void) {
      * crashed in about 1 of 100 runs under load while this was read there). */
     s = getenv("STANDIN_UUID");
     if (s && strlen(s) == 32) {
-        memcpy(g_fixed_uuid, s, 32);
-        g_fixed_uuid[32] = 0;
+        g_fixed_uuid_set = 1;
+        for (int i = 0; i < 16 && g_fixed_uuid_set == 1; i++) {
+            unsigned v = 0;
+            if (sscanf(s + 2 * i, "%2x", &v) != 1)
+                g_fixed_uuid_set = -1;
+            g_fixed_uuid[i] = (unsigned char)v;
+        }
     }
     for (int i = 0; i < MAX_DEVICES; i++) {
         g_primary[i].device = i;
@@ -233,13 +240,10 @@ static CUresult device_uuid(unsigned char *uuid, CUdevice dev) {
         return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
-    if (g_fixed_uuid[0] && dev == 0) {
-        for (int i = 0; i < 16; i++) {
-            unsigned v = 0;
-            if (sscanf(g_fixed_uuid + 2 * i, "%2x", &v) != 1)
-                return CUDA_ERROR_INVALID_VALUE;
-            uuid[i] = (unsigned char)v;
-        }
+    if (g_fixed_uuid_set && dev == 0) {
+        if (g_fixed_uuid_set < 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        memcpy(uuid, g_fixed_uuid, 16);
         return CUDA_SUCCESS;
     }
     memset(uuid, 0, 16);
