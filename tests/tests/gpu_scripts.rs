@@ -490,6 +490,27 @@ fn the_free_cost_pairs_run_each_configuration_as_named() {
             Some("backend:cudaMallocAsync")
         );
     }
+    // The decomposition: the fast tier without stacks, one part more off each; log mode with
+    // the default stacks and no policy.
+    for (config, var, value) in [
+        ("fast-noorder", "ISOLATE_TEST_ORDER", "off"),
+        ("fast-nolaunch", "ISOLATE_CHECK_LAUNCH", "off"),
+        ("fast-noprobe", "ISOLATE_RESERVE", "0"),
+    ] {
+        let env = env_of(config).unwrap();
+        assert_eq!(get(&env, "ISOLATE_MODE"), Some("isolate"), "{config}");
+        assert_eq!(get(&env, "ISOLATE_CHECK"), Some("fast"), "{config}");
+        assert_eq!(get(&env, "ISOLATE_STACKS"), Some("none"), "{config}");
+        assert_eq!(get(&env, var), Some(value), "{config}");
+        let others = ["ISOLATE_TEST_ORDER", "ISOLATE_CHECK_LAUNCH", "ISOLATE_RESERVE"];
+        for other in others.iter().filter(|&&o| o != var) {
+            assert_eq!(get(&env, other), None, "{config}: {other}");
+        }
+    }
+    let log = env_of("log-stacks").unwrap();
+    assert_eq!(get(&log, "ISOLATE_MODE"), Some("log"));
+    assert_eq!(get(&log, "ISOLATE_STACKS"), None);
+    assert_eq!(get(&log, "LD_PRELOAD"), Some("/lib/libisolate.so"));
     let refused = env_of("fastest").unwrap_err();
     assert!(
         refused.contains("no configuration fastest") && refused.contains("backend-pool"),
