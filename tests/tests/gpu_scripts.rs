@@ -502,7 +502,11 @@ fn the_free_cost_pairs_run_each_configuration_as_named() {
         assert_eq!(get(&env, "ISOLATE_CHECK"), Some("fast"), "{config}");
         assert_eq!(get(&env, "ISOLATE_STACKS"), Some("none"), "{config}");
         assert_eq!(get(&env, var), Some(value), "{config}");
-        let others = ["ISOLATE_TEST_ORDER", "ISOLATE_CHECK_LAUNCH", "ISOLATE_RESERVE"];
+        let others = [
+            "ISOLATE_TEST_ORDER",
+            "ISOLATE_CHECK_LAUNCH",
+            "ISOLATE_RESERVE",
+        ];
         for other in others.iter().filter(|&&o| o != var) {
             assert_eq!(get(&env, other), None, "{config}: {other}");
         }

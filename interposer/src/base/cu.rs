@@ -329,6 +329,20 @@ pub unsafe fn stream_is_capturing(stream: CUstream) -> Result<bool> {
     Ok(status != 0)
 }
 
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`: a thread in this mode is never prohibited from a call
+/// that is unsafe during a stream capture, not even while another thread captures in the
+/// global mode (the mode PyTorch captures its graphs in).
+const CAPTURE_MODE_RELAXED: c_int = 2;
+
+/// Puts the calling thread in the relaxed capture mode for good (a thread of the library's own,
+/// whose calls must never fail or invalidate a capture the program makes on another thread).
+pub fn relax_capture_mode() -> Result<()> {
+    let f = get(&real::THREAD_EXCHANGE_STREAM_CAPTURE_MODE)?;
+    let mut mode = CAPTURE_MODE_RELAXED;
+    // SAFETY: the in/out parameter is a local holding a valid mode.
+    check(unsafe { f(&mut mode) })
+}
+
 /// The flags `stream` was created with (`CU_STREAM_NON_BLOCKING` = 1).
 ///
 /// # Safety

@@ -203,6 +203,8 @@ reals! { $
         CTX_SET_CURRENT = cuCtxSetCurrent: fn(CUcontext) -> CUresult;
         STREAM_CREATE = cuStreamCreate: fn(*mut CUstream, c_uint) -> CUresult;
         STREAM_IS_CAPTURING = cuStreamIsCapturing: fn(CUstream, *mut c_int) -> CUresult;
+        // The keeper thread's own capture mode (policy/isolate/keeper.rs): relaxed.
+        THREAD_EXCHANGE_STREAM_CAPTURE_MODE = cuThreadExchangeStreamCaptureMode: fn(*mut c_int) -> CUresult;
         STREAM_GET_FLAGS = cuStreamGetFlags: fn(CUstream, *mut c_uint) -> CUresult;
         STREAM_WAIT_EVENT = cuStreamWaitEvent: fn(CUstream, *mut c_void, c_uint) -> CUresult;
         EVENT_QUERY = cuEventQuery: fn(*mut c_void) -> CUresult;

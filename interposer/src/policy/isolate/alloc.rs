@@ -309,6 +309,8 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
 /// than without, and one that finished meanwhile may have freed what is needed), 8 rounds at
 /// most: the last attempt's result and the quarantined bytes released in all.
 fn reclaim_rounds(size: u64, attempt: &mut dyn FnMut() -> i32) -> (i32, u64) {
+    // Releases stay on the freeing threads for a while (memory is tight: keeper.rs).
+    super::keeper::out_of_memory();
     let mut r = CUDA_ERROR_OUT_OF_MEMORY;
     let mut released = 0u64;
     for _ in 0..8 {

@@ -166,14 +166,17 @@ pub fn exit_notes() {
                  library's fill kernel; {deferred} deferred to their stream's next work and \
                  poisoned by {fills} launches), {:.1} ms on the freeing threads ({:.2} us each); \
                  releases {:.1} ms, of it {:.1} ms waiting for the device; {} batches released \
-                 on the release stream",
+                 on the release stream; the keeper thread took {} releases and {} device-memory \
+                 probes off the freeing threads",
                 POISON_BYTES.load(Relaxed),
                 BY_KERNEL.load(Relaxed),
                 poison_ns as f64 / 1e6,
                 poison_ns as f64 / 1e3 / poisoned as f64,
                 ms(&RELEASE_NS),
                 ms(&WAIT_NS),
-                ASYNC_BATCHES.load(Relaxed)
+                ASYNC_BATCHES.load(Relaxed),
+                super::keeper::KEPT_JOBS.load(Relaxed),
+                super::keeper::KEPT_PROBES.load(Relaxed)
             ),
         );
     }

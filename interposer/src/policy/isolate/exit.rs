@@ -99,6 +99,8 @@ impl Drop for Left {
 
 /// At exit: every allocation still in quarantine is checked (not freed: the process is ending).
 pub fn at_exit() {
+    // The keeper's releases in progress end first, and it starts none after.
+    super::keeper::stop();
     reap(true);
     let entries: Vec<Entry> = {
         let mut g = state();
@@ -117,6 +119,10 @@ pub fn at_exit() {
 /// `cudaDeviceReset(); return 0;` was never found.
 pub fn before_context_ends() {
     let _inside = Inside::enter();
+    // The keeper's work in progress ends first; it starts none until this is done, and probes
+    // no context until the next free names one.
+    let _pause = super::keeper::pause();
+    super::keeper::context_ending();
     reap(true);
     let mut taken = Vec::new();
     {
@@ -145,6 +151,8 @@ pub fn context_gone(ctx: usize) {
 /// framework's "no stale write in this test" at the end of each test.
 pub fn verify_now() {
     let _inside = Inside::enter();
+    // The releases handed to the keeper end first (their checks are among those read).
+    let _pause = super::keeper::pause();
     reap(true);
     let entries: Vec<Entry> = {
         let g = STATE.lock();

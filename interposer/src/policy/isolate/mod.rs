@@ -5,7 +5,8 @@
 //! is checked on the device: a changed byte is a write through a stale pointer.
 //!
 //! One job a file, from the bottom: [`tenants`] (the processes sharing a device's budget),
-//! [`state`] (what is live and what is held), [`counters`]
+//! [`state`] (what is live and what is held), [`keeper`] (the library's thread for the
+//! quarantine's slow work), [`counters`]
 //! (noted at exit), [`pytorch`] (its allocator set up before `main`), [`verify`] (the poison
 //! checked), [`poison`] (the poison written), [`leave`] (both ways out of quarantine),
 //! [`exit`] (the exit check), [`quarantine`] (in, and out over the budget), [`vmm`] (mappings),
@@ -19,6 +20,7 @@
 mod alloc;
 mod counters;
 mod exit;
+mod keeper;
 mod leave;
 mod poison;
 mod pytorch;
@@ -53,4 +55,6 @@ pub fn after_fork_child() {
     exit::EXIT_OWNER.store(unsafe { libc::getpid() } as u32, Release);
     super::release::after_fork_child();
     tenants::after_fork_child();
+    keeper::after_fork_child();
+    quarantine::after_fork_child();
 }

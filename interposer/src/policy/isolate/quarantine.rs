@@ -10,13 +10,13 @@
 
 use super::counters::{BUDGET, PRESSURE_BYTES, PRESSURE_CUTS, TENANTS_MAX};
 use super::exit::{ATEXIT, EXIT_OWNER};
+use super::keeper;
 use super::leave::{Release, device_memory, free_to_driver, release_batch, trim_default_pool};
 use super::state::{Entry, HIGH, Held, LOW, STATE, State, st, state};
 use crate::base::config::{self, Budget};
 use crate::base::cu;
 use crate::base::sys::{coarse_ns, now_ns};
 use crate::policy::reuse;
-use crate::record::profile::{self, Part};
 use crate::record::writer::{Q_EARLY, Q_PEAK};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
@@ -98,6 +98,13 @@ fn hand_on(taken: &[Entry], how: Release, leaving: Option<Leaving>) {
     drop(leaving);
 }
 
+/// In a fork child: the parent's frees and releases in progress are not the child's.
+pub(super) fn after_fork_child() {
+    LEAVING.store(0, Release);
+    LEFT.store(0, Release);
+    TRIMMING.store(false, Relaxed);
+}
+
 /// Waits (at most `max_ns`) until the frees and releases in progress now have finished, or as
 /// many others: false when the time ran out. Never waits on itself: a thread allocating holds
 /// none.
@@ -160,6 +167,7 @@ fn short_of_memory(now: u64, ctx: usize) -> Option<u64> {
     }
     let (free, total) = device_memory()?;
     let reserve = reserve(total);
+    keeper::room(free >= reserve.saturating_mul(2));
     if free >= reserve {
         PRESSURE_LIMIT.store(u64::MAX, Relaxed);
         return None;
@@ -176,8 +184,10 @@ pub(super) fn quarantine(entry: Entry) {
         // SAFETY: getpid has no preconditions.
         EXIT_OWNER.store(unsafe { libc::getpid() } as u32, Release);
     }
-    let short = short_of_memory(entry.free_ts, entry.ctx);
+    // Probed by the keeper (or here, where it does not run).
+    let short = keeper::freed(entry.free_ts, entry.ctx, short_of_memory);
     let mut over = Vec::new();
+    let mut cut = false;
     let leaving = {
         let mut g = state();
         let s = st!(g);
@@ -208,6 +218,7 @@ pub(super) fn quarantine(entry: Entry) {
                 over.push(old);
             }
             if limit < budget {
+                cut = true;
                 PRESSURE_BYTES.fetch_add(over.iter().map(|e| e.size).sum(), Relaxed);
             }
             if s.held <= low_water {
@@ -217,7 +228,12 @@ pub(super) fn quarantine(entry: Entry) {
         (!over.is_empty()).then(Leaving::start)
     };
     if !over.is_empty() {
-        profile::timed(Part::Release, || hand_on(&over, Release::Budget, leaving));
+        // Released by the keeper (or here, where it does not run).
+        keeper::hand(
+            entry.ctx,
+            cut,
+            Box::new(move || hand_on(&over, Release::Budget, leaving)),
+        );
     }
 }
 

@@ -1,0 +1,336 @@
+//! The keeper: the library's own thread for the quarantine's slow work, so that the freeing
+//! thread does not wait for it. Two jobs moved here from the free (issue 31: on ResNet-50 the
+//! fast tier's profile put 18.8 of the free's 34.1 ms in 209 calls of over 20 µs, these two):
+//!
+//! - **Releases over the budget**: the free that takes the oldest entries out of quarantine
+//!   (under the state's lock, as before: the held bytes stay exact) hands them here, with the
+//!   [`Leaving`] that counts them until they are handed on (a batch of 256: ~74 µs of
+//!   verification launches on the H100).
+//! - **The device-memory probe** (`cuMemGetInfo` every 20 ms of frees, ~100 µs on the H100,
+//!   and, while the device is short of memory, the kept memory given back and the default pool
+//!   trimmed): made here with the last free's context current; what the device lacks is
+//!   published for the next free, which cuts the quarantine's limit as before.
+//!
+//! The keeper runs with every signal blocked, marked as the library's own thread (no hook
+//! records its calls), in the relaxed capture mode (its calls never fail or invalidate a
+//! capture the program makes on another thread in the global mode). Where it cannot run (a
+//! fork child: only the forking thread exists there; no thread could be made), or while it is
+//! paused, the work is done on the freeing thread as before.
+//!
+//! **Paused** while a context ends (its memory must be checked and freed before the call, and
+//! nothing may use the context after it) and for good at exit: [`pause`] waits for the job in
+//! progress, runs the queued ones on the calling thread, and keeps the keeper idle until the
+//! pause ends. A job is queued and the pause taken under one lock, so no job is left behind.
+//!
+//! It knows nothing of the quarantine: a job is a closure, the probe a function the quarantine
+//! names at its first free ([`freed`]).
+//!
+//! Layer: policies. Uses the base and recording only.
+
+use crate::base::config::{self, Budget};
+use crate::base::cu;
+use crate::base::cuda::CUcontext;
+use crate::base::sys::{coarse_ns, spawn_unsignalled};
+use crate::record::profile::{self, Part};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+/// Work handed over: entries taken out of quarantine over the budget, to be released.
+pub(super) type Job = Box<dyn FnOnce() + Send>;
+
+/// A job and the context it is run in on the keeper (the freeing thread's: the release paths
+/// read their batches' results and ask the device's memory in the current context).
+struct Queued {
+    ctx: usize,
+    job: Job,
+}
+
+/// The device-memory probe: (the free's time, its context) → what the device lacks of its
+/// reserve, if it is short and was asked.
+pub(super) type Probe = fn(u64, usize) -> Option<u64>;
+static PROBE: std::sync::OnceLock<Probe> = std::sync::OnceLock::new();
+
+struct Queue {
+    jobs: VecDeque<Queued>,
+    /// Pauses in force ([`pause`]): jobs are not queued, and the keeper does nothing.
+    paused: u32,
+}
+
+static QUEUE: Mutex<Queue> = Mutex::new(Queue {
+    jobs: VecDeque::new(),
+    paused: 0,
+});
+static WAKE: Condvar = Condvar::new();
+/// Held by whoever runs jobs or the probe (the keeper, or a thread taking a pause): a pause
+/// waits here for the keeper's work in progress.
+static BUSY: Mutex<()> = Mutex::new(());
+
+const NOT_STARTED: u8 = 0;
+const RUNNING: u8 = 1;
+/// No keeper in this process (a fork child, a thread that could not be made): the work is done
+/// on the freeing thread.
+const NONE: u8 = 2;
+static KEEPER: AtomicU8 = AtomicU8::new(NOT_STARTED);
+
+/// The context of the last free (0: none, or it ended): the probe's.
+static PROBE_CTX: AtomicUsize = AtomicUsize::new(0);
+/// Frees quarantined so far: the keeper probes only after frees.
+static FREES: AtomicU64 = AtomicU64::new(0);
+/// What the device lacks of its reserve, as the keeper's last probe found (0: nothing),
+/// taken by the next free.
+static SHORT: AtomicU64 = AtomicU64::new(0);
+/// Jobs the keeper ran, and probes it made (noted at exit).
+pub(super) static KEPT_JOBS: AtomicU64 = AtomicU64::new(0);
+pub(super) static KEPT_PROBES: AtomicU64 = AtomicU64::new(0);
+
+/// How often the keeper probes the device's memory while frees come in.
+const PROBE_EVERY: Duration = Duration::from_millis(20);
+
+/// The keeper's stack: it runs the release paths (verification launches, the reports' lines).
+const KEEPER_STACK: usize = 1 << 20;
+
+/// Whether the probe is on at all (`ISOLATE_RESERVE=0` turns it off).
+fn probing() -> bool {
+    !matches!(
+        config::get().reserve,
+        Some(Budget::Bytes(0)) | Some(Budget::Percent(0.0))
+    )
+}
+
+/// Starts the keeper if it has not been (at the first quarantined free); true while it runs.
+fn running() -> bool {
+    match KEEPER.load(Acquire) {
+        RUNNING => true,
+        NONE => false,
+        _ => start(),
+    }
+}
+
+#[cold]
+fn start() -> bool {
+    if KEEPER
+        .compare_exchange(NOT_STARTED, RUNNING, AcqRel, Acquire)
+        .is_err()
+    {
+        return KEEPER.load(Acquire) == RUNNING;
+    }
+    let spawned = spawn_unsignalled(
+        std::thread::Builder::new()
+            .name("isolate-keeper".into())
+            .stack_size(KEEPER_STACK),
+        keeper_main,
+    );
+    if spawned.is_err() {
+        KEEPER.store(NONE, Release);
+        return false;
+    }
+    true
+}
+
+/// A free was quarantined in context `ctx` at `now`. Returns what the device lacks of its
+/// reserve when the keeper's probe found it short since the last free (the caller cuts the
+/// quarantine's limit), or `None`; without a keeper, the free asks `probe` itself (which asks
+/// the driver every 20 ms at most).
+pub(super) fn freed(now: u64, ctx: usize, probe: Probe) -> Option<u64> {
+    if !running() {
+        return probe(now, ctx);
+    }
+    if PROBE.get().is_none() {
+        let _ = PROBE.set(probe);
+    }
+    if ctx != 0 && PROBE_CTX.load(Relaxed) != ctx {
+        PROBE_CTX.store(ctx, Relaxed);
+    }
+    FREES.fetch_add(1, Relaxed);
+    if SHORT.load(Relaxed) == 0 {
+        return None;
+    }
+    Some(SHORT.swap(0, Relaxed)).filter(|&s| s > 0)
+}
+
+/// Jobs the keeper may have waiting. Past them the freeing thread runs its job itself, as
+/// before the keeper: where the device checks and frees more slowly than the program frees (the
+/// keeper waits for the release stream's slots), the program is held back by it as it was,
+/// and the memory on its way out of quarantine stays bounded.
+const MAX_QUEUED: usize = 2;
+
+/// When an allocation last ran out of memory ([`out_of_memory`]; coarse clock, 0: never).
+static OUT_OF_MEMORY_AT: AtomicU64 = AtomicU64::new(0);
+
+/// How long after an allocation ran out of memory releases stay on the freeing thread.
+const TIGHT_FOR_NS: u64 = 1_000_000_000;
+
+/// An allocation ran out of memory: for the next second releases are made on the freeing
+/// thread again, before its free returns ([`tight`]).
+pub(super) fn out_of_memory() {
+    OUT_OF_MEMORY_AT.store(coarse_ns().max(1), Relaxed);
+}
+
+/// Whether the last probe found the device with room to spare: at least twice the reserve free
+/// (`ISOLATE_RESERVE`). Until a probe says so (and never with the probe off, `ISOLATE_RESERVE=0`)
+/// releases are made on the freeing thread.
+static ROOMY: AtomicBool = AtomicBool::new(false);
+
+/// What the probe found: room to spare or not ([`ROOMY`]).
+pub(super) fn room(roomy: bool) {
+    ROOMY.store(roomy, Relaxed);
+}
+
+/// Whether memory is tight: the last probe found no room to spare, an allocation ran out of it
+/// within the last second, or `short` (the quarantine's limit is cut for the device's sake).
+/// Then a release is made before the free returns, as without the keeper: on a device that is
+/// nearly full the program's next allocation would otherwise come before the keeper has given
+/// the memory back (the stand-in's 12 MiB device: every few rounds an allocation ran out of
+/// memory and waited in the slow way out; kept memory served 20 of 200 allocations instead of
+/// 115, and the program got 9-10 of its 1 MiB blocks at the end instead of 11).
+fn tight(short: bool) -> bool {
+    let at = OUT_OF_MEMORY_AT.load(Relaxed);
+    short || !ROOMY.load(Relaxed) || (at != 0 && coarse_ns().saturating_sub(at) < TIGHT_FOR_NS)
+}
+
+/// Runs `job` on the keeper with context `ctx` current, or here (timed as the free's release)
+/// where it does not run, is paused or has [`MAX_QUEUED`] jobs waiting, or where memory is
+/// tight ([`tight`]: `short` says the quarantine's limit is cut for the device's sake).
+pub(super) fn hand(ctx: usize, short: bool, job: Job) {
+    if running() && !tight(short) {
+        let mut q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
+        if q.paused == 0 && q.jobs.len() < MAX_QUEUED {
+            q.jobs.push_back(Queued { ctx, job });
+            drop(q);
+            WAKE.notify_one();
+            return;
+        }
+    }
+    profile::timed(Part::Release, job);
+}
+
+/// A context is about to end (the caller holds a [`Pause`]): the probe makes none current
+/// until the next free names one.
+pub(super) fn context_ending() {
+    PROBE_CTX.store(0, Relaxed);
+}
+
+/// Keeps the keeper idle while it lives (see the module comment): its work in progress is
+/// waited for, and the jobs it had not started are run on the calling thread.
+pub(super) struct Pause(bool);
+
+/// Takes a pause (nothing to wait for where no keeper runs).
+pub(super) fn pause() -> Pause {
+    if KEEPER.load(Acquire) != RUNNING {
+        return Pause(false);
+    }
+    let jobs: Vec<Queued> = {
+        let mut q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
+        q.paused += 1;
+        q.jobs.drain(..).collect()
+    };
+    // The keeper's job or probe in progress, if any, ends before this goes on; it starts no
+    // other while the pause holds.
+    drop(BUSY.lock().unwrap_or_else(|p| p.into_inner()));
+    // On the calling thread, in its own context (the entries' where they differ: the release
+    // paths switch to each entry's context themselves).
+    for q in jobs {
+        (q.job)();
+    }
+    Pause(true)
+}
+
+impl Drop for Pause {
+    fn drop(&mut self) {
+        if self.0 {
+            let mut q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
+            q.paused = q.paused.saturating_sub(1);
+        }
+    }
+}
+
+/// The keeper for good (at exit): paused, never resumed.
+pub(super) fn stop() {
+    std::mem::forget(pause());
+}
+
+fn keeper_main() {
+    crate::record::thread::mark_internal_thread();
+    // Without the relaxed mode, a call of the keeper's during a capture in the global mode on
+    // another thread would fail and invalidate that capture.
+    // (A driver without the call has no captures to spoil either: CUDA 10.1 brought both.)
+    let _ = cu::relax_capture_mode();
+    let mut probed_at = 0u64;
+    let mut frees_seen = 0u64;
+    loop {
+        // Woken by a job, or every PROBE_EVERY for the probe.
+        let paused = {
+            let q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
+            let (q, _) = WAKE
+                .wait_timeout_while(q, PROBE_EVERY, |q| q.jobs.is_empty() || q.paused > 0)
+                .unwrap_or_else(|p| p.into_inner());
+            q.paused > 0
+        };
+        if paused {
+            std::thread::sleep(PROBE_EVERY);
+            continue;
+        }
+        let _busy = BUSY.lock().unwrap_or_else(|p| p.into_inner());
+        // Jobs are taken under BUSY: a pause that begins now either finds them queued or
+        // waits for this one to end.
+        loop {
+            let job = {
+                let mut q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
+                if q.paused > 0 {
+                    break;
+                }
+                q.jobs.pop_front()
+            };
+            let Some(Queued { ctx, job }) = job else {
+                break;
+            };
+            KEPT_JOBS.fetch_add(1, Relaxed);
+            in_context(ctx, job);
+        }
+        let now = coarse_ns();
+        let frees = FREES.load(Relaxed);
+        if probing()
+            && frees != frees_seen
+            && now.saturating_sub(probed_at) >= PROBE_EVERY.as_nanos() as u64
+        {
+            let paused = QUEUE.lock().unwrap_or_else(|p| p.into_inner()).paused > 0;
+            let ctx = PROBE_CTX.load(Relaxed);
+            if let (false, true, Some(&probe)) = (paused, ctx != 0, PROBE.get()) {
+                frees_seen = frees;
+                probed_at = now;
+                KEPT_PROBES.fetch_add(1, Relaxed);
+                in_context(ctx, move || {
+                    if let Some(short) = probe(now, ctx) {
+                        SHORT.store(short.max(1), Relaxed);
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Runs `f` on the keeper with context `ctx` current where it can be made so, and none after
+/// (a panic stays here). Run either way: a job's entries are out of quarantine, and the release
+/// paths make each entry's own context current themselves.
+fn in_context(ctx: usize, f: impl FnOnce()) {
+    if ctx != 0 {
+        // SAFETY: the context of a free the program made, which has not ended: an ending
+        // context is taken out of PROBE_CTX, and the jobs of its frees are run, under a pause
+        // (the keeper's work waited for) before the call that ends it.
+        let _ = unsafe { cu::ctx_set_current(ctx as CUcontext) };
+    }
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    // SAFETY: no context current on this thread: nothing the program has is touched.
+    let _ = unsafe { cu::ctx_set_current(std::ptr::null_mut()) };
+}
+
+/// In a fork child: no keeper there (only the forking thread exists); the parent's jobs are not
+/// the child's (its quarantine starts empty).
+pub(super) fn after_fork_child() {
+    KEEPER.store(NONE, Release);
+    SHORT.store(0, Relaxed);
+    ROOMY.store(false, Relaxed);
+    PROBE_CTX.store(0, Relaxed);
+}
