@@ -121,6 +121,8 @@ CONFIGS = {
     "log-base": {"ISOLATE_MODE": "log", "_LIB": "base"},
     "isolate-base": {"ISOLATE_MODE": "isolate", "_LIB": "base"},
     "fast-base": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "_LIB": "base"},
+    "fast-prof-base": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "ISOLATE_PROFILE": "on",
+                       "_LIB": "base"},
 }
 
 # The pluggable allocator's two functions (PyTorch's signatures), calling the runtime PyTorch

@@ -597,7 +597,7 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
             .sum();
         assert!(freed > 0);
         // The releases over the budget go to the library's keeper thread once its probe has
-        // found the device with room to spare (the stand-in's, always), the freeing threads
+        // found the device with its reserve free (the stand-in's, always), the freeing threads
         // go on meanwhile; the guarantees above hold all the same.
         let (kept_jobs, probes) = keeper_counts(time);
         assert!(kept_jobs > 0 && probes > 0, "{release} {by}: {time}");
@@ -648,6 +648,40 @@ fn stream_ordered_frees_leave_quarantine_on_the_release_stream() {
             );
         }
     }
+}
+
+/// A process forked before any CUDA call (as the tier benchmark's models are) gets a keeper
+/// of its own: its releases over the budget and its probes are taken off its freeing threads,
+/// with the release stream's guarantees (no range back while held, the stale write found). As
+/// first built, a fork child had none at all.
+#[test]
+fn a_fork_child_has_a_keeper_of_its_own() {
+    let out = isolate(quarantine("fork-async"))
+        .env("ISOLATE_QUARANTINE", "4MiB")
+        .run();
+    out.assert_success();
+    has_line(&out, "async calls failed 0");
+    let child: Vec<_> = out
+        .traces
+        .iter()
+        .filter(|t| t.header.ppid == out.pid)
+        .collect();
+    assert_eq!(child.len(), 1, "{}", out.stdout);
+    let t = child[0];
+    t.assert_complete(EndReason::Exit);
+    if let Some((f, a)) = reused_too_early(t, MIB) {
+        panic!("{a:?} got a range still held since {f:?}");
+    }
+    let v = t.violations();
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!((v[0].first_offset, v[0].changed_bytes), (100, 8));
+    let time = notes(t, NoteKind::Cost)
+        .into_iter()
+        .map(|n| n.text)
+        .find(|n| n.starts_with("isolation's time: 1200 frees poisoned"))
+        .unwrap();
+    let (kept_jobs, probes) = keeper_counts(&time);
+    assert!(kept_jobs > 0 && probes > 0, "{time}");
 }
 
 /// (releases, device-memory probes) the keeper thread took, from the note of isolation's time.
@@ -877,7 +911,7 @@ fn kept_checked_memory_is_served_again_and_given_back_when_memory_runs_out() {
         {
             panic!("{reuse}: {a:?} got a range still held since {f:?}");
         }
-        // No probe (ISOLATE_RESERVE=0), so no room to spare is known: every release is made
+        // No probe (ISOLATE_RESERVE=0), so the reserve is never known free: every release is made
         // by the free that went over the budget, before it returns (keeper.rs), and the device,
         // nearly full, has the memory back before the next allocation.
         let time = notes(t, NoteKind::Cost)

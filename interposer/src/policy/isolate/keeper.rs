@@ -14,8 +14,8 @@
 //! The keeper runs with every signal blocked, marked as the library's own thread (no hook
 //! records its calls), in the relaxed capture mode (its calls never fail or invalidate a
 //! capture the program makes on another thread in the global mode). Where it cannot run (a
-//! fork child: only the forking thread exists there; no thread could be made), or while it is
-//! paused, the work is done on the freeing thread as before.
+//! thread could be made), or while it is paused, the work is done on the freeing thread as
+//! before. A fork child starts a keeper of its own.
 //!
 //! **Paused** while a context ends (its memory must be checked and freed before the call, and
 //! nothing may use the context after it) and for good at exit: [`pause`] waits for the job in
@@ -33,7 +33,7 @@ use crate::base::cuda::CUcontext;
 use crate::base::sys::{coarse_ns, spawn_unsignalled};
 use crate::record::profile::{self, Part};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
@@ -58,20 +58,41 @@ struct Queue {
     paused: u32,
 }
 
-static QUEUE: Mutex<Queue> = Mutex::new(Queue {
-    jobs: VecDeque::new(),
-    paused: 0,
-});
-static WAKE: Condvar = Condvar::new();
-/// Held by whoever runs jobs or the probe (the keeper, or a thread taking a pause): a pause
-/// waits here for the keeper's work in progress.
-static BUSY: Mutex<()> = Mutex::new(());
+/// What the keeper and the threads handing it work share: made when the keeper starts, and
+/// made again by a fork child's keeper (a lock the parent's keeper held at the fork would never
+/// be released in the child; the old one is left alone there, never touched).
+struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    /// Held by whoever runs jobs or the probe (the keeper, or a thread taking a pause): a pause
+    /// waits here for the keeper's work in progress.
+    busy: Mutex<()>,
+}
+
+impl Shared {
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The keeper's shared state while it runs.
+fn shared() -> Option<&'static Shared> {
+    if KEEPER.load(Acquire) != RUNNING {
+        return None;
+    }
+    let p = SHARED.load(Acquire);
+    // SAFETY: SHARED holds null or a leaked Box (never freed), stored before RUNNING.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
 
 const NOT_STARTED: u8 = 0;
 const RUNNING: u8 = 1;
-/// No keeper in this process (a fork child, a thread that could not be made): the work is done
-/// on the freeing thread.
+/// No keeper in this process (a thread could not be made): the work is done on the freeing
+/// thread.
 const NONE: u8 = 2;
+const STARTING: u8 = 3;
 static KEEPER: AtomicU8 = AtomicU8::new(NOT_STARTED);
 
 /// The context of the last free (0: none, or it ended): the probe's.
@@ -99,34 +120,45 @@ fn probing() -> bool {
     )
 }
 
-/// Starts the keeper if it has not been (at the first quarantined free); true while it runs.
-fn running() -> bool {
+/// Starts the keeper if it has not been (at the first quarantined free); its shared state
+/// while it runs.
+fn running() -> Option<&'static Shared> {
     match KEEPER.load(Acquire) {
-        RUNNING => true,
-        NONE => false,
-        _ => start(),
+        RUNNING => shared(),
+        NOT_STARTED => start(),
+        _ => None,
     }
 }
 
 #[cold]
-fn start() -> bool {
+fn start() -> Option<&'static Shared> {
     if KEEPER
-        .compare_exchange(NOT_STARTED, RUNNING, AcqRel, Acquire)
+        .compare_exchange(NOT_STARTED, STARTING, AcqRel, Acquire)
         .is_err()
     {
-        return KEEPER.load(Acquire) == RUNNING;
+        return shared(); // another thread starts it (or has): the work is done here meanwhile
     }
+    let sh: &'static Shared = Box::leak(Box::new(Shared {
+        queue: Mutex::new(Queue {
+            jobs: VecDeque::new(),
+            paused: 0,
+        }),
+        wake: Condvar::new(),
+        busy: Mutex::new(()),
+    }));
     let spawned = spawn_unsignalled(
         std::thread::Builder::new()
             .name("isolate-keeper".into())
             .stack_size(KEEPER_STACK),
-        keeper_main,
+        move || keeper_main(sh),
     );
     if spawned.is_err() {
         KEEPER.store(NONE, Release);
-        return false;
+        return None;
     }
-    true
+    SHARED.store(std::ptr::from_ref(sh).cast_mut(), Release);
+    KEEPER.store(RUNNING, Release);
+    Some(sh)
 }
 
 /// A free was quarantined in context `ctx` at `now`. Returns what the device lacks of its
@@ -134,7 +166,7 @@ fn start() -> bool {
 /// quarantine's limit), or `None`; without a keeper, the free asks `probe` itself (which asks
 /// the driver every 20 ms at most).
 pub(super) fn freed(now: u64, ctx: usize, probe: Probe) -> Option<u64> {
-    if !running() {
+    if running().is_none() {
         return probe(now, ctx);
     }
     if PROBE.get().is_none() {
@@ -168,17 +200,20 @@ pub(super) fn out_of_memory() {
     OUT_OF_MEMORY_AT.store(coarse_ns().max(1), Relaxed);
 }
 
-/// Whether the last probe found the device with room to spare: at least twice the reserve free
-/// (`ISOLATE_RESERVE`). Until a probe says so (and never with the probe off, `ISOLATE_RESERVE=0`)
-/// releases are made on the freeing thread.
+/// Whether the last probe found the device with its reserve free (`ISOLATE_RESERVE`: a
+/// sixteenth of the device by default, at least 1 GiB; a lag of the keeper's cannot use that
+/// up). Until a probe says so (and never with the probe off, `ISOLATE_RESERVE=0`) releases are
+/// made on the freeing thread. (Twice the reserve was asked first: on the H100 the quarantine,
+/// the kept memory and the default pool's cache keep the device near its reserve by design, so
+/// the keeper took no release at all in the models' runs.)
 static ROOMY: AtomicBool = AtomicBool::new(false);
 
-/// What the probe found: room to spare or not ([`ROOMY`]).
+/// What the probe found: the reserve free or not ([`ROOMY`]).
 pub(super) fn room(roomy: bool) {
     ROOMY.store(roomy, Relaxed);
 }
 
-/// Whether memory is tight: the last probe found no room to spare, an allocation ran out of it
+/// Whether memory is tight: the last probe found the reserve not free, an allocation ran out of it
 /// within the last second, or `short` (the quarantine's limit is cut for the device's sake).
 /// Then a release is made before the free returns, as without the keeper: on a device that is
 /// nearly full the program's next allocation would otherwise come before the keeper has given
@@ -194,12 +229,14 @@ fn tight(short: bool) -> bool {
 /// where it does not run, is paused or has [`MAX_QUEUED`] jobs waiting, or where memory is
 /// tight ([`tight`]: `short` says the quarantine's limit is cut for the device's sake).
 pub(super) fn hand(ctx: usize, short: bool, job: Job) {
-    if running() && !tight(short) {
-        let mut q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(sh) = running()
+        && !tight(short)
+    {
+        let mut q = sh.queue();
         if q.paused == 0 && q.jobs.len() < MAX_QUEUED {
             q.jobs.push_back(Queued { ctx, job });
             drop(q);
-            WAKE.notify_one();
+            sh.wake.notify_one();
             return;
         }
     }
@@ -214,33 +251,33 @@ pub(super) fn context_ending() {
 
 /// Keeps the keeper idle while it lives (see the module comment): its work in progress is
 /// waited for, and the jobs it had not started are run on the calling thread.
-pub(super) struct Pause(bool);
+pub(super) struct Pause(Option<&'static Shared>);
 
 /// Takes a pause (nothing to wait for where no keeper runs).
 pub(super) fn pause() -> Pause {
-    if KEEPER.load(Acquire) != RUNNING {
-        return Pause(false);
-    }
+    let Some(sh) = shared() else {
+        return Pause(None);
+    };
     let jobs: Vec<Queued> = {
-        let mut q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
+        let mut q = sh.queue();
         q.paused += 1;
         q.jobs.drain(..).collect()
     };
     // The keeper's job or probe in progress, if any, ends before this goes on; it starts no
     // other while the pause holds.
-    drop(BUSY.lock().unwrap_or_else(|p| p.into_inner()));
+    drop(sh.busy.lock().unwrap_or_else(|p| p.into_inner()));
     // On the calling thread, in its own context (the entries' where they differ: the release
     // paths switch to each entry's context themselves).
     for q in jobs {
         (q.job)();
     }
-    Pause(true)
+    Pause(Some(sh))
 }
 
 impl Drop for Pause {
     fn drop(&mut self) {
-        if self.0 {
-            let mut q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(sh) = self.0 {
+            let mut q = sh.queue();
             q.paused = q.paused.saturating_sub(1);
         }
     }
@@ -248,10 +285,18 @@ impl Drop for Pause {
 
 /// The keeper for good (at exit): paused, never resumed.
 pub(super) fn stop() {
+    // Not started: never will be. Starting on another thread: once it runs, paused.
+    loop {
+        match KEEPER.compare_exchange(NOT_STARTED, NONE, AcqRel, Acquire) {
+            Ok(_) => return,
+            Err(STARTING) => std::thread::yield_now(),
+            Err(_) => break,
+        }
+    }
     std::mem::forget(pause());
 }
 
-fn keeper_main() {
+fn keeper_main(sh: &'static Shared) {
     crate::record::thread::mark_internal_thread();
     // Without the relaxed mode, a call of the keeper's during a capture in the global mode on
     // another thread would fail and invalidate that capture.
@@ -262,9 +307,11 @@ fn keeper_main() {
     loop {
         // Woken by a job, or every PROBE_EVERY for the probe.
         let paused = {
-            let q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
-            let (q, _) = WAKE
-                .wait_timeout_while(q, PROBE_EVERY, |q| q.jobs.is_empty() || q.paused > 0)
+            let (q, _) = sh
+                .wake
+                .wait_timeout_while(sh.queue(), PROBE_EVERY, |q| {
+                    q.jobs.is_empty() || q.paused > 0
+                })
                 .unwrap_or_else(|p| p.into_inner());
             q.paused > 0
         };
@@ -272,12 +319,12 @@ fn keeper_main() {
             std::thread::sleep(PROBE_EVERY);
             continue;
         }
-        let _busy = BUSY.lock().unwrap_or_else(|p| p.into_inner());
+        let _busy = sh.busy.lock().unwrap_or_else(|p| p.into_inner());
         // Jobs are taken under BUSY: a pause that begins now either finds them queued or
         // waits for this one to end.
         loop {
             let job = {
-                let mut q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
+                let mut q = sh.queue();
                 if q.paused > 0 {
                     break;
                 }
@@ -295,7 +342,7 @@ fn keeper_main() {
             && frees != frees_seen
             && now.saturating_sub(probed_at) >= PROBE_EVERY.as_nanos() as u64
         {
-            let paused = QUEUE.lock().unwrap_or_else(|p| p.into_inner()).paused > 0;
+            let paused = sh.queue().paused > 0;
             let ctx = PROBE_CTX.load(Relaxed);
             if let (false, true, Some(&probe)) = (paused, ctx != 0, PROBE.get()) {
                 frees_seen = frees;
@@ -326,10 +373,14 @@ fn in_context(ctx: usize, f: impl FnOnce()) {
     let _ = unsafe { cu::ctx_set_current(std::ptr::null_mut()) };
 }
 
-/// In a fork child: no keeper there (only the forking thread exists); the parent's jobs are not
-/// the child's (its quarantine starts empty).
+/// In a fork child: the parent's keeper is not there (only the forking thread is), nor are its
+/// jobs the child's (its quarantine starts empty). The child's own keeper starts at its first
+/// release, with state of its own. (A child without one, as first built, gave the tier
+/// benchmark's models, each forked from one process, no keeper at all.)
 pub(super) fn after_fork_child() {
-    KEEPER.store(NONE, Release);
+    SHARED.store(std::ptr::null_mut(), Release);
+    KEEPER.store(NOT_STARTED, Release);
+    OUT_OF_MEMORY_AT.store(0, Relaxed);
     SHORT.store(0, Relaxed);
     ROOMY.store(false, Relaxed);
     PROBE_CTX.store(0, Relaxed);

@@ -167,7 +167,7 @@ fn short_of_memory(now: u64, ctx: usize) -> Option<u64> {
     }
     let (free, total) = device_memory()?;
     let reserve = reserve(total);
-    keeper::room(free >= reserve.saturating_mul(2));
+    keeper::room(free >= reserve);
     if free >= reserve {
         PRESSURE_LIMIT.store(u64::MAX, Relaxed);
         return None;
