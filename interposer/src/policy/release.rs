@@ -48,8 +48,6 @@ struct Mark {
 }
 
 struct State {
-    /// Per context: which of its slots are in flight.
-    busy: Vec<(usize, [bool; SLOTS])>,
     /// Per (context, stream): the stream's event.
     marks: FxHashMap<(usize, usize), Mark>,
     /// Poisons not queued yet ([`defer`]): (context, stream, ptr, len), in the order freed; the
@@ -81,9 +79,19 @@ static CAPTURE_SEEN: AtomicBool = AtomicBool::new(false);
 
 static STATE: ForkLock<Option<State>> = ForkLock::new(None);
 
+/// Per context: which of its release slots are in flight. A lock apart from [`STATE`]'s: a
+/// batch's launch ([`launch`]: waits, copies, the check, an event; tens of microseconds, now on
+/// the library's keeper thread) holds this one only, so the program's frees, which take
+/// [`STATE`]'s to defer their poisons, do not wait for it (on the H100 they did, for up to
+/// 0.56 ms, once the launches had moved to the keeper). Launches of one context may then
+/// interleave on its release stream: each batch's waits still come before its check there,
+/// and each slot is one batch's.
+static BUSY: ForkLock<Vec<(usize, [bool; SLOTS])>> = ForkLock::new(Vec::new());
+
 /// In a fork child: the parent's handles are not the child's.
 pub fn after_fork_child() {
     STATE.reset_in_child(None);
+    BUSY.reset_in_child(Vec::new());
     PENDING.store(0, Relaxed);
     SPAN_LOW.store(u64::MAX, Relaxed);
     SPAN_HIGH.store(0, Relaxed);
@@ -94,7 +102,6 @@ fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
     let mut g = STATE.lock();
     drop(lock);
     let s = g.get_or_insert_with(|| State {
-        busy: Vec::new(),
         marks: FxHashMap::default(),
         pending: Vec::new(),
         taken: Vec::new(),
@@ -316,7 +323,7 @@ pub fn stream_gone(stream: usize) {
 /// driver's memset).
 pub fn poison(ctx: usize, stream: usize, ptr: u64, len: u64, byte: u8) -> Option<CUresult> {
     let stream = stream as CUstream;
-    let fill = with(|s| resources(s, ctx).and_then(|r| r.d.fill))?;
+    let fill = device::release(ctx)?.fill?;
     let (mut p, mut n, mut pat) = (ptr, len, u32::from_ne_bytes([byte; 4]));
     let mut params: [*mut c_void; 3] = [
         (&mut p as *mut u64).cast(),
@@ -344,7 +351,7 @@ pub fn defer(ctx: usize, stream: usize, ptr: u64, len: u64) -> Option<(usize, u8
         return None;
     }
     with(|s| {
-        resources(s, ctx)?.d.fill_many?;
+        device::release(ctx)?.fill_many?;
         let ev = stream_event(s, ctx, stream);
         if ev == 0 {
             return None;
@@ -424,7 +431,7 @@ fn flush_locked(s: &mut State, ctx: usize) {
     if let Some(byte) = config::get().poison {
         // By stream, each stream's in the order freed (a stable sort).
         mine.sort_by_key(|p| p.0);
-        let fill = resources(s, ctx).and_then(|r| r.d.fill_many);
+        let fill = device::release(ctx).and_then(|d| d.fill_many);
         let sparse = device::sparse(ctx).map(|k| k.fill);
         // Recorded after the poisons now only where `refresh` might not be able to later.
         let record = EVENT_RECORD.get().is_some()
@@ -544,23 +551,28 @@ impl Launched {
 /// The release side of context `ctx` ([`device::release`], made on first use) and its slots;
 /// `None` where the driver cannot load the kernel (e.g. the CI stand-in without its emulation)
 /// or any piece fails.
-fn resources(s: &mut State, ctx: usize) -> Option<Res<'_>> {
+fn resources(busy: &mut Vec<(usize, [bool; SLOTS])>, ctx: usize) -> Option<Res<'_>> {
     let d = device::release(ctx)?;
-    if !s.busy.iter().any(|(c, _)| *c == ctx) {
-        s.busy.push((ctx, [false; SLOTS]));
+    if !busy.iter().any(|(c, _)| *c == ctx) {
+        busy.push((ctx, [false; SLOTS]));
     }
-    let busy = &mut s.busy.iter_mut().find(|(c, _)| *c == ctx)?.1;
+    let busy = &mut busy.iter_mut().find(|(c, _)| *c == ctx)?.1;
     Some(Res { d, busy })
+}
+
+/// `f` with the slots' lock ([`BUSY`]) held.
+fn slots<R>(f: impl FnOnce(&mut Vec<(usize, [bool; SLOTS])>) -> R) -> R {
+    f(&mut BUSY.lock())
 }
 
 /// Whether context `ctx` can release asynchronously (loads its resources on first use).
 pub fn available(ctx: usize) -> bool {
-    with(|s| resources(s, ctx).is_some())
+    slots(|b| resources(b, ctx).is_some())
 }
 
 /// Whether a slot of `ctx` is free for [`launch`].
 pub fn slot_free(ctx: usize) -> bool {
-    with(|s| resources(s, ctx).is_some_and(|r| r.busy.iter().any(|b| !b)))
+    slots(|b| resources(b, ctx).is_some_and(|r| r.busy.iter().any(|b| !b)))
 }
 
 /// Queues on the release stream of `ctx` (which must be current): a wait for each of
@@ -572,8 +584,8 @@ pub fn slot_free(ctx: usize) -> bool {
 /// read its results, whatever they are (they are the program's memory, given back late).
 pub fn launch(ctx: usize, waits: &[usize], items: &[(u64, u64)], byte: u8) -> Option<Launched> {
     let n = items.len().min(BATCH);
-    with(|s| {
-        let r = resources(s, ctx)?;
+    slots(|b| {
+        let r = resources(b, ctx)?;
         let slot = r.busy.iter().position(|b| !b)?;
         STREAM_WAIT_EVENT.get()?;
         MEMCPY_HTOD_ASYNC.get()?;
@@ -726,8 +738,8 @@ pub fn poll(l: &Launched, wait: bool) -> Option<Vec<(u64, u64)>> {
         // SAFETY: as above; the batch is polled no more after this (its `Launched` is dropped).
         let _ = unsafe { cu::event_destroy(ev) };
     }
-    with(|s| {
-        let r = resources(s, l.ctx)?;
+    slots(|b| {
+        let r = resources(b, l.ctx)?;
         // SAFETY: `l.slot < SLOTS`, inside the pinned buffer.
         let host = unsafe { r.d.host.add(l.slot * SLOT_BYTES) } as *const u64;
         let out = (0..l.n)

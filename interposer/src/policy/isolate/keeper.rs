@@ -302,8 +302,7 @@ fn keeper_main(sh: &'static Shared) {
     // another thread would fail and invalidate that capture.
     // (A driver without the call has no captures to spoil either: CUDA 10.1 brought both.)
     let _ = cu::relax_capture_mode();
-    let mut probed_at = 0u64;
-    let mut frees_seen = 0u64;
+    let mut probe = Probing::default();
     loop {
         // Woken by a job, or every PROBE_EVERY for the probe.
         let paused = {
@@ -320,9 +319,11 @@ fn keeper_main(sh: &'static Shared) {
             continue;
         }
         let _busy = sh.busy.lock().unwrap_or_else(|p| p.into_inner());
-        // Jobs are taken under BUSY: a pause that begins now either finds them queued or
-        // waits for this one to end.
+        // Jobs are taken under `busy`: a pause that begins now either finds them queued or
+        // waits for this one to end. The probe between two (a run of jobs that waited for the
+        // device went on for half a second on the stand-in, and no probe was made meanwhile).
         loop {
+            probe.when_due(sh);
             let job = {
                 let mut q = sh.queue();
                 if q.paused > 0 {
@@ -336,25 +337,41 @@ fn keeper_main(sh: &'static Shared) {
             KEPT_JOBS.fetch_add(1, Relaxed);
             in_context(ctx, job);
         }
+    }
+}
+
+/// When the keeper last probed, and the frees it had seen then.
+#[derive(Default)]
+struct Probing {
+    at: u64,
+    frees: u64,
+}
+
+impl Probing {
+    /// Probes (with the last free's context current) if frees came since the last probe and
+    /// [`PROBE_EVERY`] has passed, while no pause holds.
+    fn when_due(&mut self, sh: &Shared) {
         let now = coarse_ns();
         let frees = FREES.load(Relaxed);
-        if probing()
-            && frees != frees_seen
-            && now.saturating_sub(probed_at) >= PROBE_EVERY.as_nanos() as u64
+        if !probing()
+            || frees == self.frees
+            || now.saturating_sub(self.at) < PROBE_EVERY.as_nanos() as u64
         {
-            let paused = sh.queue().paused > 0;
-            let ctx = PROBE_CTX.load(Relaxed);
-            if let (false, true, Some(&probe)) = (paused, ctx != 0, PROBE.get()) {
-                frees_seen = frees;
-                probed_at = now;
-                KEPT_PROBES.fetch_add(1, Relaxed);
-                in_context(ctx, move || {
-                    if let Some(short) = probe(now, ctx) {
-                        SHORT.store(short.max(1), Relaxed);
-                    }
-                });
-            }
+            return;
         }
+        let paused = sh.queue().paused > 0;
+        let ctx = PROBE_CTX.load(Relaxed);
+        let (false, true, Some(&probe)) = (paused, ctx != 0, PROBE.get()) else {
+            return;
+        };
+        self.frees = frees;
+        self.at = now;
+        KEPT_PROBES.fetch_add(1, Relaxed);
+        in_context(ctx, move || {
+            if let Some(short) = probe(now, ctx) {
+                SHORT.store(short.max(1), Relaxed);
+            }
+        });
     }
 }
 
