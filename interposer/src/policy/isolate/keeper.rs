@@ -2,10 +2,11 @@
 //! thread does not wait for it. Two jobs moved here from the free (issue 31: on ResNet-50 the
 //! fast tier's profile put 18.8 of the free's 34.1 ms in 209 calls of over 20 µs, these two):
 //!
-//! - **Releases over the budget**: the free that takes the oldest entries out of quarantine
-//!   (under the state's lock, as before: the held bytes stay exact) hands them here, with the
-//!   [`Leaving`] that counts them until they are handed on (a batch of 256: ~74 µs of
-//!   verification launches on the H100).
+//! - **The trim over the budget**: the free that finds the quarantine over its budget hands
+//!   the keeper the trim (quarantine.rs): taking the oldest out, 256 at a time (~50 µs of index
+//!   work under the state's lock), and releasing them (a batch of 256: ~74 µs of verification
+//!   launches on the H100). The frees meanwhile go on, and trim a step themselves only once the
+//!   quarantine is an eighth past its limit.
 //! - **The device-memory probe** (`cuMemGetInfo` every 20 ms of frees, ~100 µs on the H100,
 //!   and, while the device is short of memory, the kept memory given back and the default pool
 //!   trimmed): made here with the last free's context current; what the device lacks is
@@ -13,9 +14,9 @@
 //!
 //! The keeper runs with every signal blocked, marked as the library's own thread (no hook
 //! records its calls), in the relaxed capture mode (its calls never fail or invalidate a
-//! capture the program makes on another thread in the global mode). Where it cannot run (a
-//! thread could be made), or while it is paused, the work is done on the freeing thread as
-//! before. A fork child starts a keeper of its own.
+//! capture the program makes on another thread in the global mode). Where it cannot run (no
+//! thread could be made), while it is paused, and while memory is tight ([`offer`]), the work
+//! is done on the freeing thread as before. A fork child starts a keeper of its own.
 //!
 //! **Paused** while a context ends (its memory must be checked and freed before the call, and
 //! nothing may use the context after it) and for good at exit: [`pause`] waits for the job in
@@ -31,7 +32,6 @@ use crate::base::config::{self, Budget};
 use crate::base::cu;
 use crate::base::cuda::CUcontext;
 use crate::base::sys::{coarse_ns, spawn_unsignalled};
-use crate::record::profile::{self, Part};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Condvar, Mutex};
@@ -225,22 +225,22 @@ fn tight(short: bool) -> bool {
     short || !ROOMY.load(Relaxed) || (at != 0 && coarse_ns().saturating_sub(at) < TIGHT_FOR_NS)
 }
 
-/// Runs `job` on the keeper with context `ctx` current, or here (timed as the free's release)
-/// where it does not run, is paused or has [`MAX_QUEUED`] jobs waiting, or where memory is
-/// tight ([`tight`]: `short` says the quarantine's limit is cut for the device's sake).
-pub(super) fn hand(ctx: usize, short: bool, job: Job) {
-    if let Some(sh) = running()
-        && !tight(short)
-    {
-        let mut q = sh.queue();
-        if q.paused == 0 && q.jobs.len() < MAX_QUEUED {
-            q.jobs.push_back(Queued { ctx, job });
-            drop(q);
-            sh.wake.notify_one();
-            return;
-        }
+/// Queues `job` for the keeper, to run with context `ctx` current; gives it back where the
+/// keeper does not run, is paused or has [`MAX_QUEUED`] jobs waiting, or where memory is tight
+/// ([`tight`]: `short` says the quarantine's limit is cut for the device's sake). The caller
+/// then does the work itself.
+pub(super) fn offer(ctx: usize, short: bool, job: Job) -> Result<(), Job> {
+    let Some(sh) = running().filter(|_| !tight(short)) else {
+        return Err(job);
+    };
+    let mut q = sh.queue();
+    if q.paused > 0 || q.jobs.len() >= MAX_QUEUED {
+        return Err(job);
     }
-    profile::timed(Part::Release, job);
+    q.jobs.push_back(Queued { ctx, job });
+    drop(q);
+    sh.wake.notify_one();
+    Ok(())
 }
 
 /// A context is about to end (the caller holds a [`Pause`]): the probe makes none current
@@ -401,4 +401,59 @@ pub(super) fn after_fork_child() {
     SHORT.store(0, Relaxed);
     ROOMY.store(false, Relaxed);
     PROBE_CTX.store(0, Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, mpsc};
+    use std::time::Duration;
+
+    /// A pause waits for the keeper's job in progress, runs the one still queued on the calling
+    /// thread (after the first: a trim's steps stay in order), and keeps the keeper from
+    /// taking more until it ends; memory that is tight keeps the work on the caller.
+    #[test]
+    fn a_pause_waits_for_the_job_in_progress_and_runs_the_queued_ones_itself() {
+        room(true);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (started_tx, started_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let o = order.clone();
+        let first: Job = Box::new(move || {
+            started_tx.send(std::thread::current().id()).unwrap();
+            go_rx.recv().unwrap();
+            o.lock().unwrap().push("first");
+        });
+        assert!(offer(0, false, first).is_ok());
+        let keeper = started_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_ne!(keeper, std::thread::current().id(), "run on the keeper");
+        let o = order.clone();
+        let (ran_on_tx, ran_on_rx) = mpsc::channel();
+        let second: Job = Box::new(move || {
+            ran_on_tx.send(std::thread::current().id()).unwrap();
+            o.lock().unwrap().push("second");
+        });
+        assert!(offer(0, false, second).is_ok(), "queued behind the first");
+        let o = order.clone();
+        let pauser = std::thread::spawn(move || {
+            let p = pause();
+            o.lock().unwrap().push("paused");
+            // While paused nothing is taken: the caller does the work.
+            let back = offer(0, false, Box::new(|| {}));
+            drop(p);
+            (std::thread::current().id(), back.is_err())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(order.lock().unwrap().is_empty(), "the pause waits for the job in progress");
+        go_tx.send(()).unwrap();
+        let (pauser_id, refused) = pauser.join().unwrap();
+        assert_eq!(*order.lock().unwrap(), ["first", "second", "paused"]);
+        assert_eq!(ran_on_rx.recv().unwrap(), pauser_id, "the queued job ran on the pausing thread");
+        assert!(refused, "no job is taken while a pause holds");
+        // Tight memory: an allocation ran out of it just now.
+        out_of_memory();
+        assert!(offer(0, false, Box::new(|| {})).is_err());
+        OUT_OF_MEMORY_AT.store(0, Relaxed);
+        assert!(offer(0, true, Box::new(|| {})).is_err(), "the limit is cut");
+    }
 }
