@@ -444,11 +444,18 @@ mod tests {
             (std::thread::current().id(), back.is_err())
         });
         std::thread::sleep(Duration::from_millis(100));
-        assert!(order.lock().unwrap().is_empty(), "the pause waits for the job in progress");
+        assert!(
+            order.lock().unwrap().is_empty(),
+            "the pause waits for the job in progress"
+        );
         go_tx.send(()).unwrap();
         let (pauser_id, refused) = pauser.join().unwrap();
         assert_eq!(*order.lock().unwrap(), ["first", "second", "paused"]);
-        assert_eq!(ran_on_rx.recv().unwrap(), pauser_id, "the queued job ran on the pausing thread");
+        assert_eq!(
+            ran_on_rx.recv().unwrap(),
+            pauser_id,
+            "the queued job ran on the pausing thread"
+        );
         assert!(refused, "no job is taken while a pause holds");
         // Tight memory: an allocation ran out of it just now.
         out_of_memory();
