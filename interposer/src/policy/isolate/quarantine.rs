@@ -231,8 +231,15 @@ pub(super) fn quarantine(entry: Entry) {
     {
         let device = entry.device;
         let job = Box::new(move || {
+            // Cleared however the trim ends (a panic stays on the keeper).
+            struct Queued;
+            impl Drop for Queued {
+                fn drop(&mut self) {
+                    TRIM_QUEUED.store(false, Release);
+                }
+            }
+            let _queued = Queued;
             trim(device);
-            TRIM_QUEUED.store(false, Release);
         });
         match keeper::offer(entry.ctx, false, job) {
             Ok(()) => return,
