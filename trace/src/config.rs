@@ -130,6 +130,15 @@ impl Config {
     pub fn fast_isolation(&self) -> bool {
         self.check_fast && self.mode == Mode::Isolate
     }
+
+    /// `ISOLATE_RESERVE=0` (`0`, `0%`): the device's free memory is never asked, and the
+    /// quarantine gives way only to an allocation that ran out of memory.
+    pub fn reserve_off(&self) -> bool {
+        matches!(
+            self.reserve,
+            Some(Budget::Bytes(0)) | Some(Budget::Percent(0.0))
+        )
+    }
 }
 
 /// A setting with exactly two values, spelled once: read by [`TwoWay::read`], written into the

@@ -28,7 +28,7 @@
 //!
 //! Layer: policies. Uses the base and recording only.
 
-use crate::base::config::{self, Budget};
+use crate::base::config;
 use crate::base::cu;
 use crate::base::cuda::CUcontext;
 use crate::base::sys::{coarse_ns, spawn_unsignalled};
@@ -112,14 +112,6 @@ const PROBE_EVERY: Duration = Duration::from_millis(20);
 /// The keeper's stack: it runs the release paths (verification launches, the reports' lines).
 const KEEPER_STACK: usize = 1 << 20;
 
-/// Whether the probe is on at all (`ISOLATE_RESERVE=0` turns it off).
-fn probing() -> bool {
-    !matches!(
-        config::get().reserve,
-        Some(Budget::Bytes(0)) | Some(Budget::Percent(0.0))
-    )
-}
-
 /// Starts the keeper if it has not been (at the first quarantined free); its shared state
 /// while it runs.
 fn running() -> Option<&'static Shared> {
@@ -182,10 +174,9 @@ pub(super) fn freed(now: u64, ctx: usize, probe: Probe) -> Option<u64> {
     Some(SHORT.swap(0, Relaxed)).filter(|&s| s > 0)
 }
 
-/// Jobs the keeper may have waiting. Past them the freeing thread runs its job itself, as
-/// before the keeper: where the device checks and frees more slowly than the program frees (the
-/// keeper waits for the release stream's slots), the program is held back by it as it was,
-/// and the memory on its way out of quarantine stays bounded.
+/// Jobs the keeper may have waiting; past them the caller does its job itself. A backstop: the
+/// quarantine queues one trim at a time, and a keeper that falls behind on it is caught up by
+/// the frees themselves past the quarantine's slack (quarantine.rs).
 const MAX_QUEUED: usize = 2;
 
 /// When an allocation last ran out of memory ([`out_of_memory`]; coarse clock, 0: never).
@@ -213,24 +204,23 @@ pub(super) fn room(roomy: bool) {
     ROOMY.store(roomy, Relaxed);
 }
 
-/// Whether memory is tight: the last probe found the reserve not free, an allocation ran out of it
-/// within the last second, or `short` (the quarantine's limit is cut for the device's sake).
-/// Then a release is made before the free returns, as without the keeper: on a device that is
+/// Whether memory is tight: the last probe found the reserve not free, or an allocation ran out
+/// of it within the last second. Then a release is made before the free returns, as without the keeper: on a device that is
 /// nearly full the program's next allocation would otherwise come before the keeper has given
 /// the memory back (the stand-in's 12 MiB device: every few rounds an allocation ran out of
 /// memory and waited in the slow way out; kept memory served 20 of 200 allocations instead of
 /// 115, and the program got 9-10 of its 1 MiB blocks at the end instead of 11).
-fn tight(short: bool) -> bool {
+fn tight() -> bool {
     let at = OUT_OF_MEMORY_AT.load(Relaxed);
-    short || !ROOMY.load(Relaxed) || (at != 0 && coarse_ns().saturating_sub(at) < TIGHT_FOR_NS)
+    !ROOMY.load(Relaxed) || (at != 0 && coarse_ns().saturating_sub(at) < TIGHT_FOR_NS)
 }
 
 /// Queues `job` for the keeper, to run with context `ctx` current; gives it back where the
 /// keeper does not run, is paused or has [`MAX_QUEUED`] jobs waiting, or where memory is tight
-/// ([`tight`]: `short` says the quarantine's limit is cut for the device's sake). The caller
-/// then does the work itself.
-pub(super) fn offer(ctx: usize, short: bool, job: Job) -> Result<(), Job> {
-    let Some(sh) = running().filter(|_| !tight(short)) else {
+/// ([`tight`]; the quarantine makes a cut limit's trim itself). The caller then does the work
+/// itself.
+pub(super) fn offer(ctx: usize, job: Job) -> Result<(), Job> {
+    let Some(sh) = running().filter(|_| !tight()) else {
         return Err(job);
     };
     let mut q = sh.queue();
@@ -353,7 +343,7 @@ impl Probing {
     fn when_due(&mut self, sh: &Shared) {
         let now = coarse_ns();
         let frees = FREES.load(Relaxed);
-        if !probing()
+        if config::get().reserve_off()
             || frees == self.frees
             || now.saturating_sub(self.at) < PROBE_EVERY.as_nanos() as u64
         {
@@ -411,7 +401,8 @@ mod tests {
 
     /// A pause waits for the keeper's job in progress, runs the one still queued on the calling
     /// thread (after the first: a trim's steps stay in order), and keeps the keeper from
-    /// taking more until it ends; memory that is tight keeps the work on the caller.
+    /// taking more until it ends; memory that is tight (an allocation out of it, no reserve known
+    /// free) keeps the work on the caller.
     #[test]
     fn a_pause_waits_for_the_job_in_progress_and_runs_the_queued_ones_itself() {
         room(true);
@@ -424,7 +415,7 @@ mod tests {
             go_rx.recv().unwrap();
             o.lock().unwrap().push("first");
         });
-        assert!(offer(0, false, first).is_ok());
+        assert!(offer(0, first).is_ok());
         let keeper = started_rx.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_ne!(keeper, std::thread::current().id(), "run on the keeper");
         let o = order.clone();
@@ -433,13 +424,13 @@ mod tests {
             ran_on_tx.send(std::thread::current().id()).unwrap();
             o.lock().unwrap().push("second");
         });
-        assert!(offer(0, false, second).is_ok(), "queued behind the first");
+        assert!(offer(0, second).is_ok(), "queued behind the first");
         let o = order.clone();
         let pauser = std::thread::spawn(move || {
             let p = pause();
             o.lock().unwrap().push("paused");
             // While paused nothing is taken: the caller does the work.
-            let back = offer(0, false, Box::new(|| {}));
+            let back = offer(0, Box::new(|| {}));
             drop(p);
             (std::thread::current().id(), back.is_err())
         });
@@ -459,8 +450,10 @@ mod tests {
         assert!(refused, "no job is taken while a pause holds");
         // Tight memory: an allocation ran out of it just now.
         out_of_memory();
-        assert!(offer(0, false, Box::new(|| {})).is_err());
+        assert!(offer(0, Box::new(|| {})).is_err());
         OUT_OF_MEMORY_AT.store(0, Relaxed);
-        assert!(offer(0, true, Box::new(|| {})).is_err(), "the limit is cut");
+        // No probe has found the reserve free.
+        room(false);
+        assert!(offer(0, Box::new(|| {})).is_err());
     }
 }

@@ -153,11 +153,8 @@ pub(super) fn reserve(total: u64) -> u64 {
 /// (neither is quarantine; what was given back reaches the device once the release stream has
 /// run, so the next ask sees it). `None` when it is not short or was not asked.
 fn short_of_memory(now: u64, ctx: usize) -> Option<u64> {
-    if matches!(
-        config::get().reserve,
-        Some(Budget::Bytes(0)) | Some(Budget::Percent(0.0))
-    ) {
-        return None; // ISOLATE_RESERVE=0: not asked at all
+    if config::get().reserve_off() {
+        return None; // not asked at all
     }
     let last = PRESSURE_AT.load(Relaxed);
     if now.saturating_sub(last) < PRESSURE_EVERY_NS
@@ -188,7 +185,7 @@ pub(super) fn quarantine(entry: Entry) {
     }
     // Probed by the keeper (or here, where it does not run).
     let short = keeper::freed(entry.free_ts, entry.ctx, short_of_memory);
-    let (trimming, cut) = {
+    let (trimming, by_this_free) = {
         let mut g = state();
         let s = st!(g);
         s.held += entry.size;
@@ -208,7 +205,8 @@ pub(super) fn quarantine(entry: Entry) {
             TRIMMING.store(true, Relaxed);
         }
         let trimming = TRIMMING.load(Relaxed);
-        // Past the slack, this free trims a step whoever else does.
+        // Past the slack, this free trims a step whoever else does; and while the limit is
+        // cut for the device's sake, as before the keeper.
         let over_slack = s.held > limit.saturating_add(limit / SLACK);
         (
             trimming && (over_slack || !TRIM_QUEUED.load(Acquire)),
@@ -224,7 +222,7 @@ pub(super) fn quarantine(entry: Entry) {
     // frees go on. Where it cannot, where the limit is cut, and where the quarantine has gone
     // past the budget by more than the slack meanwhile (the keeper is behind), this free does
     // one step of it, as before the keeper.
-    if !cut
+    if !by_this_free
         && TRIM_QUEUED
             .compare_exchange(false, true, AcqRel, Acquire)
             .is_ok()
@@ -241,7 +239,7 @@ pub(super) fn quarantine(entry: Entry) {
             let _queued = Queued;
             trim(device);
         });
-        match keeper::offer(entry.ctx, false, job) {
+        match keeper::offer(entry.ctx, job) {
             Ok(()) => return,
             Err(_) => TRIM_QUEUED.store(false, Release), // declined, unrun: it held nothing
         }
