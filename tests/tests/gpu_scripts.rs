@@ -33,6 +33,17 @@ fn env_of(config: &str) -> Vec<(String, String)> {
     script_env("tier_bench.py", config).unwrap_or_else(|e| panic!("{config}: {e}"))
 }
 
+/// Asserts that a configuration's variables preload the library (`--lib /lib/libisolate.so`)
+/// and name its trace `trace`.
+fn assert_library_run(env: &[(String, String)], trace: &str, config: &str) {
+    assert_eq!(
+        get(env, "LD_PRELOAD"),
+        Some("/lib/libisolate.so"),
+        "{config}: {env:?}"
+    );
+    assert_eq!(get(env, "ISOLATE_TRACE"), Some(trace), "{config}: {env:?}");
+}
+
 fn get<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
     env.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
 }
@@ -49,16 +60,7 @@ fn every_tier_configuration_with_the_library_preloads_it_and_writes_its_traces()
         "isolate-ab",
     ] {
         let env = env_of(config);
-        assert_eq!(
-            get(&env, "LD_PRELOAD"),
-            Some("/lib/libisolate.so"),
-            "{config}: {env:?}"
-        );
-        assert_eq!(
-            get(&env, "ISOLATE_TRACE"),
-            Some("TRACES/t-%p.trace"),
-            "{config}: {env:?}"
-        );
+        assert_library_run(&env, "TRACES/t-%p.trace", config);
         assert!(get(&env, "ISOLATE_MODE").is_some(), "{config}: {env:?}");
     }
     assert_eq!(get(&env_of("fast"), "ISOLATE_CHECK"), Some("fast"));
@@ -472,16 +474,7 @@ fn the_free_cost_pairs_run_each_configuration_as_named() {
         ("fast-python", Some("python")),
     ] {
         let env = env_of(config).unwrap();
-        assert_eq!(
-            get(&env, "LD_PRELOAD"),
-            Some("/lib/libisolate.so"),
-            "{config}"
-        );
-        assert_eq!(
-            get(&env, "ISOLATE_TRACE"),
-            Some("TMP/traces/free-cost-%p.trace"),
-            "{config}"
-        );
+        assert_library_run(&env, "TMP/traces/free-cost-%p.trace", config);
         assert_eq!(get(&env, "ISOLATE_MODE"), Some("isolate"), "{config}");
         assert_eq!(get(&env, "ISOLATE_CHECK"), Some("fast"), "{config}");
         assert_eq!(get(&env, "ISOLATE_STACKS"), stacks, "{config}");
@@ -514,7 +507,7 @@ fn the_free_cost_pairs_run_each_configuration_as_named() {
     let log = env_of("log-stacks").unwrap();
     assert_eq!(get(&log, "ISOLATE_MODE"), Some("log"));
     assert_eq!(get(&log, "ISOLATE_STACKS"), None);
-    assert_eq!(get(&log, "LD_PRELOAD"), Some("/lib/libisolate.so"));
+    assert_library_run(&log, "TMP/traces/free-cost-%p.trace", "log-stacks");
     let refused = env_of("fastest").unwrap_err();
     assert!(
         refused.contains("no configuration fastest") && refused.contains("backend-pool"),
