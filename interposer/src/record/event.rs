@@ -153,10 +153,20 @@ impl Pending {
     #[inline]
     pub fn stack(&mut self) -> u32 {
         if !self.captured {
-            self.ev.stack = stacks::capture();
+            self.ev.stack = self.capture();
             self.captured = true;
         }
         self.ev.stack
+    }
+
+    /// The calling thread's stack, for this event's kind of call.
+    #[inline]
+    fn capture(&self) -> u32 {
+        if self.ev.api.kind() == isolate_trace::Kind::Free {
+            stacks::capture_free()
+        } else {
+            stacks::capture()
+        }
     }
 
     /// Stamps the result and timing and hands the event to the writer.
@@ -184,7 +194,7 @@ impl Pending {
         // On the calling thread, after the real call (or taken earlier by `stack`, on this
         // thread too): its definition is queued before this.
         if !self.captured {
-            self.ev.stack = stacks::capture();
+            self.ev.stack = self.capture();
         }
         super::profile::timed(super::profile::Part::Submit, || {
             writer::submit(Record::Event(self.ev))

@@ -104,6 +104,26 @@ thread_local! {
 /// Captures are timed for the exit note's cost one in [`Sampled::EVERY`] after the first
 /// [`Sampled::FIRST`] (two clock reads each, 18–45 ns a read, where a capture is ~0.3–1 µs).
 pub fn capture() -> u32 {
+    capture_at(Site::Other)
+}
+
+/// [`capture`] for a free. In the fast tier, on a thread that runs Python, a free's stack is
+/// its Python frames alone: the native frames nearest a free are the allocator's and the
+/// tensor's release (`c10::StorageImpl`, the deleter), the same for every free, and the line
+/// that dropped the tensor is a Python frame. A thread without Python (PyTorch's autograd
+/// engine) keeps its native frames: they name the backward node.
+pub fn capture_free() -> u32 {
+    capture_at(Site::Free)
+}
+
+/// What a capture is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Site {
+    Free,
+    Other,
+}
+
+fn capture_at(site: Site) -> u32 {
     let cfg = config::get();
     if cfg.stacks == Stacks::None || !writer::active() {
         return 0;
@@ -113,7 +133,7 @@ pub fn capture() -> u32 {
         return 0;
     }
     let s = CAPTURES.start();
-    let id = std::panic::catch_unwind(|| capture_inner(cfg.stacks, cfg.stack_depth as usize))
+    let id = std::panic::catch_unwind(|| capture_inner(cfg.stacks, cfg.stack_depth as usize, site))
         .unwrap_or(0);
     CAPTURES.stop(s);
     id
@@ -323,23 +343,130 @@ impl<'a> Merge<'a> {
 /// Never inlined into [`capture`]: its frames (the buffers) are reserved only once the
 /// capture is known to be wanted and to fit.
 #[inline(never)]
-fn capture_inner(mode: Stacks, depth: usize) -> u32 {
+fn capture_inner(mode: Stacks, depth: usize, site: Site) -> u32 {
     let want_native = matches!(mode, Stacks::Native | Stacks::All);
     let want_python = matches!(mode, Stacks::Python | Stacks::All);
     let Some(snap) = modules::current(false) else {
         return 0;
     };
+    let fast = config::get().fast_isolation();
+    // The fast tier looks a stack it has seen up by a key read in one pass (`quick`), and
+    // walks the full way (describing, merging) only for a stack it has not.
+    let quick = if fast && want_python {
+        timed(Part::PythonFrames, || quick(snap, depth, want_native, site))
+    } else {
+        None
+    };
+    if let Some(k) = quick
+        && let Some(id) = timed(Part::Interning, || seen((k.0, k.1)))
+    {
+        return id;
+    }
     // Python first (cheap): the native walk stops once the merged stack is `depth` deep.
     let _t = PartSpan::start(Part::PythonFrames);
     let rest = |py: &[python::Raw], py_truncated: bool| {
         drop(_t);
-        merge_and_intern(py, py_truncated, want_native, depth, snap)
+        // A free in the fast tier on a thread that runs Python: its Python frames alone.
+        let native = want_native && !(fast && site == Site::Free && !py.is_empty());
+        (
+            merge_and_intern(py, py_truncated, native, depth, snap),
+            py.len(),
+        )
     };
-    if want_python {
+    let (id, python) = if want_python {
         python::with_frames(snap.generation, depth, rest)
     } else {
         rest(&[], false)
+    };
+    // Kept under the key only when the stack was made of the frames the key read (not the
+    // native frames alone of a capture inside another one's walk, or of a walk that turned
+    // Python frames off).
+    if let Some(k) = quick
+        && id != 0
+        && python == k.2
+    {
+        remember((k.0, k.1), id);
     }
+    id
+}
+
+/// The key of the fast tier's look-up ([`seen`]), and the Python frames read: the thread's Python frames read in one pass
+/// ([`python::quick`]) and, for a capture with native frames, the [`FAST_NATIVE`] nearest
+/// return addresses and whether a frame follows them — every input of the stack
+/// [`merge_and_intern`] would make of them, so one key is one stack. None (the full way only)
+/// where the thread runs no Python, where the native walk ends or meets the evaluation loop
+/// within those frames (the merge then places Python frames among them), or where
+/// `ISOLATE_NATIVE_FRAMES` leaves the native frames unbounded.
+fn quick(
+    snap: &modules::Snapshot,
+    depth: usize,
+    want_native: bool,
+    site: Site,
+) -> Option<(u64, u64, usize)> {
+    let q = python::quick(snap.generation, depth)?;
+    if q.n == 0 {
+        return None;
+    }
+    let (mut a, mut b) = (q.h1 ^ snap.epoch.rotate_left(17), q.h2 ^ QUICK_WORD);
+    if want_native && site != Site::Free {
+        let budget = match config::get().native_frames {
+            n if n > 0 && native::entered() => (n as usize).min(FAST_NATIVE),
+            _ => return None,
+        };
+        let mut pcs = [0u64; FAST_NATIVE + 1];
+        let mut k = 0;
+        native::unwind(snap, |pc| {
+            pcs[k] = pc;
+            k += 1;
+            k <= budget
+        });
+        let eval = python::eval_range(snap.generation);
+        if k <= budget
+            || pcs[..k]
+                .iter()
+                .any(|&pc| eval.is_some_and(|(lo, hi)| pc > lo && pc <= hi))
+        {
+            return None;
+        }
+        // The frame after the budget's only says that one follows (the merge places a gap
+        // there): not in the key, which would otherwise tell one stack's callers apart.
+        for &pc in &pcs[..budget] {
+            a = (a ^ pc).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(29);
+            b = (b.rotate_left(17) ^ pc).wrapping_mul(0x9e37_79b9_7f4a_7c15 | 1);
+        }
+        a ^= (budget as u64) << 56;
+    } else {
+        // No native frames: a key apart from any with them.
+        b = b.rotate_left(7) ^ 0x4e4f_4e41_5449_5645;
+    }
+    Some((a ^ (a >> 31), b ^ (b >> 29), q.n))
+}
+
+/// Mixed into a quick key: it and a stack's own hashes ([`hashes`]) share the thread's cache.
+const QUICK_WORD: u64 = 0x5155_4943_4b00_0000;
+
+/// The stack id the thread's cache holds for quick key `k`.
+fn seen((h1, h2): (u64, u64)) -> Option<u32> {
+    let generation = GENERATION.load(Acquire);
+    let set = (h1 as usize) % (SLOTS / 2) * 2;
+    SEEN.try_with(|s| {
+        s[set..set + 2].iter().find_map(|c| {
+            let (a, b, id, g) = c.get();
+            (a == h1 && b == h2 && g == generation && id != 0).then_some(id)
+        })
+    })
+    .ok()
+    .flatten()
+}
+
+/// Keeps `id` in the thread's cache under quick key `k`.
+fn remember((h1, h2): (u64, u64), id: u32) {
+    let generation = GENERATION.load(Acquire);
+    let set = (h1 as usize) % (SLOTS / 2) * 2;
+    let _ = SEEN.try_with(|s| {
+        s[set + 1].set(s[set].get());
+        s[set].set((h1, h2, id, generation));
+    });
 }
 
 /// The rest of [`capture_inner`], with the thread's Python frames (`py`) in hand: the native

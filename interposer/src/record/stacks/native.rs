@@ -94,6 +94,12 @@ impl Drop for Entry {
     }
 }
 
+/// Whether a hook marked where this thread's walks start ([`Entry::mark`]): a walk then
+/// hands over the same return addresses from whichever of the library's frames it is made.
+pub fn entered() -> bool {
+    ENTRY.try_with(|e| e.get().1 != 0).unwrap_or(false)
+}
+
 /// The calling thread's stack: lowest and one-past-highest address.
 fn stack_bounds() -> Option<(u64, u64)> {
     let b = BOUNDS.try_with(|b| b.get()).unwrap_or((0, 0));
