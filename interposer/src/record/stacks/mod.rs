@@ -350,10 +350,12 @@ fn capture_inner(mode: Stacks, depth: usize, site: Site) -> u32 {
         return 0;
     };
     let fast = config::get().fast_isolation();
-    // The fast tier looks a stack it has seen up by a key read in one pass (`quick`), and
-    // walks the full way (describing, merging) only for a stack it has not.
-    let quick = if fast && want_python {
-        timed(Part::PythonFrames, || quick(snap, depth, want_native, site))
+    // A stack the thread has seen is looked up by a key read in one pass (`quick`); the full
+    // way (describing, merging) is walked only for a stack it has not.
+    let quick = if want_python {
+        timed(Part::PythonFrames, || {
+            quick(snap, depth, want_native, fast, site)
+        })
     } else {
         None
     };
@@ -390,17 +392,20 @@ fn capture_inner(mode: Stacks, depth: usize, site: Site) -> u32 {
     id
 }
 
-/// The key of the fast tier's look-up ([`seen`]), and the Python frames read: the thread's Python frames read in one pass
-/// ([`python::quick`]) and, for a capture with native frames, the [`FAST_NATIVE`] nearest
-/// return addresses and whether a frame follows them — every input of the stack
-/// [`merge_and_intern`] would make of them, so one key is one stack. None (the full way only)
-/// where the thread runs no Python, where the native walk ends or meets the evaluation loop
-/// within those frames (the merge then places Python frames among them), or where
-/// `ISOLATE_NATIVE_FRAMES` leaves the native frames unbounded.
+/// The key of a look-up in the thread's cache ([`seen`]), and the Python frames read: the
+/// thread's Python frames read in one pass ([`python::quick`]) and, for a capture with native
+/// frames, the nearest return addresses the native budget keeps (`ISOLATE_NATIVE_FRAMES`; at
+/// most [`FAST_NATIVE`] in the fast tier) and whether a frame follows them — every input of
+/// the stack [`merge_and_intern`] would make of them, so one key is one stack. None (the full
+/// way only) where the thread runs no Python, where the native walk ends or meets the
+/// evaluation loop within those frames (the merge then places Python frames among them), where
+/// no hook marked the walk's start, or where the budget is unbounded (`all`) or over
+/// [`QUICK_NATIVE`].
 fn quick(
     snap: &modules::Snapshot,
     depth: usize,
     want_native: bool,
+    fast: bool,
     site: Site,
 ) -> Option<(u64, u64, usize)> {
     let q = python::quick(snap.generation, depth)?;
@@ -408,39 +413,53 @@ fn quick(
         return None;
     }
     let (mut a, mut b) = (q.h1 ^ snap.epoch.rotate_left(17), q.h2 ^ QUICK_WORD);
-    if want_native && site != Site::Free {
-        let budget = match config::get().native_frames {
-            n if n > 0 && native::entered() => (n as usize).min(FAST_NATIVE),
+    if want_native && !(fast && site == Site::Free) {
+        let budget = match config::get().native_frames as usize {
+            n if n > 0 && fast && native::entered() => n.min(FAST_NATIVE),
+            n if n > 0 && n <= QUICK_NATIVE && native::entered() => n,
             _ => return None,
         };
-        let mut pcs = [0u64; FAST_NATIVE + 1];
-        let mut k = 0;
-        native::unwind(snap, |pc| {
+        // The walk as far as the merge can take it: until one frame past the budget, counting
+        // as the merge does the frames outside the evaluation loop (its frames stand for
+        // Python frames, which the key holds already). A frame of the loop the merge counts
+        // (one met after every Python frame is placed) only makes the key take more frames
+        // than the stack has: a key for fewer stacks, never one for two.
+        let eval = python::eval_range(snap.generation);
+        let in_eval = |pc: u64| eval.is_some_and(|(lo, hi)| pc > lo && pc <= hi);
+        let mut pcs = [0u64; 2 * QUICK_NATIVE];
+        let (mut k, mut counted, mut over) = (0, 0, false);
+        let stopped = native::unwind(snap, |pc| {
+            if k == pcs.len() {
+                over = true;
+                return false;
+            }
             pcs[k] = pc;
             k += 1;
-            k <= budget
+            counted += !in_eval(pc) as usize;
+            counted <= budget
         });
-        let eval = python::eval_range(snap.generation);
-        if k <= budget
-            || pcs[..k]
-                .iter()
-                .any(|&pc| eval.is_some_and(|(lo, hi)| pc > lo && pc <= hi))
-        {
+        // A walk that ended in code no module holds is walked again once the modules are
+        // looked at again (`merge_and_intern`): its stack may be another.
+        if over || (!stopped && (k == 0 || snap.find(pcs[k - 1]).is_none())) {
             return None;
         }
-        // The frame after the budget's only says that one follows (the merge places a gap
+        // The frame past the budget only says that one follows (the merge places a gap
         // there): not in the key, which would otherwise tell one stack's callers apart.
-        for &pc in &pcs[..budget] {
+        let used = if stopped { k - 1 } else { k };
+        for &pc in &pcs[..used] {
             a = (a ^ pc).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(29);
             b = (b.rotate_left(17) ^ pc).wrapping_mul(0x9e37_79b9_7f4a_7c15 | 1);
         }
-        a ^= (budget as u64) << 56;
+        a ^= ((used as u64) << 56) ^ ((stopped as u64) << 48) ^ ((budget as u64) << 40);
     } else {
         // No native frames: a key apart from any with them.
         b = b.rotate_left(7) ^ 0x4e4f_4e41_5449_5645;
     }
     Some((a ^ (a >> 31), b ^ (b >> 29), q.n))
 }
+
+/// The most native frames a [`quick`] key holds (the default budget is 16).
+const QUICK_NATIVE: usize = 32;
 
 /// Mixed into a quick key: it and a stack's own hashes ([`hashes`]) share the thread's cache.
 const QUICK_WORD: u64 = 0x5155_4943_4b00_0000;
