@@ -656,20 +656,24 @@ pub fn quick(generation: u64, depth: usize) -> Option<Quick> {
     // SAFETY: as `word`, for the frame's one-byte fields (owner, is_entry).
     let byte = |a: u64| unsafe { *(a as *const u8) };
     const K1: u64 = 0x9e37_79b9_7f4a_7c15;
-    const P: u64 = 0x0000_0100_0000_01b3;
     const M: u64 = 0xff51_afd7_ed55_8ccd;
+    // The layout in locals: the loop's reads of it are not reloaded a frame.
+    let (prev_at, code_at, instr_at, code_type) = (l.prev, l.code, l.instr, py.code_type);
+    let (file_at, name_at) = (l.co_file, l.co_name);
+    let (first_word, first_shift) = (l.co_first & !7, (l.co_first & 7) * 8);
+    let v310 = l.minor == 10;
+    let owner = l.owner.unwrap_or(u64::MAX);
+    let entry_at = l.is_entry.unwrap_or(u64::MAX);
     let (mut a, mut b) = (K1 ^ depth as u64, M ^ generation);
-    let (mut f, mut n, mut act, mut steps) = (f0, 0usize, 0u32, 0u32);
+    let (mut f, mut n, mut act, mut steps) = (f0, 0usize, 0u64, 0u32);
     let mut truncated = false;
     while f != 0 {
         steps += 1;
         if f < 4096 || !f.is_multiple_of(8) || steps > 100_000 {
             return None;
         }
-        let prev = word(f + l.prev);
-        if let Some(o) = l.owner
-            && byte(f + o) == FRAME_OWNED_BY_CSTACK
-        {
+        let prev = word(f + prev_at);
+        if owner != u64::MAX && byte(f + owner) == FRAME_OWNED_BY_CSTACK {
             act += 1;
             f = prev;
             continue;
@@ -678,27 +682,29 @@ pub fn quick(generation: u64, depth: usize) -> Option<Quick> {
             truncated = true;
             break;
         }
-        let code = word(f + l.code);
-        if code < 4096 || !code.is_multiple_of(8) || word(code + 8) != py.code_type {
+        let code = word(f + code_at);
+        if code < 4096 || !code.is_multiple_of(8) || word(code + 8) != code_type {
             return None;
         }
-        let instr = if l.minor == 10 {
-            (word((f + l.instr) & !7) >> ((l.instr & 7) * 8)) as u32 as u64
+        let instr = if v310 {
+            (word((f + instr_at) & !7) >> ((instr_at & 7) * 8)) as u32 as u64
         } else {
-            word(f + l.instr)
+            word(f + instr_at)
         };
-        let first = (word((code + l.co_first) & !7) >> ((l.co_first & 7) * 8)) as u32 as u64;
-        // Two lanes: (code, instr, act) into one, (file, name, first line) into the other.
-        a = (a ^ code).wrapping_mul(P).rotate_left(29) ^ instr;
-        a = (a ^ ((act as u64) << 32 | n as u64)).wrapping_mul(K1 | 1);
-        b = (b.rotate_left(17) ^ word(code + l.co_file)).wrapping_mul(M);
-        b = (b ^ word(code + l.co_name)).wrapping_mul(P).rotate_left(23) ^ first;
+        let first = (word(code + first_word) >> first_shift) as u32 as u64;
+        // Two lanes, one multiply each a frame: (code, instr, activation, place) into one,
+        // (file, name, first line) into the other.
+        let w1 = code ^ instr.rotate_left(32) ^ (act << 48 | n as u64);
+        let w2 = word(code + file_at) ^ word(code + name_at).rotate_left(29) ^ first << 40;
+        a = (a ^ w1).wrapping_mul(K1 | 1).rotate_left(31);
+        b = (b ^ w2).wrapping_mul(M | 1).rotate_left(27);
         n += 1;
-        let entry = match l.is_entry {
-            Some(o) => byte(f + o) != 0,
-            None => l.minor == 10,
+        let entry = if entry_at != u64::MAX {
+            byte(f + entry_at) != 0
+        } else {
+            v310
         };
-        act += entry as u32;
+        act += entry as u64;
         f = prev;
     }
     let a = (a ^ (n as u64) ^ ((truncated as u64) << 63)).wrapping_mul(M);
