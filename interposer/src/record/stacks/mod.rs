@@ -107,11 +107,11 @@ pub fn capture() -> u32 {
     capture_at(Site::Other)
 }
 
-/// [`capture`] for a free. In the fast tier, on a thread that runs Python, a free's stack is
-/// its Python frames alone: the native frames nearest a free are the allocator's and the
-/// tensor's release (`c10::StorageImpl`, the deleter), the same for every free, and the line
-/// that dropped the tensor is a Python frame. A thread without Python (PyTorch's autograd
-/// engine) keeps its native frames: they name the backward node.
+/// [`capture`] for a free. On a thread that runs Python, a free's stack is its Python frames
+/// alone (unless `ISOLATE_NATIVE_FRAMES=all`): the native frames nearest a free are the
+/// allocator's and the tensor's release (`c10::StorageImpl`, the deleter), the same for every
+/// free, and the line that dropped the tensor is a Python frame. A thread without Python
+/// (PyTorch's autograd engine) keeps its native frames: they name the backward node.
 pub fn capture_free() -> u32 {
     capture_at(Site::Free)
 }
@@ -121,6 +121,12 @@ pub fn capture_free() -> u32 {
 enum Site {
     Free,
     Other,
+}
+
+/// Whether a capture for `site` on a thread that runs Python keeps its Python frames alone: a
+/// free's, unless every native frame is asked for (`ISOLATE_NATIVE_FRAMES=all`).
+fn python_only(site: Site) -> bool {
+    site == Site::Free && config::get().native_frames != 0
 }
 
 fn capture_at(site: Site) -> u32 {
@@ -368,8 +374,8 @@ fn capture_inner(mode: Stacks, depth: usize, site: Site) -> u32 {
     let _t = PartSpan::start(Part::PythonFrames);
     let rest = |py: &[python::Raw], py_truncated: bool| {
         drop(_t);
-        // A free in the fast tier on a thread that runs Python: its Python frames alone.
-        let native = want_native && !(fast && site == Site::Free && !py.is_empty());
+        // A free on a thread that runs Python: its Python frames alone.
+        let native = want_native && !(python_only(site) && !py.is_empty());
         (
             merge_and_intern(py, py_truncated, native, depth, snap),
             py.len(),
@@ -413,7 +419,7 @@ fn quick(
         return None;
     }
     let (mut a, mut b) = (q.h1 ^ snap.epoch.rotate_left(17), q.h2 ^ QUICK_WORD);
-    if want_native && !(fast && site == Site::Free) {
+    if want_native && !python_only(site) {
         let budget = match config::get().native_frames as usize {
             n if n > 0 && fast && native::entered() => n.min(FAST_NATIVE),
             n if n > 0 && n <= QUICK_NATIVE && native::entered() => n,
