@@ -375,7 +375,7 @@ fn capture_inner(mode: Stacks, depth: usize, site: Site) -> u32 {
     let rest = |py: &[python::Raw], py_truncated: bool| {
         drop(_t);
         // A free on a thread that runs Python: its Python frames alone.
-        let native = want_native && !(python_only(site) && !py.is_empty());
+        let native = want_native && (py.is_empty() || !python_only(site));
         (
             merge_and_intern(py, py_truncated, native, depth, snap),
             py.len(),
