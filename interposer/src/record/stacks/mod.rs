@@ -414,12 +414,16 @@ fn quick(
     fast: bool,
     site: Site,
 ) -> Option<(u64, u64, usize)> {
+    let walks = want_native && !python_only(site);
+    if walks && quick_resting() {
+        return None;
+    }
     let q = python::quick(snap.generation, depth)?;
     if q.n == 0 {
         return None;
     }
     let (mut a, mut b) = (q.h1 ^ snap.epoch.rotate_left(17), q.h2 ^ QUICK_WORD);
-    if want_native && !python_only(site) {
+    if walks {
         let budget = match config::get().native_frames as usize {
             n if n > 0 && fast && native::entered() => n.min(FAST_NATIVE),
             n if n > 0 && n <= QUICK_NATIVE && native::entered() => n,
@@ -447,8 +451,10 @@ fn quick(
         // A walk that ended in code no module holds is walked again once the modules are
         // looked at again (`merge_and_intern`): its stack may be another.
         if over || (!stopped && (k == 0 || snap.find(pcs[k - 1]).is_none())) {
+            quick_bailed();
             return None;
         }
+        let _ = QUICK_BAILS.try_with(|b| b.set((0, 0)));
         // The frame past the budget only says that one follows (the merge places a gap
         // there): not in the key, which would otherwise tell one stack's callers apart.
         let used = if stopped { k - 1 } else { k };
@@ -462,6 +468,44 @@ fn quick(
         b = b.rotate_left(7) ^ 0x4e4f_4e41_5449_5645;
     }
     Some((a ^ (a >> 31), b ^ (b >> 29), q.n))
+}
+
+thread_local! {
+    /// (keys given up in a row after their native walk, captures left that try none): a
+    /// thread whose walks end in code no module holds (ctypes' calls through libffi's
+    /// `ffi_call_unix64`, whose frame framehop cannot always unwind: the walk ends on the
+    /// stack address it reads there) would read every key in vain and then walk the full way.
+    static QUICK_BAILS: Cell<(u32, u32)> = const { Cell::new((0, 0)) };
+}
+
+/// After this many keys given up in a row, a thread's captures that walk native frames try
+/// no key for the next [`QUICK_REST`] (then one tries again).
+const QUICK_GIVE_UP: u32 = 8;
+const QUICK_REST: u32 = 256;
+
+/// Whether this thread's captures rest from keys now (one fewer to go).
+fn quick_resting() -> bool {
+    QUICK_BAILS
+        .try_with(|b| {
+            let (bails, rest) = b.get();
+            if rest > 0 {
+                b.set((bails, rest - 1));
+            }
+            rest > 0
+        })
+        .unwrap_or(false)
+}
+
+/// A key given up after its native walk.
+fn quick_bailed() {
+    let _ = QUICK_BAILS.try_with(|b| {
+        let (bails, _) = b.get();
+        b.set(if bails + 1 >= QUICK_GIVE_UP {
+            (0, QUICK_REST)
+        } else {
+            (bails + 1, 0)
+        });
+    });
 }
 
 /// The most native frames a [`quick`] key holds (the default budget is 16).
@@ -781,6 +825,31 @@ fn installed_python(f: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A thread whose keys keep being given up after their walk rests from them for
+    /// `QUICK_REST` captures, then tries again; one key kept in between starts the count over.
+    #[test]
+    fn keys_given_up_in_a_row_rest_the_thread_then_it_tries_again() {
+        std::thread::spawn(|| {
+            for _ in 0..QUICK_GIVE_UP - 1 {
+                quick_bailed();
+            }
+            assert!(!quick_resting());
+            // One kept: the count starts over.
+            QUICK_BAILS.with(|b| b.set((0, 0)));
+            for _ in 0..QUICK_GIVE_UP - 1 {
+                quick_bailed();
+                assert!(!quick_resting());
+            }
+            quick_bailed();
+            for _ in 0..QUICK_REST {
+                assert!(quick_resting());
+            }
+            assert!(!quick_resting());
+        })
+        .join()
+        .unwrap();
+    }
 
     fn py(code: u64, act: u32) -> python::Raw {
         python::Raw::new(code, 0, 0, 1, 0, act)
