@@ -403,10 +403,10 @@ fn capture_inner(mode: Stacks, depth: usize, site: Site) -> u32 {
 /// frames, the nearest return addresses the native budget keeps (`ISOLATE_NATIVE_FRAMES`; at
 /// most [`FAST_NATIVE`] in the fast tier) and whether a frame follows them — every input of
 /// the stack [`merge_and_intern`] would make of them, so one key is one stack. None (the full
-/// way only) where the thread runs no Python, where the native walk ends or meets the
-/// evaluation loop within those frames (the merge then places Python frames among them), where
-/// no hook marked the walk's start, or where the budget is unbounded (`all`) or over
-/// [`QUICK_NATIVE`].
+/// way only) where the thread runs no Python, where no hook marked the walk's start, where the
+/// budget is unbounded (`all`) or over [`QUICK_NATIVE`], where the walk ended in code no module
+/// holds or ran past twice that many frames, or while the thread rests from keys
+/// ([`quick_resting`]).
 fn quick(
     snap: &modules::Snapshot,
     depth: usize,
