@@ -605,6 +605,40 @@ fn the_python_step_benchmark_runs_clean_in_both_tiers() {
             "{tier}"
         );
     }
+    // 30 Python calls deep, in both tiers: every allocation's native frames (ctypes and
+    // libffi: `ffi_call_unix64` unwinds only on framehop's slow path, its CFA being rbp + 32)
+    // lie in loaded objects, and there are more than two of them. Until the twenty-fifth
+    // session a walk whose reader refused a word there left framehop's frame-pointer fallback
+    // cached for the address, and every later stack of the thread read a stack address as the
+    // return address after libffi's frame: two native frames, the second in no module.
+    for tier in ["full", "fast"] {
+        let env = [
+            ("ISOLATE_MODE", "isolate"),
+            ("ISOLATE_CHECK", tier),
+            ("STANDIN_SYNC", "1"),
+        ];
+        let (_, t) = run_script(&python, "pystep.py", &["2", "40", "30", "256"], &env);
+        let s = Stacks::of(&t);
+        let allocs = events_of(&t, Api::CudaMallocAsync);
+        assert_eq!(allocs.len(), 7 * 40, "{tier}");
+        for e in &allocs {
+            let st = s.get(e.stack);
+            let native: Vec<u64> = st
+                .frames
+                .iter()
+                .take_while(|f| matches!(f, Frame::Native(_)))
+                .filter_map(|f| match f {
+                    Frame::Native(pc) if *pc != 0 => Some(*pc),
+                    _ => None,
+                })
+                .collect();
+            assert!(
+                native.len() >= 4 && native.iter().all(|&pc| s.module(pc).is_some()),
+                "{tier}: {:x?}",
+                st.frames
+            );
+        }
+    }
     // Every native frame asked for: a free keeps its native frames too.
     let env = [
         ("ISOLATE_MODE", "isolate"),

@@ -360,8 +360,13 @@ impl<D: Deref<Target = [u8]>, A: Unwinding, P: AllocationPolicy> UnwinderInterna
                         return Ok(Some(return_address))
                     }
                     Err(_err) => {
-                        // eprintln!("Unwinder error: {}", err);
-                        A::UnwindRule::fallback_rule()
+                        // isolate: the fallback is used for this frame only, never cached. An
+                        // error here can be a read of this walk's (a stack word the caller's
+                        // reader refused), not the address's: cached, the frame-pointer rule
+                        // then stood for the address on every later walk of the thread, and a
+                        // frame whose rule framehop evaluates only on this slow path (libffi's
+                        // `ffi_call_unix64`: CFA = rbp + 32) was unwound wrongly from then on.
+                        return A::UnwindRule::fallback_rule().exec(is_first_frame, regs, read_stack);
                     }
                 }
             }

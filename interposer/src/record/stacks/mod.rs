@@ -472,9 +472,9 @@ fn quick(
 
 thread_local! {
     /// (keys given up in a row after their native walk, captures left that try none): a
-    /// thread whose walks end in code no module holds (ctypes' calls through libffi's
-    /// `ffi_call_unix64`, whose frame framehop cannot always unwind: the walk ends on the
-    /// stack address it reads there) would read every key in vain and then walk the full way.
+    /// thread whose walks end in code no module holds (JIT-compiled code, a trampoline; so did
+    /// every walk through libffi's `ffi_call_unix64` until framehop's fallback rule stopped
+    /// being cached) would read every key in vain and then walk the full way.
     static QUICK_BAILS: Cell<(u32, u32)> = const { Cell::new((0, 0)) };
 }
 
