@@ -719,6 +719,19 @@ def main():
                         + f" on {device}"]}
     path = os.path.join(out, "tier_bench.json")
     t_start = time.time()
+    # Side by side, each library process holds its whole quarantine (a quarter of the device):
+    # four of them overcommit it, and a run beside them may run out of memory (a default run
+    # did on an 80 GiB H100 in the twenty-fifth session: the reserve does not protect a process
+    # without the library). Said in the log and the data, so that such a failure is read as the
+    # benchmark's.
+    side_by_side = [c for c in configs
+                    if (CONFIGS[c] or {}).get("ISOLATE_MODE") == "isolate"] if args.lockstep else []
+    if len(side_by_side) > 3:
+        print(f"tier_bench: warning: {len(side_by_side)} isolate-mode configurations side by side "
+              f"({','.join(side_by_side)}), each with a quarter of the device: together more "
+              "than the device; a run beside them may run out of memory. Run at most three.",
+              file=sys.stderr, flush=True)
+        data["overcommitted"] = side_by_side
     data["lockstep"] = args.lockstep
     data["pinned"] = sorted(pinned_cpus() or [])
     for rnd in range(args.round_from, args.round_from + args.rounds):

@@ -290,6 +290,59 @@ fn lockstep_runs_take_turns_of_whole_bursts_one_configuration_at_a_time() {
     );
 }
 
+/// Side by side, more than three isolate-mode configurations (each with its whole quarantine,
+/// a quarter of the device) overcommit the device: the benchmark says so on stderr and in its
+/// data; three, or log mode besides, do not.
+#[test]
+fn four_quarantines_side_by_side_are_said_to_overcommit_the_device() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let lib = isolate_tests::preload_path();
+    for (configs, over) in [
+        ("default,log,isolate,fast,isolate-prof", None),
+        (
+            "default,isolate,fast,isolate-prof,fast-prof",
+            Some("isolate,fast,isolate-prof,fast-prof"),
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("python3")
+            .arg(root.join("tests/gpu/tier_bench.py"))
+            .args(["--warmup", "1", "--rounds", "1", "--steps", "2", "--lockstep", "1"])
+            .args(["--models", "a", "--configs", configs, "--lib"])
+            .arg(&lib)
+            .arg("--isolate")
+            .arg(isolate_tests::analyzer_path())
+            .env("TIER_WORKER", root.join("tests/gpu/tier_bench_fake.py"))
+            .env(
+                "FAKE_CUDART",
+                isolate_tests::standin_dir().join("libcudart.so"),
+            )
+            .env("LD_LIBRARY_PATH", isolate_tests::standin_dir())
+            .env("FAKE_LOG", dir.path().join("steps"))
+            .env("OUT", dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{configs}: {stderr}");
+        let data: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("tier_bench.json")).unwrap(),
+        )
+        .unwrap();
+        let said = data["overcommitted"].as_array().map(|a| {
+            a.iter()
+                .map(|c| c.as_str().unwrap())
+                .collect::<Vec<_>>()
+                .join(",")
+        });
+        assert_eq!(said.as_deref(), over, "{configs}: {stderr}");
+        assert_eq!(
+            stderr.contains("side by side (") && stderr.contains("Run at most three"),
+            over.is_some(),
+            "{configs}: {stderr}"
+        );
+    }
+}
+
 /// A configuration with the library whose runs left no trace (here: the library does not
 /// exist) reads NO TRACE, one after another as side by side; never 0 findings.
 #[test]
