@@ -307,7 +307,16 @@ fn four_quarantines_side_by_side_are_said_to_overcommit_the_device() {
         let dir = tempfile::tempdir().unwrap();
         let out = Command::new("python3")
             .arg(root.join("tests/gpu/tier_bench.py"))
-            .args(["--warmup", "1", "--rounds", "1", "--steps", "2", "--lockstep", "1"])
+            .args([
+                "--warmup",
+                "1",
+                "--rounds",
+                "1",
+                "--steps",
+                "2",
+                "--lockstep",
+                "1",
+            ])
             .args(["--models", "a", "--configs", configs, "--lib"])
             .arg(&lib)
             .arg("--isolate")
