@@ -123,6 +123,17 @@ enum Site {
     Other,
 }
 
+/// The native frames a stack keeps before its Python frames on a thread that runs Python
+/// (`ISOLATE_NATIVE_FRAMES`, at most [`FAST_NATIVE`] in the fast tier; `usize::MAX` for `all`):
+/// the merge's budget, and so the quick key's.
+fn python_budget(fast: bool) -> usize {
+    match config::get().native_frames as usize {
+        0 => usize::MAX,
+        n if fast => n.min(FAST_NATIVE),
+        n => n,
+    }
+}
+
 /// Whether a capture for `site` on a thread that runs Python keeps its Python frames alone: a
 /// free's, unless every native frame is asked for (`ISOLATE_NATIVE_FRAMES=all`).
 fn python_only(site: Site) -> bool {
@@ -424,11 +435,10 @@ fn quick(
     }
     let (mut a, mut b) = (q.h1 ^ snap.epoch.rotate_left(17), q.h2 ^ QUICK_WORD);
     if walks {
-        let budget = match config::get().native_frames as usize {
-            n if n > 0 && fast && native::entered() => n.min(FAST_NATIVE),
-            n if n > 0 && n <= QUICK_NATIVE && native::entered() => n,
-            _ => return None,
-        };
+        let budget = python_budget(fast);
+        if budget > QUICK_NATIVE || !native::entered() {
+            return None;
+        }
         // The walk as far as the merge can take it: until one frame past the budget, counting
         // as the merge does the frames outside the evaluation loop (its frames stand for
         // Python frames, which the key holds already). A frame of the loop the merge counts
@@ -514,9 +524,13 @@ const QUICK_NATIVE: usize = 32;
 /// Mixed into a quick key: it and a stack's own hashes ([`hashes`]) share the thread's cache.
 const QUICK_WORD: u64 = 0x5155_4943_4b00_0000;
 
-/// The stack id the thread's cache holds for quick key `k`.
+/// The stack id the thread's cache holds for key `k` (a stack's hashes, or a quick key).
 fn seen((h1, h2): (u64, u64)) -> Option<u32> {
     let generation = GENERATION.load(Acquire);
+    // Two ways a set: two stacks met in turn whose hashes fall in one set (an allocation and
+    // its free, a loop's two sites) do not evict each other at every call, as they did in a
+    // direct-mapped cache (seen: a test's three call sites, one in three calls missing, in the
+    // runs where the addresses' hashes collided).
     let set = (h1 as usize) % (SLOTS / 2) * 2;
     SEEN.try_with(|s| {
         s[set..set + 2].iter().find_map(|c| {
@@ -528,7 +542,7 @@ fn seen((h1, h2): (u64, u64)) -> Option<u32> {
     .flatten()
 }
 
-/// Keeps `id` in the thread's cache under quick key `k`.
+/// Keeps `id` in the thread's cache under key `k`.
 fn remember((h1, h2): (u64, u64), id: u32) {
     let generation = GENERATION.load(Acquire);
     let set = (h1 as usize) % (SLOTS / 2) * 2;
@@ -565,10 +579,8 @@ fn merge_and_intern(
     let cfg = config::get();
     let fast = cfg.fast_isolation();
     let native_budget = match cfg.native_frames {
-        n if n > 0 && !py.is_empty() && fast => (n as usize).min(FAST_NATIVE),
-        n if n > 0 && (!py.is_empty() || python::eval_range(snap.generation).is_some()) => {
-            n as usize
-        }
+        _ if !py.is_empty() => python_budget(fast),
+        n if n > 0 && python::eval_range(snap.generation).is_some() => n as usize,
         _ => usize::MAX,
     };
     let mut m = Merge::new(py, eval, depth, native_budget);
@@ -654,28 +666,14 @@ fn hashes(
 }
 
 fn intern(m: &Merge, truncated: bool, snap: &modules::Snapshot) -> u32 {
-    let (h1, h2) = m.hashes(truncated, snap.epoch);
-    let generation = GENERATION.load(Acquire);
-    // Two ways a set: two stacks met in turn whose hashes fall in one set (an allocation and
-    // its free, a loop's two sites) do not evict each other at every call, as they did in a
-    // direct-mapped cache (seen: a test's three call sites, one in three calls missing, in the
-    // runs where the addresses' hashes collided).
-    let set = (h1 as usize) % (SLOTS / 2) * 2;
-    if let Ok(Some(id)) = SEEN.try_with(|s| {
-        s[set..set + 2].iter().find_map(|c| {
-            let (a, b, id, g) = c.get();
-            (a == h1 && b == h2 && g == generation && id != 0).then_some(id)
-        })
-    }) {
+    let key = m.hashes(truncated, snap.epoch);
+    if let Some(id) = seen(key) {
         return id;
     }
     LOOKED_UP.fetch_add(1, Relaxed);
     let id = intern_locked(&m.raw_frames(), truncated, snap);
     if id != 0 {
-        let _ = SEEN.try_with(|s| {
-            s[set + 1].set(s[set].get());
-            s[set].set((h1, h2, id, generation));
-        });
+        remember(key, id);
     }
     id
 }
