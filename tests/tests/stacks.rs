@@ -565,13 +565,17 @@ fn the_python_step_benchmark_runs_clean_in_both_tiers() {
         skip("no CPython 3.10 - 3.13 found: pystep.py is not run");
         return;
     };
-    for tier in ["full", "fast"] {
+    // pystep.py with `args` in isolate mode's `tier`.
+    let pystep = |tier: &str, args: &[&str]| {
         let env = [
             ("ISOLATE_MODE", "isolate"),
             ("ISOLATE_CHECK", tier),
             ("STANDIN_SYNC", "1"),
         ];
-        let (stdout, t) = run_script(&python, "pystep.py", &["5", "32", "3", "256"], &env);
+        run_script(&python, "pystep.py", args, &env)
+    };
+    for tier in ["full", "fast"] {
+        let (stdout, t) = pystep(tier, &["5", "32", "3", "256"]);
         assert!(
             stdout.starts_with("steps 5 tensors 32 us_per_step ")
                 && stdout.trim_end().ends_with(" failed 0"),
@@ -612,12 +616,7 @@ fn the_python_step_benchmark_runs_clean_in_both_tiers() {
     // cached for the address, and every later stack of the thread read a stack address as the
     // return address after libffi's frame: two native frames, the second in no module.
     for tier in ["full", "fast"] {
-        let env = [
-            ("ISOLATE_MODE", "isolate"),
-            ("ISOLATE_CHECK", tier),
-            ("STANDIN_SYNC", "1"),
-        ];
-        let (_, t) = run_script(&python, "pystep.py", &["2", "40", "30", "256"], &env);
+        let (_, t) = pystep(tier, &["2", "40", "30", "256"]);
         let s = Stacks::of(&t);
         let allocs = events_of(&t, Api::CudaMallocAsync);
         assert_eq!(allocs.len(), 7 * 40, "{tier}");
