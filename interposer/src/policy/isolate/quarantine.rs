@@ -199,8 +199,7 @@ pub(super) fn quarantine(entry: Entry) {
             PRESSURE_LIMIT.store(s.held.saturating_sub(short.saturating_mul(2)), Relaxed);
             PRESSURE_CUTS.fetch_add(1, Relaxed);
         }
-        let budget = budget(s, entry.device);
-        let limit = budget.min(PRESSURE_LIMIT.load(Relaxed));
+        let (budget, limit) = limits(s, entry.device);
         if s.held > limit {
             TRIMMING.store(true, Relaxed);
         }
@@ -260,6 +259,13 @@ static TRIM_QUEUED: AtomicBool = AtomicBool::new(false);
 /// step itself, as before the keeper.
 const SLACK: u64 = 8;
 
+/// The quarantine's budget and its limit now: the budget, cut while the device is short of
+/// memory.
+fn limits(s: &mut State, device: i32) -> (u64, u64) {
+    let budget = budget(s, device);
+    (budget, budget.min(PRESSURE_LIMIT.load(Relaxed)))
+}
+
 /// One step of the trim over the budget (while [`TRIMMING`]): at most [`TRIM_STEP`] of the
 /// oldest taken out of quarantine under the state's lock, down to 80% of the limit (each step
 /// verified with one round trip); the entries, what counts them as leaving, and whether the
@@ -269,8 +275,7 @@ fn trim_step(device: i32) -> (Vec<Entry>, Option<Leaving>, bool) {
     let mut g = state();
     let s = st!(g);
     if TRIMMING.load(Relaxed) {
-        let budget = budget(s, device);
-        let limit = budget.min(PRESSURE_LIMIT.load(Relaxed));
+        let (budget, limit) = limits(s, device);
         let low_water = limit / 10 * 8;
         while s.held > low_water && over.len() < TRIM_STEP {
             let Some(old) = s.pop_oldest() else {
