@@ -272,8 +272,9 @@ pub struct Checked {
     /// Guard mode's hits, to be handed to [`launched`].
     pub guarded: Option<Guarded>,
     /// The launch may reach memory whose poison is still deferred ([`super::release::defer`]):
-    /// a word it was handed lies in quarantine, or one the fast tier does not look up lies in a
-    /// deferred block, or its parameters could not be read. Its poisons must be queued first.
+    /// a word it was handed lies in quarantine, or one the check does not look up (in a wide
+    /// struct) lies in a deferred block, or its parameters could not be read. Its poisons must
+    /// be queued first.
     pub reaches: bool,
 }
 
@@ -291,7 +292,7 @@ impl Checked {
 }
 
 /// Words of a launch that may reach a block whose poison is deferred: found in quarantine by the
-/// look-up, or in a parameter the fast tier does not look up (a wide struct), and inside the
+/// look-up, or in a parameter the check does not look up (a wide struct), and inside the
 /// span of the deferred poisons ([`release::deferred_span`]). Looked up among the deferred
 /// blocks once the walk is done ([`Near::reaches`]): a word inside a block poisoned long ago
 /// (a small integer that happens to be an address inside a large freed block) does not make
@@ -411,15 +412,13 @@ unsafe fn walk(
         low: isolate::LOW.load(Relaxed),
         high: isolate::HIGH.load(Relaxed),
     };
-    // The fast tier reads only what can be evidence or a use: a whole 8-byte parameter and a
+    // Both tiers read only what can be evidence or a use: a whole 8-byte parameter and a
     // struct of at most GROUP words (an array of operands). A wider struct's words (cuDNN's
     // and CUTLASS's kilobyte parameter blocks: 1.5 µs a launch on ResNet-50, an eighth of its
-    // step on the H100) can only be suspects, never a finding, so the fast tier leaves them;
-    // guard mode keeps them (a fault names its suspects).
-    let narrow = {
-        let c = config::get();
-        c.check_fast && !c.guard
-    };
+    // step on the H100) can only be suspects, never a finding, so isolate mode leaves them
+    // (full coverage is of bytes: every freed byte poisoned and checked, which no launch's
+    // reading adds to); guard mode keeps them (a fault names its suspects).
+    let narrow = !config::get().guard;
     let unread = |size: u32| narrow && size > 8 * order::GROUP as u32;
     if !params.is_null() {
         let layout = layout(f);
