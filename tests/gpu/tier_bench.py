@@ -123,6 +123,7 @@ CONFIGS = {
     "fast-base": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "_LIB": "base"},
     "fast-prof-base": {"ISOLATE_MODE": "isolate", "ISOLATE_CHECK": "fast", "ISOLATE_PROFILE": "on",
                        "_LIB": "base"},
+    "isolate-prof-base": {"ISOLATE_MODE": "isolate", "ISOLATE_PROFILE": "on", "_LIB": "base"},
 }
 
 # The pluggable allocator's two functions (PyTorch's signatures), calling the runtime PyTorch
