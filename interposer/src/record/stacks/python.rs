@@ -641,6 +641,7 @@ pub struct Quick {
 ///
 /// None (the caller walks the full way) until the process's first walk was checked, when Python
 /// frames are off, or where a frame's code object is not one (its type word).
+#[inline(never)]
 pub fn quick(generation: u64, depth: usize) -> Option<Quick> {
     if STATE.load(Acquire) != ON {
         return None;
