@@ -7,16 +7,41 @@
  * Prints the host time per step and per tensor, timed inside the program; with
  * ISOLATE_PROFILE=on the trace's exit note splits the hooks' time. For profiling the library's
  * own time by hand (`perf record`), docs/performance.md:
- *   step_bench STEPS TENSORS
+ *   step_bench STEPS TENSORS [SITES]
+ * SITES (1 to 64, default 1): the allocations are made from that many call sites in turn, each
+ * a function of its own at the same depth, as PyTorch's autograd thread allocates for many
+ * backward nodes from one place in its engine (a thread without Python: its stacks are native
+ * walks, remembered by where they start; docs/performance.md, "Call stacks").
  */
 #include "bench.h"
 
 #define LAG 4
 
+typedef cudaError_t (*alloc_fn)(void **, size_t, cudaStream_t);
+
+#define SITE(k)                                                                                  \
+    __attribute__((noinline)) static cudaError_t site##k(void **p, size_t n, cudaStream_t s) { \
+        cudaError_t r = cudaMallocAsync(p, n, s);                                              \
+        __asm__ volatile("" ::: "memory"); /* not a tail call: a frame of its own */          \
+        return r;                                                                              \
+    }
+#define SITE8(k)                                                                                 \
+    SITE(k##0) SITE(k##1) SITE(k##2) SITE(k##3) SITE(k##4) SITE(k##5) SITE(k##6) SITE(k##7)
+SITE8(1) SITE8(2) SITE8(3) SITE8(4) SITE8(5) SITE8(6) SITE8(7) SITE8(8)
+#define SITES8(k) site##k##0, site##k##1, site##k##2, site##k##3, site##k##4, site##k##5, \
+                  site##k##6, site##k##7
+static const alloc_fn SITES[64] = {SITES8(1), SITES8(2), SITES8(3), SITES8(4),
+                                   SITES8(5), SITES8(6), SITES8(7), SITES8(8)};
+
 int main(int argc, char **argv) {
     setup();
     long steps = argc > 1 ? atol(argv[1]) : 200;
     long tensors = argc > 2 ? atol(argv[2]) : 600;
+    long sites = argc > 3 ? atol(argv[3]) : 1;
+    if (sites < 1 || sites > 64) {
+        fprintf(stderr, "SITES is 1 to 64\n");
+        return 2;
+    }
     PFN_register reg;
     PFN_launch launch;
     if (bench_setup(&reg, &launch) != 0)
@@ -36,7 +61,7 @@ int main(int argc, char **argv) {
         if (st == 5) /* warm-up steps: layouts cached, stacks interned, pool grown */
             t0 = now_ns();
         for (long i = 0; i < tensors; i++) {
-            if (cudaMallocAsync(&held[i], sizes[i % 16], s) != 0) {
+            if (SITES[i % sites](&held[i], sizes[i % 16], s) != 0) {
                 failed++;
                 held[i] = NULL;
             }

@@ -301,6 +301,46 @@ fn a_million_allocations_from_three_call_sites_are_three_stacks() {
     assert!((6..12).contains(&table), "{note}");
 }
 
+/// 64 call sites at one depth, in turn, as PyTorch's autograd thread allocates for many
+/// backward nodes from one place in its engine (`step_bench STEPS TENSORS 64`): the walks of
+/// one start are told apart at the word where their callers part (native.rs, `Start::split`),
+/// and every allocation still names its own site (a walk replayed from another site's would
+/// name that one), every walk after each site's first replayed.
+#[test]
+fn sixty_four_sites_at_one_depth_are_told_apart_and_replayed() {
+    let (steps, tensors) = (3usize, 128usize);
+    let out = Run::program("step_bench")
+        .env("ISOLATE_MODE", "isolate")
+        .env("ISOLATE_CHECK", "fast")
+        .args([&steps.to_string(), &tensors.to_string(), "64"])
+        .run();
+    out.assert_success();
+    let t = out.only_trace();
+    let s = Stacks::of(t);
+    let mut syms = Symbols::default();
+    let mallocs = events_of(t, Api::CudaMallocAsync);
+    assert_eq!(mallocs.len(), (steps + 5) * tensors);
+    let mut named = BTreeMap::new();
+    for (m, e) in mallocs.iter().enumerate() {
+        let site = named.entry(e.stack).or_insert_with(|| {
+            s.render(e.stack, &mut syms)
+                .into_iter()
+                .find(|w| w.starts_with("site"))
+                .unwrap_or_default()
+        });
+        let j = m % tensors % 64;
+        assert_eq!(
+            *site,
+            format!("site{}{}", j / 8 + 1, j % 8),
+            "allocation {m}"
+        );
+    }
+    assert_eq!(named.len(), 64);
+    let note = stacks_note(t);
+    let walked = note_number(&note, "remembered walks, ");
+    assert!(walked <= 64 + 10, "{note}");
+}
+
 /// A walk from where one was walked before, over the same stack words, is replayed: in a loop
 /// that allocates and frees from one place, every walk after the first of each is, and the
 /// replayed stacks are the walked ones (10 frames of `stacks_bench`, then the C start-up's).

@@ -144,6 +144,8 @@ pub fn stack_room() -> Option<u64> {
 /// model's operators all allocate from there, through many callers), and in all; past the
 /// latter it forgets them all and starts again.
 const WALKS_PER_START: usize = 64;
+// A start's walks are told apart by a bit each (`Start::unsplit`).
+const _: () = assert!(WALKS_PER_START <= 64);
 const WALKS_PER_THREAD: usize = 1024;
 /// The most words a remembered walk keeps to check (those it uses: [`must_check`]).
 const KEEP_WORDS: usize = 48;
@@ -242,8 +244,8 @@ impl Kept {
     }
 }
 
-/// A thread's remembered walks by start, each start's last replayed first (a hit moves to
-/// the front; a walk remembered past [`WALKS_PER_START`] replaces the last).
+/// A thread's remembered walks by start, each start's newest first (a walk remembered past
+/// [`WALKS_PER_START`] replaces the oldest).
 #[derive(Default)]
 struct Walks {
     by_start: FxHashMap<[u64; 3], Start>,
@@ -253,14 +255,108 @@ struct Walks {
 /// The walks remembered from one start.
 #[derive(Default)]
 struct Start {
-    // Boxed: a hit moves pointers, not kilobytes.
+    /// Newest first.
+    // Boxed: a new walk moves pointers, not kilobytes.
     #[allow(clippy::vec_box)]
     walks: Vec<Box<Kept>>,
+    /// Where the walks part ([`Start::split_at`]): the address of a word they check, which the
+    /// walks that check it do not all expect to hold one value. Read once a replay, it rules
+    /// out every walk that expects another value there without reading that walk (a kilobyte
+    /// of its own on the heap). From one start the walks check the same words until their
+    /// callers differ, so a search that compared each walk in turn read the shared words again
+    /// for each one: with 64 call sites at one depth, ~1,000 instructions a replay on the
+    /// stand-in (docs/performance.md, "Call stacks").
+    split: Option<u64>,
+    /// Each walk's value at `split` (parallel to `walks`; 0 where it checks no word there).
+    at_split: Vec<u64>,
+    /// Bit `i`: walk `i` checks no word at `split` (so is never ruled out by it).
+    unsplit: u64,
     /// Walks that had to go to make room ([`WALKS_PER_START`]); past [`CHURN`] the start's
     /// walks do not repeat or do not fit, and only one miss in [`PROBE_EVERY`] is probed
     /// ([`must_check`]: a walk again and a few more) and remembered.
     evicted: u32,
     misses: u32,
+}
+
+impl Start {
+    /// The word the walks part at (see [`Start::split`]): the first the newest walk checks
+    /// where the walks that check that address do not all expect one value. Any word would do
+    /// for what a replay finds (a walk ruled out expects a value the stack does not hold, so
+    /// its own check would fail there too); the first such is where the callers part.
+    fn split_at(walks: &[Box<Kept>]) -> Option<u64> {
+        let first = walks.first()?;
+        first.word[..first.words as usize]
+            .iter()
+            .find_map(|&(addr, value)| {
+                walks[1..]
+                    .iter()
+                    .any(|w| w.value_at(addr).is_some_and(|v| v != value))
+                    .then_some(addr)
+            })
+    }
+
+    /// The split and each walk's value there again, after a walk came or went.
+    fn resplit(&mut self) {
+        let split = Self::split_at(&self.walks);
+        self.split = split;
+        self.at_split.clear();
+        self.unsplit = 0;
+        for (i, w) in self.walks.iter().enumerate() {
+            match split.and_then(|a| w.value_at(a)) {
+                Some(v) => self.at_split.push(v),
+                None => {
+                    self.at_split.push(0);
+                    self.unsplit |= 1 << i;
+                }
+            }
+        }
+    }
+
+    /// The first walk whose checked words the stack holds (`read`) and whose starting frame
+    /// pointer fits `bp`.
+    #[inline]
+    fn find(&self, bp: u64, read: impl Fn(u64) -> Result<u64, ()>) -> Option<usize> {
+        // Where the split cannot be read, every walk that checks it is ruled out.
+        let (here, readable) = match self.split.map(&read) {
+            Some(Ok(v)) => (v, true),
+            Some(Err(())) => (0, false),
+            None => (0, false),
+        };
+        let every = self.split.is_none();
+        (0..self.walks.len()).find(|&i| {
+            let candidate =
+                every || (self.unsplit >> i) & 1 == 1 || (readable && self.at_split[i] == here);
+            candidate && {
+                let walk = &self.walks[i];
+                (!walk.bp_must || walk.bp == bp)
+                    && walk.word[..walk.words as usize]
+                        .iter()
+                        .all(|&(a, v)| read(a) == Ok(v))
+            }
+        })
+    }
+
+    /// Remembers `kept` (newest first), the oldest walk going where there are
+    /// [`WALKS_PER_START`] already; true when one went.
+    fn remember(&mut self, kept: Kept) -> bool {
+        let evicted = self.walks.len() >= WALKS_PER_START;
+        if evicted {
+            self.walks.pop();
+        }
+        self.walks.insert(0, Box::new(kept));
+        self.resplit();
+        evicted
+    }
+}
+
+impl Kept {
+    /// The value this walk checks at `addr`, if it checks that word.
+    fn value_at(&self, addr: u64) -> Option<u64> {
+        self.word[..self.words as usize]
+            .iter()
+            .find(|w| w.0 == addr)
+            .map(|w| w.1)
+    }
 }
 
 /// See [`Start::evicted`].
@@ -465,23 +561,16 @@ pub fn unwind(snap: &Snapshot, mut visit: impl FnMut(u64) -> bool) -> bool {
             let Some(start) = w.as_mut().and_then(|w| w.by_start.get_mut(&key)) else {
                 return Replay::Miss(true);
             };
-            let ways = &mut start.walks;
-            let Some(i) = ways.iter().position(|walk| {
-                (!walk.bp_must || walk.bp == bp)
-                    && walk.word[..walk.words as usize]
-                        .iter()
-                        .all(|&(a, v)| read(a) == Ok(v))
-            }) else {
+            let Some(i) = start.find(bp, read) else {
                 DIFFERED.fetch_add(1, Relaxed);
                 #[cfg(feature = "walk-dump")]
-                dump::differed(snap, sp, bp, ways, &read);
+                dump::differed(snap, sp, bp, &start.walks, &read);
                 start.misses = start.misses.wrapping_add(1);
                 return Replay::Miss(
                     start.evicted < CHURN || start.misses.is_multiple_of(PROBE_EVERY),
                 );
             };
-            ways[..=i].rotate_right(1);
-            let walk = &ways[0];
+            let walk = &start.walks[i];
             for &ra in &walk.ra[..walk.ras as usize] {
                 if !visit(ra) {
                     return Replay::Done(true);
@@ -623,14 +712,10 @@ pub fn unwind(snap: &Snapshot, mut visit: impl FnMut(u64) -> bool) -> bool {
             if seen.uses_data {
                 USES_DATA.fetch_add(1, Relaxed);
             }
-            let ways = &mut start.walks;
-            if ways.len() >= WALKS_PER_START {
-                ways.pop();
+            if start.remember(kept) {
                 start.evicted += 1;
                 w.count -= 1;
             }
-            // The newest first: a loop's next call is most likely the same.
-            ways.insert(0, Box::new(kept));
             w.count += 1;
         }
     });
