@@ -254,8 +254,8 @@ pub fn at_exit() {
                  ({} from a start remembered with other stack words, {} too long to \
                  remember; {} remembered with saved frame pointers to check, {} not \
                  remembered at starts whose walks keep changing), with {hits} unwind rules from the rule cache, {misses} looked \
-                 up; {} stacks looked up in the process's table, the rest in the thread's \
-                 cache)",
+                 up; {} replayed with the stack they made, on threads without Python; {} \
+                 stacks looked up in the process's table, the rest in the thread's cache)",
                 ns as f64 / 1e3 / n as f64,
                 w.replayed,
                 w.walked,
@@ -263,6 +263,7 @@ pub fn at_exit() {
                 w.long,
                 w.uses_data,
                 w.unstable,
+                w.with_stack,
                 crate::record::stacks::looked_up()
             ),
         );

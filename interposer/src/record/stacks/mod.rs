@@ -583,30 +583,55 @@ fn merge_and_intern(
         n if n > 0 && python::eval_range(snap.generation).is_some() => n as usize,
         _ => usize::MAX,
     };
+    // A thread without Python frames (PyTorch's autograd engine): its stack is its native walk
+    // alone, and a walk replayed whole gives the stack it made before, under the same budget,
+    // depth, table and modules (`tag`), without handing on, merging and hashing its frames.
+    let tag = (want_native && py.is_empty()).then(|| {
+        let t = (native_budget as u64).rotate_left(40)
+            ^ (depth as u64).rotate_left(20)
+            ^ (GENERATION.load(Acquire) as u64)
+            ^ snap.epoch.rotate_left(7);
+        t | 1
+    });
+    if let Some(tag) = tag {
+        let _t = PartSpan::start(Part::NativeFrames);
+        if let Some(id) = native::replayed_stack(snap, tag) {
+            return id;
+        }
+    }
     let mut m = Merge::new(py, eval, depth, native_budget);
+    let mut walked = None;
     if want_native {
         let _t = PartSpan::start(Part::NativeFrames);
         let stopped = walk_native(snap, &mut m);
-        // Ended in code no known object holds: loaded since the snapshot? Look now.
-        if !stopped
-            && m.last != 0
-            && snap.find(m.last).is_none()
-            && let Some(fresh) = modules::after_unknown(snap)
-            && !std::ptr::eq(fresh, snap)
-        {
-            snap = fresh;
-            // Started again in place: a second `Merge` would double the frame.
-            m.reset();
-            walk_native(snap, &mut m);
+        walked = native::take_last();
+        // Ended in code no known object holds: loaded since the snapshot? Look now (and keep
+        // no stack with the walk: the next capture looks again).
+        if !stopped && m.last != 0 && snap.find(m.last).is_none() {
+            walked = None;
+            if let Some(fresh) = modules::after_unknown(snap)
+                && !std::ptr::eq(fresh, snap)
+            {
+                snap = fresh;
+                // Started again in place: a second `Merge` would double the frame.
+                m.reset();
+                walk_native(snap, &mut m);
+            }
         }
     }
     m.python_left();
     if m.n == 0 {
         return 0;
     }
-    timed(Part::Interning, || {
+    let id = timed(Part::Interning, || {
         intern(&m, m.truncated || py_truncated, snap)
-    })
+    });
+    if let (Some(tag), Some(w)) = (tag, walked)
+        && id != 0
+    {
+        native::remember_stack(w, tag, id);
+    }
+    id
 }
 
 /// The native walk into the merge: one instance of [`native::unwind`], the merge's step

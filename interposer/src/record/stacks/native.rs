@@ -220,6 +220,9 @@ struct Kept {
     ras: u8,
     word: [(u64, u64); KEEP_WORDS],
     ra: [u64; WALK_RAS],
+    /// The stack a capture made of this walk alone (a thread without Python frames), and
+    /// what it was made under: (tag, id), or (0, 0) ([`replayed_stack`]).
+    stack: (u64, u32),
 }
 
 impl Kept {
@@ -233,6 +236,7 @@ impl Kept {
             ras: seen.ras,
             word: [(0, 0); KEEP_WORDS],
             ra: seen.ra,
+            stack: (0, 0),
         };
         for (i, &w) in seen.read[..seen.reads as usize].iter().enumerate() {
             if seen.must & (1 << i) != 0 {
@@ -364,9 +368,114 @@ const CHURN: u32 = WALKS_PER_START as u32;
 const PROBE_EVERY: u32 = 64;
 
 thread_local! {
-    /// The thread's remembered walks ([`Kept`], 1,040 bytes each, on the heap; at most
+    /// The thread's remembered walks ([`Kept`], 1,056 bytes each, on the heap; at most
     /// [`WALKS_PER_THREAD`]: ~1 MiB).
     static WALKS: RefCell<Option<Walks>> = const { RefCell::new(None) };
+    /// The walk the thread's last [`unwind`] replayed whole or remembered ([`take_last`]).
+    static LAST: Cell<Option<Walked>> = const { Cell::new(None) };
+}
+
+/// A remembered walk an [`unwind`] replayed whole or remembered: its start, its place there,
+/// and what tells it apart from another walk that took that place since (a digest of its
+/// return addresses and checked words).
+#[derive(Clone, Copy)]
+pub struct Walked {
+    key: [u64; 3],
+    i: usize,
+    digest: u64,
+}
+
+impl Walked {
+    fn of(key: [u64; 3], i: usize, k: &Kept) -> Walked {
+        Walked {
+            key,
+            i,
+            digest: k.digest(),
+        }
+    }
+
+    fn is(&self, k: &Kept) -> bool {
+        k.digest() == self.digest
+    }
+}
+
+impl Kept {
+    /// Its return addresses and checked words, folded (only to tell two walks apart).
+    fn digest(&self) -> u64 {
+        let words = self.word[..self.words as usize].iter().map(|w| w.0 ^ w.1);
+        self.ra[..self.ras as usize]
+            .iter()
+            .copied()
+            .chain(words)
+            .fold(self.ras as u64, |d, x| {
+                (d ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(23)
+            })
+    }
+}
+
+/// The walk the calling thread's last [`unwind`] replayed whole or remembered, taken right
+/// after it (a walk made meanwhile, by a capture inside this one, is not taken for it).
+pub fn take_last() -> Option<Walked> {
+    LAST.try_with(|l| l.take()).ok().flatten()
+}
+
+/// Walks replayed with the stack they made ([`replayed_stack`]).
+static WITH_STACK: AtomicU64 = AtomicU64::new(0);
+
+/// Where the thread's hook marked its entry, and the stack's bounds: (ip, sp, bp, hi).
+fn entry_start() -> Option<(u64, u64, u64, u64)> {
+    let (_, hi) = stack_bounds()?;
+    match ENTRY.try_with(|e| e.get()).ok()? {
+        (ip, sp, bp) if sp != 0 && sp < hi => Some((ip, sp, bp, hi)),
+        _ => None,
+    }
+}
+
+/// The stack id kept under `tag` ([`remember_stack`]) with the remembered walk the calling
+/// thread's stack replays from its hook's entry (none where no hook marked it): a thread
+/// without Python frames (PyTorch's autograd engine) whose stack is its native walk alone
+/// then has its stack without handing the walk's frames on, merging and hashing them.
+pub fn replayed_stack(snap: &Snapshot, tag: u64) -> Option<u32> {
+    let (ip, sp, bp, hi) = entry_start()?;
+    let read = |addr: u64| -> Result<u64, ()> {
+        if addr >= sp && addr.checked_add(8).is_some_and(|e| e <= hi) && addr.is_multiple_of(8) {
+            // SAFETY: 8-aligned and within [sp, hi): the hook's entry's stack pointer up to the
+            // top of the calling thread's own stack (pthread's bounds), live frames of callers
+            // of this function, read and never written.
+            Ok(unsafe { *(addr as *const u64) })
+        } else {
+            Err(())
+        }
+    };
+    let key = [ip, sp, snap as *const Snapshot as u64];
+    let id = WALKS
+        .try_with(|w| {
+            let w = w.try_borrow().ok()?;
+            let start = w.as_ref()?.by_start.get(&key)?;
+            let walk = &start.walks[start.find(bp, read)?];
+            (walk.stack.0 == tag && walk.stack.1 != 0).then_some(walk.stack.1)
+        })
+        .ok()
+        .flatten()?;
+    REPLAYED.fetch_add(1, Relaxed);
+    WITH_STACK.fetch_add(1, Relaxed);
+    Some(id)
+}
+
+/// Keeps stack `id`, made under `tag` of walk `walked` ([`take_last`]) alone, with that walk
+/// (while it is still remembered where it was).
+pub fn remember_stack(walked: Walked, tag: u64, id: u32) {
+    let _ = WALKS.try_with(|w| {
+        if let Ok(mut w) = w.try_borrow_mut()
+            && let Some(walk) = w
+                .as_mut()
+                .and_then(|w| w.by_start.get_mut(&walked.key))
+                .and_then(|s| s.walks.get_mut(walked.i))
+            && walked.is(walk)
+        {
+            walk.stack = (tag, id);
+        }
+    });
 }
 
 /// Walks replayed from a thread's remembered walks, and walks done frame by frame; of those,
@@ -393,6 +502,8 @@ pub struct WalkStats {
     pub uses_data: u64,
     /// Not remembered: from a start whose walks keep changing.
     pub unstable: u64,
+    /// Of the replayed: replayed with the stack they made ([`replayed_stack`]).
+    pub with_stack: u64,
 }
 
 pub fn walk_stats() -> WalkStats {
@@ -403,6 +514,7 @@ pub fn walk_stats() -> WalkStats {
         long: LONG.load(Relaxed),
         uses_data: USES_DATA.load(Relaxed),
         unstable: UNPROBED.load(Relaxed),
+        with_stack: WITH_STACK.load(Relaxed),
     }
 }
 
@@ -553,6 +665,7 @@ pub fn unwind(snap: &Snapshot, mut visit: impl FnMut(u64) -> bool) -> bool {
         }
     };
     let key = [ip, sp, snap as *const Snapshot as u64];
+    let _ = LAST.try_with(|l| l.set(None));
     let replay = WALKS
         .try_with(|w| {
             let Ok(mut w) = w.try_borrow_mut() else {
@@ -573,10 +686,12 @@ pub fn unwind(snap: &Snapshot, mut visit: impl FnMut(u64) -> bool) -> bool {
             let walk = &start.walks[i];
             for &ra in &walk.ra[..walk.ras as usize] {
                 if !visit(ra) {
+                    let _ = LAST.try_with(|l| l.set(Some(Walked::of(key, i, walk))));
                     return Replay::Done(true);
                 }
             }
             if walk.ended {
+                let _ = LAST.try_with(|l| l.set(Some(Walked::of(key, i, walk))));
                 Replay::Done(false)
             } else {
                 Replay::More(walk.ras as usize)
@@ -717,6 +832,11 @@ pub fn unwind(snap: &Snapshot, mut visit: impl FnMut(u64) -> bool) -> bool {
                 w.count -= 1;
             }
             w.count += 1;
+            // A walk of its own from the start to where `visit` stopped (not the rest of a
+            // replay: the frames handed on before it were the remembered walk's).
+            if skip == 0 {
+                let _ = LAST.try_with(|l| l.set(Some(Walked::of(key, 0, &start.walks[0]))));
+            }
         }
     });
     r
