@@ -173,7 +173,37 @@ struct Alloc {
     seq: u64,
     stack: u32,
     own: u32,
-    uses: Vec<Use>,
+    uses: Uses,
+}
+
+/// An allocation's latest use on each stream that used it: the first in place (most tensors
+/// are used on one stream; a `Vec` of them was an allocation and a free of the heap a tensor),
+/// the others after it.
+#[derive(Default)]
+struct Uses {
+    first: Option<Use>,
+    rest: Vec<Use>,
+}
+
+impl Uses {
+    fn iter(&self) -> impl Iterator<Item = &Use> {
+        self.first.iter().chain(&self.rest)
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Use> {
+        self.first.iter_mut().chain(&mut self.rest)
+    }
+
+    /// `u` in place of the use on its stream, or added.
+    fn set(&mut self, u: Use) {
+        if let Some(old) = self.iter_mut().find(|old| old.stream == u.stream) {
+            *old = u;
+        } else if self.first.is_none() {
+            self.first = Some(u);
+        } else {
+            self.rest.push(u);
+        }
+    }
 }
 
 /// What an unordered use at a free is, for the record.
@@ -457,10 +487,7 @@ impl State {
                 if a.own != i {
                     need_stack.push((w, tick));
                 }
-                match a.uses.iter_mut().find(|u| u.stream == i) {
-                    Some(old) => *old = u,
-                    None => a.uses.push(u),
-                }
+                a.uses.set(u);
             }
         }
     }
@@ -766,7 +793,7 @@ pub fn allocated(ptr: u64, size: u64, seq: u64, stack: u32, api: Api, stream: u6
             seq,
             stack,
             own,
-            uses: Vec::new(),
+            uses: Uses::default(),
         };
         let key = Key::of(stream, api.per_thread_stream());
         if api.stream_ordered() && !capturing(key) {

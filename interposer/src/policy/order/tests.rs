@@ -23,7 +23,7 @@ fn alloc(s: &mut State, own: u32) {
             seq: 1,
             stack: 0,
             own,
-            uses: Vec::new(),
+            uses: Uses::default(),
         },
     );
 }
@@ -124,7 +124,7 @@ fn only_uses_on_other_streams_ask_for_a_stack() {
     s.uses(b, &[X], &[0], "k", true, 0, &mut need);
     s.uses(b, &[X], &[0], "k2", true, 0, &mut need);
     assert_eq!(need, [(X, 1), (X, 2)]);
-    assert_eq!(s.allocs[&X].uses.len(), 2);
+    assert_eq!(s.allocs[&X].uses.iter().count(), 2);
     assert_eq!(s.free(X, Some(a)).unwrap().u.name, "k2");
 }
 
