@@ -376,13 +376,16 @@ thread_local! {
 }
 
 /// A remembered walk an [`unwind`] replayed whole or remembered: its start, its place there,
-/// and what tells it apart from another walk that took that place since (a digest of its
-/// return addresses and checked words).
+/// and what tells it apart from another walk that took that place since: where it lives on
+/// the heap, its counts and its outermost return address (a few loads: every replay on a
+/// thread that runs Python makes one, and never uses it).
 #[derive(Clone, Copy)]
 pub struct Walked {
     key: [u64; 3],
     i: usize,
-    digest: u64,
+    at: usize,
+    counts: (u8, u8),
+    outer: u64,
 }
 
 impl Walked {
@@ -390,26 +393,26 @@ impl Walked {
         Walked {
             key,
             i,
-            digest: k.digest(),
+            at: k as *const Kept as usize,
+            counts: (k.ras, k.words),
+            outer: k.ra[(k.ras as usize).saturating_sub(1)],
         }
     }
 
     fn is(&self, k: &Kept) -> bool {
-        k.digest() == self.digest
+        *self
+            == Walked {
+                key: self.key,
+                i: self.i,
+                ..Walked::of(self.key, self.i, k)
+            }
     }
 }
 
-impl Kept {
-    /// Its return addresses and checked words, folded (only to tell two walks apart).
-    fn digest(&self) -> u64 {
-        let words = self.word[..self.words as usize].iter().map(|w| w.0 ^ w.1);
-        self.ra[..self.ras as usize]
-            .iter()
-            .copied()
-            .chain(words)
-            .fold(self.ras as u64, |d, x| {
-                (d ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(23)
-            })
+impl PartialEq for Walked {
+    fn eq(&self, o: &Walked) -> bool {
+        (self.key, self.i, self.at, self.counts, self.outer)
+            == (o.key, o.i, o.at, o.counts, o.outer)
     }
 }
 
