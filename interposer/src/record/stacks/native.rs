@@ -271,8 +271,8 @@ struct Start {
     /// for each one: with 64 call sites at one depth, ~1,000 instructions a replay on the
     /// stand-in (docs/performance.md, "Call stacks").
     split: Option<u64>,
-    /// Each walk's value at `split` (parallel to `walks`; 0 where it checks no word there).
-    at_split: Vec<u64>,
+    /// The walks by their value at `split`: bit `i` of a value's mask is walk `i`.
+    at_split: FxHashMap<u64, u64>,
     /// Bit `i`: walk `i` checks no word at `split` (so is never ruled out by it).
     unsplit: u64,
     /// Walks that had to go to make room ([`WALKS_PER_START`]); past [`CHURN`] the start's
@@ -307,11 +307,8 @@ impl Start {
         self.unsplit = 0;
         for (i, w) in self.walks.iter().enumerate() {
             match split.and_then(|a| w.value_at(a)) {
-                Some(v) => self.at_split.push(v),
-                None => {
-                    self.at_split.push(0);
-                    self.unsplit |= 1 << i;
-                }
+                Some(v) => *self.at_split.entry(v).or_default() |= 1 << i,
+                None => self.unsplit |= 1 << i,
             }
         }
     }
@@ -320,24 +317,29 @@ impl Start {
     /// pointer fits `bp`.
     #[inline]
     fn find(&self, bp: u64, read: impl Fn(u64) -> Result<u64, ()>) -> Option<usize> {
-        // Where the split cannot be read, every walk that checks it is ruled out.
-        let (here, readable) = match self.split.map(&read) {
-            Some(Ok(v)) => (v, true),
-            Some(Err(())) => (0, false),
-            None => (0, false),
+        // The walks the split leaves (where it cannot be read, every walk that checks it is
+        // ruled out), newest first.
+        if self.walks.is_empty() {
+            return None;
+        }
+        let mut left = match self.split.map(&read) {
+            None => u64::MAX >> (64 - self.walks.len()),
+            Some(Ok(here)) => self.unsplit | self.at_split.get(&here).copied().unwrap_or(0),
+            Some(Err(())) => self.unsplit,
         };
-        let every = self.split.is_none();
-        (0..self.walks.len()).find(|&i| {
-            let candidate =
-                every || (self.unsplit >> i) & 1 == 1 || (readable && self.at_split[i] == here);
-            candidate && {
-                let walk = &self.walks[i];
-                (!walk.bp_must || walk.bp == bp)
-                    && walk.word[..walk.words as usize]
-                        .iter()
-                        .all(|&(a, v)| read(a) == Ok(v))
+        while left != 0 {
+            let i = left.trailing_zeros() as usize;
+            left &= left - 1;
+            let walk = &self.walks[i];
+            if (!walk.bp_must || walk.bp == bp)
+                && walk.word[..walk.words as usize]
+                    .iter()
+                    .all(|&(a, v)| read(a) == Ok(v))
+            {
+                return Some(i);
             }
-        })
+        }
+        None
     }
 
     /// Remembers `kept` (newest first), the oldest walk going where there are
