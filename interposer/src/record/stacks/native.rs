@@ -436,23 +436,35 @@ fn entry_start() -> Option<(u64, u64, u64, u64)> {
     }
 }
 
+/// The stack word at `addr`, where it lies in [lo, hi) and is 8-aligned: `lo` a stack
+/// pointer of a live frame of the caller's (or the caller's own) and `hi` the top of the
+/// calling thread's stack.
+#[inline(always)]
+fn stack_word(addr: u64, lo: u64, hi: u64) -> Result<u64, ()> {
+    if addr >= lo && addr.checked_add(8).is_some_and(|e| e <= hi) && addr.is_multiple_of(8) {
+        // SAFETY: 8-aligned and within [lo, hi): the calling thread's own stack from a live
+        // frame's stack pointer up to its top (pthread's bounds), which is mapped and not freed
+        // while the caller runs. Words above that stack pointer belong to live frames of the
+        // caller's callers; they are read, never written.
+        Ok(unsafe { *(addr as *const u64) })
+    } else {
+        Err(())
+    }
+}
+
+/// A walk's start as a key of the thread's remembered walks.
+fn start_key(ip: u64, sp: u64, snap: &Snapshot) -> [u64; 3] {
+    [ip, sp, snap as *const Snapshot as u64]
+}
+
 /// The stack id kept under `tag` ([`remember_stack`]) with the remembered walk the calling
 /// thread's stack replays from its hook's entry (none where no hook marked it): a thread
 /// without Python frames (PyTorch's autograd engine) whose stack is its native walk alone
 /// then has its stack without handing the walk's frames on, merging and hashing them.
 pub fn replayed_stack(snap: &Snapshot, tag: u64) -> Option<u32> {
     let (ip, sp, bp, hi) = entry_start()?;
-    let read = |addr: u64| -> Result<u64, ()> {
-        if addr >= sp && addr.checked_add(8).is_some_and(|e| e <= hi) && addr.is_multiple_of(8) {
-            // SAFETY: 8-aligned and within [sp, hi): the hook's entry's stack pointer up to the
-            // top of the calling thread's own stack (pthread's bounds), live frames of callers
-            // of this function, read and never written.
-            Ok(unsafe { *(addr as *const u64) })
-        } else {
-            Err(())
-        }
-    };
-    let key = [ip, sp, snap as *const Snapshot as u64];
+    let read = move |addr: u64| stack_word(addr, sp, hi);
+    let key = start_key(ip, sp, snap);
     let id = WALKS
         .try_with(|w| {
             let w = w.try_borrow().ok()?;
@@ -658,18 +670,8 @@ pub fn unwind(snap: &Snapshot, mut visit: impl FnMut(u64) -> bool) -> bool {
         _ => (ip, sp, bp),
     };
     let lo = sp;
-    let read = |addr: u64| -> Result<u64, ()> {
-        if addr >= lo && addr.checked_add(8).is_some_and(|e| e <= hi) && addr.is_multiple_of(8) {
-            // SAFETY: the address was just checked to be 8-aligned and within [sp, hi): the calling
-            // thread's own stack from this frame's stack pointer up to its top (pthread's bounds),
-            // which is mapped and not freed while this function runs. Words above sp belong to live
-            // frames of callers of this one; they are read, never written.
-            Ok(unsafe { *(addr as *const u64) })
-        } else {
-            Err(())
-        }
-    };
-    let key = [ip, sp, snap as *const Snapshot as u64];
+    let read = |addr: u64| stack_word(addr, lo, hi);
+    let key = start_key(ip, sp, snap);
     let _ = LAST.try_with(|l| l.set(None));
     let replay = WALKS
         .try_with(|w| {
