@@ -2,7 +2,7 @@
 """What isolate mode adds per tensor, on the host, piece by piece (issue 14's breakdown).
 
     python3 tests/gpu/free_cost.py --lib target/gpu/libisolate.so [--rounds 3] [--pairs 20000]
-        [--depth 30] [--configs native,none,backend-pool,fast,...] [--no-pieces]
+        [--depth 30] [--thrash-kb 2048] [--configs native,none,backend-pool,fast,...] [--no-pieces]
 
 Two parts, printed as tables:
   pieces  the driver calls a stream-ordered free costs the freeing thread in isolate mode,
@@ -19,7 +19,11 @@ Two parts, printed as tables:
           PyTorch's caching allocator, and `backend-pool`, the backend with its calls answered
           from kept blocks (backend_pool.c, no library: PyTorch's bookkeeping without the
           driver's pool). --depth puts the loop that many Python frames deeper, as a model's
-          modules do. Configurations interleaved, each round in a rotated order; medians.
+          modules do. --thrash-kb writes that many KiB of the program's own memory before each
+          pair (every configuration alike), as a model's own work between two allocations
+          evicts the library's data from the caches: the hooks then run cold, as in a real
+          step, and the difference from a run without it is what the library's cache misses
+          cost. Configurations interleaved, each round in a rotated order; medians.
 """
 import argparse
 import ctypes
@@ -146,12 +150,13 @@ def pieces(n):
     print("RESULT " + json.dumps(out))
 
 
-def pairs(n, depth=0):
+def pairs(n, depth=0, thrash_kb=0):
     if depth > 0:
         # `depth` more Python frames under the loop, as a model's modules put under its
         # allocations (a stack's Python part costs by the frame).
-        return pairs(n, depth - 1)
+        return pairs(n, depth - 1, thrash_kb)
     import torch
+    junk = ctypes.create_string_buffer(thrash_kb << 10) if thrash_kb > 0 else None
     torch.cuda.init()
     sizes = [1024, 256 << 10]  # float32 elements: 4 KiB and 1 MiB
     for _ in range(200):
@@ -161,6 +166,8 @@ def pairs(n, depth=0):
     torch.cuda.synchronize()
     t0 = time.perf_counter_ns()
     for i in range(n):
+        if junk is not None:
+            ctypes.memset(junk, i & 255, len(junk))
         x = torch.empty(sizes[i & 1], device="cuda")
         x.fill_(1)
         del x
@@ -189,10 +196,10 @@ def config_env(env_add, base, lib, tmp):
     return env
 
 
-def run(mode, n, env_add, lib, tmp, depth=0):
+def run(mode, n, env_add, lib, tmp, depth=0, thrash_kb=0):
     env = config_env(env_add, os.environ, lib, tmp)
     p = subprocess.run([sys.executable, __file__, "--child", mode, "--pairs", str(n),
-                        "--depth", str(depth)], env=env,
+                        "--depth", str(depth), "--thrash-kb", str(thrash_kb)], env=env,
                        capture_output=True, text=True, timeout=300)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -209,6 +216,8 @@ def main():
     ap.add_argument("--child", default=None)
     ap.add_argument("--depth", type=int, default=0,
                     help="Python frames under the pairs' loop (a model's modules: ~20-40)")
+    ap.add_argument("--thrash-kb", type=int, default=0,
+                    help="KiB of the program's memory written before each pair (the caches cold)")
     ap.add_argument("--configs", default=",".join(CONFIGS),
                     help="the pairs' configurations, comma-separated (default: all)")
     ap.add_argument("--no-pieces", action="store_true", help="the pairs only")
@@ -225,7 +234,7 @@ def main():
     if a.child == "pieces":
         return pieces(a.pairs)
     if a.child == "pairs":
-        return pairs(a.pairs, a.depth)
+        return pairs(a.pairs, a.depth, a.thrash_kb)
     tmp = os.path.join(os.environ.get("OUT", "/tmp"), "free_cost")
     # The traces are not kept (FREE_COST_KEEP=1 keeps them): the pairs' time is the result.
     os.makedirs(os.path.join(tmp, "traces"), exist_ok=True)
@@ -245,10 +254,11 @@ def main():
     for r in range(a.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for k in order:
-            res = run("pairs", a.pairs, CONFIGS[k], a.lib, tmp, a.depth)
+            res = run("pairs", a.pairs, CONFIGS[k], a.lib, tmp, a.depth, a.thrash_kb)
             if res:
                 per[k].append(res["us_per_tensor"])
-    print(f"\nempty + fill_ + del, {a.depth} Python frames deeper, us per tensor "
+    print(f"\nempty + fill_ + del, {a.depth} Python frames deeper, {a.thrash_kb} KiB written "
+          f"before each, us per tensor "
           f"({a.pairs} tensors, {a.rounds} interleaved rounds; native: the caching allocator, "
           f"every other on backend:cudaMallocAsync; + against none, the backend alone)")
     base = statistics.median(per["none"]) if per.get("none") else None
@@ -261,8 +271,9 @@ def main():
         print(f"  {k:18s} {m:7.2f}  {added}   rounds: {', '.join(f'{x:.2f}' for x in per[k])}")
     if os.environ.get("FREE_COST_KEEP") != "1":
         shutil.rmtree(os.path.join(tmp, "traces"), ignore_errors=True)
-    with open(os.path.join(tmp, f"pairs-depth{a.depth}.json"), "w") as f:
+    with open(os.path.join(tmp, f"pairs-depth{a.depth}-thrash{a.thrash_kb}.json"), "w") as f:
         json.dump({"command": " ".join(sys.argv), "pairs": a.pairs, "depth": a.depth,
+                   "thrash_kb": a.thrash_kb,
                    "rounds": a.rounds, "us_per_tensor": per}, f, indent=1)
     return 0
 

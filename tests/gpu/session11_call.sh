@@ -121,6 +121,11 @@ for spec in "$@"; do
     freecost) cmd=(python3 "$here/free_cost.py" --lib "$G/libisolate.so" --no-pieces
                    --rounds ${FREECOST_ROUNDS:-3} --pairs ${FREECOST_PAIRS:-20000} --depth ${FREECOST_DEPTH:-30}
                    --configs ${FREECOST_CONFIGS:-native,none,backend-pool,log,fast-nostacks,fast-python,fast}) ;;
+    # The same, the caches cold: FREECOST_THRASH_KB (2048) KiB written before each pair.
+    freecostcold) cmd=(python3 "$here/free_cost.py" --lib "$G/libisolate.so" --no-pieces
+                   --rounds ${FREECOST_ROUNDS:-3} --pairs ${FREECOST_PAIRS:-20000} --depth ${FREECOST_DEPTH:-30}
+                   --thrash-kb ${FREECOST_THRASH_KB:-2048}
+                   --configs ${FREECOST_CONFIGS:-native,none,backend-pool,log,fast-nostacks,fast-python,fast}) ;;
     *) echo "no part $part"; continue ;;
     esac
     export ORDER_BUDGET_S=$(( lim - 15 ))

@@ -2,7 +2,7 @@
 the library's hooks cost a thread that runs Python, with Python frames to walk, measured by hand.
 
     STANDIN_SYNC=1 LD_LIBRARY_PATH=<stand-in> [LD_PRELOAD=libisolate.so ISOLATE_MODE=...] \\
-        python3 pystep.py STEPS TENSORS [DEPTH [BYTES]]
+        python3 pystep.py STEPS TENSORS [DEPTH [BYTES [THRASH_KB]]]
 
 Each step makes TENSORS tensors, each a cudaMallocAsync on one stream (sizes cycling through a
 fixed list, as a model's repeat every step), a kernel launch naming it and the two before it,
@@ -10,7 +10,10 @@ and a cudaFreeAsync four tensors later, all DEPTH (10) Python calls deep; then t
 synchronised. BYTES, when given, is every tensor's size instead (256: the stand-in's device
 work, poisons and checks done by its CPU, then costs next to nothing). The kernel is a no-op. Prints the time per step and per tensor, timed inside the
 program after 5 warm-up steps: run it without the library and with it, and the difference is
-the hooks' time (docs/performance.md, "Hot path from Python").
+the hooks' time (docs/performance.md, "Hot path from Python"). THRASH_KB (default 0): before each
+tensor's calls, that many KiB of the program's own memory are written, as a framework's own work
+between two allocations evicts the library's data from the caches (the hooks then run cold, as in
+a real step; counted with callgrind's cache simulation, docs/performance.md).
 """
 
 import ctypes
@@ -59,12 +62,14 @@ def setup():
     return rt, kernel, launch, stream
 
 
-def step(rt, kernel, launch, stream, tensors, sizes):
+def step(rt, kernel, launch, stream, tensors, sizes, junk):
     held = [ctypes.c_void_p() for _ in range(tensors)]
     words = [ctypes.c_uint64() for _ in range(3)]
     params = (ctypes.c_void_p * 3)(*[ctypes.addressof(w) for w in words])
     failed = 0
     for i in range(tensors):
+        if junk is not None:
+            ctypes.memset(junk, i & 255, len(junk))
         failed += rt.cudaMallocAsync(ctypes.byref(held[i]), sizes[i % 16], stream) != 0
         words[0].value = held[i].value or 0
         words[1].value = held[max(i - 1, 0)].value or 0
@@ -88,14 +93,16 @@ def main():
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 50
     tensors = int(sys.argv[2]) if len(sys.argv) > 2 else 600
     depth = int(sys.argv[3]) if len(sys.argv) > 3 else 10
-    sizes = [int(sys.argv[4])] * 16 if len(sys.argv) > 4 else SIZES
+    sizes = [int(sys.argv[4])] * 16 if len(sys.argv) > 4 and sys.argv[4] != "-" else SIZES
+    thrash = int(sys.argv[5]) * 1024 if len(sys.argv) > 5 else 0
+    junk = ctypes.create_string_buffer(thrash) if thrash > 0 else None
     rt, kernel, launch, stream = setup()
     failed = 0
     for _ in range(5):
-        failed += deep(depth, rt, kernel, launch, stream, tensors, sizes)
+        failed += deep(depth, rt, kernel, launch, stream, tensors, sizes, junk)
     t0 = time.perf_counter()
     for _ in range(steps):
-        failed += deep(depth, rt, kernel, launch, stream, tensors, sizes)
+        failed += deep(depth, rt, kernel, launch, stream, tensors, sizes, junk)
     dt = time.perf_counter() - t0
     print(f"steps {steps} tensors {tensors} us_per_step {dt / steps * 1e6:.1f} "
           f"ns_per_tensor {dt / steps / tensors * 1e9:.1f} failed {failed}")

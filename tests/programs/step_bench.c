@@ -7,11 +7,14 @@
  * Prints the host time per step and per tensor, timed inside the program; with
  * ISOLATE_PROFILE=on the trace's exit note splits the hooks' time. For profiling the library's
  * own time by hand (`perf record`), docs/performance.md:
- *   step_bench STEPS TENSORS [SITES]
+ *   step_bench STEPS TENSORS [SITES [THRASH_KB]]
  * SITES (1 to 64, default 1): the allocations are made from that many call sites in turn, each
  * a function of its own at the same depth, as PyTorch's autograd thread allocates for many
  * backward nodes from one place in its engine (a thread without Python: its stacks are native
  * walks, remembered by where they start; docs/performance.md, "Call stacks").
+ * THRASH_KB (default 0): before each tensor's calls, write that many KiB of a buffer of the
+ * program's own (a cache line at a time), as a framework's own work between two allocations
+ * evicts the library's data from the caches: the hooks then run cold, as in a real step.
  */
 #include "bench.h"
 
@@ -38,6 +41,8 @@ int main(int argc, char **argv) {
     long steps = argc > 1 ? atol(argv[1]) : 200;
     long tensors = argc > 2 ? atol(argv[2]) : 600;
     long sites = argc > 3 ? atol(argv[3]) : 1;
+    long thrash = argc > 4 ? atol(argv[4]) * 1024 : 0;
+    volatile unsigned char *junk = thrash > 0 ? calloc((size_t)thrash, 1) : NULL;
     if (sites < 1 || sites > 64) {
         fprintf(stderr, "SITES is 1 to 64\n");
         return 2;
@@ -61,6 +66,8 @@ int main(int argc, char **argv) {
         if (st == 5) /* warm-up steps: layouts cached, stacks interned, pool grown */
             t0 = now_ns();
         for (long i = 0; i < tensors; i++) {
+            for (long j = 0; j < thrash; j += 64)
+                junk[j]++;
             if (SITES[i % sites](&held[i], sizes[i % 16], s) != 0) {
                 failed++;
                 held[i] = NULL;
