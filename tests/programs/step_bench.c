@@ -7,7 +7,7 @@
  * Prints the host time per step and per tensor, timed inside the program; with
  * ISOLATE_PROFILE=on the trace's exit note splits the hooks' time. For profiling the library's
  * own time by hand (`perf record`), docs/performance.md:
- *   step_bench STEPS TENSORS [SITES [THRASH_KB]]
+ *   step_bench STEPS TENSORS [SITES [THRASH_KB [BYTES]]]
  * SITES (1 to 64, default 1): the allocations are made from that many call sites in turn, each
  * a function of its own at the same depth, as PyTorch's autograd thread allocates for many
  * backward nodes from one place in its engine (a thread without Python: its stacks are native
@@ -15,6 +15,8 @@
  * THRASH_KB (default 0): before each tensor's calls, write that many KiB of a buffer of the
  * program's own (a cache line at a time), as a framework's own work between two allocations
  * evicts the library's data from the caches: the hooks then run cold, as in a real step.
+ * BYTES, when given, is every tensor's size instead of the list's (256: the stand-in's device
+ * work, poisons and checks done by its CPU, then costs next to nothing beside the hooks').
  */
 #include "bench.h"
 
@@ -42,6 +44,7 @@ int main(int argc, char **argv) {
     long tensors = argc > 2 ? atol(argv[2]) : 600;
     long sites = argc > 3 ? atol(argv[3]) : 1;
     long thrash = argc > 4 ? atol(argv[4]) * 1024 : 0;
+    long bytes = argc > 5 ? atol(argv[5]) : 0;
     volatile unsigned char *junk = thrash > 0 ? calloc((size_t)thrash, 1) : NULL;
     if (sites < 1 || sites > 64) {
         fprintf(stderr, "SITES is 1 to 64\n");
@@ -57,8 +60,10 @@ int main(int argc, char **argv) {
     if (cudaStreamCreate(&s) != 0)
         return 1;
     /* Small: the stand-in's poisons and checks are CPU work proportional to the bytes. */
-    static const size_t sizes[16] = {512,   4096,  1024,  16384, 32768, 512,  8192,  2048,
-                                     65536, 1024,  16384, 4096,  49152, 2048, 32768, 8192};
+    size_t sizes[16] = {512, 4096, 1024, 16384, 32768, 512, 8192, 2048,
+                        65536, 1024, 16384, 4096, 49152, 2048, 32768, 8192};
+    for (int j = 0; bytes > 0 && j < 16; j++)
+        sizes[j] = (size_t)bytes;
     void **held = calloc((size_t)tensors, sizeof(void *));
     long failed = 0;
     double t0 = 0;

@@ -175,7 +175,7 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
             let s = st!(g);
             let live = s.live.remove(&proto.ptr);
             leaving = live.map(|_| Leaving::start());
-            (live, live.is_none() && s.index.contains_key(&proto.ptr))
+            (live, live.is_none() && s.q.contains(proto.ptr))
         })
     } else {
         (None, false)

@@ -105,9 +105,8 @@ pub fn at_exit() {
     let entries: Vec<Entry> = {
         let mut g = state();
         let s = st!(g);
-        s.index.clear();
         s.held = 0;
-        s.queue.drain(..).collect()
+        s.q.take_all()
     };
     release_batch(&entries, Release::CheckOnly);
 }
@@ -156,9 +155,7 @@ pub fn verify_now() {
     reap(true);
     let entries: Vec<Entry> = {
         let g = STATE.lock();
-        g.as_ref()
-            .map(|s| s.queue.iter().copied().collect())
-            .unwrap_or_default()
+        g.as_ref().map(|s| s.q.held()).unwrap_or_default()
     };
     release_sync(&entries, false, true);
 }

@@ -12,7 +12,7 @@ use super::counters::{BUDGET, PRESSURE_BYTES, PRESSURE_CUTS, TENANTS_MAX};
 use super::exit::{ATEXIT, EXIT_OWNER};
 use super::keeper;
 use super::leave::{Release, device_memory, free_to_driver, release_batch, trim_default_pool};
-use super::state::{Entry, HIGH, Held, LOW, STATE, State, st, state};
+use super::state::{Entry, HIGH, LOW, STATE, State, st, state};
 use crate::base::config::{self, Budget};
 use crate::base::cu;
 use crate::base::sys::{coarse_ns, now_ns};
@@ -178,7 +178,9 @@ fn short_of_memory(now: u64, ctx: usize) -> Option<u64> {
 }
 
 pub(super) fn quarantine(entry: Entry) {
-    if !ATEXIT.swap(true, AcqRel) {
+    // Read before written: a write every free would take the line from the other threads
+    // that free (and LOW, HIGH and the peak below from every launch that reads them).
+    if !ATEXIT.load(Relaxed) && !ATEXIT.swap(true, AcqRel) {
         // The exit check itself is registered by the policies' free (`policy::call`).
         // SAFETY: getpid has no preconditions.
         EXIT_OWNER.store(unsafe { libc::getpid() } as u32, Release);
@@ -189,11 +191,9 @@ pub(super) fn quarantine(entry: Entry) {
         let mut g = state();
         let s = st!(g);
         s.held += entry.size;
-        Q_PEAK.fetch_max(s.held, Relaxed);
-        LOW.fetch_min(entry.ptr, Relaxed);
-        HIGH.fetch_max(entry.ptr + entry.size, Relaxed);
-        s.index.insert(entry.ptr, entry);
-        s.queue.push_back(entry);
+        raise(&Q_PEAK, s.held);
+        widen(entry.ptr, entry.ptr + entry.size);
+        s.q.push(entry);
         if let Some(short) = short {
             // Twice what the device lacks, so that the next ask finds it above the reserve.
             PRESSURE_LIMIT.store(s.held.saturating_sub(short.saturating_mul(2)), Relaxed);
@@ -247,6 +247,22 @@ pub(super) fn quarantine(entry: Entry) {
     if !over.is_empty() {
         profile::timed(Part::Release, || hand_on(&over, Release::Budget, leaving));
     }
+}
+
+/// `a` raised to `v` where below it, written only then.
+fn raise(a: &AtomicU64, v: u64) {
+    if v > a.load(Relaxed) {
+        a.fetch_max(v, Relaxed);
+    }
+}
+
+/// [`LOW`] and [`HIGH`] widened to take in [`start`, `end`), written only where they change
+/// (every launch reads them).
+fn widen(start: u64, end: u64) {
+    if start < LOW.load(Relaxed) {
+        LOW.fetch_min(start, Relaxed);
+    }
+    raise(&HIGH, end);
 }
 
 /// A trim is queued for the keeper: the frees meanwhile leave the quarantine's oldest to it,
@@ -314,9 +330,8 @@ pub(super) fn quarantine_index_only(entry: Entry) {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() } as u32;
     let _ = EXIT_OWNER.compare_exchange(0, me, AcqRel, Acquire);
-    LOW.fetch_min(entry.ptr, Relaxed);
-    HIGH.fetch_max(entry.ptr + entry.size, Relaxed);
-    st!(state()).index.insert(entry.ptr, entry);
+    widen(entry.ptr, entry.ptr + entry.size);
+    st!(state()).q.index_only(entry);
 }
 
 /// Releases the oldest entries until at least `need` bytes are free; returns the bytes released.
@@ -346,43 +361,19 @@ pub(super) fn release_oldest(need: u64) -> u64 {
 /// held bytes: they stay in the index.
 pub(super) fn release_overlapping(ptr: u64, size: u64) {
     let end = ptr.saturating_add(size.max(1));
-    let mut taken = Vec::new();
-    {
+    let taken = {
         let mut g = state();
         let s = st!(g);
-        // Freed ranges never overlap one another: going down from `end`, the first that ends
-        // at or below `ptr` is the last to look at.
-        let overlapping: Vec<u64> = s
-            .index
-            .range(..end)
-            .rev()
-            .take_while(|(_, e)| e.ptr.saturating_add(e.size) > ptr)
-            .filter(|(_, e)| e.held != Held::Guarded)
-            .map(|(k, _)| *k)
-            .collect();
-        for k in overlapping {
-            if let Some(e) = s.index.remove(&k) {
-                s.held -= e.size;
-                s.queue.retain(|q| q.ptr != k);
-                taken.push(e);
-            }
-        }
-    }
+        let taken = s.q.take_overlapping(ptr, end);
+        s.held -= taken.iter().map(|e| e.size).sum::<u64>();
+        taken
+    };
     release_batch(&taken, Release::Now);
 }
 
 /// Drops index entries inside [ptr, ptr+size): guard mode gave that address range back.
 pub fn forget_range(ptr: u64, size: u64) {
-    let mut g = state();
-    let s = st!(g);
-    let inside: Vec<u64> = s
-        .index
-        .range(ptr..ptr.saturating_add(size))
-        .map(|(k, _)| *k)
-        .collect();
-    for k in inside {
-        s.index.remove(&k);
-    }
+    st!(state()).q.forget(ptr, ptr.saturating_add(size));
 }
 
 /// Looks up each word of `words` (all inside [`LOW`], [`HIGH`]) under one lock: `found(i, e)`
@@ -401,8 +392,7 @@ pub fn lookup_each(words: &[u64], mut found: impl FnMut(usize, Entry)) {
                 if s.live.contains_key(&addr) {
                     return None;
                 }
-                let (_, e) = s.index.range(..=addr).next_back()?;
-                (addr < e.ptr + e.size).then_some((i, *e))
+                s.q.find(addr).map(|e| (i, *e))
             })
             .collect()
     };
