@@ -52,14 +52,20 @@ pub fn alloc(
     // "invalid argument" abort in PyTorch's tests), and no release may synchronise (it would
     // invalidate the capture).
     let captured = proto.api.stream_ordered() && capturing(proto.stream as CUstream);
-    // Checked memory of this size kept by the library (`ISOLATE_REUSE=on`): no driver call.
+    // Checked memory of this size kept by the library (`ISOLATE_REUSE=on`): no driver call,
+    // so the context it was asked in is still current after (one question to the driver).
+    let mut kept_ctx = None;
     let kept = if !guarded
         && !captured
         && !out.is_null()
         && proto.api.source() == Source::DefaultPool
         && reuse::enabled()
     {
-        profile::timed(Part::Kept, || reuse::take(current_ctx(), proto.size))
+        profile::timed(Part::Kept, || {
+            let ctx = current_ctx();
+            kept_ctx = Some(ctx);
+            reuse::take(ctx, proto.size)
+        })
     } else {
         None
     };
@@ -129,7 +135,10 @@ pub fn alloc(
     }
     if r == CUDA_SUCCESS && quarantinable(proto.api) && p.ev.ptr != 0 && !captured {
         // The kernels the first frees need, loaded while the device has room for them.
-        device::prepare(current_ctx());
+        device::prepare(match kept_ctx {
+            Some(ctx) if kept.is_some() => ctx,
+            _ => current_ctx(),
+        });
     }
     if r == CUDA_SUCCESS && quarantinable(proto.api) && p.ev.ptr != 0 {
         let live = Live {
@@ -250,6 +259,8 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     let t = poisoning.started().unwrap_or_else(now_ns);
     p.at(t);
     let mut entry = freed(&proto, live, seq, free_stack, Held::Allocation, t);
+    // Asked of the driver once: no call between changes the context.
+    p.ev.device = entry.device;
     if let Some(user) = unordered
         && stream_usable(user)
     {
