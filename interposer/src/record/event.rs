@@ -52,32 +52,52 @@ pub fn contexts_changed() {
 /// call, as before.
 #[inline]
 pub fn current_device() -> i32 {
+    if CTX_GET_DEVICE.get().is_none() {
+        return -1;
+    }
+    super::profile::timed(
+        super::profile::Part::Context,
+        || match cu::ctx_get_current() {
+            Ok(c) if !c.is_null() => device_in(c as usize),
+            _ => -1,
+        },
+    )
+}
+
+/// Device ordinal of context `ctx`, current on the calling thread (for a caller that asked the
+/// driver for it already: one question fewer), -1 for none.
+#[inline]
+pub fn device_of(ctx: usize) -> i32 {
+    if ctx == 0 || CTX_GET_DEVICE.get().is_none() {
+        return -1;
+    }
+    super::profile::timed(super::profile::Part::Context, || device_in(ctx))
+}
+
+/// Device ordinal of `ctx`, the calling thread's current context: the device of the thread's
+/// last context is remembered, else `cuCtxGetDevice` answers.
+#[inline]
+fn device_in(ctx: usize) -> i32 {
     let Some(get_dev) = CTX_GET_DEVICE.get() else {
         return -1;
     };
-    super::profile::timed(super::profile::Part::Context, || {
-        let ctx = match cu::ctx_get_current() {
-            Ok(c) if !c.is_null() => c,
-            _ => return -1,
-        };
-        let generation = CONTEXTS.load(Relaxed);
-        let last = LAST_DEVICE.try_with(|c| c.get()).ok();
-        if let Some((c, d, g)) = last
-            && c == ctx as usize
-            && g == generation
-        {
-            return d;
-        }
-        let mut d: CUdevice = -1;
-        // SAFETY: `get_dev` is the driver's cuCtxGetDevice, resolved with that declaration by
-        // base::real; its one argument is a `CUdevice *` it writes, and `d` is a live local of
-        // that type. The call reads only the calling thread's current context.
-        if unsafe { get_dev(&mut d) } != CUDA_SUCCESS {
-            return -1;
-        }
-        let _ = LAST_DEVICE.try_with(|c| c.set((ctx as usize, d, generation)));
-        d
-    })
+    let generation = CONTEXTS.load(Relaxed);
+    let last = LAST_DEVICE.try_with(|c| c.get()).ok();
+    if let Some((c, d, g)) = last
+        && c == ctx
+        && g == generation
+    {
+        return d;
+    }
+    let mut d: CUdevice = -1;
+    // SAFETY: `get_dev` is the driver's cuCtxGetDevice, resolved with that declaration by
+    // base::real; its one argument is a `CUdevice *` it writes, and `d` is a live local of
+    // that type. The call reads only the calling thread's current context.
+    if unsafe { get_dev(&mut d) } != CUDA_SUCCESS {
+        return -1;
+    }
+    let _ = LAST_DEVICE.try_with(|c| c.set((ctx, d, generation)));
+    d
 }
 
 thread_local! {

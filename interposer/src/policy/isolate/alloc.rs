@@ -135,10 +135,15 @@ pub fn alloc(
     }
     if r == CUDA_SUCCESS && quarantinable(proto.api) && p.ev.ptr != 0 && !captured {
         // The kernels the first frees need, loaded while the device has room for them.
-        device::prepare(match kept_ctx {
+        let ctx = match kept_ctx {
             Some(ctx) if kept.is_some() => ctx,
             _ => current_ctx(),
-        });
+        };
+        device::prepare(ctx);
+        if p.ev.device < 0 && ctx != 0 {
+            // Asked of the driver once (the event's device is the context's).
+            p.ev.device = event::device_of(ctx);
+        }
     }
     if r == CUDA_SUCCESS && quarantinable(proto.api) && p.ev.ptr != 0 {
         let live = Live {
@@ -206,10 +211,10 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         let _ = POOL_LIVE.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(live.size)));
     }
     let ordered = proto.api.stream_ordered();
-    if !has_context(proto.api) {
+    let Some(ctx) = context(proto.api) else {
         // No context to poison in, not even the one the runtime would have made current.
         return to_driver(p, proto.ptr, live, call);
-    }
+    };
     if live.captured {
         // Graph memory (allocated while its stream captured): the graph owns it. Its free,
         // in the capture or after it (PyTorch frees a captured tensor whose graph never ran),
@@ -240,7 +245,7 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         let r = guard::free(proto.ptr, ordered.then_some(proto.stream as CUstream));
         let t = now_ns();
         p.at(t);
-        let entry = freed(&proto, live, seq, p.stack(), Held::Guarded, t);
+        let entry = freed(&proto, live, seq, p.stack(), Held::Guarded, t, ctx);
         p.finish(r);
         // The range stays reserved and unmapped for good: listed so launches into it are named.
         quarantine_index_only(entry);
@@ -258,7 +263,7 @@ pub fn free(proto: Event, call: impl FnOnce() -> i32) -> i32 {
     let poisoning = POISON_TIME.start();
     let t = poisoning.started().unwrap_or_else(now_ns);
     p.at(t);
-    let mut entry = freed(&proto, live, seq, free_stack, Held::Allocation, t);
+    let mut entry = freed(&proto, live, seq, free_stack, Held::Allocation, t, ctx);
     // Asked of the driver once: no call between changes the context.
     p.ev.device = entry.device;
     if let Some(user) = unordered
@@ -476,15 +481,16 @@ fn room_after_release(size: u64) -> Option<u64> {
     Some(size.saturating_sub(free).max(1))
 }
 
-/// Whether the calling thread has a current context for the library's own driver calls (the
-/// synchronize, the poison, the quarantine entry's context). A runtime free that is its
+/// The calling thread's current context for the library's own driver calls (the synchronize,
+/// the poison, the quarantine entry's context), if it has one. A runtime free that is its
 /// thread's first CUDA call finds none: the runtime makes the device's primary context current
 /// as it starts any call, so here that is done first, as the runtime does it (`cudaFree(NULL)`,
 /// which frees nothing). Without this, such a free returned 201 (invalid context) and freed
 /// nothing.
-fn has_context(api: Api) -> bool {
-    if current_ctx() != 0 {
-        return true;
+fn context(api: Api) -> Option<usize> {
+    let ctx = current_ctx();
+    if ctx != 0 {
+        return Some(ctx);
     }
     if api.is_runtime()
         && let Some(f) = real::FREE.get()
@@ -492,9 +498,9 @@ fn has_context(api: Api) -> bool {
         // SAFETY: the real runtime's cudaFree; a null pointer frees nothing (the runtime only
         // makes the thread's context current, as at any call's start).
         unsafe { f(std::ptr::null_mut()) };
-        return current_ctx() != 0;
+        return Some(current_ctx()).filter(|&c| c != 0);
     }
-    false
+    None
 }
 
 /// A free the library leaves to the driver as it is (nothing quarantined, nothing queued): the

@@ -275,7 +275,8 @@ pub(super) use st;
 
 /// The quarantine entry of the allocation `live` (a mapping: no allocation event) that the
 /// free `proto` (event `seq`, stack `free_stack`) gave back at `free_ts` (`now_ns`, read by
-/// the caller, which times what follows from there).
+/// the caller, which times what follows from there), in context `ctx` (current).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn freed(
     proto: &Event,
     live: Live,
@@ -283,6 +284,7 @@ pub(super) fn freed(
     free_stack: u32,
     held: Held,
     free_ts: u64,
+    ctx: usize,
 ) -> Entry {
     Entry {
         ptr: proto.ptr,
@@ -293,8 +295,8 @@ pub(super) fn freed(
         free_api: proto.api,
         alloc_stack: live.stack,
         free_stack,
-        device: event::current_device(),
-        ctx: current_ctx(),
+        device: event::device_of(ctx),
+        ctx,
         event: 0,
         mark: 0,
         stream: proto.stream as usize,

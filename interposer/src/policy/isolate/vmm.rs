@@ -112,6 +112,7 @@ pub(super) fn unmap(proto: Event, call: impl FnOnce() -> i32) -> i32 {
         free_stack,
         Held::Mapping,
         crate::base::sys::now_ns(),
+        super::state::current_ctx(),
     ));
     CUDA_SUCCESS
 }
