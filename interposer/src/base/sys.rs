@@ -1,9 +1,29 @@
 //! Thin OS helpers every layer shares: the monotonic clock, a short sleep, the thread id, one
-//! line on stderr, and a thread of the library's own that no signal handler runs on.
+//! line on stderr, a thread of the library's own that no signal handler runs on, and bounds
+//! kept in atomics.
 //!
 //! Layer: base. Uses nothing of this crate.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// `a` raised to `v` where below it, and written only then: a bound the hooks widen at every
+/// event and others read (a `fetch_max` that changes nothing still takes the cache line from
+/// every other thread that reads or widens it).
+#[inline]
+pub fn raise(a: &AtomicU64, v: u64) {
+    if v > a.load(Relaxed) {
+        a.fetch_max(v, Relaxed);
+    }
+}
+
+/// `a` lowered to `v` where above it, and written only then (as [`raise`]).
+#[inline]
+pub fn lower(a: &AtomicU64, v: u64) {
+    if v < a.load(Relaxed) {
+        a.fetch_min(v, Relaxed);
+    }
+}
 
 thread_local! {
     // A plain `Cell` with a const initialiser: no destructor, usable during thread teardown.

@@ -24,7 +24,7 @@ use crate::base::config;
 use crate::base::cu::{self, CuError};
 use crate::base::cuda::*;
 use crate::base::real::*;
-use crate::base::sys::ForkLock;
+use crate::base::sys::{self, ForkLock};
 use rustc_hash::FxHashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -362,8 +362,8 @@ pub fn defer(ctx: usize, stream: usize, ptr: u64, len: u64) -> Option<(usize, u8
             _ => 0,
         };
         s.pending.push((ctx, stream, ptr, tier::encode(len, shift)));
-        SPAN_LOW.fetch_min(ptr, Relaxed);
-        SPAN_HIGH.fetch_max(ptr + len, Relaxed);
+        sys::lower(&SPAN_LOW, ptr);
+        sys::raise(&SPAN_HIGH, ptr + len);
         PENDING.fetch_add(1, Relaxed);
         DEFERRED.fetch_add(1, Relaxed);
         // The context's count only once there are that many in all (it was counted at every

@@ -24,7 +24,7 @@ use crate::base::config;
 use crate::base::cu;
 use crate::base::cuda::*;
 use crate::base::real::{self, *};
-use crate::base::sys::{ForkLock, now_ns};
+use crate::base::sys::{ForkLock, now_ns, raise};
 use crate::policy::{device, guard, order, release, reuse};
 use crate::record::event::{self, Pending};
 use crate::record::profile::{self, Part};
@@ -131,7 +131,7 @@ pub fn alloc(
     after(&mut p.ev);
     if r == CUDA_SUCCESS && proto.api.from_pool() && p.ev.ptr != 0 {
         let now = POOL_LIVE.fetch_add(p.ev.size, Relaxed) + p.ev.size;
-        POOL_PEAK.fetch_max(now, Relaxed);
+        raise(&POOL_PEAK, now);
     }
     if r == CUDA_SUCCESS && quarantinable(proto.api) && p.ev.ptr != 0 && !captured {
         // The kernels the first frees need, loaded while the device has room for them.

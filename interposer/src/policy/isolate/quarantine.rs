@@ -15,7 +15,7 @@ use super::leave::{Release, device_memory, free_to_driver, release_batch, trim_d
 use super::state::{Entry, HIGH, LOW, STATE, State, st, state};
 use crate::base::config::{self, Budget};
 use crate::base::cu;
-use crate::base::sys::{coarse_ns, now_ns};
+use crate::base::sys::{coarse_ns, lower, now_ns, raise};
 use crate::policy::reuse;
 use crate::record::profile::{self, Part};
 use crate::record::writer::{Q_EARLY, Q_PEAK};
@@ -249,19 +249,10 @@ pub(super) fn quarantine(entry: Entry) {
     }
 }
 
-/// `a` raised to `v` where below it, written only then.
-fn raise(a: &AtomicU64, v: u64) {
-    if v > a.load(Relaxed) {
-        a.fetch_max(v, Relaxed);
-    }
-}
-
 /// [`LOW`] and [`HIGH`] widened to take in [`start`, `end`), written only where they change
 /// (every launch reads them).
 fn widen(start: u64, end: u64) {
-    if start < LOW.load(Relaxed) {
-        LOW.fetch_min(start, Relaxed);
-    }
+    lower(&LOW, start);
     raise(&HIGH, end);
 }
 
