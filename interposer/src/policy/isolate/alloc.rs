@@ -52,9 +52,8 @@ pub fn alloc(
     // "invalid argument" abort in PyTorch's tests), and no release may synchronise (it would
     // invalidate the capture).
     let captured = proto.api.stream_ordered() && capturing(proto.stream as CUstream);
-    // Checked memory of this size kept by the library (`ISOLATE_REUSE=on`): no driver call,
-    // so the context it was asked in is still current after (one question to the driver).
-    let mut kept_ctx = None;
+    // Checked memory of this size kept by the library (`ISOLATE_REUSE=on`), with the context
+    // it was asked in: no driver call, so that context is still current after.
     let kept = if !guarded
         && !captured
         && !out.is_null()
@@ -63,14 +62,13 @@ pub fn alloc(
     {
         profile::timed(Part::Kept, || {
             let ctx = current_ctx();
-            kept_ctx = Some(ctx);
-            reuse::take(ctx, proto.size)
+            reuse::take(ctx, proto.size).map(|ptr| (ctx, ptr))
         })
     } else {
         None
     };
     let mut attempt = || {
-        if let Some(ptr) = kept {
+        if let Some((_, ptr)) = kept {
             out.write(ptr);
             return CUDA_SUCCESS;
         }
@@ -135,10 +133,7 @@ pub fn alloc(
     }
     if r == CUDA_SUCCESS && quarantinable(proto.api) && p.ev.ptr != 0 && !captured {
         // The kernels the first frees need, loaded while the device has room for them.
-        let ctx = match kept_ctx {
-            Some(ctx) if kept.is_some() => ctx,
-            _ => current_ctx(),
-        };
+        let ctx = kept.map_or_else(current_ctx, |(ctx, _)| ctx);
         device::prepare(ctx);
         if p.ev.device < 0 && ctx != 0 {
             // Asked of the driver once (the event's device is the context's).
