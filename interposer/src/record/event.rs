@@ -52,13 +52,13 @@ pub fn contexts_changed() {
 /// call, as before.
 #[inline]
 pub fn current_device() -> i32 {
-    if CTX_GET_DEVICE.get().is_none() {
+    let Some(get_dev) = CTX_GET_DEVICE.get() else {
         return -1;
-    }
+    };
     super::profile::timed(
         super::profile::Part::Context,
         || match cu::ctx_get_current() {
-            Ok(c) if !c.is_null() => device_in(c as usize),
+            Ok(c) if !c.is_null() => device_in(get_dev, c as usize),
             _ => -1,
         },
     )
@@ -68,19 +68,18 @@ pub fn current_device() -> i32 {
 /// driver for it already: one question fewer), -1 for none.
 #[inline]
 pub fn device_of(ctx: usize) -> i32 {
-    if ctx == 0 || CTX_GET_DEVICE.get().is_none() {
-        return -1;
+    match CTX_GET_DEVICE.get() {
+        Some(get_dev) if ctx != 0 => {
+            super::profile::timed(super::profile::Part::Context, || device_in(get_dev, ctx))
+        }
+        _ => -1,
     }
-    super::profile::timed(super::profile::Part::Context, || device_in(ctx))
 }
 
 /// Device ordinal of `ctx`, the calling thread's current context: the device of the thread's
-/// last context is remembered, else `cuCtxGetDevice` answers.
+/// last context is remembered, else `get_dev` (the driver's `cuCtxGetDevice`) answers.
 #[inline]
-fn device_in(ctx: usize) -> i32 {
-    let Some(get_dev) = CTX_GET_DEVICE.get() else {
-        return -1;
-    };
+fn device_in(get_dev: unsafe extern "C" fn(*mut CUdevice) -> CUresult, ctx: usize) -> i32 {
     let generation = CONTEXTS.load(Relaxed);
     let last = LAST_DEVICE.try_with(|c| c.get()).ok();
     if let Some((c, d, g)) = last
