@@ -8,7 +8,8 @@ Each step makes TENSORS tensors, each a cudaMallocAsync on one stream (sizes cyc
 fixed list, as a model's repeat every step), a kernel launch naming it and the two before it,
 and a cudaFreeAsync four tensors later, all DEPTH (10) Python calls deep; then the stream is
 synchronised. BYTES, when given, is every tensor's size instead (256: the stand-in's device
-work, poisons and checks done by its CPU, then costs next to nothing). The kernel is a no-op. Prints the time per step and per tensor, timed inside the
+work, poisons and checks done by its CPU, then costs next to nothing; `-`: the list's sizes,
+to give THRASH_KB after it). The kernel is a no-op. Prints the time per step and per tensor, timed inside the
 program after 5 warm-up steps: run it without the library and with it, and the difference is
 the hooks' time (docs/performance.md, "Hot path from Python"). THRASH_KB (default 0): before each
 tensor's calls, that many KiB of the program's own memory are written, as a framework's own work
