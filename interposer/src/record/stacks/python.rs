@@ -83,7 +83,7 @@ impl Raw {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Layout {
     minor: u8,
     /// 3.10: `frame`; 3.11/3.12: `cframe`; 3.13: `current_frame`.
@@ -104,6 +104,42 @@ struct Layout {
     str_ascii: u64,
     str_compact: u64,
 }
+
+/// CPython 3.11's frame and code object (`_PyInterpreterFrame`, `PyCodeObject`).
+const L311: Layout = Layout {
+    minor: 11,
+    ts_frame: 56,
+    cframe_current: Some(8),
+    prev: 48,
+    code: 32,
+    instr: 56,
+    owner: None,
+    is_entry: Some(68),
+    co_file: 112,
+    co_name: 128,
+    co_first: 72,
+    co_code: 184,
+    str_ascii: 48,
+    str_compact: 72,
+};
+
+/// CPython 3.12's.
+const L312: Layout = Layout {
+    minor: 12,
+    ts_frame: 56,
+    cframe_current: Some(0),
+    prev: 8,
+    code: 0,
+    instr: 56,
+    owner: Some(70),
+    is_entry: None,
+    co_file: 112,
+    co_name: 128,
+    co_first: 68,
+    co_code: 192,
+    str_ascii: 40,
+    str_compact: 56,
+};
 
 const FRAME_OWNED_BY_CSTACK: u8 = 3;
 
@@ -216,38 +252,8 @@ fn find() -> Found {
             str_ascii: 48,
             str_compact: 72,
         },
-        (3, 11) => Layout {
-            minor: 11,
-            ts_frame: 56,
-            cframe_current: Some(8),
-            prev: 48,
-            code: 32,
-            instr: 56,
-            owner: None,
-            is_entry: Some(68),
-            co_file: 112,
-            co_name: 128,
-            co_first: 72,
-            co_code: 184,
-            str_ascii: 48,
-            str_compact: 72,
-        },
-        (3, 12) => Layout {
-            minor: 12,
-            ts_frame: 56,
-            cframe_current: Some(0),
-            prev: 8,
-            code: 0,
-            instr: 56,
-            owner: Some(70),
-            is_entry: None,
-            co_file: 112,
-            co_name: 128,
-            co_first: 68,
-            co_code: 192,
-            str_ascii: 40,
-            str_compact: 56,
-        },
+        (3, 11) => L311,
+        (3, 12) => L312,
         (3, 13) => match debug_offsets() {
             Some(l) => l,
             None => {
@@ -631,6 +637,112 @@ pub struct Quick {
     pub n: usize,
 }
 
+/// What the quick key's loop reads of a frame and a code object: constants for the versions
+/// whose layout is fixed (3.11, 3.12), so that the loop keeps only its own values in
+/// registers (~70 instructions a frame with the layout's eleven values in locals, most of them
+/// spilled to the stack, against ~35), and the layout found at start-up otherwise.
+trait Offsets: Copy {
+    fn prev(self) -> u64;
+    fn code(self) -> u64;
+    fn instr(self) -> u64;
+    /// 3.10: `f_lasti`, an int read as the low 32 bits of its word.
+    fn v310(self) -> bool;
+    /// A frame's owner byte (3.12+: C-stack frames are shims, not code).
+    fn owner(self) -> Option<u64>;
+    /// A frame's `is_entry` byte (3.11).
+    fn entry(self) -> Option<u64>;
+    fn file(self) -> u64;
+    fn name(self) -> u64;
+    /// The word holding `co_firstlineno` and its shift in it.
+    fn first(self) -> (u64, u64);
+}
+
+impl Offsets for &Layout {
+    #[inline(always)]
+    fn prev(self) -> u64 {
+        self.prev
+    }
+    #[inline(always)]
+    fn code(self) -> u64 {
+        self.code
+    }
+    #[inline(always)]
+    fn instr(self) -> u64 {
+        self.instr
+    }
+    #[inline(always)]
+    fn v310(self) -> bool {
+        self.minor == 10
+    }
+    #[inline(always)]
+    fn owner(self) -> Option<u64> {
+        self.owner
+    }
+    #[inline(always)]
+    fn entry(self) -> Option<u64> {
+        self.is_entry
+    }
+    #[inline(always)]
+    fn file(self) -> u64 {
+        self.co_file
+    }
+    #[inline(always)]
+    fn name(self) -> u64 {
+        self.co_name
+    }
+    #[inline(always)]
+    fn first(self) -> (u64, u64) {
+        (self.co_first & !7, (self.co_first & 7) * 8)
+    }
+}
+
+/// A layout known when the library is built: [`L311`], [`L312`].
+#[derive(Clone, Copy)]
+struct Fixed<const MINOR: u8>;
+
+impl<const MINOR: u8> Fixed<MINOR> {
+    const L: &'static Layout = if MINOR == 11 { &L311 } else { &L312 };
+}
+
+impl<const MINOR: u8> Offsets for Fixed<MINOR> {
+    #[inline(always)]
+    fn prev(self) -> u64 {
+        Self::L.prev
+    }
+    #[inline(always)]
+    fn code(self) -> u64 {
+        Self::L.code
+    }
+    #[inline(always)]
+    fn instr(self) -> u64 {
+        Self::L.instr
+    }
+    #[inline(always)]
+    fn v310(self) -> bool {
+        false
+    }
+    #[inline(always)]
+    fn owner(self) -> Option<u64> {
+        Self::L.owner
+    }
+    #[inline(always)]
+    fn entry(self) -> Option<u64> {
+        Self::L.is_entry
+    }
+    #[inline(always)]
+    fn file(self) -> u64 {
+        Self::L.co_file
+    }
+    #[inline(always)]
+    fn name(self) -> u64 {
+        Self::L.co_name
+    }
+    #[inline(always)]
+    fn first(self) -> (u64, u64) {
+        (Self::L.co_first & !7, (Self::L.co_first & 7) * 8)
+    }
+}
+
 /// The calling thread's Python frames (at most `depth`) as a key, without describing them or
 /// keeping them: the fast tier's look-up of a stack it has seen ([`super::capture`]). Every
 /// input of a capture's Python frames goes into it — per frame the code object and instruction
@@ -647,8 +759,26 @@ pub fn quick(generation: u64, depth: usize) -> Option<Quick> {
         return None;
     }
     let py = get(generation)?;
-    let l = &py.layout;
     let f0 = innermost(py, &Direct).ok()?;
+    let l = &py.layout;
+    if *l == L311 {
+        quick_from(Fixed::<11>, py.code_type, f0, generation, depth)
+    } else if *l == L312 {
+        quick_from(Fixed::<12>, py.code_type, f0, generation, depth)
+    } else {
+        quick_from(l, py.code_type, f0, generation, depth)
+    }
+}
+
+/// [`quick`]'s loop from the innermost frame `f0`, the same for every layout.
+#[inline(always)]
+fn quick_from(
+    l: impl Offsets,
+    code_type: u64,
+    f0: u64,
+    generation: u64,
+    depth: usize,
+) -> Option<Quick> {
     // SAFETY: as in `walk_known`: once STATE is ON, the calling thread's own live frame chain
     // (each frame checked aligned and above the null page before it is read) and, through a
     // frame, its code object (its type word checked first): live while this thread is inside
@@ -658,23 +788,20 @@ pub fn quick(generation: u64, depth: usize) -> Option<Quick> {
     let byte = |a: u64| unsafe { *(a as *const u8) };
     const K1: u64 = 0x9e37_79b9_7f4a_7c15;
     const M: u64 = 0xff51_afd7_ed55_8ccd;
-    // The layout in locals: the loop's reads of it are not reloaded a frame.
-    let (prev_at, code_at, instr_at, code_type) = (l.prev, l.code, l.instr, py.code_type);
-    let (file_at, name_at) = (l.co_file, l.co_name);
-    let (first_word, first_shift) = (l.co_first & !7, (l.co_first & 7) * 8);
-    let v310 = l.minor == 10;
-    let owner = l.owner.unwrap_or(u64::MAX);
-    let entry_at = l.is_entry.unwrap_or(u64::MAX);
+    let (first_word, first_shift) = l.first();
     let (mut a, mut b) = (K1 ^ depth as u64, M ^ generation);
-    let (mut f, mut n, mut act, mut steps) = (f0, 0usize, 0u64, 0u32);
+    // Every frame adds one to `n` (a code frame) or to `act` (a shim, and an entry frame
+    // besides): their sum bounds the walk of a chain that loops.
+    let (mut f, mut n, mut act) = (f0, 0usize, 0u64);
     let mut truncated = false;
     while f != 0 {
-        steps += 1;
-        if f < 4096 || !f.is_multiple_of(8) || steps > 100_000 {
+        if f < 4096 || !f.is_multiple_of(8) || n as u64 + act > 100_000 {
             return None;
         }
-        let prev = word(f + prev_at);
-        if owner != u64::MAX && byte(f + owner) == FRAME_OWNED_BY_CSTACK {
+        let prev = word(f + l.prev());
+        if let Some(owner) = l.owner()
+            && byte(f + owner) == FRAME_OWNED_BY_CSTACK
+        {
             act += 1;
             f = prev;
             continue;
@@ -683,27 +810,26 @@ pub fn quick(generation: u64, depth: usize) -> Option<Quick> {
             truncated = true;
             break;
         }
-        let code = word(f + code_at);
+        let code = word(f + l.code());
         if code < 4096 || !code.is_multiple_of(8) || word(code + 8) != code_type {
             return None;
         }
-        let instr = if v310 {
-            (word((f + instr_at) & !7) >> ((instr_at & 7) * 8)) as u32 as u64
+        let instr = if l.v310() {
+            (word((f + l.instr()) & !7) >> ((l.instr() & 7) * 8)) as u32 as u64
         } else {
-            word(f + instr_at)
+            word(f + l.instr())
         };
         let first = (word(code + first_word) >> first_shift) as u32 as u64;
         // Two lanes, one multiply each a frame: (code, instr, activation, place) into one,
         // (file, name, first line) into the other.
         let w1 = code ^ instr.rotate_left(32) ^ (act << 48 | n as u64);
-        let w2 = word(code + file_at) ^ word(code + name_at).rotate_left(29) ^ first << 40;
+        let w2 = word(code + l.file()) ^ word(code + l.name()).rotate_left(29) ^ first << 40;
         a = (a ^ w1).wrapping_mul(K1 | 1).rotate_left(31);
         b = (b ^ w2).wrapping_mul(M | 1).rotate_left(27);
         n += 1;
-        let entry = if entry_at != u64::MAX {
-            byte(f + entry_at) != 0
-        } else {
-            v310
+        let entry = match l.entry() {
+            Some(at) => byte(f + at) != 0,
+            None => l.v310(),
         };
         act += entry as u64;
         f = prev;
