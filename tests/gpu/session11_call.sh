@@ -3,7 +3,7 @@
 # log into one tarball ($OUT/all.tgz) so that the device tool's 8-file limit holds.
 #   bash tests/gpu/session11_call.sh part[:seconds] ...
 # parts: golden uaf leak race patterns sanitizer models edges tiers launchroom memviz report diag
-# freecost
+# freecost freecostcold paramcost
 # Needs target/gpu/{libisolate.so,isolate} (carry target/gpu).
 #
 # Run in the eleventh session (one call; ~21 of its 30 device minutes went to starts that
@@ -126,6 +126,8 @@ for spec in "$@"; do
                    --rounds ${FREECOST_ROUNDS:-3} --pairs ${FREECOST_PAIRS:-20000} --depth ${FREECOST_DEPTH:-30}
                    --thrash-kb ${FREECOST_THRASH_KB:-2048}
                    --configs ${FREECOST_CONFIGS:-native,none,backend-pool,log,fast-nostacks,fast-python,fast}) ;;
+    # A launch's host cost by its parameters' size (16 B to 4,000 B): param_cost.cu.
+    paramcost) cmd=(bash -c "nvcc -O2 -o $OUT/param_cost $here/param_cost.cu && $OUT/param_cost ${PARAMCOST_ROUNDS:-40}") ;;
     *) echo "no part $part"; continue ;;
     esac
     export ORDER_BUDGET_S=$(( lim - 15 ))
