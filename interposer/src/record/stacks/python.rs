@@ -147,6 +147,9 @@ const FRAME_OWNED_BY_CSTACK: u8 = 3;
 
 struct Py {
     layout: Layout,
+    /// Which of the layouts known when the library is built `layout` is ([`L311`]: 11,
+    /// [`L312`]: 12, else 0): the quick key's loop for it, chosen once.
+    fixed: u8,
     this_ts: unsafe extern "C" fn() -> *mut c_void,
     addr2line: unsafe extern "C" fn(*mut c_void, c_int) -> c_int,
     code_type: u64,
@@ -274,6 +277,13 @@ fn find() -> Found {
         }
     };
     Found::Yes(Py {
+        fixed: if layout == L311 {
+            11
+        } else if layout == L312 {
+            12
+        } else {
+            0
+        },
         layout,
         // SAFETY: `ts` is the non-zero address dlsym gave for PyGILState_GetThisThreadState,
         // exported by every CPython 3.10 to 3.13 (the versions that reach here) as the C function

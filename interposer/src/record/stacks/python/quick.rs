@@ -142,13 +142,10 @@ pub fn quick(generation: u64, depth: usize) -> Option<Quick> {
     }
     let py = get(generation)?;
     let f0 = innermost(py, &Direct).ok()?;
-    let l = &py.layout;
-    if *l == L311 {
-        quick_from(Fixed::<11>, py.code_type, f0, generation, depth)
-    } else if *l == L312 {
-        quick_from(Fixed::<12>, py.code_type, f0, generation, depth)
-    } else {
-        quick_from(l, py.code_type, f0, generation, depth)
+    match py.fixed {
+        11 => quick_from(Fixed::<11>, py.code_type, f0, generation, depth),
+        12 => quick_from(Fixed::<12>, py.code_type, f0, generation, depth),
+        _ => quick_from(&py.layout, py.code_type, f0, generation, depth),
     }
 }
 
