@@ -53,7 +53,11 @@ pub fn alloc(
     // invalidate the capture).
     let captured = proto.api.stream_ordered() && capturing(proto.stream as CUstream);
     // Checked memory of this size kept by the library (`ISOLATE_REUSE=on`), with the context
-    // it was asked in: no driver call, so that context is still current after.
+    // it was asked in: no driver call, so that context is still current after. The context
+    // asked for it is kept too where none was found: an allocation call never changes a
+    // current context, only makes one current where the thread had none (the runtime's first
+    // call on a thread), so a non-null one is still current after the driver's allocation.
+    let mut asked = 0;
     let kept = if !guarded
         && !captured
         && !out.is_null()
@@ -61,8 +65,8 @@ pub fn alloc(
         && reuse::enabled()
     {
         profile::timed(Part::Kept, || {
-            let ctx = current_ctx();
-            reuse::take(ctx, proto.size).map(|ptr| (ctx, ptr))
+            asked = current_ctx();
+            reuse::take(asked, proto.size).map(|ptr| (asked, ptr))
         })
     } else {
         None
@@ -133,7 +137,11 @@ pub fn alloc(
     }
     if r == CUDA_SUCCESS && quarantinable(proto.api) && p.ev.ptr != 0 && !captured {
         // The kernels the first frees need, loaded while the device has room for them.
-        let ctx = kept.map_or_else(current_ctx, |(ctx, _)| ctx);
+        let ctx = match kept {
+            Some((ctx, _)) => ctx,
+            None if asked != 0 => asked,
+            None => current_ctx(),
+        };
         device::prepare(ctx);
         if p.ev.device < 0 && ctx != 0 {
             // Asked of the driver once (the event's device is the context's).
