@@ -6,6 +6,9 @@
  *   fresh_free N      N allocations made on the main thread, each freed with cudaFree by a
  *                     thread of its own whose first CUDA call that is
  *   fresh_free_async N  the same with cudaFreeAsync on the legacy stream
+ *   fresh_alloc N     N threads, each whose first CUDA call is a cudaMalloc of 4 KiB (no
+ *                     context current when it is made), then a memset and a cudaFree
+ *   fresh_alloc_async N  the same with cudaMallocAsync and cudaFreeAsync on the legacy stream
  *   async_limit N [T] N rounds of cudaMallocAsync of 48 MiB (run with a 64 MiB device), a
  *                     memset, cudaFreeAsync and a synchronize; with T threads, each that many
  *                     rounds of 48/T MiB
@@ -46,6 +49,50 @@ static double now_s(void) {
 }
 
 /* ------------------------------------------------------------------------- fresh_free */
+
+/* ------------------------------------------------------------------------ fresh_alloc */
+
+static int alloc_async;
+
+static void *alloc_first(void *unused) {
+    (void)unused;
+    void *p = NULL;
+    int rc = alloc_async ? cudaMallocAsync(&p, 4096, 0) : cudaMalloc(&p, 4096);
+    if (rc)
+        return (void *)(intptr_t)rc;
+    if ((rc = cudaMemset(p, 0x5a, 4096)))
+        return (void *)(intptr_t)rc;
+    rc = alloc_async ? cudaFreeAsync(p, 0) : cudaFree(p);
+    return (void *)(intptr_t)rc;
+}
+
+static int fresh_alloc(int n, int async) {
+    alloc_async = async;
+    int bad = 0, last = 0;
+    for (int i = 0; i < n; i += 8) {
+        pthread_t t[8];
+        int m = n - i < 8 ? n - i : 8;
+        for (int j = 0; j < m; j++)
+            pthread_create(&t[j], NULL, alloc_first, NULL);
+        for (int j = 0; j < m; j++) {
+            void *rc = NULL;
+            pthread_join(t[j], &rc);
+            if (rc) {
+                bad++;
+                last = (int)(intptr_t)rc;
+            }
+        }
+    }
+    say("%s, a memset and a free from a fresh thread: %d of %d failed (last code %d)",
+        async ? "cudaMallocAsync" : "cudaMalloc", bad, n, last);
+    say("synchronize %d", cudaDeviceSynchronize());
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
+    unsigned long (*errors)(void) =
+        drv ? (unsigned long (*)(void))dlsym(drv, "standin_ctx_device_errors") : NULL;
+    fprintf(stderr, "standin_ctx_device_errors %lu\n", errors ? errors() : 9999ul);
+    return 0;
+}
+
 
 static int use_async;
 
@@ -350,6 +397,10 @@ int main(int argc, char **argv) {
         return fresh_free(n, 0);
     if (!strcmp(s, "fresh_free_async"))
         return fresh_free(n, 1);
+    if (!strcmp(s, "fresh_alloc"))
+        return fresh_alloc(n, 0);
+    if (!strcmp(s, "fresh_alloc_async"))
+        return fresh_alloc(n, 1);
     if (!strcmp(s, "async_limit"))
         return async_limit(n, argc > 3 ? atoi(argv[3]) : 1);
     if (!strcmp(s, "probe"))

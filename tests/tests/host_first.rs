@@ -80,6 +80,49 @@ fn a_free_that_is_a_threads_first_call_succeeds() {
     }
 }
 
+/// An allocation that is its thread's first CUDA call (no context current when it is made:
+/// the runtime makes the device's primary context current, then allocates): it succeeds, its
+/// event names the device, and its memset and free work, in every mode. The allocation keeps
+/// the context it asked before the call only where one was current (an allocation call never
+/// changes a current context); here none was, and it asks again after.
+#[test]
+fn an_allocation_that_is_a_threads_first_call_names_its_device() {
+    for s in ["fresh_alloc", "fresh_alloc_async"] {
+        for out in against_plain(scenario(s).arg("32"), &["log", "isolate"]) {
+            let t = complete(&out);
+            let allocs: Vec<_> = t
+                .events()
+                .into_iter()
+                .filter(|e| e.api.kind() == isolate_trace::Kind::Alloc)
+                .collect();
+            assert_eq!(allocs.len(), 32, "{}: one a thread", out.describe);
+            assert!(
+                allocs.iter().all(|e| e.result == 0 && e.device == 0),
+                "{}: {:?}",
+                out.describe,
+                allocs
+                    .iter()
+                    .map(|e| (e.result, e.device))
+                    .collect::<Vec<_>>()
+            );
+            assert!(
+                out.stdout.contains("from a fresh thread: 0 of 32 failed"),
+                "{}:\n{}",
+                out.describe,
+                out.stdout
+            );
+            assert_eq!(violations(t), 0, "{}", out.describe);
+            assert_eq!(
+                isolate_tests::number_after(&out.stderr, "standin_ctx_device_errors"),
+                Some(0),
+                "{}: {}",
+                out.describe,
+                out.stderr
+            );
+        }
+    }
+}
+
 // ----------------------------------------------------- (3) stream-ordered allocations at the limit
 
 /// 48 MiB of a 64 MiB device, allocated and freed in stream order 200 times by one thread, and
