@@ -19,117 +19,6 @@ pub struct Quick {
     pub n: usize,
 }
 
-/// What the quick key's loop reads of a frame and a code object: constants for the versions
-/// whose layout is fixed (3.11, 3.12), so that the loop keeps only its own values in
-/// registers (~73 instructions a frame on `pystep.py` with the layout's eleven values in
-/// locals, most of them reloaded from the stack, against ~50), and the layout found at
-/// start-up otherwise.
-trait Offsets: Copy {
-    fn prev(self) -> u64;
-    fn code(self) -> u64;
-    fn instr(self) -> u64;
-    /// 3.10: `f_lasti`, an int read as the low 32 bits of its word.
-    fn v310(self) -> bool;
-    /// A frame's owner byte (3.12+: C-stack frames are shims, not code).
-    fn owner(self) -> Option<u64>;
-    /// A frame's `is_entry` byte (3.11).
-    fn entry(self) -> Option<u64>;
-    fn file(self) -> u64;
-    fn name(self) -> u64;
-    /// The word holding `co_firstlineno` and its shift in it.
-    fn first(self) -> (u64, u64);
-}
-
-impl Offsets for &Layout {
-    #[inline(always)]
-    fn prev(self) -> u64 {
-        self.prev
-    }
-    #[inline(always)]
-    fn code(self) -> u64 {
-        self.code
-    }
-    #[inline(always)]
-    fn instr(self) -> u64 {
-        self.instr
-    }
-    #[inline(always)]
-    fn v310(self) -> bool {
-        self.minor == 10
-    }
-    #[inline(always)]
-    fn owner(self) -> Option<u64> {
-        self.owner
-    }
-    #[inline(always)]
-    fn entry(self) -> Option<u64> {
-        self.is_entry
-    }
-    #[inline(always)]
-    fn file(self) -> u64 {
-        self.co_file
-    }
-    #[inline(always)]
-    fn name(self) -> u64 {
-        self.co_name
-    }
-    #[inline(always)]
-    fn first(self) -> (u64, u64) {
-        (self.co_first & !7, (self.co_first & 7) * 8)
-    }
-}
-
-/// A layout known when the library is built: [`L311`], [`L312`].
-#[derive(Clone, Copy)]
-struct Fixed<const MINOR: u8>;
-
-impl<const MINOR: u8> Fixed<MINOR> {
-    const L: &'static Layout = match MINOR {
-        11 => &L311,
-        12 => &L312,
-        _ => panic!("no layout known for this version"),
-    };
-}
-
-impl<const MINOR: u8> Offsets for Fixed<MINOR> {
-    #[inline(always)]
-    fn prev(self) -> u64 {
-        Self::L.prev
-    }
-    #[inline(always)]
-    fn code(self) -> u64 {
-        Self::L.code
-    }
-    #[inline(always)]
-    fn instr(self) -> u64 {
-        Self::L.instr
-    }
-    #[inline(always)]
-    fn v310(self) -> bool {
-        false
-    }
-    #[inline(always)]
-    fn owner(self) -> Option<u64> {
-        Self::L.owner
-    }
-    #[inline(always)]
-    fn entry(self) -> Option<u64> {
-        Self::L.is_entry
-    }
-    #[inline(always)]
-    fn file(self) -> u64 {
-        Self::L.co_file
-    }
-    #[inline(always)]
-    fn name(self) -> u64 {
-        Self::L.co_name
-    }
-    #[inline(always)]
-    fn first(self) -> (u64, u64) {
-        (Self::L.co_first & !7, (Self::L.co_first & 7) * 8)
-    }
-}
-
 /// The calling thread's Python frames (at most `depth`) as a key, without describing them or
 /// keeping them: the fast tier's look-up of a stack it has seen ([`super::capture`]). Every
 /// input of a capture's Python frames goes into it — per frame the code object and instruction
@@ -148,21 +37,19 @@ pub fn quick(generation: u64, depth: usize) -> Option<Quick> {
     let py = get(generation)?;
     let f0 = innermost(py, &Direct).ok()?;
     match py.fixed {
-        11 => quick_from(Fixed::<11>, py.code_type, f0, generation, depth),
-        12 => quick_from(Fixed::<12>, py.code_type, f0, generation, depth),
+        11 => quick_from(&L311, py.code_type, f0, generation, depth),
+        12 => quick_from(&L312, py.code_type, f0, generation, depth),
         _ => quick_from(&py.layout, py.code_type, f0, generation, depth),
     }
 }
 
-/// [`quick`]'s loop from the innermost frame `f0`, the same for every layout.
+/// [`quick`]'s loop from the innermost frame `f0`, the same for every layout. Inlined into
+/// each arm of [`quick`]'s match: where `l` is [`L311`] or [`L312`] (constants) the compiler
+/// folds every offset into the loop's instructions, so that its registers hold the loop's own
+/// values and not eleven offsets reloaded from the stack a frame (~50 instructions a frame on
+/// `pystep.py` against ~73 for the layout read at start-up, 3.10's and 3.13's).
 #[inline(always)]
-fn quick_from(
-    l: impl Offsets,
-    code_type: u64,
-    f0: u64,
-    generation: u64,
-    depth: usize,
-) -> Option<Quick> {
+fn quick_from(l: &Layout, code_type: u64, f0: u64, generation: u64, depth: usize) -> Option<Quick> {
     // SAFETY: as in `walk_known`: once STATE is ON, the calling thread's own live frame chain
     // (each frame checked aligned and above the null page before it is read) and, through a
     // frame, its code object (its type word checked first): live while this thread is inside
@@ -172,7 +59,7 @@ fn quick_from(
     let byte = |a: u64| unsafe { *(a as *const u8) };
     const K1: u64 = 0x9e37_79b9_7f4a_7c15;
     const M: u64 = 0xff51_afd7_ed55_8ccd;
-    let (first_word, first_shift) = l.first();
+    let (first_word, first_shift) = (l.co_first & !7, (l.co_first & 7) * 8);
     let (mut a, mut b) = (K1 ^ depth as u64, M ^ generation);
     // Every frame adds one to `n` (a code frame) or to `act` (a shim, and an entry frame
     // besides): their sum bounds the walk of a chain that loops.
@@ -182,8 +69,8 @@ fn quick_from(
         if f < 4096 || !f.is_multiple_of(8) || n as u64 + act > 100_000 {
             return None;
         }
-        let prev = word(f + l.prev());
-        if let Some(owner) = l.owner()
+        let prev = word(f + l.prev);
+        if let Some(owner) = l.owner
             && byte(f + owner) == FRAME_OWNED_BY_CSTACK
         {
             act += 1;
@@ -194,26 +81,26 @@ fn quick_from(
             truncated = true;
             break;
         }
-        let code = word(f + l.code());
+        let code = word(f + l.code);
         if code < 4096 || !code.is_multiple_of(8) || word(code + 8) != code_type {
             return None;
         }
-        let instr = if l.v310() {
-            (word((f + l.instr()) & !7) >> ((l.instr() & 7) * 8)) as u32 as u64
+        let instr = if l.minor == 10 {
+            (word((f + l.instr) & !7) >> ((l.instr & 7) * 8)) as u32 as u64
         } else {
-            word(f + l.instr())
+            word(f + l.instr)
         };
         let first = (word(code + first_word) >> first_shift) as u32 as u64;
         // Two lanes, one multiply each a frame: (code, instr, activation, place) into one,
         // (file, name, first line) into the other.
         let w1 = code ^ instr.rotate_left(32) ^ (act << 48 | n as u64);
-        let w2 = word(code + l.file()) ^ word(code + l.name()).rotate_left(29) ^ first << 40;
+        let w2 = word(code + l.co_file) ^ word(code + l.co_name).rotate_left(29) ^ first << 40;
         a = (a ^ w1).wrapping_mul(K1 | 1).rotate_left(31);
         b = (b ^ w2).wrapping_mul(M | 1).rotate_left(27);
         n += 1;
-        let entry = match l.entry() {
+        let entry = match l.is_entry {
             Some(at) => byte(f + at) != 0,
-            None => l.v310(),
+            None => l.minor == 10,
         };
         act += entry as u64;
         f = prev;
