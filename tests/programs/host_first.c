@@ -48,51 +48,37 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* ------------------------------------------------------------------------- fresh_free */
+/* ------------------------------------------------------------- fresh_free, fresh_alloc */
 
-/* ------------------------------------------------------------------------ fresh_alloc */
-
-static int alloc_async;
-
-static void *alloc_first(void *unused) {
-    (void)unused;
-    void *p = NULL;
-    int rc = alloc_async ? cudaMallocAsync(&p, 4096, 0) : cudaMalloc(&p, 4096);
-    if (rc)
-        return (void *)(intptr_t)rc;
-    if ((rc = cudaMemset(p, 0x5a, 4096)))
-        return (void *)(intptr_t)rc;
-    rc = alloc_async ? cudaFreeAsync(p, 0) : cudaFree(p);
-    return (void *)(intptr_t)rc;
-}
-
-static int fresh_alloc(int n, int async) {
-    alloc_async = async;
-    int bad = 0, last = 0;
+/* Runs fn(args[i]) (args NULL: fn(NULL)) on a thread of its own for each of n, eight at a
+ * time; returns how many returned non-zero, the last of them in *last. */
+static int in_fresh_threads(int n, void *(*fn)(void *), void **args, int *last) {
+    int bad = 0;
     for (int i = 0; i < n; i += 8) {
         pthread_t t[8];
         int m = n - i < 8 ? n - i : 8;
         for (int j = 0; j < m; j++)
-            pthread_create(&t[j], NULL, alloc_first, NULL);
+            pthread_create(&t[j], NULL, fn, args ? args[i + j] : NULL);
         for (int j = 0; j < m; j++) {
             void *rc = NULL;
             pthread_join(t[j], &rc);
             if (rc) {
                 bad++;
-                last = (int)(intptr_t)rc;
+                *last = (int)(intptr_t)rc;
             }
         }
     }
-    say("%s, a memset and a free from a fresh thread: %d of %d failed (last code %d)",
-        async ? "cudaMallocAsync" : "cudaMalloc", bad, n, last);
-    say("synchronize %d", cudaDeviceSynchronize());
+    return bad;
+}
+
+/* What was asked of the driver with no context current (a line each in a real driver's
+ * CUDA_LOG_FILE): on stderr, the plain run asks nothing. */
+static void say_ctx_errors(void) {
     void *drv = dlopen("libcuda.so.1", RTLD_NOW);
     unsigned long (*errors)(void) =
         drv ? (unsigned long (*)(void))dlsym(drv, "standin_ctx_device_errors") : NULL;
     fprintf(stderr, "standin_ctx_device_errors %lu\n", errors ? errors() : 9999ul);
-    return 0;
 }
-
 
 static int use_async;
 
@@ -109,21 +95,8 @@ static int fresh_free(int n, int async) {
         if (cudaMalloc(&p[i], 4096) != 0)
             failed++;
     say("allocated %d, failed %d", n, failed);
-    int bad = 0, last = 0;
-    for (int i = 0; i < n; i += 8) {
-        pthread_t t[8];
-        int m = n - i < 8 ? n - i : 8;
-        for (int j = 0; j < m; j++)
-            pthread_create(&t[j], NULL, free_first, p[i + j]);
-        for (int j = 0; j < m; j++) {
-            void *rc = NULL;
-            pthread_join(t[j], &rc);
-            if (rc) {
-                bad++;
-                last = (int)(intptr_t)rc;
-            }
-        }
-    }
+    int last = 0;
+    int bad = in_fresh_threads(n, free_first, p, &last);
     say("%s from a fresh thread: %d of %d failed (last code %d)",
         async ? "cudaFreeAsync" : "cudaFree", bad, n, last);
     say("synchronize %d", cudaDeviceSynchronize());
@@ -136,12 +109,30 @@ static int fresh_free(int n, int async) {
     if (rc == 0)
         cudaFree(big);
     free(p);
-    /* What was asked of the driver with no context current (a line each in a real driver's
-     * CUDA_LOG_FILE): on stderr, the plain run asks nothing. */
-    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
-    unsigned long (*errors)(void) =
-        drv ? (unsigned long (*)(void))dlsym(drv, "standin_ctx_device_errors") : NULL;
-    fprintf(stderr, "standin_ctx_device_errors %lu\n", errors ? errors() : 9999ul);
+    say_ctx_errors();
+    return 0;
+}
+
+static void *alloc_first(void *unused) {
+    (void)unused;
+    void *p = NULL;
+    int rc = use_async ? cudaMallocAsync(&p, 4096, 0) : cudaMalloc(&p, 4096);
+    if (rc)
+        return (void *)(intptr_t)rc;
+    if ((rc = cudaMemset(p, 0x5a, 4096)))
+        return (void *)(intptr_t)rc;
+    rc = use_async ? cudaFreeAsync(p, 0) : cudaFree(p);
+    return (void *)(intptr_t)rc;
+}
+
+static int fresh_alloc(int n, int async) {
+    use_async = async;
+    int last = 0;
+    int bad = in_fresh_threads(n, alloc_first, NULL, &last);
+    say("%s, a memset and a free from a fresh thread: %d of %d failed (last code %d)",
+        async ? "cudaMallocAsync" : "cudaMalloc", bad, n, last);
+    say("synchronize %d", cudaDeviceSynchronize());
+    say_ctx_errors();
     return 0;
 }
 
