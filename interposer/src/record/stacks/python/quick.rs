@@ -20,12 +20,12 @@ pub struct Quick {
 }
 
 /// The calling thread's Python frames (at most `depth`) as a key, without describing them or
-/// keeping them: the fast tier's look-up of a stack it has seen ([`super::capture`]). Every
-/// input of a capture's Python frames goes into it — per frame the code object and instruction
-/// (the byte offset), the code object's file, name and first line (as [`same_code`] checks them)
-/// and the activation — so two walks with one key make one stack. One tight loop of ~8 loads a
-/// frame: no memo, no copies, no describing (the full walk, [`with_frames`], costs ~85
-/// instructions a frame on `pystep.py`).
+/// keeping them: the fast tier's look-up of a stack it has seen
+/// ([`super::super::capture`]). Every input of a capture's Python frames goes into it — per
+/// frame the code object and instruction (the byte offset), the code object's file, name and
+/// first line (as [`super::same_code`] checks them) and the activation — so two walks with one
+/// key make one stack. One tight loop of ~8 loads a frame: no memo, no copies, no describing
+/// (the full walk, [`super::with_frames`], costs ~85 instructions a frame on `pystep.py`).
 ///
 /// None (the caller walks the full way) until the process's first walk was checked, when Python
 /// frames are off, or where a frame's code object is not one (its type word).
