@@ -46,8 +46,8 @@ pub fn quick(generation: u64, depth: usize) -> Option<Quick> {
 /// [`quick`]'s loop from the innermost frame `f0`, the same for every layout. Inlined into
 /// each arm of [`quick`]'s match: where `l` is [`L311`] or [`L312`] (constants) the compiler
 /// folds every offset into the loop's instructions, so that its registers hold the loop's own
-/// values and not eleven offsets reloaded from the stack a frame (~50 instructions a frame on
-/// `pystep.py` against ~73 for the layout read at start-up, 3.10's and 3.13's).
+/// values and not eleven offsets reloaded from the stack a frame (~53 instructions a frame on
+/// `pystep.py` against ~75 for the layout read at start-up, 3.10's and 3.13's).
 #[inline(always)]
 fn quick_from(l: &Layout, code_type: u64, f0: u64, generation: u64, depth: usize) -> Option<Quick> {
     // SAFETY: as in `walk_known`: once STATE is ON, the calling thread's own live frame chain
