@@ -6,6 +6,7 @@
 //! Layer: recording. Part of the stacks ([`super`]).
 
 use super::{Site, modules, native, python, python_budget, python_only};
+use arrayvec::ArrayVec;
 use std::cell::Cell;
 
 /// The key of a look-up in the thread's cache ([`super::seen`]), and the Python frames read: the
@@ -45,20 +46,21 @@ pub(super) fn quick(
         // than the stack has: a key for fewer stacks, never one for two.
         let eval = python::eval_range(snap.generation);
         let in_eval = |pc: u64| eval.is_some_and(|(lo, hi)| pc > lo && pc <= hi);
-        let mut pcs = [0u64; 2 * QUICK_NATIVE];
-        let (mut k, mut counted, mut over) = (0, 0, false);
+        // Not zeroed first (a 512-byte memset a capture): only what the walk wrote is read.
+        let mut pcs = ArrayVec::<u64, { 2 * QUICK_NATIVE }>::new();
+        let (mut counted, mut over) = (0, false);
         let stopped = native::unwind(snap, |pc| {
-            if k == pcs.len() {
+            if pcs.is_full() {
                 over = true;
                 return false;
             }
-            pcs[k] = pc;
-            k += 1;
+            pcs.push(pc);
             counted += !in_eval(pc) as usize;
             counted <= budget
         });
         // A walk that ended in code no module holds is walked again once the modules are
         // looked at again (`merge_and_intern`): its stack may be another.
+        let k = pcs.len();
         if over || (!stopped && (k == 0 || snap.find(pcs[k - 1]).is_none())) {
             quick_bailed();
             return None;
