@@ -52,11 +52,10 @@ pub fn alloc(
     // "invalid argument" abort in PyTorch's tests), and no release may synchronise (it would
     // invalidate the capture).
     let captured = proto.api.stream_ordered() && capturing(proto.stream as CUstream);
-    // Checked memory of this size kept by the library (`ISOLATE_REUSE=on`), with the context
-    // it was asked in: no driver call, so that context is still current after. The context
-    // asked for it is kept too where none was found: an allocation call never changes a
-    // current context, only makes one current where the thread had none (the runtime's first
-    // call on a thread), so a non-null one is still current after the driver's allocation.
+    // Checked memory of this size kept by the library (`ISOLATE_REUSE=on`): no driver call.
+    // The context it was asked in (`asked`) is still current after, whether kept memory was
+    // found or the driver allocated: an allocation call never changes a current context, only
+    // makes one current where the thread had none (the runtime's first call on a thread).
     let mut asked = 0;
     let kept = if !guarded
         && !captured
@@ -66,13 +65,13 @@ pub fn alloc(
     {
         profile::timed(Part::Kept, || {
             asked = current_ctx();
-            reuse::take(asked, proto.size).map(|ptr| (asked, ptr))
+            reuse::take(asked, proto.size)
         })
     } else {
         None
     };
     let mut attempt = || {
-        if let Some((_, ptr)) = kept {
+        if let Some(ptr) = kept {
             out.write(ptr);
             return CUDA_SUCCESS;
         }
@@ -137,11 +136,7 @@ pub fn alloc(
     }
     if r == CUDA_SUCCESS && quarantinable(proto.api) && p.ev.ptr != 0 && !captured {
         // The kernels the first frees need, loaded while the device has room for them.
-        let ctx = match kept {
-            Some((ctx, _)) => ctx,
-            None if asked != 0 => asked,
-            None => current_ctx(),
-        };
+        let ctx = if asked != 0 { asked } else { current_ctx() };
         device::prepare(ctx);
         if p.ev.device < 0 && ctx != 0 {
             // Asked of the driver once (the event's device is the context's).
