@@ -25,6 +25,14 @@ pub fn lower(a: &AtomicU64, v: u64) {
     }
 }
 
+/// The span [`low`, `high`) widened to take in [`start`, `end`), each bound written only where
+/// it changes ([`lower`], [`raise`]).
+#[inline]
+pub fn widen(low: &AtomicU64, high: &AtomicU64, start: u64, end: u64) {
+    lower(low, start);
+    raise(high, end);
+}
+
 thread_local! {
     // A plain `Cell` with a const initialiser: no destructor, usable during thread teardown.
     static TID: Cell<u32> = const { Cell::new(0) };

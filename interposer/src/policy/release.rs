@@ -362,8 +362,7 @@ pub fn defer(ctx: usize, stream: usize, ptr: u64, len: u64) -> Option<(usize, u8
             _ => 0,
         };
         s.pending.push((ctx, stream, ptr, tier::encode(len, shift)));
-        sys::lower(&SPAN_LOW, ptr);
-        sys::raise(&SPAN_HIGH, ptr + len);
+        sys::widen(&SPAN_LOW, &SPAN_HIGH, ptr, ptr + len);
         PENDING.fetch_add(1, Relaxed);
         DEFERRED.fetch_add(1, Relaxed);
         // The context's count only once there are that many in all (it was counted at every

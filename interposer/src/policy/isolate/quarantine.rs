@@ -15,7 +15,7 @@ use super::leave::{Release, device_memory, free_to_driver, release_batch, trim_d
 use super::state::{Entry, HIGH, LOW, STATE, State, st, state};
 use crate::base::config::{self, Budget};
 use crate::base::cu;
-use crate::base::sys::{coarse_ns, lower, now_ns, raise};
+use crate::base::sys::{coarse_ns, now_ns, raise, widen};
 use crate::policy::reuse;
 use crate::record::profile::{self, Part};
 use crate::record::writer::{Q_EARLY, Q_PEAK};
@@ -192,7 +192,8 @@ pub(super) fn quarantine(entry: Entry) {
         let s = st!(g);
         s.held += entry.size;
         raise(&Q_PEAK, s.held);
-        widen(entry.ptr, entry.ptr + entry.size);
+        // Written only where they change: every launch reads them.
+        widen(&LOW, &HIGH, entry.ptr, entry.ptr + entry.size);
         s.q.push(entry);
         if let Some(short) = short {
             // Twice what the device lacks, so that the next ask finds it above the reserve.
@@ -247,13 +248,6 @@ pub(super) fn quarantine(entry: Entry) {
     if !over.is_empty() {
         profile::timed(Part::Release, || hand_on(&over, Release::Budget, leaving));
     }
-}
-
-/// [`LOW`] and [`HIGH`] widened to take in [`start`, `end`), written only where they change
-/// (every launch reads them).
-fn widen(start: u64, end: u64) {
-    lower(&LOW, start);
-    raise(&HIGH, end);
 }
 
 /// A trim is queued for the keeper: the frees meanwhile leave the quarantine's oldest to it,
@@ -321,7 +315,7 @@ pub(super) fn quarantine_index_only(entry: Entry) {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() } as u32;
     let _ = EXIT_OWNER.compare_exchange(0, me, AcqRel, Acquire);
-    widen(entry.ptr, entry.ptr + entry.size);
+    widen(&LOW, &HIGH, entry.ptr, entry.ptr + entry.size);
     st!(state()).q.index_only(entry);
 }
 
