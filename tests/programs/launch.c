@@ -12,7 +12,17 @@ typedef CUresult (*PFN_launchCoop)(CUfunction, unsigned, unsigned, unsigned, uns
                                    unsigned, unsigned, CUstream, void **);
 typedef CUfunction (*PFN_register)(const char *, standin_kernel_fn, unsigned, const size_t *,
                                    const size_t *);
+typedef CUfunction (*PFN_register_as)(int, const char *, standin_kernel_fn, unsigned,
+                                      const size_t *, const size_t *);
 typedef unsigned long (*PFN_count)(void);
+
+static PFN_register_as reg_as;
+static int kernel_kind;
+
+static CUfunction reg_kind(const char *name, standin_kernel_fn fn, unsigned n,
+                           const size_t *offsets, const size_t *sizes) {
+    return reg_as(kernel_kind, name, fn, n, offsets, sizes);
+}
 
 struct by_value {
     uint64_t x;   /* offset 0 */
@@ -57,7 +67,12 @@ int main(void) {
     int rc = cudaFree(NULL);
     ev("cudaFree", rc, "ptr=0");
     void *drv = standin_driver();
-    PFN_register reg = (PFN_register)dlsym(drv, "standin_register_kernel");
+    /* LAUNCH_KIND=1: every kernel a library's CUkernel (what the CUDA 12+ runtime launches)
+     * instead of a module's function. */
+    const char *kind_env = getenv("LAUNCH_KIND");
+    kernel_kind = kind_env ? atoi(kind_env) : 0;
+    reg_as = (PFN_register_as)dlsym(drv, "standin_register_kernel_as");
+    PFN_register reg = reg_as ? reg_kind : NULL;
     PFN_count info_calls = (PFN_count)dlsym(drv, "standin_param_info_calls");
     PFN_count query_errors = (PFN_count)dlsym(drv, "standin_kernel_query_errors");
     if (!reg || !info_calls || !query_errors)

@@ -110,21 +110,29 @@ fn a_stale_launch_needs_evidence_and_a_suspect_is_listed_apart() {
         kernels(&s["stale_values"]),
         ["k_lib_ptr", "k_nolayout", "k_packed", "k_struct_base"]
     );
-    // Failed kernel queries (each a line in a real driver's error log, CUDA_LOG_FILE): one a
-    // library kernel (k_lib_ptr, k_ex: cuFuncGetParamCount does not know a CUkernel; its name
-    // is then asked of cuKernelGetName first), two a kernel without any layout (k_nolayout,
-    // k_nolayout_p: neither count answers), none a module's function.
+    // Failed kernel queries (each a line in a real driver's error log, CUDA_LOG_FILE): a
+    // kernel is asked as the kind that answered last first (a CUkernel before any answered),
+    // so one fails where the kind changes from the kernel before. The kinds in launch order:
+    // function (k_divider: asked as a CUkernel first, 1), function (0), CUkernel (k_lib_ptr, 1),
+    // function (k_packed, 1), two without any layout (k_nolayout, k_nolayout_p: neither count
+    // answers, 2 each; the name asked of cuFuncGetName, which answers), CUkernel (k_ex, 1).
+    // Every kind change in this program is a line; a program of one kind has one at most.
     let errors = isolate_tests::number_after(&out.stderr, "standin_kernel_query_errors").unwrap();
-    assert_eq!(errors, 2 + 2 * 2, "{}", out.stderr);
-    // Without the counts (an older driver): the failing index past the last parameter too,
-    // for the three functions and the two library kernels.
+    assert_eq!(
+        errors,
+        [1, 0, 1, 1, 2, 2, 1].iter().sum::<i64>(),
+        "{}",
+        out.stderr
+    );
+    // Without the counts (an older driver, or 580's): the failing index past the last
+    // parameter too, for the three functions and the two library kernels.
     let old = isolate(Run::program("launch_rule"))
         .env("STANDIN_NO_PARAM_COUNT", "1")
         .run();
     old.assert_same_as(&plain);
     assert_eq!(old.only_trace().stale_values().len(), 4);
     let errors = isolate_tests::number_after(&old.stderr, "standin_kernel_query_errors").unwrap();
-    assert_eq!(errors, 3 + 2 * 2 + 2 * 2, "{}", old.stderr);
+    assert_eq!(errors, 8 + 5, "{}", old.stderr);
     // The launch's stack reaches the finding (and the allocation's and the free's).
     for l in s["stale_launches"].as_array().unwrap() {
         for k in ["launch_stack", "alloc_stack", "free_stack"] {

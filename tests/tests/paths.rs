@@ -317,20 +317,61 @@ fn launches_in_isolate_mode_report_the_freed_pointer_once_per_kernel() {
         "the live pointer and the integer are no reports"
     );
     // Every launch comes after the free of A, so every one is checked. A kernel's layout is
-    // read at its first launch (its 3 or 2 parameters, as many as its count says: no query
-    // fails, so nothing goes to the driver's error log); later launches use it as it is:
-    // nothing was unloaded (a reused handle: launch_check_survives_...).
+    // read at its first launch (its 3 or 2 parameters, as many as its count says); later
+    // launches use it as it is: nothing was unloaded (a reused handle:
+    // launch_check_survives_...). One query fails in the whole run, a line in the driver's
+    // error log: the first kernel's count asked as a CUkernel's (what the CUDA 12+ runtime
+    // launches), the kind asked first until a kernel of the other kind answers; these are all
+    // module functions, so no other query fails.
     let calls = isolate_tests::number_after(&out.stdout, "standin_param_info_calls").unwrap();
     eprintln!("cuFuncGetParamInfo calls for 107 launches of 7 kernels: {calls}");
     assert_eq!(calls, 5 * 3 + 2 * 2, "{calls} layout queries");
     let errors = isolate_tests::number_after(&out.stderr, "standin_kernel_query_errors").unwrap();
-    assert_eq!(errors, 0, "{}", out.stderr);
+    assert_eq!(errors, 1, "{}", out.stderr);
     assert_eq!(
         out.stderr.matches("STALE LAUNCH").count(),
         5,
         "{}",
         out.stderr
     );
+}
+
+/// A program whose kernels are all libraries' CUkernels (what the CUDA 12+ runtime launches for
+/// `kernel<<<…>>>`: PyTorch's own kernels) gets its layouts and names without one failing query,
+/// so nothing of the library's in the driver's error log (CUDA_LOG_FILE): the CUkernel queries
+/// are asked first until a module's function answers. On the H100 (driver 580) asking
+/// `cuFuncGetParamInfo` first was a failing call for 64 of ResNet-50's 82 kernels
+/// (docs/gpu-results.md, twenty-ninth session).
+#[test]
+fn a_program_of_library_kernels_has_no_failing_layout_query() {
+    let plain = Run::program("launch")
+        .env("LAUNCH_KIND", "1")
+        .preload(false)
+        .run();
+    plain.assert_success();
+    let out = Run::program("launch")
+        .env("LAUNCH_KIND", "1")
+        .env("ISOLATE_MODE", "isolate")
+        .run();
+    out.assert_success();
+    let strip = |s: &str| {
+        s.lines()
+            .filter(|l| !l.starts_with("standin_param_info_calls"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(strip(&out.stdout), strip(&plain.stdout));
+    let t = out.only_trace();
+    t.assert_complete(EndReason::Exit);
+    let mut kernels: Vec<_> = t.stale_launches().into_iter().map(|s| s.kernel).collect();
+    kernels.sort();
+    assert_eq!(
+        kernels,
+        ["kp_coop", "kp_ex", "kp_launch", "kp_ptsz", "kp_rt"],
+        "every kernel named by cuKernelGetName"
+    );
+    let errors = isolate_tests::number_after(&out.stderr, "standin_kernel_query_errors").unwrap();
+    assert_eq!(errors, 0, "{}", out.stderr);
 }
 
 /// A kernel handle reused for another kernel (a module unloaded and another loaded, as XLA's
@@ -400,14 +441,22 @@ fn launch_check_survives_a_reused_kernel_handle() {
         if counts {
             // reuse_four's 4 parameters as its count says. The module unloaded, reuse_one's
             // first launch finds the layout stale by the count (1, not 4) and reads its one
-            // parameter; its next two launches, no unload since, ask the driver nothing. No
-            // query fails: nothing in the driver's error log.
-            assert_eq!((calls, errors), (4 + 1, 0), "{}", out.stderr);
+            // parameter; its next two launches, no unload since, ask the driver nothing. One
+            // query fails: the first kernel's count asked as a CUkernel's (read_layout's
+            // kind asked first); the function's answered, so the next kernel is asked as a
+            // function first.
+            assert_eq!((calls, errors), (4 + 1, 1), "{}", out.stderr);
         } else {
-            // Without counts: reuse_four's 4 + the failing 5th; reuse_one's first launch finds
+            // Without counts: reuse_four's parameter 0 asked as a CUkernel's (failing: the
+            // kind asked first), its 4 + the failing 5th; reuse_one's first launch finds
             // it stale (no 5th, but no 4th either: 2) and reads the new one (1 + the failing
-            // 2nd: 2). Four of those failed.
-            assert_eq!((calls, errors), ((4 + 1) + (2 + 2), 4), "{}", out.stderr);
+            // 2nd: 2). Five of those failed.
+            assert_eq!(
+                (calls, errors),
+                (1 + (4 + 1) + (2 + 2), 5),
+                "{}",
+                out.stderr
+            );
         }
     }
 }

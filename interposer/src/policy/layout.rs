@@ -11,7 +11,7 @@ use crate::base::sys::ForkLock;
 use crate::record::profile;
 use std::collections::HashMap;
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 /// A kernel's parameters: (offset, size) of each, and its name.
 pub(super) struct Layout {
@@ -33,6 +33,13 @@ pub(super) static LAYOUTS: ForkLock<Option<HashMap<usize, &'static Layout>>> = F
 static UNLOADS: AtomicU64 = AtomicU64::new(0);
 /// Cached layouts asked of the driver again because a module unload came since (noted at exit).
 pub(super) static REFITS: AtomicU64 = AtomicU64::new(0);
+/// Whether a new kernel's layout is asked of the CUkernel queries first: the kind that answered
+/// last, since a program launches mostly one kind (PyTorch's own kernels are CUkernels, JAX's
+/// and Triton's module functions). The query of the other kind fails for the handle (a line in
+/// the driver's error log, CUDA_LOG_FILE), so asking the likely kind first saves a line a new
+/// kernel: on ResNet-50 under PyTorch, 64 of 82 kernels were CUkernels asked as functions
+/// first (docs/gpu-results.md, twenty-ninth session).
+static KERNEL_FIRST: AtomicBool = AtomicBool::new(true);
 
 /// A module or library was unloaded or a context destroyed: every cached layout is checked
 /// again at its kernel's next launch.
@@ -120,24 +127,30 @@ unsafe fn read_params(f: CUfunction, as_kernel: bool) -> Answer {
     Answer::Params(params)
 }
 
-/// `f`'s layout: (parameters, known, as a CUkernel). `cuFuncGetParamInfo` first; when it gives
-/// no parameters, `cuKernelGetParamInfo` (a CUkernel, which the CUDA 12+ runtime launches in
-/// place of a CUfunction); no parameters from either with one saying "no parameter 0" is a
-/// kernel without parameters; no answer from either, an unknown layout.
+/// `f`'s layout: (parameters, known, as a CUkernel). The query of the kind that answered last
+/// first ([`KERNEL_FIRST`]): `cuKernelGetParamInfo` (a CUkernel, which the CUDA 12+ runtime
+/// launches in place of a CUfunction) or `cuFuncGetParamInfo` (a module's function: cuBLAS,
+/// cuDNN, every kernel of JAX and Triton); when it gives no parameters, the other. No
+/// parameters from either with one saying "no parameter 0" is a kernel without parameters; no
+/// answer from either, an unknown layout.
 ///
 /// # Safety
 /// As [`param_info`].
 unsafe fn read_layout(f: CUfunction) -> (Vec<(u32, u32)>, bool, bool) {
+    let kernel_first = KERNEL_FIRST.load(Relaxed);
     // SAFETY: the caller's contract.
-    let func = unsafe { read_params(f, false) };
-    if let Answer::Params(p) = func {
-        return (p, true, false);
+    let first = unsafe { read_params(f, kernel_first) };
+    if let Answer::Params(p) = first {
+        return (p, true, kernel_first);
     }
     // SAFETY: the caller's contract.
-    match unsafe { read_params(f, true) } {
-        Answer::Params(p) => (p, true, true),
+    match unsafe { read_params(f, !kernel_first) } {
+        Answer::Params(p) => {
+            KERNEL_FIRST.store(!kernel_first, Relaxed);
+            (p, true, !kernel_first)
+        }
         Answer::Empty => (Vec::new(), true, false),
-        Answer::Silent => (Vec::new(), matches!(func, Answer::Empty), false),
+        Answer::Silent => (Vec::new(), matches!(first, Answer::Empty), false),
     }
 }
 
