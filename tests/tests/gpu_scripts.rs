@@ -194,9 +194,14 @@ fn fake_bench(lib: &str, extra: &[&str]) -> (String, String) {
 
 /// [`fake_bench`] with more variables for the worker.
 fn fake_bench_with(lib: &str, extra: &[&str], vars: &[(&str, &str)]) -> (String, String) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("steps");
+    fake_bench_in(dir.path(), lib, extra, vars)
+}
+
+/// [`fake_bench_with`] with its results (`OUT`) in `dir`, kept.
+fn fake_bench_in(dir: &Path, lib: &str, extra: &[&str], vars: &[(&str, &str)]) -> (String, String) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let log = dir.join("steps");
     let out = Command::new("python3")
         .arg(root.join("tests/gpu/tier_bench.py"))
         .args(["--warmup", "1", "--rounds", "1", "--lib", lib, "--isolate"])
@@ -209,7 +214,7 @@ fn fake_bench_with(lib: &str, extra: &[&str], vars: &[(&str, &str)]) -> (String,
         )
         .env("LD_LIBRARY_PATH", isolate_tests::standin_dir())
         .env("FAKE_LOG", &log)
-        .env("OUT", dir.path())
+        .env("OUT", dir)
         .envs(vars.iter().copied())
         .output()
         .unwrap();
@@ -575,4 +580,125 @@ fn the_free_cost_pairs_run_each_configuration_as_named() {
         refused.contains("no configuration fastest") && refused.contains("backend-pool"),
         "{refused}"
     );
+}
+
+/// free_cost.py's lower-decile view: a chunk that another tenant's work slowed (here one of
+/// fifty, five times as long) does not move it, where the whole loop's mean moves by 8%; the
+/// last chunk (its end waits for the device) is not one, and a run of one chunk has none.
+#[test]
+fn the_free_cost_lower_decile_leaves_out_the_hosts_interruptions() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let code = r#"
+import sys
+sys.path.insert(0, sys.argv[1])
+import free_cost as f
+marks = [i * 200_000 for i in range(51)]      # 50 whole chunks of 200 tensors, 1 us each
+marks[26:] = [m + 800_000 for m in marks[26:]]  # chunk 25 took 5 us a tensor
+print(f.lower_decile_of_chunks(marks, 200))
+print(f.lower_decile_of_chunks([0, 1000, 3000, 4000, 4500], 1))
+print(f.lower_decile_of_chunks([0, 5], 1))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", code])
+        .arg(root.join("tests/gpu"))
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    // 1 us (not the 1.08 of the mean); five marks are four whole chunks (1, 2, 1, 0.5 us a
+    // tensor: the last chunk, after the fifth mark, is not one), whose lower decile is the
+    // least; two marks are one chunk: none.
+    assert_eq!(got, ["1.0", "0.5", "None"]);
+}
+
+/// profile_parts.py reads the profile's exit note as the library writes it: a tier benchmark's
+/// `fast-prof` run through the stand-in, its logs' archive read back, and the table's first row
+/// (the library's part of the hooks a tensor) the one the run's own note gives, worked out here
+/// from the note's words; a run without the profile gives no column.
+#[test]
+fn the_profile_parts_table_reads_the_exit_note_of_a_profiled_run() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = tempfile::tempdir().unwrap();
+    let lib = isolate_tests::preload_path();
+    fake_bench_in(
+        dir.path(),
+        lib.to_str().unwrap(),
+        &[
+            "--steps",
+            "3",
+            "--lockstep",
+            "1",
+            "--models",
+            "a",
+            "--configs",
+            "default,fast-prof",
+        ],
+        &[],
+    );
+    let tgz = dir.path().join("tier_bench-logs.tgz");
+    let out = Command::new("python3")
+        .arg(root.join("tests/gpu/profile_parts.py"))
+        .arg(&tgz)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8(out.stdout).unwrap();
+    let header = table.lines().next().unwrap();
+    assert_eq!(header, "| µs a tensor | fast-prof r0 a |", "{table}");
+    // The note's own figures: calls and the library's µs each of every class of hook.
+    let x = dir.path().join("x");
+    std::fs::create_dir(&x).unwrap();
+    assert!(
+        Command::new("tar")
+            .arg("xzf")
+            .arg(&tgz)
+            .arg("-C")
+            .arg(&x)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let log = std::fs::read_to_string(x.join("logs/fast-prof-r0-a.log")).unwrap();
+    let note = log
+        .lines()
+        .find(|l| l.contains("hooks' time on the calling threads"))
+        .expect("the profile's note in the run's log");
+    let body = note.split_once("): ").unwrap().1;
+    let (mut allocations, mut library) = (0.0, 0.0);
+    for class in body.split("; ") {
+        let words: Vec<&str> = class.split_whitespace().collect();
+        if !class.contains("the library's") {
+            continue;
+        }
+        let calls: f64 = words[1].trim_end_matches(',').parse().unwrap();
+        let lib_each: f64 = words[words.len() - 3].parse().unwrap();
+        library += calls * lib_each;
+        if words[0] == "allocations" {
+            allocations = calls;
+        }
+    }
+    assert!(allocations > 0.0, "{note}");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("| **the library's part of the hooks** |"))
+        .unwrap();
+    let got: f64 = row.split('|').nth(2).unwrap().trim().parse().unwrap();
+    assert!(
+        (got - library / allocations).abs() < 0.006,
+        "{got} against {}: {note}",
+        library / allocations
+    );
+    assert!(table.contains("| submitting records |"), "{table}");
 }
