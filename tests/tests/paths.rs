@@ -383,7 +383,7 @@ fn a_program_of_library_kernels_has_no_failing_layout_query() {
 fn launch_check_survives_a_reused_kernel_handle() {
     let plain = Run::program("launch_reuse").preload(false).run();
     plain.assert_success();
-    // A driver with the parameter counts (CUDA 12.9+: the stand-in by default) and one without
+    // A driver with the parameter counts (CUDA 13.2+, we believe: the stand-in by default) and one without
     // (STANDIN_NO_PARAM_COUNT=1).
     for counts in [true, false] {
         // The launch check is on by default in isolate mode.
