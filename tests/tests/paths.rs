@@ -722,6 +722,46 @@ fn a_free_asks_about_graph_capture_only_when_one_may_run() {
     );
 }
 
+/// A trim over the quarantine's budget (the keeper's, or a free's past the slack) gives the
+/// quarantine's lock back at least every 32 entries it takes out, so that a hook of the
+/// program's threads that takes the lock (an allocation's live map, a free's quarantining, a
+/// launch's look-ups) waits behind a few microseconds of it, not a whole step of 256 (50-56 µs
+/// a hold on the stand-in, 7-10 µs in 32s; on the H100 the live map's calls over 20 µs were 8
+/// of its 19 ms a run). 256 KiB of quarantine for 12,000 frees of 256 bytes: ~21,000 releases
+/// in trims of ~200 entries each; the profile counts every hold.
+#[test]
+fn a_trim_over_the_budget_gives_the_quarantines_lock_back_every_32_entries() {
+    let out = Run::program("step_bench")
+        .args(["6", "2000", "1", "0", "256"])
+        .env("ISOLATE_MODE", "isolate")
+        .env("ISOLATE_PROFILE", "on")
+        .env("ISOLATE_QUARANTINE", "256KiB")
+        .run();
+    out.assert_success();
+    let t = out.only_trace();
+    let parts = t
+        .cost_note(isolate_trace::CostTopic::HookParts)
+        .expect("a parts note with ISOLATE_PROFILE=on")
+        .text
+        .clone();
+    let holds: u64 = parts
+        .split(';')
+        .find_map(|p| {
+            p.trim()
+                .strip_prefix("a trim's holds of the quarantine's lock ")
+        })
+        .map(|rest| rest.split(',').next().unwrap().trim().parse().unwrap())
+        .unwrap_or_else(|| panic!("no trim's holds in {parts}"));
+    let releases = t.analyzer_summary()["quarantine"]["releases"]
+        .as_u64()
+        .unwrap();
+    assert!(releases > 10_000, "{releases} releases: the budget trims");
+    assert!(
+        holds * 32 >= releases,
+        "{holds} holds of the lock for {releases} entries taken out: more than 32 a hold"
+    );
+}
+
 /// CUDA IPC (issue 17's example of one hooked entry point, one declaration each): memory another
 /// process shares is recorded when opened and closed, through the runtime and the driver, in
 /// the process that opens it; in isolate mode it is never quarantined or poisoned (it is not

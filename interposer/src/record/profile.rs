@@ -297,9 +297,13 @@ pub enum Part {
     FlushAll = 20,
     /// Of queueing the deferred poisons: recording the freeing stream's event after them.
     FlushRecord = 21,
+    /// One hold of the quarantine's lock by a trim over the budget (the keeper's, or a
+    /// free's), taking out at most a chunk of the oldest: what a hook of the program's threads
+    /// that takes the lock may wait behind.
+    TrimHold = 22,
 }
 
-const PARTS: usize = 22;
+const PARTS: usize = 23;
 const PART_NAMES: [&str; PARTS] = [
     "submitting records",
     "context and device queries",
@@ -323,6 +327,7 @@ const PART_NAMES: [&str; PARTS] = [
     "the release's lock",
     "queueing the deferred poisons",
     "of queueing them, the stream's event",
+    "a trim's holds of the quarantine's lock",
 ];
 static PART_CALLS: [AtomicU64; PARTS] = [const { AtomicU64::new(0) }; PARTS];
 static PART_NS: [AtomicU64; PARTS] = [const { AtomicU64::new(0) }; PARTS];

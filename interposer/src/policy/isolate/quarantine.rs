@@ -267,31 +267,53 @@ fn limits(s: &mut State, device: i32) -> (u64, u64) {
     (budget, budget.min(PRESSURE_LIMIT.load(Relaxed)))
 }
 
+/// The most entries one hold of the state's lock takes out of quarantine in a trim step: the
+/// step's [`TRIM_STEP`] in one hold kept the lock 50-120 µs (the index's work, with cold
+/// caches), and every hook of the program's threads that takes it (an allocation's live map,
+/// a free's quarantining, a launch's look-ups) waited that long behind the keeper: the
+/// H100's profile counted 68 live-map calls a run over 20 µs, 8 of its 19 ms
+/// (docs/performance.md, twenty-ninth session).
+const TRIM_CHUNK: usize = 32;
+
 /// One step of the trim over the budget (while [`TRIMMING`]): at most [`TRIM_STEP`] of the
-/// oldest taken out of quarantine under the state's lock, down to 80% of the limit (each step
-/// verified with one round trip); the entries, what counts them as leaving, and whether the
-/// trim is done.
+/// oldest taken out of quarantine, [`TRIM_CHUNK`] a hold of the state's lock, down to 80% of
+/// the limit (each step verified with one round trip); the entries, what counts them as
+/// leaving (from the first hold that took one: an allocation that runs out of memory from then
+/// on waits for them), and whether the trim is done.
 fn trim_step(device: i32) -> (Vec<Entry>, Option<Leaving>, bool) {
     let mut over = Vec::new();
-    let mut g = state();
-    let s = st!(g);
-    if TRIMMING.load(Relaxed) {
+    let mut leaving = None;
+    loop {
+        let mut g = state();
+        let _hold = profile::PartSpan::start(Part::TrimHold);
+        let s = st!(g);
+        if !TRIMMING.load(Relaxed) {
+            break;
+        }
         let (budget, limit) = limits(s, device);
         let low_water = limit / 10 * 8;
-        while s.held > low_water && over.len() < TRIM_STEP {
+        let before = over.len();
+        while s.held > low_water && over.len() < TRIM_STEP && over.len() - before < TRIM_CHUNK {
             let Some(old) = s.pop_oldest() else {
                 break;
             };
             over.push(old);
         }
-        if limit < budget {
-            PRESSURE_BYTES.fetch_add(over.iter().map(|e| e.size).sum(), Relaxed);
+        let took = over.len() - before;
+        if took > 0 && leaving.is_none() {
+            leaving = Some(Leaving::start());
         }
-        if s.held <= low_water {
+        if limit < budget {
+            PRESSURE_BYTES.fetch_add(over[before..].iter().map(|e| e.size).sum(), Relaxed);
+        }
+        let low = s.held <= low_water;
+        if low {
             TRIMMING.store(false, Relaxed);
         }
+        if low || took < TRIM_CHUNK || over.len() >= TRIM_STEP {
+            break; // down to the low water, nothing more to take, or the step's whole
+        }
     }
-    let leaving = (!over.is_empty()).then(Leaving::start);
     (over, leaving, !TRIMMING.load(Relaxed))
 }
 
