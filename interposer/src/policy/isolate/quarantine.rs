@@ -268,8 +268,8 @@ fn limits(s: &mut State, device: i32) -> (u64, u64) {
 }
 
 /// The most entries one hold of the state's lock takes out of quarantine in a trim step: the
-/// step's [`TRIM_STEP`] in one hold kept the lock 50-120 µs (the index's work, with cold
-/// caches), and every hook of the program's threads that takes it (an allocation's live map,
+/// step's [`TRIM_STEP`] in one hold kept the lock 50-56 µs on the stand-in (the index's work;
+/// 7-10 µs in 32s), and every hook of the program's threads that takes it (an allocation's live map,
 /// a free's quarantining, a launch's look-ups) waited that long behind the keeper: the
 /// H100's profile counted 68 live-map calls a run over 20 µs, 8 of its 19 ms
 /// (docs/performance.md, twenty-ninth session).
