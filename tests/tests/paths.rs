@@ -681,6 +681,19 @@ fn a_tensor_costs_about_four_fine_clock_reads() {
     }
 }
 
+/// How many times the profile's part `name` ran (`ISOLATE_PROFILE=on`: the trace's note of the
+/// hooks' parts, "NAME N, X us each ..."); `None` where the part never ran.
+fn part_calls(t: &isolate_tests::Trace, name: &str) -> Option<u64> {
+    let parts = &t
+        .cost_note(isolate_trace::CostTopic::HookParts)
+        .expect("a parts note with ISOLATE_PROFILE=on")
+        .text;
+    parts
+        .split(';')
+        .find_map(|p| p.trim().strip_prefix(name)?.strip_prefix(' '))
+        .map(|rest| rest.split(',').next().unwrap().trim().parse().unwrap())
+}
+
 /// A stream-ordered free (or allocation) asks its stream whether it is capturing a graph only where a capture
 /// may be running: where captures' starts and ends reach the library (stream work hooked:
 /// the default isolate mode) it counts them, and a program that captures nothing makes no
@@ -698,17 +711,7 @@ fn a_free_asks_about_graph_capture_only_when_one_may_run() {
         }
         let out = run.run();
         out.assert_success();
-        let parts = out
-            .only_trace()
-            .cost_note(isolate_trace::CostTopic::HookParts)
-            .expect("a parts note with ISOLATE_PROFILE=on")
-            .text
-            .clone();
-        parts
-            .split(';')
-            .find_map(|p| p.trim().strip_prefix("capture queries "))
-            .map(|rest| rest.split(',').next().unwrap().trim().parse().unwrap())
-            .unwrap_or(0)
+        part_calls(out.only_trace(), "capture queries").unwrap_or(0)
     };
     assert_eq!(queries(&[]), 0, "stream work hooked: captures counted");
     // 9 steps (5 of warm-up) of 50 allocations and 50 frees, each asking.
@@ -738,19 +741,8 @@ fn a_trim_over_the_budget_gives_the_quarantines_lock_back_every_32_entries() {
         .run();
     out.assert_success();
     let t = out.only_trace();
-    let parts = t
-        .cost_note(isolate_trace::CostTopic::HookParts)
-        .expect("a parts note with ISOLATE_PROFILE=on")
-        .text
-        .clone();
-    let holds: u64 = parts
-        .split(';')
-        .find_map(|p| {
-            p.trim()
-                .strip_prefix("a trim's holds of the quarantine's lock ")
-        })
-        .map(|rest| rest.split(',').next().unwrap().trim().parse().unwrap())
-        .unwrap_or_else(|| panic!("no trim's holds in {parts}"));
+    let holds = part_calls(t, "a trim's holds of the quarantine's lock")
+        .expect("the trim's holds in the profile's parts");
     let releases = t.analyzer_summary()["quarantine"]["releases"]
         .as_u64()
         .unwrap();
