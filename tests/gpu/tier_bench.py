@@ -219,7 +219,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 # torch.cuda.is_available() through NVML, not cuInit: nothing may initialise CUDA before the fork.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 import torch, torchvision, timm, transformers  # once, before any CUDA call: the children share them
-from tier_counters import library_events
+from tier_counters import library_counters, timed
 single = sys.argv[1] == "single"
 if single:
     del sys.argv[1]
@@ -347,7 +347,7 @@ def child(work):
                 torch.cuda.reset_peak_memory_stats()
                 peak = used()
         if i == warmup:
-            events0 = library_events()
+            events0 = library_counters()
         off = pause is not None and i >= warmup and i % 2 == 1
         if pause is not None:
             pause(1 if off else 0)
@@ -367,9 +367,8 @@ def child(work):
         peak = None if peak is None or now is None else max(peak, now)
     # Calls the library recorded during the timed steps (none where it is not loaded): a tier's
     # work on the program's threads is at most that many hooks' worth, whatever the host's noise.
-    events1 = library_events()
-    if events0 is not None and events1 is not None:
-        res["library_events_timed"] = events1 - events0
+    events1 = library_counters()
+    res.update(timed(events0, events1))
     if turns:
         turn()  # the last turn: the others' timed steps are not to share the device with an exit
     if pause is not None:

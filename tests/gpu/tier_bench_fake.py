@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from tier_counters import library_events
+from tier_counters import library_counters, timed
 
 args = sys.argv[1:]
 if args[0] == "single":
@@ -54,7 +54,7 @@ for model in models:
             if probe and "bandwidth" not in res:
                 res["bandwidth"] = 1e12
         if i == warmup:
-            events0 = library_events()
+            events0 = library_counters()
         if os.environ.get("FAKE_CRASH") == name and i == warmup + 1:
             os._exit(7)  # a configuration's process dying mid-run (FAKE_CRASH=<config>)
         t0 = time.perf_counter()
@@ -65,9 +65,8 @@ for model in models:
             cuda_step()
         if i >= warmup:
             times.append((time.perf_counter() - t0) * 1e3)
-    events1 = library_events()
-    if events0 is not None and events1 is not None:
-        res["library_events_timed"] = events1 - events0
+    events1 = library_counters()
+    res.update(timed(events0, events1))
     if turns:
         turn()
     times.sort()

@@ -99,6 +99,11 @@ def rows(data):
                 "calls_per_step": _median(r["library_events_timed"] / data["steps"] for r in rs
                                           if r.get("library_events_timed") is not None
                                           and data.get("steps")),
+                # The allocations the driver made a timed step (device allocations less those
+                # the library's kept memory served); None without the counter.
+                "driver_allocs_per_step": _median(
+                    r["driver_allocs_timed"] / data["steps"] for r in rs
+                    if r.get("driver_allocs_timed") is not None and data.get("steps")),
             })
     return out, bw
 
@@ -118,13 +123,13 @@ def render(data):
         "",
         "| model | config | ms/step | × default (per round) | floor ms/step (× default) | "
         "full-coverage floor ms | device peak GiB | max allocated GiB | library calls a step | "
-        "losses | findings |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|---|---:|",
+        "driver allocations a step | losses | findings |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     f2 = lambda x: "–" if x is None else f"{x:.2f}"
     for r in table:
         if r.get("missing"):
-            lines.append(f"| {r['model']} | {r['config']} | no run | | | | | | | | |")
+            lines.append(f"| {r['model']} | {r['config']} | no run | | | | | | | | | |")
             continue
         ratio = "1" if r["config"] == "default" else (
             f"**{r['ratio']:.3f}×** ({', '.join(f'{x:.2f}' for x in r['per_round'])})"
@@ -133,9 +138,10 @@ def render(data):
         full = "–" if r["config"] != "fast" or r["full_floor_ms"] is None else f"{r['full_floor_ms']:.2f}"
         finds = "–" if r["findings"] is None else str(r["findings"])
         calls = "–" if r["calls_per_step"] is None else f"{r['calls_per_step']:.1f}"
+        driver = "–" if r["driver_allocs_per_step"] is None else f"{r['driver_allocs_per_step']:.1f}"
         lines.append(
             f"| {r['model']} | {r['config']} | {f2(r['ms_per_step'])} | {ratio} | {floor} | {full} | "
-            f"{f2(r['device_peak_gib'])} | {f2(r['max_allocated_gib'])} | {calls} | "
+            f"{f2(r['device_peak_gib'])} | {f2(r['max_allocated_gib'])} | {calls} | {driver} | "
             f"{r['losses']} | {finds} |")
     noise = aa_noise(table)
     if noise:

@@ -874,6 +874,14 @@ static int reuse_oom(size_t big_size) {
         bad += cudaStreamSynchronize(s) != 0;
     }
     say("reuse calls failed %d", bad);
+    /* The C API's counters (a preloaded library's export; 0 without it): kept_allocs, the
+     * struct's 12th field, is how many allocations kept memory served. */
+    int (*counters)(uint64_t *, size_t) =
+        (int (*)(uint64_t *, size_t))dlsym(RTLD_DEFAULT, "isolate_counters");
+    uint64_t c[12] = {0};
+    if (counters && counters(c, sizeof c) == 0 && c[0] == sizeof c)
+        say("counters allocations %llu kept %llu", (unsigned long long)c[4],
+            (unsigned long long)c[11]);
     void *big[64];
     int n = 0, sticky = 0;
     while (n < 64) {

@@ -932,6 +932,17 @@ fn kept_checked_memory_is_served_again_and_given_back_when_memory_runs_out() {
         let kept = isolate_tests::number_after(&note, "(ISOLATE_REUSE=on):").unwrap();
         let served = isolate_tests::number_after(&note, "freed,").unwrap();
         assert!(kept > 10 && served > 10 && served <= kept, "{note}");
+        // The C API's `kept_allocs` read after the 200 rounds: the allocations served so far,
+        // all of them of those rounds (the 3 MiB blocks after come from the driver), of the
+        // 200 the counters saw then (and the stream's none).
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("counters allocations"))
+            .unwrap_or_else(|| panic!("{}", out.stdout));
+        let allocs = isolate_tests::number_after(line, "allocations").unwrap();
+        let kept_api = isolate_tests::number_after(line, "kept").unwrap();
+        assert_eq!((allocs, kept_api), (200, served), "{line} / {note}");
     }
     // Off: 12, as the stand-in alone (the retry waits for the frees given back on the release
     // stream). On: 11; the kept 512 KiB blocks, served again, leave the last free megabyte in

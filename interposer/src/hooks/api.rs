@@ -51,6 +51,9 @@ pub struct IsolateCounters {
     pub window_peak_device_bytes: u64,
     /// Allocations freed while still in use on another stream (unordered frees).
     pub freed_in_use: u64,
+    /// Allocations isolate mode served from its kept, checked memory without a driver call
+    /// (`ISOLATE_REUSE=on`): `device_allocs` less this is what the driver made.
+    pub kept_allocs: u64,
 }
 
 /// True while marks and regions are written (intercepting, and the trace not closed).
@@ -201,6 +204,7 @@ pub unsafe extern "C" fn isolate_counters(out: *mut IsolateCounters, size: usize
             invalid_frees: c.invalid_frees,
             window_peak_device_bytes: c.window_peak_device_bytes,
             freed_in_use: c.freed_in_use,
+            kept_allocs: policy::reuse::stats().0,
         };
         let n = size.min(std::mem::size_of::<IsolateCounters>()) / 8 * 8;
         let full = IsolateCounters {

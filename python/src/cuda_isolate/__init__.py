@@ -51,6 +51,7 @@ class _Counters(ctypes.Structure):
         ("invalid_frees", ctypes.c_uint64),
         ("window_peak_device_bytes", ctypes.c_uint64),
         ("freed_in_use", ctypes.c_uint64),
+        ("kept_allocs", ctypes.c_uint64),
     ]
 
 
