@@ -21,12 +21,6 @@ def library_counters():
     return {k: int(buf[i]) for k, i in _FIELDS.items() if i < filled}
 
 
-def library_events():
-    """The calls libisolate.so has recorded so far, or None (see library_counters)."""
-    c = library_counters()
-    return None if c is None else c["events"]
-
-
 def timed(before, after):
     """What the worker stores of the timed steps: the calls recorded, and the allocations the
     driver made (device allocations less those kept memory served; None from a library without

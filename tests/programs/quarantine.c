@@ -874,8 +874,9 @@ static int reuse_oom(size_t big_size) {
         bad += cudaStreamSynchronize(s) != 0;
     }
     say("reuse calls failed %d", bad);
-    /* The C API's counters (a preloaded library's export; 0 without it): kept_allocs, the
-     * struct's 12th field, is how many allocations kept memory served. */
+    /* The C API's counters, printed only where the library is preloaded (its export) and
+     * fills all 12 fields: device_allocs (the 5th) and kept_allocs (the 12th, how many
+     * allocations kept memory served). */
     int (*counters)(uint64_t *, size_t) =
         (int (*)(uint64_t *, size_t))dlsym(RTLD_DEFAULT, "isolate_counters");
     uint64_t c[12] = {0};

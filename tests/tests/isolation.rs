@@ -932,9 +932,9 @@ fn kept_checked_memory_is_served_again_and_given_back_when_memory_runs_out() {
         let kept = isolate_tests::number_after(&note, "(ISOLATE_REUSE=on):").unwrap();
         let served = isolate_tests::number_after(&note, "freed,").unwrap();
         assert!(kept > 10 && served > 10 && served <= kept, "{note}");
-        // The C API's `kept_allocs` read after the 200 rounds: the allocations served so far,
-        // all of them of those rounds (the 3 MiB blocks after come from the driver), of the
-        // 200 the counters saw then (and the stream's none).
+        // The C API's counters read after the 200 rounds: its 200 allocations, and
+        // `kept_allocs` equal to the exit note's served count (the 3 MiB blocks after are of
+        // another size, so kept memory serves none of them).
         let line = out
             .stdout
             .lines()
